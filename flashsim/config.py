@@ -1,0 +1,305 @@
+"""Workload, tiling and hardware descriptions shared by the simulator, the kernels and the analysis.
+
+Every class here is a frozen dataclass that checks its fields on construction and raises
+``ValueError`` with a message that names the offending field (``f"{field=}"`` style), so that
+the CLI can print one clear line and the API user knows what to fix.
+
+Conventions used throughout flashsim:
+
+* Tensors are laid out (B, H, N, d), row-major, each (batch, head) slice contiguous.
+* ``seq_len_q`` (Nq) and ``seq_len_k`` (Nk) may differ; K and V have ``kv_heads`` heads, which
+  must divide ``heads`` (grouped-query attention; ``kv_heads == 1`` is multi-query attention).
+* Causal masking is aligned to the bottom-right corner of the Nq x Nk score matrix, as in
+  flash-attention >= 2.1: query row ``i`` sees key column ``j`` iff ``j <= i + (Nk - Nq)``.
+  PyTorch's ``is_causal=True`` aligns to the top-left corner instead (``j <= i``); the two agree
+  only when Nq == Nk.  Rows that see no key at all (possible when Nq > Nk) produce O = 0 and a
+  logsumexp of -inf.
+* The statistics m, l (the paper's ℓ), the logsumexp L and the backward's D = rowsum(dO ∘ O) are
+  stored in float32 whatever the input precision; Q, K, V, O, S, P and gradients use the input
+  precision.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+#: Bytes per element of each supported storage precision.
+DTYPE_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2}
+#: Bytes per element of the float32 row statistics (m, l, L, D).
+STAT_BYTES = 4
+
+
+def _check_positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name}={value!r}: must be an integer")
+    if value <= 0:
+        raise ValueError(f"{name}={value!r}: must be a positive integer")
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division of non-negative integers."""
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class BlockMask:
+    """Block-sparsity mask for block-sparse FlashAttention (Proposition 4 of the paper).
+
+    ``mask[i][j]`` is True when query block ``i`` (rows ``i*block_m .. (i+1)*block_m - 1``) may
+    attend key block ``j`` (columns ``j*block_n ..``).  The mask only has meaning together with
+    the same block sizes in the algorithm's tiling; the simulator rejects a mismatch.
+    """
+
+    block_m: int
+    block_n: int
+    mask: tuple[tuple[bool, ...], ...]
+
+    def __post_init__(self) -> None:
+        _check_positive_int("block_m", self.block_m)
+        _check_positive_int("block_n", self.block_n)
+        rows = tuple(tuple(bool(x) for x in row) for row in self.mask)
+        if not rows or not rows[0]:
+            raise ValueError(f"mask shape=({len(rows)}, ...): must be non-empty")
+        widths = {len(r) for r in rows}
+        if len(widths) != 1:
+            raise ValueError(f"mask row lengths={sorted(widths)}: rows must have equal length")
+        object.__setattr__(self, "mask", rows)
+
+    @classmethod
+    def from_array(cls, mask: np.ndarray, block_m: int, block_n: int) -> BlockMask:
+        arr = np.asarray(mask, dtype=bool)
+        if arr.ndim != 2:
+            raise ValueError(f"mask.ndim={arr.ndim}: must be 2 (query blocks x key blocks)")
+        return cls(block_m, block_n, tuple(map(tuple, arr.tolist())))
+
+    @property
+    def array(self) -> np.ndarray:
+        return np.array(self.mask, dtype=bool)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return len(self.mask), len(self.mask[0])
+
+    @property
+    def density(self) -> float:
+        """Fraction s of nonzero blocks (the paper's sparsity s in Proposition 4)."""
+        a = self.array
+        return float(a.sum()) / a.size
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    """One attention call: shapes, precision and masking.
+
+    ``seq_len_k`` defaults to ``seq_len_q`` and ``kv_heads`` to ``heads``.
+    """
+
+    batch: int
+    heads: int
+    seq_len_q: int
+    head_dim: int
+    seq_len_k: int | None = None
+    kv_heads: int | None = None
+    dtype: str = "fp16"
+    causal: bool = False
+    block_mask: BlockMask | None = None
+
+    def __post_init__(self) -> None:
+        if self.seq_len_k is None:
+            object.__setattr__(self, "seq_len_k", self.seq_len_q)
+        if self.kv_heads is None:
+            object.__setattr__(self, "kv_heads", self.heads)
+        for name in ("batch", "heads", "kv_heads", "seq_len_q", "seq_len_k", "head_dim"):
+            _check_positive_int(name, getattr(self, name))
+        if self.heads % self.kv_heads:
+            raise ValueError(
+                f"kv_heads={self.kv_heads}: must divide heads={self.heads} (grouped-query attention)"
+            )
+        if self.dtype not in DTYPE_BYTES:
+            raise ValueError(f"dtype={self.dtype!r}: must be one of {sorted(DTYPE_BYTES)}")
+        if not isinstance(self.causal, (bool, np.bool_)):
+            raise ValueError(f"causal={self.causal!r}: must be a bool")
+        if self.block_mask is not None:
+            if not isinstance(self.block_mask, BlockMask):
+                raise ValueError(f"block_mask={type(self.block_mask).__name__}: must be a BlockMask")
+            want = (cdiv(self.seq_len_q, self.block_mask.block_m), cdiv(self.seq_len_k, self.block_mask.block_n))
+            if self.block_mask.shape != want:
+                raise ValueError(
+                    f"block_mask.shape={self.block_mask.shape}: must be {want} for "
+                    f"seq_len_q={self.seq_len_q}, seq_len_k={self.seq_len_k} and blocks "
+                    f"{self.block_mask.block_m}x{self.block_mask.block_n}"
+                )
+
+    # Short names in the paper's notation.
+    @property
+    def nq(self) -> int:
+        return self.seq_len_q
+
+    @property
+    def nk(self) -> int:
+        return self.seq_len_k  # type: ignore[return-value]
+
+    @property
+    def d(self) -> int:
+        return self.head_dim
+
+    @property
+    def hkv(self) -> int:
+        return self.kv_heads  # type: ignore[return-value]
+
+    @property
+    def group(self) -> int:
+        """Query heads per kv head."""
+        return self.heads // self.hkv
+
+    @property
+    def elem_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def bh(self) -> int:
+        """Number of (batch, query head) pairs: the independent attention problems."""
+        return self.batch * self.heads
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """Block sizes: ``block_m`` = Br rows of Q per tile, ``block_n`` = Bc rows of K/V per tile."""
+
+    block_m: int
+    block_n: int
+
+    def __post_init__(self) -> None:
+        _check_positive_int("block_m", self.block_m)
+        _check_positive_int("block_n", self.block_n)
+
+    @classmethod
+    def from_sram(cls, sram_elems: int, head_dim: int) -> Tiling:
+        """The paper's rule (Algorithm 1, line 1): Bc = ⌈M/4d⌉, Br = min(⌈M/4d⌉, d).
+
+        ``sram_elems`` is M, the on-chip memory in *elements*.  The rule assumes M >= 4d, i.e. at
+        least one row each of Q_i, K_j, V_j and O_i fits on chip; smaller M is rejected.
+        """
+        _check_positive_int("head_dim", head_dim)
+        _check_positive_int("sram_elems", sram_elems)
+        if sram_elems < 4 * head_dim:
+            raise ValueError(
+                f"sram_elems={sram_elems}: FlashAttention needs M >= 4*d = {4 * head_dim} elements "
+                f"(one row each of Q, K, V and O on chip)"
+            )
+        bc = cdiv(sram_elems, 4 * head_dim)
+        return cls(block_m=min(bc, head_dim), block_n=bc)
+
+    @classmethod
+    def from_sram_bytes(cls, sram_bytes: int, head_dim: int, elem_bytes: int) -> Tiling:
+        _check_positive_int("sram_bytes", sram_bytes)
+        return cls.from_sram(sram_bytes // elem_bytes, head_dim)
+
+    def t_r(self, nq: int) -> int:
+        """Tr = ⌈Nq/Br⌉, the number of query blocks."""
+        return cdiv(nq, self.block_m)
+
+    def t_c(self, nk: int) -> int:
+        """Tc = ⌈Nk/Bc⌉, the number of key/value blocks."""
+        return cdiv(nk, self.block_n)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """A GPU preset.  Rates are dense (no sparsity), per second; sizes in bytes."""
+
+    name: str
+    sram_bytes_per_sm: int  # combined L1 / shared memory per SM
+    max_shared_bytes_per_block: int  # largest shared memory one thread block may opt in to
+    num_sms: int
+    l2_bytes: int
+    hbm_bytes_per_s: float
+    #: matrix-multiply rate per input precision: tensor cores for fp16/bf16/tf32; "fp32" is the
+    #: strict fp32 rate (no TF32), i.e. the CUDA cores, as with torch's TF32 switched off.
+    matmul_flops: dict[str, float] = field(default_factory=dict)
+    nonmatmul_flops: float = 0.0  # fp32 CUDA-core rate (FMA counted as 2)
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("sram_bytes_per_sm", "max_shared_bytes_per_block", "num_sms", "l2_bytes"):
+            _check_positive_int(name, getattr(self, name))
+        for name in ("hbm_bytes_per_s", "nonmatmul_flops"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"{name}={v!r}: must be a positive finite number")
+
+    def sram_elems(self, elem_bytes: int) -> int:
+        """M in elements: the shared memory one thread block can use."""
+        return self.max_shared_bytes_per_block // elem_bytes
+
+
+KIB = 1024
+MIB = 1024 * 1024
+
+#: GPU presets.  Sources: NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020), table 1
+#: and "A100 SM architecture" (192 KB combined L1/shared per SM, up to 164 KB shared per block,
+#: 40 MB L2, 108 SMs, 312 TFLOP/s fp16/bf16 dense tensor, 156 tf32, 19.5 fp32 non-tensor);
+#: A100 80GB datasheet (2,039 GB/s HBM2e SXM; 1,555 GB/s for the 40 GB part); NVIDIA H100 Tensor
+#: Core GPU Architecture whitepaper (2022) and H100 datasheet (SXM5: 132 SMs, 256 KB combined
+#: L1/shared per SM, up to 227 KB shared per block, 50 MB L2, 3.35 TB/s HBM3, 989.4 TFLOP/s
+#: fp16/bf16 dense tensor, 494.7 tf32, 66.9 fp32 non-tensor); H200 datasheet (same SM and compute
+#: as H100 SXM, 141 GB HBM3e at 4.8 TB/s).
+GPUS: dict[str, Hardware] = {
+    "a100-40gb": Hardware(
+        name="A100-SXM4-40GB",
+        sram_bytes_per_sm=192 * KIB,
+        max_shared_bytes_per_block=164 * KIB,
+        num_sms=108,
+        l2_bytes=40 * MIB,
+        hbm_bytes_per_s=1.555e12,
+        matmul_flops={"fp16": 312e12, "bf16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
+        nonmatmul_flops=19.5e12,
+        source="A100 whitepaper 2020; A100 40GB datasheet",
+    ),
+    "a100-80gb": Hardware(
+        name="A100-SXM4-80GB",
+        sram_bytes_per_sm=192 * KIB,
+        max_shared_bytes_per_block=164 * KIB,
+        num_sms=108,
+        l2_bytes=40 * MIB,
+        hbm_bytes_per_s=2.039e12,
+        matmul_flops={"fp16": 312e12, "bf16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
+        nonmatmul_flops=19.5e12,
+        source="A100 whitepaper 2020; A100 80GB datasheet",
+    ),
+    "h100": Hardware(
+        name="H100-SXM5-80GB",
+        sram_bytes_per_sm=256 * KIB,
+        max_shared_bytes_per_block=227 * KIB,
+        num_sms=132,
+        l2_bytes=50 * MIB,
+        hbm_bytes_per_s=3.35e12,
+        matmul_flops={"fp16": 989.4e12, "bf16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12},
+        nonmatmul_flops=66.9e12,
+        source="H100 whitepaper 2022; H100 SXM5 datasheet",
+    ),
+    "h200": Hardware(
+        name="H200-SXM-141GB",
+        sram_bytes_per_sm=256 * KIB,
+        max_shared_bytes_per_block=227 * KIB,
+        num_sms=132,
+        l2_bytes=50 * MIB,
+        hbm_bytes_per_s=4.8e12,
+        matmul_flops={"fp16": 989.4e12, "bf16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12},
+        nonmatmul_flops=66.9e12,
+        source="H200 datasheet (H100 SXM compute, HBM3e)",
+    ),
+}
+#: Aliases accepted by :func:`get_gpu`.
+GPU_ALIASES = {"a100": "a100-40gb", "h100-sxm": "h100", "h100-80gb": "h100", "h200-sxm": "h200"}
+
+
+def get_gpu(name: str) -> Hardware:
+    key = name.lower()
+    key = GPU_ALIASES.get(key, key)
+    if key not in GPUS:
+        raise ValueError(f"gpu={name!r}: unknown GPU preset; choose one of {sorted(GPUS)}")
+    return GPUS[key]

@@ -1,0 +1,194 @@
+"""The float64 reference for attention forward and backward, and how to judge a result against it.
+
+Shared by the kernel tests, the benchmarks and the notebooks.  Arrays are (B, H, N, d); K and V
+may have fewer heads (grouped-query attention: Hkv divides H, query head h uses kv head
+h // (H // Hkv)).
+
+Masking conventions (the same as the kernels and the simulator, see ``flashsim.config``):
+
+* causal is aligned bottom-right: query row i sees key column j iff j <= i + (Nk - Nq);
+* a block mask (``flashsim.config.BlockMask``) removes whole (Br x Bc) blocks;
+* a row that sees no key at all gets O = 0 and L = -inf (flash-attention's convention), and
+  contributes nothing to any gradient.
+
+The backward is derived analytically (FlashAttention paper, Appendix B.2): with P = softmax(S),
+dV = Pᵀ dO, dP = dO Vᵀ, D_i = Σ_j dO_ij O_ij = Σ_j P_ij dP_ij, dS = P ∘ (dP - D), dQ = τ dS K,
+dK = τ dSᵀ Q, where τ is the softmax scale.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from flashsim.config import BlockMask
+
+
+def default_scale(head_dim: int) -> float:
+    return 1.0 / float(np.sqrt(head_dim))
+
+
+def attention_mask(nq: int, nk: int, causal: bool = False, block_mask: BlockMask | None = None) -> np.ndarray:
+    """Boolean (Nq, Nk) array, True where query i may attend key j."""
+    allowed = np.ones((nq, nk), dtype=bool)
+    if causal:
+        i = np.arange(nq)[:, None]
+        j = np.arange(nk)[None, :]
+        allowed &= j <= i + (nk - nq)
+    if block_mask is not None:
+        bm = block_mask.array
+        rows = np.arange(nq) // block_mask.block_m
+        cols = np.arange(nk) // block_mask.block_n
+        if bm.shape != (rows[-1] + 1, cols[-1] + 1):
+            raise ValueError(f"block_mask.shape={bm.shape}: does not cover {nq}x{nk} with its blocks")
+        allowed &= bm[rows][:, cols]
+    return allowed
+
+
+def _expand_kv(x: np.ndarray, heads: int) -> np.ndarray:
+    hkv = x.shape[1]
+    if heads % hkv:
+        raise ValueError(f"kv heads={hkv}: must divide query heads={heads}")
+    return np.repeat(x, heads // hkv, axis=1)
+
+
+def _check(q, k, v):
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise ValueError(f"q.ndim={q.ndim}, k.ndim={k.ndim}, v.ndim={v.ndim}: arrays must be (B, H, N, d)")
+    if k.shape != v.shape:
+        raise ValueError(f"k.shape={k.shape}, v.shape={v.shape}: must be equal")
+    if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
+        raise ValueError(f"q.shape={q.shape}, k.shape={k.shape}: batch and head_dim must match")
+
+
+def attention_forward(q, k, v, *, causal: bool = False, scale: float | None = None,
+                      block_mask: BlockMask | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Float64 attention: returns O (B, H, Nq, d) and the logsumexp L (B, H, Nq) of the scaled scores."""
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    _check(q, k, v)
+    scale = default_scale(q.shape[-1]) if scale is None else float(scale)
+    k, v = _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1])
+    s = scale * (q @ np.swapaxes(k, -1, -2))
+    allowed = attention_mask(q.shape[2], k.shape[2], causal, block_mask)
+    s = np.where(allowed, s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    m_safe = np.where(np.isfinite(m), m, 0.0)
+    p = np.exp(s - m_safe)
+    l = p.sum(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        o = np.where(l > 0, (p @ v) / np.where(l > 0, l, 1.0), 0.0)
+        lse = np.where(l[..., 0] > 0, m_safe[..., 0] + np.log(l[..., 0]), -np.inf)
+    return o, lse
+
+
+def attention_backward(q, k, v, do, *, causal: bool = False, scale: float | None = None,
+                       block_mask: BlockMask | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Float64 gradients (dQ, dK, dV) of Σ O ∘ dO; dK, dV have the kv heads' shape."""
+    q, k, v, do = (np.asarray(x, dtype=np.float64) for x in (q, k, v, do))
+    _check(q, k, v)
+    heads, hkv = q.shape[1], k.shape[1]
+    scale = default_scale(q.shape[-1]) if scale is None else float(scale)
+    o, lse = attention_forward(q, k, v, causal=causal, scale=scale, block_mask=block_mask)
+    ke, ve = _expand_kv(k, heads), _expand_kv(v, heads)
+    s = scale * (q @ np.swapaxes(ke, -1, -2))
+    allowed = attention_mask(q.shape[2], k.shape[2], causal, block_mask)
+    lse_safe = np.where(np.isfinite(lse), lse, 0.0)[..., None]
+    p = np.where(allowed & np.isfinite(lse)[..., None], np.exp(s - lse_safe), 0.0)
+    dv = np.swapaxes(p, -1, -2) @ do
+    dp = do @ np.swapaxes(ve, -1, -2)
+    d_row = (do * o).sum(axis=-1, keepdims=True)
+    ds = p * (dp - d_row)
+    dq = scale * (ds @ ke)
+    dk = scale * (np.swapaxes(ds, -1, -2) @ q)
+    g = heads // hkv
+    b = q.shape[0]
+    dk = dk.reshape(b, hkv, g, *dk.shape[2:]).sum(axis=2)
+    dv = dv.reshape(b, hkv, g, *dv.shape[2:]).sum(axis=2)
+    return dq, dk, dv
+
+
+# ---------------------------------------------------------------------------------------------
+# Judging a result
+
+
+def rel_error(out, ref) -> float:
+    """‖out − ref‖ / ‖ref‖ in float64 (NaN if out has a NaN; 0/0 counts as 0)."""
+    out = np.asarray(out, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    num = float(np.linalg.norm((out - ref).ravel()))
+    den = float(np.linalg.norm(ref.ravel()))
+    if np.isnan(num):
+        return float("nan")
+    if den == 0.0:
+        return 0.0 if num == 0.0 else float("inf")
+    return num / den
+
+
+def _round(x, dtype):
+    return np.asarray(x, dtype=np.float32).astype(dtype).astype(np.float32)
+
+
+def plain_attention_lowp(q, k, v, *, dtype=np.float16, causal: bool = False, scale: float | None = None,
+                         block_mask: BlockMask | None = None) -> np.ndarray:
+    """Attention as plain low-precision code computes it: the naive three steps with every
+    intermediate stored in ``dtype`` (matrix products accumulate in float32, as cuBLAS and
+    numpy-on-GPU-style libraries do, then round), softmax in ``dtype``.  This is the baseline
+    that a flash kernel's low-precision error is judged against."""
+    q, k, v = (_round(x, dtype) for x in (q, k, v))
+    _check(q, k, v)
+    scale = default_scale(q.shape[-1]) if scale is None else float(scale)
+    k, v = _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1])
+    s = _round(q @ np.swapaxes(k, -1, -2), dtype)
+    s = _round(s * np.float32(scale), dtype)
+    allowed = attention_mask(q.shape[2], k.shape[2], causal, block_mask)
+    s = np.where(allowed, s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    p = _round(np.exp(s - m), dtype)
+    l = _round(p.sum(axis=-1, keepdims=True), dtype)
+    p = _round(p / np.where(l > 0, l, 1.0), dtype)
+    return _round(p @ v, dtype)
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """The verdict on a low-precision result: its error, the plain code's error, and the ratio."""
+
+    error: float  # ‖out − ref‖/‖ref‖
+    baseline_error: float  # the same for plain low-precision attention
+    max_abs_error: float
+    mean_abs_error: float
+    ratio: float  # error / baseline_error
+    tolerance_ratio: float
+
+    @property
+    def ok(self) -> bool:
+        return bool(np.isfinite(self.error)) and self.ratio <= self.tolerance_ratio
+
+    def __str__(self) -> str:
+        return (f"rel err {self.error:.3e} vs plain low-precision {self.baseline_error:.3e} "
+                f"(ratio {self.ratio:.2f}, allowed {self.tolerance_ratio:g}); "
+                f"max abs {self.max_abs_error:.3e}, mean abs {self.mean_abs_error:.3e}")
+
+
+def judge_low_precision(out, q, k, v, *, dtype=np.float16, causal: bool = False, scale: float | None = None,
+                        block_mask: BlockMask | None = None, tolerance_ratio: float = 2.0,
+                        ref: np.ndarray | None = None) -> Judgement:
+    """Judge a low-precision attention output the way flash-attention's tests do.
+
+    Low-precision outputs never match a float64 reference exactly; the question is whether the
+    kernel is *as good as plain attention in the same precision*.  The verdict compares
+    ‖out − ref‖/‖ref‖ with the same error of :func:`plain_attention_lowp` on the same (rounded)
+    inputs, and passes when the ratio is at most ``tolerance_ratio`` (2 by default).
+    """
+    qr, kr, vr = (_round(x, dtype) for x in (q, k, v))
+    if ref is None:
+        ref, _ = attention_forward(qr, kr, vr, causal=causal, scale=scale, block_mask=block_mask)
+    base = plain_attention_lowp(qr, kr, vr, dtype=dtype, causal=causal, scale=scale, block_mask=block_mask)
+    err = rel_error(out, ref)
+    berr = rel_error(base, ref)
+    diff = np.abs(np.asarray(out, dtype=np.float64) - ref)
+    ratio = err / berr if berr > 0 else (0.0 if err == 0 else float("inf"))
+    return Judgement(err, berr, float(np.nanmax(diff)) if diff.size else 0.0,
+                     float(np.nanmean(diff)) if diff.size else 0.0, ratio, tolerance_ratio)
