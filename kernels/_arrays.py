@@ -1,0 +1,117 @@
+"""Input handling shared by the kernel launchers: numpy, Numba device arrays and CUDA tensors.
+
+Decisions (tested in tests/test_kernel_inputs.py):
+
+* numpy arrays are copied to the device and results copied back; a non-contiguous numpy array
+  is made contiguous first (we copy anyway);
+* Numba device arrays and any object with ``__cuda_array_interface__`` (torch, CuPy) are used
+  in place, without a copy; they must be C-contiguous, otherwise ``ValueError`` (a silent copy
+  would hide a doubling of memory traffic from the traffic measurements);
+* q, k, v (and dO) must all be float32 or all float16; other dtypes (bf16 included: Numba has
+  no bfloat16 arrays) raise ``ValueError``;
+* results come back in the kind of the query input: numpy for numpy, a Numba device array for a
+  Numba device array, and a tensor of the same library for torch or CuPy inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import cuda
+
+SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
+
+
+def _kind(x) -> str:
+    mod = type(x).__module__.split(".")[0]
+    if isinstance(x, np.ndarray):
+        return "numpy"
+    if cuda.is_cuda_array(x) and mod in ("torch", "cupy"):
+        return mod
+    if cuda.is_cuda_array(x):
+        return "device"
+    return "other"
+
+
+@dataclass
+class Inputs:
+    """Device views of the inputs plus what is needed to hand results back."""
+
+    arrays: dict  # name -> device array
+    kind: str  # "numpy" | "device" | "torch" | "cupy"
+    dtype: np.dtype
+
+    def out(self, dev):
+        """Return a device result in the caller's kind."""
+        if self.kind == "numpy":
+            return dev.copy_to_host()
+        if self.kind == "torch":
+            import torch
+
+            return torch.as_tensor(dev, device="cuda")
+        if self.kind == "cupy":
+            import cupy
+
+            return cupy.asarray(dev)
+        return dev
+
+
+def to_device(**named) -> Inputs:
+    """Validate and move/wrap arrays given by name (q=..., k=..., v=...); None values are skipped."""
+    arrays, kinds, dtypes = {}, set(), set()
+    for name, x in named.items():
+        if x is None:
+            continue
+        kind = _kind(x)
+        if kind == "other":
+            if hasattr(x, "__array__"):
+                x, kind = np.asarray(x), "numpy"
+            else:
+                raise ValueError(f"{name}: type {type(x).__name__} is neither a numpy array nor a CUDA array")
+        kinds.add("host" if kind == "numpy" else "device")
+        if kind == "numpy":
+            dt = x.dtype
+            if dt not in SUPPORTED_DTYPES:
+                raise ValueError(f"{name}.dtype={dt}: must be float32 or float16")
+            arrays[name] = cuda.to_device(np.ascontiguousarray(x))
+        else:
+            dev = x if cuda.is_cuda_ndarray(x) else cuda.as_cuda_array(x)
+            dt = np.dtype(dev.dtype)
+            if dt not in SUPPORTED_DTYPES:
+                raise ValueError(f"{name}.dtype={dt}: must be float32 or float16")
+            if not dev.is_c_contiguous():
+                raise ValueError(f"{name}: device array must be C-contiguous (got strides {dev.strides})")
+            arrays[name] = dev
+        dtypes.add(dt)
+    if len(dtypes) > 1:
+        raise ValueError(f"dtypes={sorted(str(d) for d in dtypes)}: all inputs must share one dtype")
+    if len(kinds) > 1:
+        raise ValueError("inputs mix host (numpy) and device arrays: pass all on the host or all on the device")
+    first = next(x for x in named.values() if x is not None)
+    kind = _kind(first)
+    if kind == "other":
+        kind = "numpy"
+    return Inputs(arrays, kind, dtypes.pop())
+
+
+def check_attention_shapes(q, k, v, do=None) -> tuple[int, int, int, int, int, int]:
+    """Check (B, H, Nq, d), (B, Hkv, Nk, d) shapes; return (B, H, Hkv, Nq, Nk, d)."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if len(x.shape) != 4:
+            raise ValueError(f"{name}.shape={tuple(x.shape)}: must be 4-D (batch, heads, seq_len, head_dim)")
+    b, h, nq, d = q.shape
+    bk, hkv, nk, dk = k.shape
+    if tuple(k.shape) != tuple(v.shape):
+        raise ValueError(f"k.shape={tuple(k.shape)}, v.shape={tuple(v.shape)}: must be equal")
+    if bk != b:
+        raise ValueError(f"k.shape[0]={bk}: batch must equal q.shape[0]={b}")
+    if dk != d:
+        raise ValueError(f"k.shape[3]={dk}: head_dim must equal q.shape[3]={d}")
+    if hkv == 0 or h % hkv:
+        raise ValueError(f"k.shape[1]={hkv}: kv heads must divide q heads={h}")
+    if min(b, h, nq, nk, d) <= 0:
+        raise ValueError(f"q.shape={tuple(q.shape)}, k.shape={tuple(k.shape)}: every size must be positive")
+    if do is not None and tuple(do.shape) != tuple(q.shape):
+        raise ValueError(f"do.shape={tuple(do.shape)}: must equal q.shape={tuple(q.shape)}")
+    return b, h, hkv, nq, nk, d
