@@ -1,0 +1,22 @@
+"""Test setup: kernels run under Numba's CUDA simulator unless FLASHSIM_GPU=1.
+
+The simulator must be switched on before numba is first imported, hence here, at the top of
+the first module pytest loads.  On a GPU machine run ``FLASHSIM_GPU=1 pytest -m gpu``.
+"""
+
+import os
+
+ON_GPU = os.environ.get("FLASHSIM_GPU") == "1"
+if not ON_GPU:
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+
+import pytest  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    if ON_GPU:
+        return
+    skip = pytest.mark.skip(reason="needs a real GPU (FLASHSIM_GPU=1 pytest -m gpu)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
