@@ -1,0 +1,105 @@
+"""The program Nsight Compute profiles: runs each configuration's kernel call once.
+
+    python -m analysis.worker CONFIGS.json MANIFEST.json
+
+For each configuration it prepares the inputs (and, for a backward pass, the forward's O and
+L) with the profiler stopped, then starts the profiler (cuProfilerStart; ncu runs with
+``--profile-from-start off``), makes the measured call, synchronises, stops the profiler and
+launches a marker kernel (profiled, so the launches can be split per configuration; the marker
+moves 4 bytes).  Kernels are compiled by a warm-up call at a tiny size first so JIT time never
+falls inside the profiled region.  The manifest records each configuration with its wall-clock
+time and the counter-free kernel call it made.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import numpy as np
+from numba import cuda
+
+from .configs import config_id, tiling_of
+
+
+@cuda.jit
+def flashsim_marker(x, k):
+    x[0] = k
+
+
+def _inputs(cfg: dict, rng):
+    dt = np.float16 if cfg["dtype"] == "fp16" else np.float32
+    b, h, hkv = cfg["batch"], cfg["heads"], cfg.get("kv_heads") or cfg["heads"]
+    nq, nk, d = cfg["seq_len_q"], cfg.get("seq_len_k") or cfg["seq_len_q"], cfg["head_dim"]
+    q = rng.standard_normal((b, h, nq, d), dtype=np.float32).astype(dt)
+    k = rng.standard_normal((b, hkv, nk, d), dtype=np.float32).astype(dt)
+    v = rng.standard_normal((b, hkv, nk, d), dtype=np.float32).astype(dt)
+    do = rng.standard_normal((b, h, nq, d), dtype=np.float32).astype(dt)
+    return tuple(cuda.to_device(x) for x in (q, k, v, do))
+
+
+def make_call(cfg: dict, rng):
+    """Prepare a configuration; return the zero-argument call to be measured."""
+    import kernels
+
+    q, k, v, do = _inputs(cfg, rng)
+    causal = bool(cfg.get("causal"))
+    if cfg["kernel"] == "flash2":
+        t = tiling_of(cfg)
+        kw = dict(causal=causal, block_m=t.block_m, block_n=t.block_n)
+        if cfg["pass"] == "fwd":
+            return lambda: kernels.flash_attention(q, k, v, **kw)
+        o, lse = kernels.flash_attention(q, k, v, return_lse=True, **kw)
+        return lambda: kernels.flash_attention_backward(q, k, v, o, lse, do, **kw)
+    if cfg["kernel"] == "flash1":
+        if cfg["pass"] != "fwd":
+            raise ValueError("flash1 has a forward kernel only")
+        return lambda: kernels.flash1_attention(q, k, v, causal=causal, sram_bytes=cfg["sram_bytes"])
+    if cfg["kernel"] == "standard":
+        kw = dict(causal=causal)
+        if cfg["pass"] == "fwd":
+            return lambda: kernels.standard_attention(q, k, v, **kw)
+        o = kernels.standard_attention(q, k, v, **kw)
+        return lambda: kernels.standard_attention_backward(q, k, v, o, do, **kw)
+    raise ValueError(f"kernel={cfg['kernel']!r}: unknown")
+
+
+def _warm_up(cfg: dict, rng) -> None:
+    """Compile the kernels this configuration uses by running it once at a small size."""
+    group = cfg["heads"] // (cfg.get("kv_heads") or cfg["heads"])
+    nk = cfg.get("seq_len_k") or cfg["seq_len_q"]
+    small = dict(cfg, batch=1, heads=group, kv_heads=1, seq_len_q=min(cfg["seq_len_q"], 256), seq_len_k=min(nk, 256))
+    make_call(small, rng)()
+    cuda.synchronize()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    configs = json.load(open(argv[0]))
+    manifest = []
+    rng = np.random.default_rng(0)
+    mark = cuda.to_device(np.zeros(1, dtype=np.int32))
+    for i, cfg in enumerate(configs):
+        _warm_up(cfg, rng)
+        call = make_call(cfg, rng)
+        cuda.synchronize()
+        cuda.profile_start()
+        t0 = time.perf_counter()
+        call()
+        cuda.synchronize()
+        wall = time.perf_counter() - t0
+        cuda.profile_stop()
+        # The marker must be profiled to split launches: start, launch it, stop.
+        cuda.profile_start()
+        flashsim_marker[1, 1](mark, i)
+        cuda.synchronize()
+        cuda.profile_stop()
+        manifest.append({"index": i, "id": config_id(cfg), "config": cfg, "wall_s": wall})
+        print(f"[{i + 1}/{len(configs)}] {config_id(cfg)} {wall * 1e3:.2f} ms", file=sys.stderr, flush=True)
+    json.dump(manifest, open(argv[1], "w"), indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
