@@ -47,7 +47,7 @@ SHORT = {
 
 #: the unit we require for each metric (``--print-units base``)
 UNITS = {"lsu_ld_bytes": "byte", "lsu_st_bytes": "byte", "l2_read_sectors": "sector",
-         "l2_write_sectors": "sector", "dram_read_bytes": "byte", "dram_write_bytes": "byte", "time_ns": "nsecond"}
+         "l2_write_sectors": "sector", "dram_read_bytes": "byte", "dram_write_bytes": "byte", "time_ns": "ns"}
 
 
 def ncu_command(program: Sequence[str], export: str | None = None, metrics: Sequence[str] = METRICS,
