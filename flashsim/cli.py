@@ -1,0 +1,331 @@
+"""The ``flashsim`` command line: simulate, sweep, bounds and report.
+
+Every bad input ends in one line ``flashsim: error: <message>`` on standard error and exit
+status 2, never a traceback: the API raises ``ValueError`` naming the offending field, and
+argparse's own complaints are turned into the same one-line form.  ``main(argv)`` returns the
+exit status instead of exiting, so tests can call it in-process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+PROG = "flashsim"
+
+#: Workload fields and the flags that set them, to point error messages at the flag.
+_FIELD_FLAGS = {
+    "batch": "--batch", "heads": "--heads", "kv_heads": "--kv-heads", "seq_len_q": "--seq-len",
+    "seq_len_k": "--seq-len-k", "head_dim": "--head-dim", "dtype": "--dtype", "sram_bytes": "--sram-bytes",
+    "sram_elems": "--sram-bytes", "block_m": "--block-m", "block_n": "--block-n", "gpu": "--gpu",
+    "algo": "--algo", "pass_": "--pass",
+}
+
+
+class UsageError(Exception):
+    """Bad command-line input: printed as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse calls this for unknown flags, bad choices, ...
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+# --------------------------------------------------------------------------------------------
+# Shared options
+
+
+def _add_workload(p: argparse.ArgumentParser, seq_len: bool = True) -> None:
+    g = p.add_argument_group("workload (defaults: the paper's GPT-2-medium attention)")
+    g.add_argument("--batch", "-b", type=int, default=64, metavar="B", help="batch size (default 64)")
+    g.add_argument("--heads", type=int, default=16, metavar="H", help="query heads (default 16)")
+    g.add_argument("--kv-heads", type=int, default=None, metavar="Hkv",
+                   help="key/value heads, must divide H (grouped-query attention; default H)")
+    if seq_len:
+        g.add_argument("--seq-len", "-N", type=int, default=1024, metavar="N",
+                       help="query sequence length Nq (default 1024)")
+    g.add_argument("--seq-len-k", type=int, default=None, metavar="Nk", help="key sequence length (default Nq)")
+    g.add_argument("--head-dim", "-d", type=int, default=64, metavar="d", help="head dimension (default 64)")
+    g.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default="fp16", help="storage precision (default fp16)")
+    g.add_argument("--causal", action="store_true", help="causal mask, aligned bottom-right (j <= i + Nk - Nq)")
+
+
+def _add_gpu(p: argparse.ArgumentParser) -> None:
+    from .config import GPU_ALIASES, GPUS
+
+    p.add_argument("--gpu", default="h100", metavar="GPU",
+                   help=f"GPU preset: {', '.join(sorted(GPUS) + sorted(GPU_ALIASES))} (default h100)")
+
+
+def _workload(a: argparse.Namespace, seq_len: int | None = None):
+    from .config import Workload
+
+    return Workload(batch=a.batch, heads=a.heads, kv_heads=a.kv_heads,
+                    seq_len_q=a.seq_len if seq_len is None else seq_len, seq_len_k=a.seq_len_k,
+                    head_dim=a.head_dim, dtype=a.dtype, causal=a.causal)
+
+
+def _sram_elems(a: argparse.Namespace, w, gpu) -> int:
+    """M in elements: --sram-bytes, or the GPU's shared memory per thread block."""
+    if a.sram_bytes is None:
+        return gpu.sram_elems(w.elem_bytes)
+    if a.sram_bytes <= 0:
+        raise ValueError(f"sram_bytes={a.sram_bytes}: must be a positive integer")
+    m = a.sram_bytes // w.elem_bytes
+    if m <= 0:
+        raise ValueError(f"sram_bytes={a.sram_bytes}: holds no {w.dtype} element")
+    return m
+
+
+# --------------------------------------------------------------------------------------------
+# Algorithm options, read from each algorithm module's OPTIONS dict
+
+
+def _algorithm_options() -> dict[str, tuple[object, str, list[str]]]:
+    """option name -> (default, help, algorithms taking it), over the installed algorithms."""
+    from .algorithms import ALGORITHMS, get_algorithm
+
+    opts: dict[str, tuple[object, str, list[str]]] = {}
+    for name in ALGORITHMS:
+        try:
+            mod = get_algorithm(name)
+        except ImportError:
+            continue
+        for opt, (default, text) in getattr(mod, "OPTIONS", {}).items():
+            if opt in opts:
+                opts[opt][2].append(name)
+            else:
+                opts[opt] = (default, text, [name])
+    return opts
+
+
+def _auto(text: str):
+    """Option value of an option whose default is None: int, float or string."""
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _add_algorithm_options(p: argparse.ArgumentParser) -> list[str]:
+    opts = _algorithm_options()
+    if not opts:
+        return []
+    g = p.add_argument_group("algorithm options (passed to the algorithm; see each one's OPTIONS)")
+    added = []
+    for opt, (default, text, algos) in sorted(opts.items()):
+        flag = "--" + opt.replace("_", "-")
+        kw: dict = {"dest": "opt_" + opt, "default": argparse.SUPPRESS,
+                    "help": f"{text} [{', '.join(algos)}; default {default!r}]".replace("%", "%%")}
+        if isinstance(default, bool):
+            kw["action"] = argparse.BooleanOptionalAction
+        elif isinstance(default, (int, float, str)):
+            kw["type"] = type(default)
+        else:
+            kw["type"] = _auto
+        try:
+            g.add_argument(flag, **kw)
+        except argparse.ArgumentError:  # an option that clashes with a built-in flag is not passed through
+            continue
+        added.append(opt)
+    return added
+
+
+def _chosen_options(a: argparse.Namespace, algo: str) -> dict:
+    from .algorithms import get_algorithm
+
+    given = {k[4:]: v for k, v in vars(a).items() if k.startswith("opt_")}
+    takes = getattr(get_algorithm(algo), "OPTIONS", {})
+    for opt in given:
+        if opt not in takes:
+            has = ", ".join("--" + o.replace("_", "-") for o in takes) or "none"
+            raise ValueError(f"--{opt.replace('_', '-')}: algorithm {algo!r} takes no such option (its options: {has})")
+    return given
+
+
+# --------------------------------------------------------------------------------------------
+# simulate
+
+
+def _load_algorithm(algo: str):
+    from .algorithms import get_algorithm
+
+    try:
+        return get_algorithm(algo)
+    except ModuleNotFoundError as e:
+        raise ValueError(f"algo={algo!r}: not available in this installation ({e.name} is missing)") from None
+
+
+def _tiling_args(a: argparse.Namespace, algo: str, w, gpu):
+    """(tiling, sram_elems) from --block-m/--block-n or --sram-bytes."""
+    from .config import Tiling
+
+    mod = _load_algorithm(algo)
+    blocks = a.block_m is not None or a.block_n is not None
+    if blocks and a.sram_bytes is not None:
+        raise ValueError("--block-m/--block-n and --sram-bytes: give the block sizes or M, not both")
+    if blocks and (a.block_m is None or a.block_n is None):
+        raise ValueError("block_m/block_n: give both --block-m and --block-n")
+    if blocks and not mod.NEEDS_TILING:
+        raise ValueError(f"--block-m/--block-n: algorithm {algo!r} is not tiled and takes no block sizes")
+    m = _sram_elems(a, w, gpu)
+    if blocks:
+        return Tiling(a.block_m, a.block_n), m
+    return None, m
+
+
+def _cmd_simulate(a: argparse.Namespace) -> int:
+    from .api import simulate
+    from .config import get_gpu
+    from .report import simulate_summary
+
+    w = _workload(a)
+    gpu = get_gpu(a.gpu)
+    tiling, m = _tiling_args(a, a.algo, w, gpu)
+    opts = _chosen_options(a, a.algo)
+    res = simulate(w, a.algo, a.pass_, tiling=tiling, sram_elems=None if tiling else m, **opts)
+    summ = simulate_summary(res, gpu, m)
+    if a.json:
+        print(json.dumps(summ, indent=2))
+    else:
+        print(_simulate_text(summ))
+    return 0
+
+
+def _simulate_text(s: dict) -> str:
+    from .report import fmt_num, format_table
+
+    w = s["workload"]
+    lines = []
+    opts = "".join(f" {k}={v}" for k, v in s["options"].items())
+    lines.append(f"{s['algorithm']} {s['pass']}{opts}: batch {w['batch']}, heads {w['heads']} (kv {w['kv_heads']}), "
+                 f"Nq {w['seq_len_q']}, Nk {w['seq_len_k']}, d {w['head_dim']}, {w['dtype']}"
+                 f"{', causal' if w['causal'] else ''}")
+    tile = "not tiled" if s["block_m"] is None else f"Br = {s['block_m']}, Bc = {s['block_n']}"
+    lines.append(f"GPU {s['gpu']}; M = {fmt_num(s['sram_bytes'])} bytes = {fmt_num(s['sram_elems'])} elements; "
+                 f"{tile}")
+    lines.append("")
+    rows = []
+    for tensor, dirs in s["breakdown"].items():
+        for dr, t in dirs.items():
+            rows.append([tensor, dr, t["elements"], f"{t['bytes'] / 1e6:,.3f}", t["sectors"]])
+    rows.append(["total", "read", s["hbm_read_elements"], f"{s['hbm_read_bytes'] / 1e6:,.3f}", None])
+    rows.append(["total", "write", s["hbm_write_elements"], f"{s['hbm_write_bytes'] / 1e6:,.3f}", None])
+    rows.append(["total", "", s["hbm_read_elements"] + s["hbm_write_elements"], f"{s['hbm_bytes'] / 1e6:,.3f}",
+                 s["sectors"]])
+    lines.append(format_table(["tensor", "dir", "elements", "MB", "sectors"], rows,
+                              right=[False, False, True, True, True]))
+    if len(s["per_launch"]) > 1:
+        lines.append("")
+        lines.append(format_table(["launch", "read MB", "write MB", "total MB"],
+                                  [[n, f"{c['hbm_read_bytes'] / 1e6:,.3f}", f"{c['hbm_write_bytes'] / 1e6:,.3f}",
+                                    f"{c['hbm_bytes'] / 1e6:,.3f}"] for n, c in s["per_launch"].items()],
+                                  right=[False, True, True, True]))
+    lines.append("")
+    lines.append(f"closed form agrees with the walker: {fmt_num(s['closed_form_agrees'])}")
+    if s["flops"] is not None:
+        f = s["flops"]
+        lines.append(f"FLOPs: matmul {fmt_num(f['matmul'])}, non-matmul {fmt_num(f['nonmatmul'])}")
+    if s["bounds"] is not None:
+        lines.append("bounds at this M: " + _bounds_line(s["bounds"]))
+    if s["roofline"] is not None:
+        r = s["roofline"]
+        lines.append(f"roofline on {s['gpu']}: {r['time_s'] * 1e3:.4g} ms ({r['bound']}-bound)")
+    return "\n".join(lines)
+
+
+def _bounds_line(b: dict) -> str:
+    from .report import fmt_num
+
+    return ", ".join(f"{k} {fmt_num(v)}" for k, v in b.items())
+
+
+# --------------------------------------------------------------------------------------------
+# report
+
+
+def _cmd_report(a: argparse.Namespace) -> int:
+    from .report import run_report
+
+    run_report(a.out)
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# Parser and main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .algorithms import ALGORITHMS
+
+    p = _Parser(prog=PROG, description="FlashAttention's IO complexity: exact HBM traffic of attention algorithms.",
+                epilog="Run 'flashsim COMMAND --help' for a command's options.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    s = sub.add_parser("simulate", help="HBM traffic of one algorithm on one workload",
+                       description="Walk one algorithm's tile schedule and count every HBM transfer: "
+                                   "elements, bytes and 32-byte sectors per tensor, with the closed form, "
+                                   "the FLOPs, the IO bounds and the roofline time on a GPU preset.")
+    s.add_argument("--algo", "-a", choices=ALGORITHMS, default="flash2", help="algorithm (default flash2)")
+    s.add_argument("--pass", dest="pass_", choices=("fwd", "bwd", "fwd+bwd"), default="fwd",
+                   help="forward, backward or both (default fwd)")
+    _add_workload(s)
+    _add_gpu(s)
+    t = s.add_argument_group("on-chip memory (give M or the block sizes)")
+    t.add_argument("--sram-bytes", "-M", type=int, default=None, metavar="BYTES",
+                   help="M in bytes; the paper's rule picks Bc = ceil(M/4d), Br = min(Bc, d) "
+                        "(default: the GPU's shared memory per thread block)")
+    t.add_argument("--block-m", type=int, default=None, metavar="Br", help="query rows per tile")
+    t.add_argument("--block-n", type=int, default=None, metavar="Bc", help="key/value rows per tile")
+    s.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    _add_algorithm_options(s)
+    s.set_defaults(func=_cmd_simulate)
+
+    r = sub.add_parser("report", help="the IO analysis of standard vs FlashAttention-1 vs -2 (the main job)",
+                       description="Standard attention vs FlashAttention-1 vs FlashAttention-2 on the paper's "
+                                   "GPT-2-medium attention (N 1024, d 64, 16 heads, batch 64, fp16) on the A100 "
+                                   "and H100 presets: a table, M and N sweeps, CSV and PNG files.")
+    r.add_argument("--out", "-o", default="flashsim-report", metavar="DIR",
+                   help="output folder (default flashsim-report/)")
+    r.set_defaults(func=_cmd_report)
+    return p
+
+
+def _explain(msg: str) -> str:
+    """Add the flag to an API message that names a field (``seq_len_q=0: ...``)."""
+    head = msg.split("=", 1)[0].split(":", 1)[0].strip()
+    flag = _FIELD_FLAGS.get(head)
+    if flag and flag not in msg:
+        return f"{msg} ({flag})"
+    return msg
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit status (0 ok, 2 bad input)."""
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help()
+            return 2
+        return args.func(args)
+    except SystemExit as e:  # --help
+        return e.code if isinstance(e.code, int) else 0
+    except (UsageError, ValueError) as e:
+        msg = " ".join(str(e).split())
+        print(f"{PROG}: error: {_explain(msg)}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"{PROG}: error: {e.strerror or e}{': ' + str(e.filename) if e.filename else ''}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
