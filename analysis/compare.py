@@ -1,0 +1,179 @@
+"""Simulated against measured: every measured kernel launch beside the simulator's prediction.
+
+Levels compared (see analysis/ncu.py for the metrics):
+
+* **LSU** (what the IO model counts): the walker's 32-byte sectors for the same launch, reads
+  and writes, times 32.  A kernel that loads each tile once with coalesced accesses requests
+  exactly these bytes; the tolerance is 1 %.
+* **DRAM** (what reaches HBM after the L2): a deliberately simple model, reported with its error
+  per launch rather than tuned to fit.  Reads: each distinct byte a launch reads is fetched
+  once (ncu flushes the caches before every replay pass, so the launch starts cold) as long as
+  the launch's footprint fits in the preset's L2; a launch whose footprint exceeds the L2 is
+  charged its LSU reads (no reuse).  Writes: a write-back L2 keeps dirty lines until they are
+  evicted, so bytes written by a launch whose footprint fits in L2 mostly have not reached DRAM
+  when it ends; we predict the excess of footprint over L2 size, capped by the bytes written.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from flashsim.api import build_schedule
+from flashsim.config import get_gpu
+from flashsim.traffic import SECTOR_BYTES, walk
+
+from .configs import sim_options, tiling_of, workload_of
+
+LSU_TOLERANCE = 0.01
+
+_INT = ("batch", "heads", "kv_heads", "seq_len_q", "seq_len_k", "head_dim", "block_m", "block_n", "sram_bytes",
+        "gemm_block", "launch_index", "lsu_ld_bytes", "lsu_st_bytes", "l2_read_sectors", "l2_write_sectors",
+        "dram_read_bytes", "dram_write_bytes")
+
+
+def read_measured(path: str | Path) -> tuple[list[dict], dict]:
+    """Rows of a measured CSV (typed) and its provenance (the ``.meta.json`` beside it)."""
+    path = Path(path)
+    rows = []
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            for k in _INT:
+                if k in r:
+                    r[k] = int(r[k]) if r[k] not in ("", "None") else None
+            r["causal"] = r.get("causal") in ("True", "true", "1")
+            r["time_ns"] = float(r["time_ns"])
+            rows.append(r)
+    meta_path = path.with_name(path.name.replace(".csv", ".meta.json"))
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    return rows, meta
+
+
+def _algo(kernel: str) -> str:
+    return {"flash2": "flash2", "flash1": "flash1", "standard": "standard"}[kernel]
+
+
+def _footprint_bytes(schedule, launch) -> tuple[int, int]:
+    """Distinct bytes a launch reads and writes: whole tensors (every launch here touches every
+    row of each tensor it uses), counted per slice its programs touch."""
+    reads, writes = set(), set()
+    for a in launch.accesses():
+        (writes if a.write else reads).add(a.tensor)
+    def size(names):
+        return sum(schedule.tensors[n].slices * schedule.tensors[n].slice_bytes for n in names)
+    return size(reads), size(writes)
+
+
+def predict(cfg: dict, gpu: str = "h100") -> list[dict]:
+    """The simulator's per-launch prediction for a measured configuration, in launch order."""
+    w = workload_of(cfg)
+    sched = build_schedule(w, _algo(cfg["kernel"]), cfg["pass"], tiling_of(cfg), **sim_options(cfg))
+    io = walk(sched)
+    l2 = get_gpu(gpu).l2_bytes
+    out = []
+    for launch, (name, c) in zip(sched.launches, io.per_launch.items()):
+        rd = (c.read_sectors or 0) * SECTOR_BYTES
+        wr = (c.write_sectors or 0) * SECTOR_BYTES
+        fr, fw = _footprint_bytes(sched, launch)
+        fits = fr + fw <= l2
+        dram_r = min(fr, rd) if fits else rd
+        dram_w = min(wr, max(0, fr + fw - l2))
+        out.append({"sim_launch": name, "sim_lsu_ld_bytes": rd, "sim_lsu_st_bytes": wr,
+                    "sim_read_bytes_exact": c.read_bytes, "sim_write_bytes_exact": c.write_bytes,
+                    "sim_dram_read_bytes": dram_r, "sim_dram_write_bytes": dram_w, "footprint_bytes": fr + fw})
+    return out
+
+
+def _rel(measured: float, predicted: float) -> float:
+    if predicted == 0:
+        return 0.0 if measured == 0 else math.inf
+    return measured / predicted - 1.0
+
+
+def compare(rows: list[dict], gpu: str = "h100") -> list[dict]:
+    """One record per measured launch with the prediction and relative errors."""
+    by_cfg: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        by_cfg[r["config_id"]].append(r)
+    out = []
+    for cid, launches in by_cfg.items():
+        launches.sort(key=lambda r: r["launch_index"])
+        preds = predict(launches[0], gpu)
+        if len(preds) != len(launches):
+            raise ValueError(f"{cid}: {len(launches)} measured launches but the simulator models {len(preds)}")
+        for r, p in zip(launches, preds):
+            rec = dict(r)
+            rec.update(p)
+            rec["lsu_ld_err"] = _rel(r["lsu_ld_bytes"], p["sim_lsu_ld_bytes"])
+            rec["lsu_st_err"] = _rel(r["lsu_st_bytes"], p["sim_lsu_st_bytes"])
+            rec["lsu_err"] = _rel(r["lsu_ld_bytes"] + r["lsu_st_bytes"], p["sim_lsu_ld_bytes"] + p["sim_lsu_st_bytes"])
+            rec["dram_err"] = _rel(r["dram_read_bytes"] + r["dram_write_bytes"],
+                                   p["sim_dram_read_bytes"] + p["sim_dram_write_bytes"])
+            rec["dram_read_err"] = _rel(r["dram_read_bytes"], p["sim_dram_read_bytes"])
+            out.append(rec)
+    return out
+
+
+def per_config(records: list[dict]) -> list[dict]:
+    """Launches of one configuration added up (a backward pass is several launches)."""
+    agg: dict[str, dict] = {}
+    for r in records:
+        a = agg.setdefault(r["config_id"], {k: r[k] for k in ("config_id", "kernel", "pass", "batch", "heads",
+                                                             "seq_len_q", "seq_len_k", "head_dim", "dtype", "causal",
+                                                             "block_m", "block_n", "sram_bytes", "gemm_block")})
+        for k in ("lsu_ld_bytes", "lsu_st_bytes", "dram_read_bytes", "dram_write_bytes", "time_ns",
+                  "sim_lsu_ld_bytes", "sim_lsu_st_bytes", "sim_dram_read_bytes", "sim_dram_write_bytes"):
+            a[k] = a.get(k, 0) + r[k]
+    for a in agg.values():
+        a["lsu_bytes"] = a["lsu_ld_bytes"] + a["lsu_st_bytes"]
+        a["sim_lsu_bytes"] = a["sim_lsu_ld_bytes"] + a["sim_lsu_st_bytes"]
+        a["lsu_err"] = _rel(a["lsu_bytes"], a["sim_lsu_bytes"])
+        a["dram_bytes"] = a["dram_read_bytes"] + a["dram_write_bytes"]
+        a["sim_dram_bytes"] = a["sim_dram_read_bytes"] + a["sim_dram_write_bytes"]
+        a["dram_err"] = _rel(a["dram_bytes"], a["sim_dram_bytes"])
+    return list(agg.values())
+
+
+def fit_loglog(records: list[dict], xs: tuple[str, ...], y: str) -> dict:
+    """Least-squares fit of log y = c + Σ e_x log x; returns exponents, standard errors, R²."""
+    a = np.array([[1.0] + [math.log(float(r[x])) for x in xs] for r in records])
+    b = np.array([math.log(float(r[y])) for r in records])
+    coef, _, rank, _ = np.linalg.lstsq(a, b, rcond=None)
+    resid = b - a @ coef
+    dof = max(1, len(b) - a.shape[1])
+    s2 = float(resid @ resid) / dof
+    try:
+        cov = s2 * np.linalg.inv(a.T @ a)
+        se = np.sqrt(np.diag(cov))
+    except np.linalg.LinAlgError:
+        se = np.full(a.shape[1], math.nan)
+    ss_tot = float(((b - b.mean()) ** 2).sum())
+    r2 = 1.0 - float(resid @ resid) / ss_tot if ss_tot > 0 else 1.0
+    return {"exponents": {x: float(coef[i + 1]) for i, x in enumerate(xs)},
+            "stderr": {x: float(se[i + 1]) for i, x in enumerate(xs)},
+            "const": float(coef[0]), "r2": r2, "n": len(records), "rank": int(rank)}
+
+
+def theorem2_fits(configs: list[dict]) -> dict[str, dict]:
+    """Fit measured LSU bytes against N, d and M for the FlashAttention-1 kernel (Theorem 2:
+    exponents 2, 2, -1) and against N for standard attention (Nd + N²: 2 at large N)."""
+    fits = {}
+    f1 = [dict(c, M=c["sram_bytes"]) for c in configs
+          if c["kernel"] == "flash1" and c["pass"] == "fwd" and not c["causal"] and c["dtype"] == "fp16"]
+    if len(f1) >= 4:
+        fits["flash1_fwd_measured"] = fit_loglog(f1, ("seq_len_q", "head_dim", "M"), "lsu_bytes")
+        fits["flash1_fwd_simulated"] = fit_loglog(f1, ("seq_len_q", "head_dim", "M"), "sim_lsu_bytes")
+    f2 = [c for c in configs if c["kernel"] == "flash2" and c["pass"] == "fwd" and not c["causal"]
+          and c["dtype"] == "fp16" and c["block_m"] == 64 and c["block_n"] == 64]
+    if len(f2) >= 3:
+        fits["flash2_fwd_measured_vs_N_d"] = fit_loglog(f2, ("seq_len_q", "head_dim"), "lsu_bytes")
+    st = [c for c in configs if c["kernel"] == "standard" and c["pass"] == "fwd" and not c["causal"]
+          and c["dtype"] == "fp16" and c["head_dim"] == 64]
+    if len(st) >= 3:
+        fits["standard_fwd_measured_vs_N"] = fit_loglog(st, ("seq_len_q",), "lsu_bytes")
+    return fits
