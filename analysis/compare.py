@@ -177,3 +177,75 @@ def theorem2_fits(configs: list[dict]) -> dict[str, dict]:
     if len(st) >= 3:
         fits["standard_fwd_measured_vs_N"] = fit_loglog(st, ("seq_len_q",), "lsu_bytes")
     return fits
+
+
+# ---------------------------------------------------------------------------------------------
+# The `flashsim compare` job
+
+
+def _fmt_bytes(b: float) -> str:
+    return f"{b / 1e6:10.2f}"
+
+
+def print_table(records: list[dict], file=None) -> None:
+    import sys
+
+    f = file or sys.stdout
+    head = (f"{'configuration':58s} {'launch':>6s} {'LSU MB':>10s} {'sim MB':>10s} {'err':>8s} "
+            f"{'DRAM MB':>10s} {'sim MB':>10s} {'err':>8s} {'ms':>8s}")
+    print(head, file=f)
+    print("-" * len(head), file=f)
+    for r in records:
+        lsu = r["lsu_ld_bytes"] + r["lsu_st_bytes"]
+        sim = r["sim_lsu_ld_bytes"] + r["sim_lsu_st_bytes"]
+        dram = r["dram_read_bytes"] + r["dram_write_bytes"]
+        sdram = r["sim_dram_read_bytes"] + r["sim_dram_write_bytes"]
+        print(f"{r['config_id'][:58]:58s} {r['launch_index']:6d} {_fmt_bytes(lsu)} {_fmt_bytes(sim)} "
+              f"{100 * r['lsu_err']:7.2f}% {_fmt_bytes(dram)} {_fmt_bytes(sdram)} {100 * r['dram_err']:7.1f}% "
+              f"{r['time_ns'] / 1e6:8.3f}", file=f)
+
+
+def summarize(records: list[dict]) -> dict:
+    lsu = np.array([abs(r["lsu_err"]) for r in records])
+    dram = np.array([abs(r["dram_err"]) for r in records if math.isfinite(r["dram_err"])])
+    return {"launches": len(records), "lsu_max_abs_err": float(lsu.max()) if lsu.size else math.nan,
+            "lsu_within_tolerance": int((lsu <= LSU_TOLERANCE).sum()),
+            "dram_median_abs_err": float(np.median(dram)) if dram.size else math.nan,
+            "dram_max_abs_err": float(dram.max()) if dram.size else math.nan}
+
+
+def run(data: str | Path, out_dir: str | Path | None = None, gpu: str = "h100", plots: bool = True) -> int:
+    """Compare a measured CSV with the simulator; print the table, the summary and the fits;
+    write comparison CSVs (and plots) to ``out_dir``.  Returns 1 if any launch's LSU-level error
+    exceeds the 1 % tolerance, else 0."""
+    rows, meta = read_measured(data)
+    records = compare(rows, gpu)
+    print(f"measured on {meta.get('gpu')} (driver {meta.get('driver')}, {meta.get('ncu')}), "
+          f"{meta.get('date')}, commit {str(meta.get('git_commit'))[:10]}, cache control {meta.get('cache_control')}")
+    print_table(records)
+    s = summarize(records)
+    print(f"\nLSU level: {s['lsu_within_tolerance']}/{s['launches']} launches within "
+          f"{100 * LSU_TOLERANCE:.0f}% (max |err| {100 * s['lsu_max_abs_err']:.3f}%)")
+    print(f"DRAM level (simple L2 model): median |err| {100 * s['dram_median_abs_err']:.1f}%, "
+          f"max {100 * s['dram_max_abs_err']:.1f}%")
+    configs = per_config(records)
+    fits = theorem2_fits(configs)
+    for name, fit in fits.items():
+        ex = ", ".join(f"{k} {v:+.3f} ± {fit['stderr'][k]:.3f}" for k, v in fit["exponents"].items())
+        print(f"fit {name}: {ex}  (R² {fit['r2']:.4f}, n = {fit['n']})")
+    if out_dir is not None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        for name, recs in (("launches", records), ("configs", configs)):
+            with open(out / f"compare_{name}.csv", "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=list(recs[0]))
+                w.writeheader()
+                w.writerows(recs)
+        (out / "compare_summary.json").write_text(json.dumps({"summary": s, "fits": fits, "provenance": meta},
+                                                             indent=1))
+        if plots:
+            from .plots import plot_all
+
+            for p in plot_all(configs, out):
+                print(f"wrote {p}")
+    return 0 if s["lsu_within_tolerance"] == s["launches"] else 1
