@@ -44,7 +44,8 @@ def plot_m_sweep(configs: list[dict], path: Path) -> Path | None:
     ax.loglog(ms / 1024, np.array(sim) / 1e9, "-", label="simulated (walker, sectors)")
     ax.loglog(ms / 1024, np.array(thm) / 1e9, "--", label="Theorem 2: Θ(N²d²/M)")
     ax.loglog(ms / 1024, np.array(low) / 1e9, ":", label="Proposition 3 lower bound")
-    ax.loglog([c["sram_bytes"] / 1024 for c in pts], [c["lsu_bytes"] / 1e9 for c in pts], "o", label="measured (ncu, LSU)")
+    ax.loglog([c["sram_bytes"] / 1024 for c in pts], [c["lsu_bytes"] / 1e9 for c in pts], "o",
+              label="measured (ncu, LSU)")
     ax.set_xlabel("SRAM budget M per thread block (KiB)")
     ax.set_ylabel("global-memory traffic (GB)")
     ax.set_title(f"FlashAttention-1 forward, N={base['seq_len_q']}, d={base['head_dim']}, "
