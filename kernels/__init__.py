@@ -1,0 +1,88 @@
+"""Numba CUDA attention kernels held against the flashsim simulator.
+
+Public API (arrays are (B, H, N, d); K and V may have fewer heads, Hkv dividing H):
+
+* :func:`flash_attention` and :func:`flash_attention_backward`: FlashAttention-2
+  (``kernels/flash2.py``);
+* ``flash1_attention`` (``kernels/flash1.py``) and ``standard_attention`` /
+  ``standard_attention_backward`` (``kernels/standard.py``) where those modules exist.
+
+Every launcher takes ``counters=`` (an int64 array from :func:`kernels.counters.new_counters`,
+on the host or the device): the counting variant of the kernels then adds every global-memory
+tile transfer, in elements, per tensor and direction (host arrays are filled in place).
+"""
+
+from __future__ import annotations
+
+from . import flash2 as _flash2
+
+
+def flash_attention(q, k, v, *, causal=False, scale=None, block_m=None, block_n=None, block_mask=None,
+                    return_lse=False, counters=None):
+    """FlashAttention-2 forward: O = softmax(τ Q Kᵀ + mask) V, and L = logsumexp of each row.
+
+    ``q`` is (B, H, Nq, d), ``k`` and ``v`` are (B, Hkv, Nk, d) with Hkv dividing H (query head h
+    uses kv head h // (H/Hkv)).  Any Nq, Nk >= 1 and head dims that fit shared memory (16..128
+    with the default blocks; non-powers of two such as 24 or 59 are padded on chip).  float32 or
+    float16 inputs, all the same; accumulation is float32.  ``scale`` τ defaults to 1/sqrt(d).
+
+    Inputs: numpy arrays are copied to the device and results come back as numpy; Numba device
+    arrays and ``__cuda_array_interface__`` objects (torch, CuPy) are used in place and results
+    come back in the query's kind.  ValueError for: arrays that are not 4-D or whose shapes
+    disagree, zero-size dimensions, dtypes other than float32/float16 or mixed dtypes, device
+    arrays that are not C-contiguous, a mix of host and device inputs, block sizes whose kernels
+    do not fit 48 KB of static shared memory.
+
+    ``causal`` is aligned bottom-right: query i sees key j iff j <= i + Nk - Nq (flash-attention
+    >= 2.1).  This differs from PyTorch's ``is_causal=True`` (top-left: j <= i) unless Nq == Nk.
+    Key blocks a query block cannot see are never loaded.  ``block_mask`` (a
+    :class:`flashsim.config.BlockMask`) skips whole blocks; its block sizes become the kernel's
+    and must equal ``block_m``/``block_n`` if those are given.
+
+    A query row that sees no key gets O = 0 and L = -inf.  A NaN in the inputs propagates to
+    the rows that use it: a NaN in Q row r makes O row r (and L_r) NaN; a NaN in an unmasked key
+    or value row makes every query row that attends it NaN.  Masked entries are never read into
+    the arithmetic, so a NaN there has no effect.
+
+    Returns O (the input dtype), and with ``return_lse=True`` also L (float32, (B, H, Nq)),
+    which :func:`flash_attention_backward` needs.  Extra device memory: O and L only, O(N·d).
+    """
+    return _flash2.forward(q, k, v, causal=causal, scale=scale, block_m=block_m, block_n=block_n,
+                           block_mask=block_mask, return_lse=return_lse, counters=counters)
+
+
+def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, block_m=None, block_n=None,
+                             block_mask=None, counters=None):
+    """FlashAttention-2 backward: (dQ, dK, dV) of Σ O ∘ dO, recomputing P from Q, K and L.
+
+    ``o`` and ``lse`` are the forward's outputs (O in the input dtype, L float32 (B, H, Nq), on
+    the same side, host or device, as the other inputs); ``do`` has O's shape and dtype.  Three
+    deterministic kernels (no atomics): D = rowsum(dO ∘ O); dK, dV per key block, summed over the
+    query heads that share the kv head; dQ per query block.  dK and dV have the kv heads' shape
+    (B, Hkv, Nk, d).  Options and input rules as :func:`flash_attention`; the default block
+    sizes may be smaller than the forward's (the backward keeps more tiles on chip) unless a
+    block mask fixes them.  Fully masked rows (L = -inf) contribute nothing: their dQ row is 0
+    and they add nothing to dK, dV.  NaN propagates to the gradients computed from it.
+    """
+    return _flash2.backward(q, k, v, o, lse, do, causal=causal, scale=scale, block_m=block_m, block_n=block_n,
+                            block_mask=block_mask, counters=counters)
+
+
+__all__ = ["flash_attention", "flash_attention_backward"]
+
+# Other engineers' kernels, exported once their modules exist.  Only a missing module is
+# tolerated: an error inside an existing one propagates.
+try:
+    from .flash1 import flash1_attention  # noqa: F401
+
+    __all__.append("flash1_attention")
+except ModuleNotFoundError as e:  # pragma: no cover
+    if e.name != f"{__name__}.flash1":
+        raise
+try:
+    from .standard import standard_attention, standard_attention_backward  # noqa: F401
+
+    __all__ += ["standard_attention", "standard_attention_backward"]
+except ModuleNotFoundError as e:  # pragma: no cover
+    if e.name != f"{__name__}.standard":
+        raise

@@ -11,6 +11,27 @@ Forward, per (batch, head) and query block i (one thread block each on the GPU):
 So Q and O cross HBM once, K and V once per query block: with Tr = ⌈Nq/Br⌉ blocks,
 K and V reads are Tr·Nk·d each, and the whole forward moves Θ(Nq·d + Tr·Nk·d) elements.  With
 the paper's rule Br = min(⌈M/4d⌉, d) that is Θ(N²d²/M) for M ≥ d² (Theorem 2's regime).
+
+Backward: three launches, deterministic (no atomics), the split of the Triton tutorial and of
+``kernels/flash2.py``, which these schedules describe transfer for transfer::
+
+    flash2_bwd_preprocess, per (batch, query head), per query block i:
+        load O_i, dO_i; write D_i = rowsum(dO_i ∘ O_i)             (Br float32)
+    flash2_bwd_dkdv, per (batch, kv head), per key block j:
+        load K_j, V_j; dK_j = dV_j = 0 (float32, on chip)
+        for each query head g of the kv head's group, each query block i that sees j:
+            load Q_i, dO_i, L_i, D_i
+            P = exp(τ Q_i K_jᵀ - L_i); dV_j += Pᵀ dO_i
+            dS = P ∘ (dO_i V_jᵀ - D_i); dK_j += τ dSᵀ Q_i
+        write dK_j, dV_j                                           (the group's sum: GQA needs no reduction)
+    flash2_bwd_dq, per (batch, query head), per query block i:
+        load Q_i, dO_i, L_i, D_i; dQ_i = 0
+        for each key block j that i sees: load K_j, V_j; dQ_i += τ dS K_j
+        write dQ_i
+
+P is recomputed from Q, K and L; nothing N x N touches HBM.  K and V are read once by dK/dV
+and once per query block by dQ (as in the forward); Q, dO, L, D once per visible (i, j) pair
+by dK/dV and once by dQ.
 """
 
 from __future__ import annotations
@@ -20,14 +41,16 @@ import numpy as np
 from ..config import Tiling, Workload, cdiv
 from ..masking import visible_blocks
 from ..traffic import Launch, Schedule, read, write
-from ._common import block_rows, layouts, per_query_head_slices, require_tiling
+from ._common import block_rows, layouts, per_kv_head_slices, per_query_head_slices, require_tiling
 
-PASSES = ("fwd",)
+PASSES = ("fwd", "bwd")
 NEEDS_TILING = True
-DESCRIPTION = "FlashAttention-2: outer loop over query blocks; O and L written once"
+DESCRIPTION = ("FlashAttention-2: outer loop over query blocks; O and L written once; "
+               "backward split into D, dK/dV (per key block) and dQ (per query block)")
 OPTIONS: dict[str, tuple[object, str]] = {}
 
 _FWD_TENSORS = ("Q", "K", "V", "O", "L")
+_BWD_TENSORS = ("Q", "K", "V", "O", "L", "D", "dO", "dQ", "dK", "dV")
 
 
 def _forward(w: Workload, t: Tiling) -> Schedule:
@@ -52,6 +75,52 @@ def _forward(w: Workload, t: Tiling) -> Schedule:
                     {"pass": "fwd", "block_m": t.block_m, "block_n": t.block_n})
 
 
+def _backward(w: Workload, t: Tiling) -> Schedule:
+    q0, qn = block_rows(w.nq, t.block_m)
+    k0, kn = block_rows(w.nk, t.block_n)
+    vis = visible_blocks(w, t)
+    g_of = np.arange(w.group, dtype=np.int64)
+
+    def preprocess():
+        # O_i, dO_i, D_i for every query block: one transfer per block, in block order, with
+        # the three tensors' transfers listed tensor by tensor (the arrays keep block order).
+        yield read("O", q0, qn)
+        yield read("dO", q0, qn)
+        yield write("D", q0, qn)
+
+    def dkdv():
+        for j in range(len(k0)):
+            yield read("K", k0[j], kn[j])
+            yield read("V", k0[j], kn[j])
+            # (g, i) pairs in loop order: heads outer, the query blocks that see j inner.
+            i_vis = np.flatnonzero(vis[:, j])
+            gs = np.repeat(g_of, len(i_vis))
+            i_all = np.tile(i_vis, w.group)
+            for name in ("Q", "dO", "L", "D"):
+                yield read(name, q0[i_all], qn[i_all], slice_offset=gs)
+            yield write("dK", k0[j], kn[j])
+            yield write("dV", k0[j], kn[j])
+
+    def dq():
+        for i in range(len(q0)):
+            js = np.flatnonzero(vis[i])
+            for name in ("Q", "dO", "L", "D"):
+                yield read(name, q0[i], qn[i])
+            yield read("K", k0[js], kn[js])
+            yield read("V", k0[js], kn[js])
+            yield write("dQ", q0[i], qn[i])
+
+    qs = per_query_head_slices(w, _BWD_TENSORS)
+    ks = per_kv_head_slices(w, _BWD_TENSORS)
+    launches = [
+        Launch("flash2_bwd_preprocess", w.bh, qs, preprocess),
+        Launch("flash2_bwd_dkdv", w.batch * w.hkv, ks, dkdv),
+        Launch("flash2_bwd_dq", w.bh, qs, dq),
+    ]
+    return Schedule("flash2", layouts(w, _BWD_TENSORS), launches,
+                    {"pass": "bwd", "block_m": t.block_m, "block_n": t.block_n})
+
+
 def _kv_rows_read_fwd(w: Workload, t: Tiling) -> int:
     """Σ over query blocks i of the key rows loaded for block i, by formula.
 
@@ -73,14 +142,55 @@ def _kv_rows_read_fwd(w: Workload, t: Tiling) -> int:
     return int((vis.sum(axis=0) * rows_j).sum())
 
 
+def _q_rows_read_dkdv(w: Workload, t: Tiling) -> int:
+    """Σ over key blocks j of the query rows loaded for block j by one query head, by formula.
+
+    Dense: every key block loads all Nq rows, so Tc·Nq.  Causal (bottom-right aligned): query
+    block i sees key block j iff its last row r_i = min((i+1)·Br, Nq) - 1 satisfies
+    j·Bc <= r_i + Nk - Nq, i.e. min((i+1)·Br, Nq) > τ_j with τ_j = j·Bc + Nq - Nk.  If τ_j >= Nq no
+    block does; otherwise exactly the blocks i >= ⌊τ_j/Br⌋ (clipped at 0) do, and they hold
+    Nq - clip(⌊τ_j/Br⌋·Br, 0, Nq) rows.  Block-sparse: query block i is loaded by the nonzero
+    columns of row i of the mask, so Σ_i nnz_i · rows(i).
+    """
+    tr, tc = t.t_r(w.nq), t.t_c(w.nk)
+    if w.block_mask is None:
+        if not w.causal:
+            return tc * w.nq
+        tau = np.arange(tc, dtype=np.int64) * t.block_n + w.nq - w.nk
+        first = np.clip((tau // t.block_m) * t.block_m, 0, w.nq)
+        return int(np.where(tau >= w.nq, 0, w.nq - first).sum())
+    vis = visible_blocks(w, t)
+    rows_i = np.minimum(t.block_m, w.nq - np.arange(tr, dtype=np.int64) * t.block_m)
+    return int((vis.sum(axis=1) * rows_i).sum())
+
+
 def closed_form(w: Workload, tiling: Tiling | None, pass_: str, **options) -> dict[tuple[str, str], int]:
     t = require_tiling(tiling, "flash2")
     if options:
         raise ValueError(f"options={sorted(options)}: flash2 takes none")
-    if pass_ != "fwd":
+    if pass_ not in PASSES:
         raise ValueError(f"pass_={pass_!r}: not modelled")
     bh, d = w.bh, w.d
     kv_rows = _kv_rows_read_fwd(w, t)
+    if pass_ == "bwd":
+        # dK/dV reads each (Q_i, dO_i, L_i, D_i) once per key block that i sees, for each of
+        # the BH query heads; dQ reads them once more.  K, V: once by dK/dV (per kv head),
+        # then as in the forward by dQ.
+        q_rows = _q_rows_read_dkdv(w, t) + w.nq
+        kv_once = w.batch * w.hkv * w.nk * d
+        return {
+            ("O", "read"): bh * w.nq * d,
+            ("dO", "read"): bh * (w.nq + q_rows) * d,
+            ("D", "write"): bh * w.nq,
+            ("Q", "read"): bh * q_rows * d,
+            ("L", "read"): bh * q_rows,
+            ("D", "read"): bh * q_rows,
+            ("K", "read"): kv_once + bh * kv_rows * d,
+            ("V", "read"): kv_once + bh * kv_rows * d,
+            ("dK", "write"): kv_once,
+            ("dV", "write"): kv_once,
+            ("dQ", "write"): bh * w.nq * d,
+        }
     return {
         ("Q", "read"): bh * w.nq * d,
         ("K", "read"): bh * kv_rows * d,
@@ -96,6 +206,8 @@ def schedule(w: Workload, tiling: Tiling | None, pass_: str, **options) -> Sched
         raise ValueError(f"options={sorted(options)}: flash2 takes none")
     if pass_ == "fwd":
         return _forward(w, t)
+    if pass_ == "bwd":
+        return _backward(w, t)
     raise ValueError(f"pass_={pass_!r}: not modelled")
 
 
