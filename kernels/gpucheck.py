@@ -231,8 +231,9 @@ def main(argv=None) -> int:
         try:
             rec = long_sequence(rng)
             log(rec)
-            print(f"N=131072: {rec['wall_s']:.2f} s, call allocated {rec['device_bytes_allocated_by_call'] / 2**20:.0f} "
-                  f"MiB on the device; S would need {rec['S_would_need_bytes'] / 2**30:.0f} GiB", flush=True)
+            alloc = rec["device_bytes_allocated_by_call"] / 2**20
+            print(f"N=131072: {rec['wall_s']:.2f} s, call allocated {alloc:.0f} MiB on the device; "
+                  f"S would need {rec['S_would_need_bytes'] / 2**30:.0f} GiB", flush=True)
         except Exception as e:
             records.append({"kernel": "flash2", "pass": "fwd", "n": 131072, "error": repr(e), "ok": False})
             print("ERROR long", repr(e), flush=True)
