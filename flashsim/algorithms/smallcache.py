@@ -1,0 +1,163 @@
+"""Saha & Ye's small-cache attention (ICML 2024): blocked matrix multiplications with √M tiles.
+
+When the SRAM holds fewer than d² elements, FlashAttention's Br x d and Bc x d tiles shrink to
+Br·d ≈ M/4 and its K/V re-reads grow as N²d²/M.  Saha & Ye observe that attention is then as
+hard as matrix multiplication and that the classical blocked schedule does better: keep an
+s x s tile of the result on chip and stream s x s chunks of the two operands along the inner
+dimension, so each result tile of s² entries costs 2·s·k reads for inner dimension k, and a
+product of (n x k)(k x m) moves 2·n·m·k/s + n·m elements.  With s ≈ √(M/3) the forward costs
+Θ(N²d/√M); materialising S (N² elements) is cheaper than that because √M < d.
+
+Forward, per (batch, query head), with s the largest integer with 3s² + 2s ≤ M (three s x s
+tiles plus two length-s statistics vectors on chip)::
+
+    launch smallcache_qk   (S = τ Q Kᵀ, Nq x Nk, inner dimension d):
+        for each s-row block I of Q, each s-row block J of K:
+            acc = 0 (s x s on chip)
+            for each s-column chunk c of d: load Q[I, c], K[J, c]; acc += Q[I, c] K[J, c]ᵀ
+            write S[I, J] = τ·acc
+    launch smallcache_stats (row logsumexp of S, read once, online):
+        for each s-row block I: m = -inf, ℓ = 0 (length s)
+            for each s-column block J: load S[I, J]; update m, ℓ online
+            write L[I] = m + log ℓ                                   (float32)
+    launch smallcache_pv   (O = softmax(S) V, Nq x d, inner dimension Nk):
+        for each s-row block I, each s-column chunk c of d:
+            load L[I]; acc = 0 (s x s)
+            for each s-row block J of V: load S[I, J], V[J, c]; acc += exp(S[I, J] - L[I]) V[J, c]
+            write O[I, c] = acc
+
+Per head, with Tq = ⌈Nq/s⌉, Tk = ⌈Nk/s⌉, Td = ⌈d/s⌉ (the closed form below)::
+
+    Q read  Nq·d·Tk      K read  Nk·d·Tq      S write Nq·Nk      S read Nq·Nk·(1 + Td)
+    L write Nq           L read  Nq·Td        V read  Nk·d·Tq    O write Nq·d
+
+i.e. ≈ 4·Nq·Nk·d/s + 2·Nq·Nk = Θ(N²d/√M).  Masks are not modelled (the schedule computes the
+dense S); a causal or block-sparse workload raises ValueError.  The algorithm needs only M (no
+Br, Bc): :func:`tile_side` turns the tiling's SRAM size into s; pass ``sram_elems`` to
+:func:`flashsim.api.simulate`, or an explicit ``tile=s`` option.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..config import Tiling, Workload, cdiv
+from ..traffic import Launch, Schedule, read, write
+from ._common import block_rows, layouts, per_query_head_slices
+
+PASSES = ("fwd",)
+#: Takes a tiling only to recover M (see :func:`tile_side`); an explicit ``tile`` option overrides it.
+NEEDS_TILING = True
+DESCRIPTION = "Saha & Ye small-cache attention: √M-tiled matmuls QKᵀ and PV, S written to HBM"
+OPTIONS: dict[str, tuple[object, str]] = {
+    "tile": (None, "tile side s (default: largest s with 3s² + 2s ≤ M, M recovered from the tiling)"),
+    "sram_elems": (None, "M in elements (default: recovered from the tiling as 4·d·Bc)"),
+}
+
+_TENSORS = ("Q", "K", "V", "S", "L", "O")
+
+
+def tile_for_sram(sram_elems: int) -> int:
+    """Largest s with 3s² + 2s ≤ M: three s x s tiles and two s-vectors (m, ℓ) on chip."""
+    if sram_elems < 5:
+        raise ValueError(f"sram_elems={sram_elems}: the small-cache schedule needs M >= 5 (s >= 1)")
+    s = math.isqrt(sram_elems // 3)
+    while 3 * (s + 1) ** 2 + 2 * (s + 1) <= sram_elems:
+        s += 1
+    while 3 * s * s + 2 * s > sram_elems:
+        s -= 1
+    return s
+
+
+def tile_side(w: Workload, tiling: Tiling | None, tile=None, sram_elems=None) -> int:
+    """The tile side s: ``tile`` if given, else from ``sram_elems``, else from the tiling.
+
+    :func:`flashsim.api.resolve_tiling` turns M into the paper's Bc = ⌈M/4d⌉, so M is recovered
+    as 4·d·Bc (equal to the M given when 4d divides it, and at most 4d - 1 more otherwise).
+    """
+    if tile is not None:
+        if isinstance(tile, bool) or not isinstance(tile, (int, np.integer)) or tile <= 0:
+            raise ValueError(f"tile={tile!r}: must be a positive integer")
+        return int(tile)
+    if sram_elems is None:
+        if tiling is None:
+            raise ValueError("tiling=None: smallcache needs an SRAM size (sram_elems) or tile=s")
+        sram_elems = 4 * w.d * tiling.block_n
+    return tile_for_sram(int(sram_elems))
+
+
+def _check(w: Workload, pass_: str) -> None:
+    if pass_ != "fwd":
+        raise ValueError(f"pass_={pass_!r}: smallcache models only the forward pass")
+    if w.causal:
+        raise ValueError("causal=True: smallcache models dense attention only (no causal mask)")
+    if w.block_mask is not None:
+        raise ValueError("block_mask: smallcache models dense attention only (no block mask)")
+
+
+def _options(options: dict) -> dict:
+    extra = set(options) - set(OPTIONS)
+    if extra:
+        raise ValueError(f"options={sorted(extra)}: smallcache takes only {sorted(OPTIONS)}")
+    return options
+
+
+def schedule(w: Workload, tiling: Tiling | None, pass_: str, **options) -> Schedule:
+    _check(w, pass_)
+    s = tile_side(w, tiling, **_options(options))
+    q0, qn = block_rows(w.nq, s)
+    k0, kn = block_rows(w.nk, s)
+    c0, cn = block_rows(w.d, s)
+    tq, tk, td = len(q0), len(k0), len(c0)
+    slices = per_query_head_slices(w, _TENSORS)
+
+    def qk():
+        # (J, c) loop nest for one row block I, flattened J-major; Q and K chunks alternate.
+        jj = np.repeat(np.arange(tk), td)
+        cc = np.tile(np.arange(td), tk)
+        for i in range(tq):
+            yield read("Q", q0[i], qn[i], c0[cc], cn[cc])
+            yield read("K", k0[jj], kn[jj], c0[cc], cn[cc])
+            yield write("S", q0[i], qn[i], k0, kn)
+
+    def stats():
+        for i in range(tq):
+            yield read("S", q0[i], qn[i], k0, kn)
+            yield write("L", q0[i], qn[i])
+
+    def pv():
+        # (c, J) loop nest for one row block I: L once per output chunk, S and V tiles per J.
+        cc = np.repeat(np.arange(td), tk)
+        jj = np.tile(np.arange(tk), td)
+        for i in range(tq):
+            yield read("L", np.full(td, q0[i]), qn[i])
+            yield read("S", q0[i], qn[i], k0[jj], kn[jj])
+            yield read("V", k0[jj], kn[jj], c0[cc], cn[cc])
+            yield write("O", q0[i], qn[i], c0, cn)
+
+    launches = [Launch(name, w.bh, slices, fn) for name, fn in
+                (("smallcache_qk", qk), ("smallcache_stats", stats), ("smallcache_pv", pv))]
+    return Schedule("smallcache", layouts(w, _TENSORS), launches, {"pass": "fwd", "tile": s})
+
+
+def closed_form(w: Workload, tiling: Tiling | None, pass_: str, **options) -> dict[tuple[str, str], int]:
+    _check(w, pass_)
+    s = tile_side(w, tiling, **_options(options))
+    bh, nq, nk, d = w.bh, w.nq, w.nk, w.d
+    tq, tk, td = cdiv(nq, s), cdiv(nk, s), cdiv(d, s)
+    return {
+        ("Q", "read"): bh * nq * d * tk,
+        ("K", "read"): bh * nk * d * tq,
+        ("S", "write"): bh * nq * nk,
+        ("S", "read"): bh * nq * nk * (1 + td),
+        ("L", "write"): bh * nq,
+        ("L", "read"): bh * nq * td,
+        ("V", "read"): bh * nk * d * tq,
+        ("O", "write"): bh * nq * d,
+    }
+
+
+__all__ = ["schedule", "closed_form", "tile_for_sram", "tile_side", "PASSES", "NEEDS_TILING",
+           "DESCRIPTION", "OPTIONS"]
