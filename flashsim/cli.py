@@ -83,6 +83,11 @@ def _sram_elems(a: argparse.Namespace, w, gpu) -> int:
 # Algorithm options, read from each algorithm module's OPTIONS dict
 
 
+#: Algorithm options not exposed as flags: M comes from --sram-bytes (or the GPU) for every
+#: algorithm, through simulate's own ``sram_elems``.
+_RESERVED_OPTIONS = ("sram_elems",)
+
+
 def _algorithm_options() -> dict[str, tuple[object, str, list[str]]]:
     """option name -> (default, help, algorithms taking it), over the installed algorithms."""
     from .algorithms import ALGORITHMS, get_algorithm
@@ -94,6 +99,8 @@ def _algorithm_options() -> dict[str, tuple[object, str, list[str]]]:
         except ImportError:
             continue
         for opt, (default, text) in getattr(mod, "OPTIONS", {}).items():
+            if opt in _RESERVED_OPTIONS:
+                continue
             if opt in opts:
                 opts[opt][2].append(name)
             else:
@@ -124,9 +131,9 @@ def _add_algorithm_options(p: argparse.ArgumentParser) -> list[str]:
         if isinstance(default, bool):
             kw["action"] = argparse.BooleanOptionalAction
         elif isinstance(default, (int, float, str)):
-            kw["type"] = type(default)
+            kw["type"], kw["metavar"] = type(default), opt.upper()
         else:
-            kw["type"] = _auto
+            kw["type"], kw["metavar"] = _auto, opt.upper()
         try:
             g.add_argument(flag, **kw)
         except argparse.ArgumentError:  # an option that clashes with a built-in flag is not passed through
@@ -178,6 +185,16 @@ def _tiling_args(a: argparse.Namespace, algo: str, w, gpu):
     return None, m
 
 
+def _with_sram_bytes(e: ValueError, a: argparse.Namespace, w, m: int) -> ValueError:
+    """An API complaint about M in elements, restated with the --sram-bytes the user gave."""
+    msg = str(e)
+    if msg.startswith("sram_elems=") and ": " in msg:
+        given = "GPU default" if a.sram_bytes is None else "--sram-bytes"
+        nbytes = m * w.elem_bytes if a.sram_bytes is None else a.sram_bytes
+        return ValueError(f"sram_bytes={nbytes} ({given}; M = {m} {w.dtype} elements): {msg.split(': ', 1)[1]}")
+    return e
+
+
 def _cmd_simulate(a: argparse.Namespace) -> int:
     from .api import simulate
     from .config import get_gpu
@@ -187,7 +204,10 @@ def _cmd_simulate(a: argparse.Namespace) -> int:
     gpu = get_gpu(a.gpu)
     tiling, m = _tiling_args(a, a.algo, w, gpu)
     opts = _chosen_options(a, a.algo)
-    res = simulate(w, a.algo, a.pass_, tiling=tiling, sram_elems=None if tiling else m, **opts)
+    try:
+        res = simulate(w, a.algo, a.pass_, tiling=tiling, sram_elems=None if tiling else m, **opts)
+    except ValueError as e:
+        raise _with_sram_bytes(e, a, w, m) from None
     summ = simulate_summary(res, gpu, m)
     if a.json:
         print(json.dumps(summ, indent=2))
@@ -231,7 +251,7 @@ def _simulate_text(s: dict) -> str:
         f = s["flops"]
         lines.append(f"FLOPs: matmul {fmt_num(f['matmul'])}, non-matmul {fmt_num(f['nonmatmul'])}")
     if s["bounds"] is not None:
-        lines.append("bounds at this M: " + _bounds_line(s["bounds"]))
+        lines.append("forward IO bounds at this M, in elements: " + _bounds_line(s["bounds"]))
     if s["roofline"] is not None:
         r = s["roofline"]
         lines.append(f"roofline on {s['gpu']}: {r['time_s'] * 1e3:.4g} ms ({r['bound']}-bound)")
@@ -242,6 +262,48 @@ def _bounds_line(b: dict) -> str:
     from .report import fmt_num
 
     return ", ".join(f"{k} {fmt_num(v)}" for k, v in b.items())
+
+
+# --------------------------------------------------------------------------------------------
+# bounds
+
+
+def _cmd_bounds(a: argparse.Namespace) -> int:
+    from .algorithms import ALGORITHMS
+    from .bounds import bounds_table
+    from .config import get_gpu
+    from .report import fmt_num, format_table
+
+    w = _workload(a)
+    gpu = get_gpu(a.gpu)
+    m = _sram_elems(a, w, gpu)
+    algos = a.algos or list(ALGORITHMS)
+    rows = bounds_table(w, m, algos, "fwd", walk=a.walk)
+    b = {k: rows[0][k] for k in ("standard", "flash", "lower_bound", "saha_ye", "regime")} if rows else {}
+    if a.json:
+        print(json.dumps({"sram_elems": m, "sram_bytes": m * w.elem_bytes, "head_dim_squared": w.d * w.d,
+                          "bounds": b, "algorithms": rows}, indent=2))
+        return 0
+    print(f"forward pass, batch {w.batch}, heads {w.heads} (kv {w.hkv}), Nq {w.nq}, Nk {w.nk}, d {w.d}, {w.dtype}"
+          f"{', causal' if w.causal else ''}")
+    rel = ">=" if m >= w.d * w.d else "<"
+    print(f"M = {fmt_num(m * w.elem_bytes)} bytes = {fmt_num(m)} elements {rel} d² = {fmt_num(w.d * w.d)}: "
+          f"{b.get('regime', '?')} regime")
+    print()
+    names = {"standard": "standard attention (Algorithm 0)", "flash": "FlashAttention (Theorem 2)",
+             "lower_bound": "lower bound (Prop. 3 / Saha-Ye, with I/O floor)",
+             "saha_ye": "Saha & Ye: min(N²d²/M, N²d/√M)"}
+    print(format_table(["bound", "HBM elements"], [[names[k], float(b[k])] for k in names if k in b]))
+    print()
+    out = []
+    for r in rows:
+        if r["simulated"] is None:
+            out.append([r["algo"], None, None, None, f"n/a: {r['error']}"])
+        else:
+            out.append([r["algo"], r["simulated"], r["ratio_lower"], r["ratio_flash"], ""])
+    print(format_table(["algorithm", "HBM elements", "/ lower bound", "/ flash bound", "note"], out,
+                       right=[False, True, True, True, False]))
+    return 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -284,6 +346,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     _add_algorithm_options(s)
     s.set_defaults(func=_cmd_simulate)
+
+    b = sub.add_parser("bounds", help="IO bounds at one M beside each algorithm's forward HBM traffic",
+                       description="The IO bounds of exact attention at on-chip memory M (elements): standard "
+                                   "attention, FlashAttention's Theorem 2, the lower bound, Saha & Ye's "
+                                   "min(N²d²/M, N²d/√M), and the regime (M vs d²), beside each algorithm's "
+                                   "forward element count (closed form, or the walker with --walk).")
+    _add_workload(b)
+    _add_gpu(b)
+    b.add_argument("--sram-bytes", "-M", type=int, default=None, metavar="BYTES",
+                   help="M in bytes (default: the GPU's shared memory per thread block)")
+    b.add_argument("--algos", nargs="+", choices=ALGORITHMS, default=None, metavar="ALGO",
+                   help=f"algorithms to count ({', '.join(ALGORITHMS)}; default all)")
+    b.add_argument("--walk", action="store_true", help="count with the walker instead of the closed forms")
+    b.add_argument("--json", action="store_true", help="print one JSON object")
+    b.set_defaults(func=_cmd_bounds)
 
     r = sub.add_parser("report", help="the IO analysis of standard vs FlashAttention-1 vs -2 (the main job)",
                        description="Standard attention vs FlashAttention-1 vs FlashAttention-2 on the paper's "

@@ -93,7 +93,7 @@ def simulate_summary(res: SimResult, gpu: Hardware, sram_elems: int | None) -> d
     out["flops"] = None
     fl = optional_module("flops")
     if fl is not None:
-        out["flops"] = fl.flops(w, res.pass_, res.algorithm, **res.options)
+        out["flops"] = fl.flops(w, res.pass_, res.algorithm, tiling=res.tiling, **res.options)
     out["bounds"] = None
     bd = optional_module("bounds")
     if bd is not None and sram_elems is not None:
@@ -176,7 +176,7 @@ def io_records(workload: Workload = DEFAULT_WORKLOAD, gpus: Sequence[str] = DEFA
                     "matmul_flops": None, "nonmatmul_flops": None, "roofline_s": None, "bound": None,
                 }
                 if fl is not None:
-                    f = fl.flops(workload, p, algo)
+                    f = fl.flops(workload, p, algo, tiling=res.tiling)
                     rec["matmul_flops"], rec["nonmatmul_flops"] = int(f["matmul"]), int(f["nonmatmul"])
                 if rf is not None:
                     r = rf.roofline(res, gpu)

@@ -1,0 +1,174 @@
+"""The command line: output of each command, --help everywhere, and one-line errors (exit 2)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flashsim import Workload, get_gpu, simulate
+from flashsim.cli import main
+
+SMALL = ["--batch", "2", "--heads", "4", "--seq-len", "256", "--head-dim", "32"]
+
+
+def run(argv, capsys):
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_simulate_json_matches_api(capsys):
+    rc, out, err = run(["simulate", "--algo", "flash2", "--pass", "fwd", *SMALL, "--causal", "--seq-len-k", "300",
+                        "--kv-heads", "2", "--dtype", "bf16", "--block-m", "32", "--block-n", "48", "--json"], capsys)
+    assert rc == 0, err
+    s = json.loads(out)
+    w = Workload(batch=2, heads=4, kv_heads=2, seq_len_q=256, seq_len_k=300, head_dim=32, dtype="bf16", causal=True)
+    from flashsim import Tiling
+
+    r = simulate(w, "flash2", "fwd", tiling=Tiling(32, 48))
+    assert s["hbm_bytes"] == r.io.bytes == s["hbm_read_bytes"] + s["hbm_write_bytes"]
+    assert s["sectors"] == r.io.sectors
+    assert (s["block_m"], s["block_n"]) == (32, 48)
+    assert s["closed_form_agrees"] is True
+    assert s["breakdown"] == r.io.to_dict()["breakdown"]
+    assert set(s["breakdown"]) == {"Q", "K", "V", "O", "L"}
+    assert sum(c["hbm_bytes"] for c in s["per_launch"].values()) == s["hbm_bytes"]
+    for key in ("flops", "bounds", "roofline"):
+        assert key in s
+    if s["bounds"] is not None:
+        assert s["bounds"]["regime"] in ("large-cache", "small-cache")
+    if s["flops"] is not None:
+        assert s["flops"]["matmul"] > 0 and s["flops"]["nonmatmul"] > 0
+    if s["roofline"] is not None:
+        assert s["roofline"]["time_s"] > 0
+
+
+def test_simulate_default_m_is_gpu_shared_memory(capsys):
+    rc, out, _ = run(["simulate", *SMALL, "--gpu", "a100", "--json"], capsys)
+    assert rc == 0
+    s = json.loads(out)
+    assert s["sram_bytes"] == get_gpu("a100").max_shared_bytes_per_block
+    # the paper's rule with M = 164 KiB of fp16 = 83,968 elements, d = 32: Bc = ceil(M/128) = 656, Br = d
+    assert (s["block_m"], s["block_n"]) == (32, 656)
+
+
+def test_simulate_sram_bytes_sets_blocks(capsys):
+    rc, out, _ = run(["simulate", *SMALL, "--sram-bytes", "32768", "--json"], capsys)  # M = 16384 fp16 elements
+    assert rc == 0
+    s = json.loads(out)
+    assert (s["block_m"], s["block_n"]) == (32, 128)
+
+
+def test_simulate_table(capsys):
+    rc, out, err = run(["simulate", *SMALL, "--causal"], capsys)
+    assert rc == 0 and err == ""
+    lines = out.splitlines()
+    assert lines[0].startswith("flash2 fwd")
+    assert any(ln.split()[:2] == ["tensor", "dir"] for ln in lines)
+    for t in ("Q", "K", "V", "O", "L"):
+        assert any(ln.split()[:1] == [t] for ln in lines), t
+    assert "closed form agrees with the walker: yes" in out
+
+
+def test_algorithm_options_pass_through(capsys):
+    pytest.importorskip("flashsim.algorithms.standard")
+    rc, out, err = run(["simulate", "--algo", "standard", *SMALL, "--fuse", "none", "--dropout", "0.1",
+                        "--gemm-block", "64", "--json"], capsys)
+    assert rc == 0, err
+    s = json.loads(out)
+    assert s["options"] == {"fuse": "none", "dropout": 0.1, "gemm_block": 64}
+    assert "Z" in s["breakdown"]  # dropout writes its keep mask
+    assert s["block_m"] is None
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["simulate", "--seq-len", "0"], ["seq_len_q", "--seq-len"]),
+    (["simulate", "--batch", "-3"], ["batch"]),
+    (["simulate", "--head-dim", "0"], ["head_dim"]),
+    (["simulate", "--seq-len-k", "0"], ["seq_len_k"]),
+    (["simulate", "--heads", "0"], ["heads"]),
+    (["simulate", "--kv-heads", "3"], ["kv_heads", "heads"]),
+    (["simulate", "--kv-heads", "32"], ["kv_heads"]),
+    (["simulate", "--sram-bytes", "100"], ["sram", "M >= "]),
+    (["simulate", "--sram-bytes", "0"], ["sram_bytes"]),
+    (["simulate", "--sram-bytes", "1", "--dtype", "fp32"], ["sram_bytes"]),
+    (["simulate", "--gpu", "v100"], ["gpu", "v100"]),
+    (["simulate", "--algo", "flash3"], ["--algo", "flash3"]),
+    (["simulate", "--pass", "sideways"], ["--pass"]),
+    (["simulate", "--dtype", "fp8"], ["--dtype"]),
+    (["simulate", "--seq-len", "abc"], ["--seq-len", "abc"]),
+    (["simulate", "--no-such-flag"], ["--no-such-flag"]),
+    (["simulate", "--block-m", "64", "--block-n", "64", "--sram-bytes", "65536"], ["--sram-bytes", "not both"]),
+    (["simulate", "--block-m", "64"], ["--block-n"]),
+    (["simulate", "--block-m", "0", "--block-n", "64"], ["block_m"]),
+    (["simulate", "--algo", "flash2", "--fuse", "none"], ["--fuse", "flash2"]),
+    (["simulate", "--algo", "standard", "--block-m", "64", "--block-n", "64"], ["standard", "block"]),
+    (["simulate", "--algo", "standard", "--fuse", "most"], ["fuse"]),
+    (["simulate", "--algo", "standard", "--dropout", "1.5"], ["dropout"]),
+    (["nonsense"], ["nonsense"]),
+    (["report", "--out"], ["--out"]),
+])
+def test_bad_input_one_line_exit_2(argv, words, capsys):
+    if "standard" in argv:
+        pytest.importorskip("flashsim.algorithms.standard")
+    rc, out, err = run([argv[0], *SMALL, *argv[1:]] if argv[0] == "simulate" else argv, capsys)
+    assert rc == 2
+    assert out == ""
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("flashsim: error: ")
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+
+
+@pytest.mark.parametrize("argv", [[], ["simulate"], ["report"]])
+def test_help(argv, capsys):
+    rc, out, _ = run([*argv, "--help"], capsys)
+    assert rc == 0
+    assert out.startswith("usage: flashsim")
+    if argv == ["simulate"]:
+        for flag in ("--algo", "--pass", "--batch", "--heads", "--kv-heads", "--seq-len", "--seq-len-k",
+                     "--head-dim", "--dtype", "--causal", "--sram-bytes", "--block-m", "--block-n", "--gpu", "--json"):
+            assert flag in out, flag
+
+
+def test_no_command_prints_help(capsys):
+    rc, out, _ = run([], capsys)
+    assert rc == 2 and "usage: flashsim" in out
+
+
+def _console_script():
+    exe = Path(sys.executable).parent / "flashsim"
+    return [str(exe)] if exe.exists() else [sys.executable, "-c", "import sys; from flashsim.cli import main; "
+                                                                   "sys.exit(main())"]
+
+
+def test_console_script_bad_input_no_traceback():
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    p = subprocess.run(_console_script() + ["simulate", "--seq-len", "-1"], capture_output=True, text=True,
+                       timeout=120, env=env, stdin=subprocess.DEVNULL)
+    assert p.returncode == 2
+    assert p.stdout == ""
+    assert "Traceback" not in p.stderr
+    assert p.stderr.strip().splitlines() == ["flashsim: error: seq_len_q=-1: must be a positive integer (--seq-len)"]
+
+
+def test_bounds_command(capsys):
+    rc, out, err = run(["bounds", *SMALL, "--sram-bytes", "4096", "--json"], capsys)  # M = 2048 elements >= d² = 1024
+    assert rc == 0, err
+    s = json.loads(out)
+    assert s["sram_elems"] == 2048 and s["head_dim_squared"] == 32 * 32
+    assert s["bounds"]["regime"] == "large-cache"
+    from flashsim.bounds import bounds
+
+    w = Workload(batch=2, heads=4, seq_len_q=256, head_dim=32)
+    assert s["bounds"] == bounds(w, 2048)
+    algos = {r["algo"]: r for r in s["algorithms"]}
+    assert algos["flash2"]["simulated"] == simulate(w, "flash2", "fwd", sram_elems=2048).io.elements
+    rc, out, err = run(["bounds", *SMALL, "--sram-bytes", "1024", "--algos", "flash2"], capsys)
+    assert rc == 0, err
+    assert "small-cache regime" in out  # M = 512 elements < d² = 1024
+    assert "flash2" in out and "standard  " not in out
