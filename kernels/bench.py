@@ -1,0 +1,233 @@
+"""Benchmark: our kernels beside torch's naive attention and each SDPA backend, in one run.
+
+    python -m kernels.bench [--quick] [--out kernels/data/bench_h100.csv]
+
+For every configuration it first checks each variant against the float64 reference (on a
+sample of query rows for the forward; variants that fail are reported and not timed), then
+times it with CUDA events: 3 warm-up calls, then the median of ``--repeat`` calls, each on one of
+three rotating input sets and after a 256 MiB write that flushes the 50 MB L2.  It prints one
+aligned line per (variant, configuration) with ms, TFLOP/s and the ratios to torch's naive
+attention and to SDPA's flash backend measured in the same run, and writes a CSV with the
+provenance (GPU, driver, versions, date, commit) in a ``.meta.json`` beside it.
+
+FLOPs: forward 4·B·H·Nq·Nk·d (the two matrix products), halved for causal; backward 2.5× the
+forward (five products instead of two), the convention of flash-attention's benchmarks.  Our
+kernels get torch tensors through ``__cuda_array_interface__``, so no copy is timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from . import reference as ref
+
+VARIANTS_FWD = ("naive", "sdpa_flash", "sdpa_mem_eff", "sdpa_cudnn", "ours_flash2", "ours_standard")
+VARIANTS_BWD = ("naive", "sdpa_flash", "sdpa_cudnn", "ours_flash2", "ours_standard")
+
+
+def flops(b, h, n, d, causal, pass_):
+    f = 4.0 * b * h * n * n * d * (0.5 if causal else 1.0)
+    return f if pass_ == "fwd" else 2.5 * f
+
+
+def _torch_fns(torch):
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def naive(q, k, v, causal):
+        s = (q * (q.shape[-1] ** -0.5)) @ k.transpose(-1, -2)
+        if causal:
+            n, m = s.shape[-2], s.shape[-1]
+            mask = torch.ones(n, m, dtype=torch.bool, device=q.device).tril(m - n)
+            s = s.masked_fill(~mask, float("-inf"))
+        return torch.softmax(s, dim=-1) @ v
+
+    def sdpa(backend):
+        def fn(q, k, v, causal):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return fn
+
+    return {"naive": naive, "sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION),
+            "sdpa_mem_eff": sdpa(SDPBackend.EFFICIENT_ATTENTION), "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
+
+
+def _ours(name, torch):
+    import kernels
+
+    if name == "ours_flash2":
+        def fwd(q, k, v, causal):
+            return torch.as_tensor(kernels.flash_attention(q, k, v, causal=causal), device="cuda")
+
+        def bwd(q, k, v, do, causal, saved):
+            o, lse = saved
+            return kernels.flash_attention_backward(q, k, v, o, lse, do, causal=causal)
+
+        def save(q, k, v, causal):
+            return kernels.flash_attention(q, k, v, causal=causal, return_lse=True)
+    else:
+        def fwd(q, k, v, causal):
+            return torch.as_tensor(kernels.standard_attention(q, k, v, causal=causal), device="cuda")
+
+        def bwd(q, k, v, do, causal, saved):
+            return kernels.standard_attention_backward(q, k, v, saved, do, causal=causal)
+
+        def save(q, k, v, causal):
+            return kernels.standard_attention(q, k, v, causal=causal)
+    return fwd, bwd, save
+
+
+def _time(torch, fn, inputs, repeat, flush):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for i in range(3):
+        fn(*inputs[i % len(inputs)])
+    torch.cuda.synchronize()
+    times = []
+    for i in range(repeat):
+        flush.zero_()
+        start.record()
+        fn(*inputs[i % len(inputs)])
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return float(np.median(times)), float(np.std(times))
+
+
+def _check_fwd(out, q, k, v, causal, rng):
+    """Relative error on 32 sampled query rows (all rows if N is small)."""
+    qn, kn, vn = (x.double().cpu().numpy() for x in (q, k, v))
+    n = qn.shape[2]
+    rows = np.sort(rng.choice(n, size=min(n, 32), replace=False))
+    o = out.float().cpu().numpy()
+    refs, outs = [], []
+    for r in rows:
+        lim = min(kn.shape[2], r + kn.shape[2] - n + 1) if causal else kn.shape[2]
+        oref, _ = ref.attention_forward(qn[:, :, r:r + 1], kn[:, :, :lim], vn[:, :, :lim])
+        refs.append(oref)
+        outs.append(o[:, :, r:r + 1])
+    return ref.rel_error(np.concatenate(outs, 2), np.concatenate(refs, 2))
+
+
+def configs(quick: bool):
+    out = []
+    ns = (1024, 4096, 16384) if quick else (1024, 2048, 4096, 8192, 16384, 32768)
+    for pass_ in ("fwd", "bwd"):
+        for dtype in ("fp16", "fp32"):
+            for d in (64, 128):
+                for causal in (False, True):
+                    for n in ns:
+                        if pass_ == "bwd" and n > 16384:
+                            continue
+                        b = max(1, 16384 // n) if n < 16384 else 1
+                        out.append({"pass": pass_, "dtype": dtype, "batch": b, "heads": 16, "n": n, "d": d,
+                                    "causal": causal})
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--only", default=None, help="substring filter, e.g. 'fwd-fp16-d64'")
+    args = ap.parse_args(argv)
+    try:
+        import torch
+    except ImportError:
+        print("flashsim bench: torch is not installed: the peers (naive, SDPA) need it", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("flashsim bench: no CUDA GPU visible", file=sys.stderr)
+        return 2
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    rng = np.random.default_rng(0)
+    peers = _torch_fns(torch)
+    flush = torch.empty(256 * 2**20 // 4, dtype=torch.float32, device="cuda")
+    rows = []
+    for cfg in configs(args.quick):
+        tag = f"{cfg['pass']}-{cfg['dtype']}-d{cfg['d']}-{'causal' if cfg['causal'] else 'full'}-n{cfg['n']}"
+        if args.only and args.only not in tag:
+            continue
+        tdt = torch.float16 if cfg["dtype"] == "fp16" else torch.float32
+        b, h, n, d, causal = cfg["batch"], cfg["heads"], cfg["n"], cfg["d"], cfg["causal"]
+        inputs = [tuple(torch.randn(b, h, n, d, device="cuda", dtype=tdt) for _ in range(4)) for _ in range(3)]
+        results = {}
+        variants = VARIANTS_FWD if cfg["pass"] == "fwd" else VARIANTS_BWD
+        for var in variants:
+            if var.startswith("sdpa") and tdt == torch.float32 and var != "sdpa_mem_eff":
+                continue  # flash and cuDNN backends take fp16/bf16 only
+            rec = dict(cfg, variant=var, config=tag)
+            try:
+                if var.startswith("ours"):
+                    fwd, bwd, save = _ours(var, torch)
+                else:
+                    fwd = peers[var]
+                if cfg["pass"] == "fwd":
+                    q, k, v, _ = inputs[0]
+                    rec["rel_err"] = _check_fwd(fwd(q, k, v, causal), q, k, v, causal, rng)
+                    if not rec["rel_err"] < (1e-4 if tdt == torch.float32 else 1e-2):
+                        raise AssertionError(f"failed the check against float64: rel err {rec['rel_err']:.2e}")
+                    fn = lambda q, k, v, do, f=fwd, c=causal: f(q, k, v, c)  # noqa: E731
+                    ms, sd = _time(torch, fn, inputs, args.repeat, flush)
+                else:
+                    if var.startswith("ours"):
+                        saved = [save(q, k, v, causal) for q, k, v, _ in inputs]
+                        fn_inputs = [(q, k, v, do, s) for (q, k, v, do), s in zip(inputs, saved)]
+                        fn = lambda q, k, v, do, s, f=bwd, c=causal: f(q, k, v, do, c, s)  # noqa: E731
+                    else:
+                        leaf = [tuple(x.clone().requires_grad_(True) for x in (q, k, v)) + (do,)
+                                for q, k, v, do in inputs]
+                        outs = [fwd(q, k, v, causal) for q, k, v, _ in leaf]
+                        fn_inputs = [(o, do) for o, (_, _, _, do) in zip(outs, leaf)]
+                        fn = lambda o, do: o.backward(do, retain_graph=True)  # noqa: E731
+                    ms, sd = _time(torch, fn, fn_inputs, args.repeat, flush)
+                rec.update(ms=ms, ms_std=sd, tflops=flops(b, h, n, d, causal, cfg["pass"]) / ms / 1e9)
+            except torch.cuda.OutOfMemoryError:
+                rec["error"] = "out of memory"
+                torch.cuda.empty_cache()
+            except Exception as e:  # one variant's failure must not stop the table
+                rec["error"] = repr(e)[:200]
+            results[var] = rec
+        for rec in results.values():
+            if "ms" in rec:
+                for peer in ("naive", "sdpa_flash", "sdpa_cudnn"):
+                    if "ms" in results.get(peer, {}):
+                        rec[f"x_{peer}"] = results[peer]["ms"] / rec["ms"]
+            if "ms" in rec:
+                xn, xf = rec.get("x_naive", float("nan")), rec.get("x_sdpa_flash", float("nan"))
+                body = f"{rec['ms']:9.3f} ms {rec['tflops']:7.1f} TFLOP/s  x naive {xn:5.2f}  x flash {xf:5.2f}"
+            else:
+                body = rec.get("error", "")
+            line = f"{rec['variant']:14s} {tag:32s} B={b:<2d} {body}"
+            print(line, flush=True)
+            rows.append(rec)
+        del inputs
+        torch.cuda.empty_cache()
+    if args.out:
+        path = Path(args.out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fields = sorted({k for r in rows for k in r})
+        with open(path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=fields)
+            w.writeheader()
+            w.writerows(rows)
+        from .gpucheck import provenance
+
+        meta = provenance()
+        meta.update(torch=torch.__version__, method=__doc__, tf32="off")
+        path.with_name(path.stem + ".meta.json").write_text(json.dumps(meta, indent=1))
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
