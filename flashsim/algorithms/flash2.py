@@ -53,22 +53,34 @@ _FWD_TENSORS = ("Q", "K", "V", "O", "L")
 _BWD_TENSORS = ("Q", "K", "V", "O", "L", "D", "dO", "dQ", "dK", "dV")
 
 
+#: Each program's loop is listed in at most _CHUNKS chunks of at least _MIN_CHUNK outer
+#: iterations: within a chunk, each tensor's transfers form one array, in loop order, so the
+#: walker makes a few dozen numpy calls whatever N is.  Only the interleaving of different
+#: tensors inside a chunk is not kept (it changes no count).
+_CHUNKS = 16
+_MIN_CHUNK = 32
+
+
+def _chunks(n: int) -> list[np.ndarray]:
+    size = max(_MIN_CHUNK, -(-n // _CHUNKS))
+    return [np.arange(s, min(s + size, n), dtype=np.int64) for s in range(0, n, size)]
+
+
 def _forward(w: Workload, t: Tiling) -> Schedule:
     q0, qn = block_rows(w.nq, t.block_m)
     k0, kn = block_rows(w.nk, t.block_n)
     vis = visible_blocks(w, t)
 
     def accesses():
-        for i in range(len(q0)):
-            js = np.flatnonzero(vis[i])
-            yield read("Q", q0[i], qn[i])
-            # K_j then V_j for each visible j, in loop order: two arrays interleaved.
-            rows0 = np.repeat(k0[js], 2)
-            nrows = np.repeat(kn[js], 2)
-            yield read("K", rows0[0::2], nrows[0::2])
-            yield read("V", rows0[1::2], nrows[1::2])
-            yield write("O", q0[i], qn[i])
-            yield write("L", q0[i], qn[i])
+        # Query blocks i in chunks (see _CHUNKS): per chunk, Q_i of each i, then K_j and V_j of
+        # each (i, visible j) pair with i outer, then O_i and L_i.
+        for ii in _chunks(len(q0)):
+            _, j_idx = np.nonzero(vis[ii])
+            yield read("Q", q0[ii], qn[ii])
+            yield read("K", k0[j_idx], kn[j_idx])
+            yield read("V", k0[j_idx], kn[j_idx])
+            yield write("O", q0[ii], qn[ii])
+            yield write("L", q0[ii], qn[ii])
 
     launch = Launch("flash2_fwd", w.bh, per_query_head_slices(w, _FWD_TENSORS), accesses)
     return Schedule("flash2", layouts(w, _FWD_TENSORS), [launch],
@@ -79,36 +91,35 @@ def _backward(w: Workload, t: Tiling) -> Schedule:
     q0, qn = block_rows(w.nq, t.block_m)
     k0, kn = block_rows(w.nk, t.block_n)
     vis = visible_blocks(w, t)
-    g_of = np.arange(w.group, dtype=np.int64)
 
     def preprocess():
-        # O_i, dO_i, D_i for every query block: one transfer per block, in block order, with
-        # the three tensors' transfers listed tensor by tensor (the arrays keep block order).
-        yield read("O", q0, qn)
-        yield read("dO", q0, qn)
-        yield write("D", q0, qn)
+        for ii in _chunks(len(q0)):  # per query block i: O_i, dO_i in, D_i out
+            yield read("O", q0[ii], qn[ii])
+            yield read("dO", q0[ii], qn[ii])
+            yield write("D", q0[ii], qn[ii])
 
     def dkdv():
-        for j in range(len(k0)):
-            yield read("K", k0[j], kn[j])
-            yield read("V", k0[j], kn[j])
-            # (g, i) pairs in loop order: heads outer, the query blocks that see j inner.
-            i_vis = np.flatnonzero(vis[:, j])
-            gs = np.repeat(g_of, len(i_vis))
-            i_all = np.tile(i_vis, w.group)
+        for jj in _chunks(len(k0)):
+            # Loop order: key block j outer; then query head g of the group, then the query
+            # blocks i that see j.  (j, g, i) triples in that order:
+            sub = vis[:, jj].T  # (chunk, Tr): which i each j of the chunk loads
+            j_idx, i_idx = np.nonzero(np.repeat(sub, w.group, axis=0))  # rows ordered (j, g)
+            g_idx = j_idx % w.group
+            yield read("K", k0[jj], kn[jj])
+            yield read("V", k0[jj], kn[jj])
             for name in ("Q", "dO", "L", "D"):
-                yield read(name, q0[i_all], qn[i_all], slice_offset=gs)
-            yield write("dK", k0[j], kn[j])
-            yield write("dV", k0[j], kn[j])
+                yield read(name, q0[i_idx], qn[i_idx], slice_offset=g_idx)
+            yield write("dK", k0[jj], kn[jj])
+            yield write("dV", k0[jj], kn[jj])
 
     def dq():
-        for i in range(len(q0)):
-            js = np.flatnonzero(vis[i])
+        for ii in _chunks(len(q0)):
             for name in ("Q", "dO", "L", "D"):
-                yield read(name, q0[i], qn[i])
-            yield read("K", k0[js], kn[js])
-            yield read("V", k0[js], kn[js])
-            yield write("dQ", q0[i], qn[i])
+                yield read(name, q0[ii], qn[ii])
+            _, j_idx = np.nonzero(vis[ii])  # visible key blocks of each i, i outer
+            yield read("K", k0[j_idx], kn[j_idx])
+            yield read("V", k0[j_idx], kn[j_idx])
+            yield write("dQ", q0[ii], qn[ii])
 
     qs = per_query_head_slices(w, _BWD_TENSORS)
     ks = per_kv_head_slices(w, _BWD_TENSORS)
