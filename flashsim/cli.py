@@ -265,6 +265,151 @@ def _bounds_line(b: dict) -> str:
 
 
 # --------------------------------------------------------------------------------------------
+# sweep
+
+#: --param choice -> (record field plotted on x, what a value is)
+_SWEEP_PARAMS = {
+    "M": ("sram_elems", "on-chip memory M in elements (the paper's M; --sram-bytes is in bytes)"),
+    "N": ("seq_len_q", "sequence length (sets Nq and Nk)"),
+    "d": ("head_dim", "head dimension"),
+    "block_m": ("block_m", "Br, query rows per tile (with --block-n or the M rule's Bc)"),
+    "block_n": ("block_n", "Bc, key rows per tile"),
+    "gpu": ("gpu", "GPU preset name (M and the roofline from the preset)"),
+}
+
+
+def _sweep_values(param: str, raw: list[str]) -> list:
+    """--values: space- or comma-separated; GPU names, else positive integers."""
+    from .config import get_gpu
+
+    vals = [v for r in raw for v in r.replace(",", " ").split()]
+    if not vals:
+        raise ValueError("values=[]: give at least one value")
+    if param == "gpu":
+        for v in vals:
+            try:
+                get_gpu(v)
+            except ValueError as e:
+                raise ValueError(f"values: {e}") from None
+        return vals
+    out = []
+    for v in vals:
+        try:
+            n = int(v)
+        except ValueError:
+            raise ValueError(f"values: {v!r} is not an integer (--param {param})") from None
+        if n <= 0:
+            raise ValueError(f"values: {n} must be a positive integer (--param {param})")
+        out.append(n)
+    return out
+
+
+def _cmd_sweep(a: argparse.Namespace) -> int:
+    import warnings
+    from pathlib import Path
+
+    from .config import Tiling, get_gpu
+    from .report import fmt_num, format_table
+
+    values = _sweep_values(a.param, a.values)
+    w = _workload(a)  # checks the base workload before any run
+    gpu = get_gpu(a.gpu)
+    base = {"batch": w.batch, "heads": w.heads, "kv_heads": w.hkv, "seq_len_q": w.nq, "seq_len_k": w.nk,
+            "head_dim": w.d, "dtype": w.dtype, "causal": w.causal}
+    if a.param == "N" and a.seq_len_k is not None:
+        raise ValueError("--seq-len-k: a sweep over N sets Nq = Nk; leave --seq-len-k out")
+    blocks = a.block_m is not None or a.block_n is not None
+    if blocks and a.sram_bytes is not None:
+        raise ValueError("--block-m/--block-n and --sram-bytes: give the block sizes or M, not both")
+    if a.sram_bytes is not None:
+        base["sram_elems"] = _sram_elems(a, w, gpu)
+    for name in ("block_m", "block_n"):
+        if getattr(a, name) is not None:
+            Tiling(**{"block_m": 1, "block_n": 1, name: getattr(a, name)})  # checks it is positive
+            base[name] = getattr(a, name)
+    if a.param in ("block_m", "block_n"):
+        other = "block_n" if a.param == "block_m" else "block_m"
+        if other not in base:  # the other block size from M by the paper's rule
+            rule = Tiling.from_sram(base.get("sram_elems", gpu.sram_elems(w.elem_bytes)), w.d)
+            base[other] = getattr(rule, other)
+    passes = a.passes
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    from .sweep import fit_exponent, sweep, write_csv
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        recs = sweep(base, a.param, values, algos=a.algos, passes=passes,
+                     gpu=None if a.param == "gpu" else a.gpu, progress=not a.quiet and sys.stderr.isatty(),
+                     walk=not a.closed_form)
+    if not recs:
+        first = f": {caught[0].message}" if caught else ""
+        raise ValueError(f"no run of the sweep succeeded ({len(caught)} skipped){first}")
+    for c in caught:
+        print(f"{PROG}: {c.message}", file=sys.stderr)
+    x = _SWEEP_PARAMS[a.param][0]
+    csv_path, png_path = out / "sweep.csv", out / "sweep.png"
+    write_csv(recs, csv_path)
+    rows = []
+    for r in recs:
+        rows.append([r[x], r["algo"], r["pass"],
+                     "-" if r["block_m"] is None else f"{r['block_m']}x{r['block_n']}",
+                     f"{r['hbm_read_bytes'] / 1e9:.4f}", f"{r['hbm_write_bytes'] / 1e9:.4f}",
+                     f"{r['hbm_bytes'] / 1e9:.4f}",
+                     "-" if not r.get("bound_lower") else f"{r['hbm_elements'] / r['bound_lower']:.2f}",
+                     f"{r['time_s'] * 1e3:.4g}", r["bound"]])
+    print(format_table([a.param, "algorithm", "pass", "Br x Bc", "read GB", "write GB", "total GB",
+                        "/ lower bound", "roofline ms", "bound"], rows,
+                       right=[a.param != "gpu", False, False] + [True] * 6 + [False]))
+    if a.param != "gpu":
+        print()
+        print(f"fitted exponent b of HBM bytes ∝ {a.param}^b (least squares in log-log):")
+        fits = []
+        for algo, p in dict.fromkeys((r["algo"], r["pass"]) for r in recs):
+            try:
+                b, _, r2 = fit_exponent(recs, x, "hbm_bytes", where={"algo": algo, "pass": p})
+                fits.append([algo, p, f"{b:+.3f}", f"{r2:.4f}"])
+            except ValueError as e:
+                fits.append([algo, p, "-", str(e)])
+        print(format_table(["algorithm", "pass", "exponent", "r²"], fits, right=[False, False, True, True]))
+        from .plot import plot_sweep
+
+        plot_sweep(recs, x, "hbm_bytes", by="algo", path=png_path,
+                   title=f"HBM traffic against {a.param}: d = {w.d}, {w.dtype}, B·H = {w.bh}"
+                         f"{', causal' if w.causal else ''}")
+    else:
+        _plot_gpu_bars(recs, png_path)
+    print()
+    print(f"wrote {csv_path} and {png_path} ({fmt_num(len(recs))} runs)")
+    return 0
+
+
+def _plot_gpu_bars(recs: list[dict], path) -> None:
+    """A sweep over GPU presets: roofline time per preset, one bar per algorithm and pass."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    gpus = list(dict.fromkeys(r["gpu"] for r in recs))
+    series = list(dict.fromkeys((r["algo"], r["pass"]) for r in recs))
+    t = {(r["gpu"], r["algo"], r["pass"]): r["time_s"] * 1e3 for r in recs}
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.8 / len(series)
+    xs = np.arange(len(gpus))
+    for k, (algo, p) in enumerate(series):
+        ax.bar(xs + k * width, [t.get((g, algo, p), 0.0) for g in gpus], width, label=f"{algo} {p}")
+    ax.set_xticks(xs + width * (len(series) - 1) / 2, gpus)
+    ax.set_ylabel("roofline time (ms)")
+    ax.legend(fontsize=8)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.subplots_adjust(left=0.1, right=0.98, bottom=0.12, top=0.95)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------------------------
 # bounds
 
 
@@ -346,6 +491,31 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     _add_algorithm_options(s)
     s.set_defaults(func=_cmd_simulate)
+
+    w = sub.add_parser("sweep", help="vary one parameter; CSV, plot, table and fitted exponents",
+                       description="Simulate each algorithm and pass at each value of one parameter (the others "
+                                   "from the workload options), write DIR/sweep.csv and DIR/sweep.png, print a "
+                                   "table and the fitted exponent of HBM bytes in the parameter per algorithm.",
+                       epilog="Parameters: " + "; ".join(f"{k}: {v[1]}" for k, v in _SWEEP_PARAMS.items()))
+    w.add_argument("--param", "-p", required=True, choices=tuple(_SWEEP_PARAMS), help="the parameter to vary")
+    w.add_argument("--values", "-v", required=True, nargs="+", metavar="V",
+                   help="its values, space- or comma-separated (M in elements)")
+    w.add_argument("--algos", nargs="+", choices=ALGORITHMS, default=["standard", "flash1", "flash2"],
+                   metavar="ALGO", help=f"algorithms ({', '.join(ALGORITHMS)}; default standard flash1 flash2)")
+    w.add_argument("--pass", dest="passes", nargs="+", choices=("fwd", "bwd", "fwd+bwd"), default=["fwd"],
+                   metavar="PASS", help="passes: fwd, bwd, fwd+bwd (default fwd)")
+    _add_workload(w)
+    _add_gpu(w)
+    t = w.add_argument_group("on-chip memory of the runs (default: the GPU's shared memory per thread block)")
+    t.add_argument("--sram-bytes", "-M", type=int, default=None, metavar="BYTES", help="M in bytes")
+    t.add_argument("--block-m", type=int, default=None, metavar="Br", help="query rows per tile")
+    t.add_argument("--block-n", type=int, default=None, metavar="Bc", help="key/value rows per tile")
+    w.add_argument("--out", "-o", required=True, metavar="DIR", help="output folder for sweep.csv and sweep.png")
+    w.add_argument("--closed-form", action="store_true",
+                   help="count with the closed forms only (fast; no sectors, no walker check)")
+    w.add_argument("--quiet", "-q", action="store_true",
+                   help="no progress bar (there is none when standard error is not a terminal)")
+    w.set_defaults(func=_cmd_sweep)
 
     b = sub.add_parser("bounds", help="IO bounds at one M beside each algorithm's forward HBM traffic",
                        description="The IO bounds of exact attention at on-chip memory M (elements): standard "

@@ -148,94 +148,182 @@ def format_table(headers: Sequence[str], rows: Iterable[Sequence], right: Sequen
 # The report
 
 
+def _base(w: Workload) -> dict:
+    return {"batch": w.batch, "heads": w.heads, "kv_heads": w.hkv, "seq_len_q": w.nq, "seq_len_k": w.nk,
+            "head_dim": w.d, "dtype": w.dtype, "causal": w.causal}
+
+
 def io_records(workload: Workload = DEFAULT_WORKLOAD, gpus: Sequence[str] = DEFAULT_GPUS,
                algos: Sequence[str] = DEFAULT_ALGOS, passes: Sequence[str] = DEFAULT_PASSES) -> list[dict]:
-    """One record per (GPU, algorithm, pass): HBM traffic, FLOPs and roofline time.
+    """One :func:`flashsim.sweep.run_one` record per (GPU, algorithm, pass), walked (exact sectors,
+    checked against the closed form).
 
     Tiled algorithms run with M = the GPU's shared memory per thread block (in elements of the
     workload's dtype) and the paper's block-size rule Bc = ⌈M/4d⌉, Br = min(Bc, d).
     """
-    from .api import simulate
-    from .config import get_gpu
+    from .sweep import run_one
 
-    fl, rf = optional_module("flops"), optional_module("roofline")
-    recs = []
-    for g in gpus:
-        gpu = get_gpu(g)
-        m = gpu.sram_elems(workload.elem_bytes)
-        for algo in algos:
-            for p in passes:
-                res = simulate(workload, algo, p, sram_elems=m)
-                io = res.io
-                rec = {
-                    "gpu": gpu.name, "algorithm": algo, "pass": p, "sram_elems": m,
-                    "block_m": res.tiling.block_m if res.tiling else None,
-                    "block_n": res.tiling.block_n if res.tiling else None,
-                    "hbm_read_bytes": io.read_bytes, "hbm_write_bytes": io.write_bytes, "hbm_bytes": io.bytes,
-                    "sectors": io.sectors, "closed_form_agrees": res.agrees,
-                    "matmul_flops": None, "nonmatmul_flops": None, "roofline_s": None, "bound": None,
-                }
-                if fl is not None:
-                    f = fl.flops(workload, p, algo, tiling=res.tiling)
-                    rec["matmul_flops"], rec["nonmatmul_flops"] = int(f["matmul"]), int(f["nonmatmul"])
-                if rf is not None:
-                    r = rf.roofline(res, gpu)
-                    rec["roofline_s"], rec["bound"] = float(r["time_s"]), str(r["bound"])
-                recs.append(rec)
-    return recs
+    return [run_one(_base(workload), a, p, gpu=g, walk=True) for g in gpus for a in algos for p in passes]
 
 
 def io_table(recs: Sequence[dict]) -> str:
+    """The report's main table: GB read/written, GFLOP, roofline time and what bounds it."""
     rows = []
     for r in recs:
-        flops = None if r["matmul_flops"] is None else r["matmul_flops"] + r["nonmatmul_flops"]
         rows.append([
-            r["gpu"], r["algorithm"], r["pass"],
+            r["gpu"], r["algo"], r["pass"],
             "-" if r["block_m"] is None else f"{r['block_m']}x{r['block_n']}",
-            r["hbm_read_bytes"] / 1e9, r["hbm_write_bytes"] / 1e9, r["hbm_bytes"] / 1e9,
-            None if flops is None else flops / 1e9,
-            None if r["roofline_s"] is None else r["roofline_s"] * 1e3,
-            r["bound"] or "-",
+            f"{r['hbm_read_bytes'] / 1e9:.3f}", f"{r['hbm_write_bytes'] / 1e9:.3f}", f"{r['hbm_bytes'] / 1e9:.3f}",
+            f"{r['flops'] / 1e9:,.0f}", f"{r['time_s'] * 1e3:.3f}", r["bound"],
         ])
     return format_table(["gpu", "algorithm", "pass", "Br x Bc", "read GB", "write GB", "total GB", "GFLOP",
-                         "roofline ms", "bound"], rows)
+                         "roofline ms", "bound"], rows, right=[False, False, False, True] + [True] * 5 + [False])
 
 
-def _write_csv(recs: Sequence[dict], path: Path) -> None:
-    import csv
+def _sweep(w: Workload, param: str, values, gpus, algos, passes) -> list[dict]:
+    from .sweep import sweep
 
-    keys: list[str] = []
+    recs = []
+    for g in gpus:
+        # closed forms only: instant at every size, and the tests hold them equal to the walker
+        recs += sweep(_base(w), param, values, algos=algos, passes=passes, gpu=g, walk=False, on_error="raise")
+    return recs
+
+
+def exponents(recs: Sequence[dict], x: str, y: str = "hbm_bytes") -> list[dict]:
+    """The fitted exponent b of y ∝ x^b per (GPU, algorithm, pass)."""
+    from .sweep import fit_exponent
+
+    out = []
+    keys = dict.fromkeys((r["gpu"], r["algo"], r["pass"]) for r in recs)
+    for g, a, p in keys:
+        slope, _, r2 = fit_exponent(list(recs), x, y, where={"gpu": g, "algo": a, "pass": p})
+        out.append({"gpu": g, "algo": a, "pass": p, "x": x, "y": y, "exponent": slope, "r2": r2})
+    return out
+
+
+def _exponent_table(fits: Sequence[dict]) -> str:
+    return format_table(["gpu", "algorithm", "pass", "exponent", "r²"],
+                        [[f["gpu"], f["algo"], f["pass"], f"{f['exponent']:+.3f}", f"{f['r2']:.4f}"] for f in fits],
+                        right=[False, False, False, True, True])
+
+
+_COLORS = {"standard": "tab:red", "flash1": "tab:blue", "flash2": "tab:green", "smallcache": "tab:purple"}
+_PASS_STYLE = {"fwd": "-", "bwd": "--", "fwd+bwd": ":"}
+
+
+def plot_two_panels(recs: Sequence[dict], x: str, path: Path, title: str, xlabel: str, gpu_for_bytes: str) -> None:
+    """Left: HBM GB against ``x`` per algorithm and pass, with the forward lower bound; right: the
+    roofline time per GPU (marker per GPU)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    markers = ["o", "s", "^", "D"]
+    gpus = list(dict.fromkeys(r["gpu"] for r in recs))
+    series: dict[tuple, list[dict]] = {}
     for r in recs:
-        keys += [k for k in r if k not in keys]
-    with open(path, "w", newline="") as f:
-        wr = csv.DictWriter(f, fieldnames=keys)
-        wr.writeheader()
-        for r in recs:
-            wr.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in keys})
+        series.setdefault((r["gpu"], r["algo"], r["pass"]), []).append(r)
+    for (g, a, p), rs in series.items():
+        rs = sorted(rs, key=lambda r: r[x])
+        xs = [r[x] for r in rs]
+        style = dict(color=_COLORS.get(a), ls=_PASS_STYLE.get(p, "-"))
+        if g == gpu_for_bytes:
+            ax1.plot(xs, [r["hbm_bytes"] / 1e9 for r in rs], marker="o", ms=3, label=f"{a} {p}", **style)
+        ax2.plot(xs, [r["time_s"] * 1e3 for r in rs], marker=markers[gpus.index(g) % 4], ms=3,
+                 label=f"{a} {p}, {g}", **style)
+    lb = sorted((r for r in series.get((gpu_for_bytes, recs[0]["algo"], recs[0]["pass"]), [])
+                 if r.get("bound_lower_bytes")), key=lambda r: r[x])
+    if lb:
+        ax1.plot([r[x] for r in lb], [r["bound_lower_bytes"] / 1e9 for r in lb], color="k", ls="-.", lw=1,
+                 label="lower bound (fwd)")
+    ax1.set_ylabel(f"HBM traffic (GB){'' if len(gpus) == 1 else f', M of {gpu_for_bytes}'}")
+    ax2.set_ylabel("roofline time (ms)")
+    for ax in (ax1, ax2):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel(xlabel)
+        ax.grid(True, which="major", alpha=0.3)
+    ax1.legend(fontsize=7, loc="best")
+    ax2.legend(fontsize=6, ncol=2, loc="best")
+    fig.suptitle(title, fontsize=10)
+    # fixed margins: tight_layout would draw the figure once more just to measure it
+    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.12, top=0.9, wspace=0.22)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+#: The M sweep: Bc = ⌈M/4d⌉ from 16 to 512 rows at d = 64 (the paper's Figure 2 middle varies the
+#: block size of FlashAttention's forward on A100 at N = 1024, d = 64).
+M_SWEEP_BLOCKS = (16, 32, 64, 128, 256, 512)
+N_SWEEP = (256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
 def run_report(out: str | Path = "flashsim-report", workload: Workload = DEFAULT_WORKLOAD,
                gpus: Sequence[str] = DEFAULT_GPUS, algos: Sequence[str] = DEFAULT_ALGOS,
-               echo: Callable[[str], None] | None = print) -> dict:
-    """Run the report, write its files into ``out`` and return ``{"records": ..., "files": ...}``.
+               echo: Callable[[str], None] | None = print, plots: bool = True) -> dict:
+    """Run the report, write its files into ``out`` and return what it computed:
+    ``{"io": records, "m_sweep": records, "n_sweep": records, "m_exponents": fits,
+    "n_exponents": fits, "files": {name: Path}}``.
 
     ``echo`` receives the text the CLI prints (None: print nothing).
     """
+    from .sweep import write_csv
+
     say = echo or (lambda s: None)
     t0 = time.perf_counter()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    files: dict[str, Path] = {}
     w = workload
-    say(f"flashsim report: {w.batch} x {w.heads} heads, N = {w.nq}, d = {w.d}, {w.dtype}"
-        f"{', causal' if w.causal else ''}; GPUs {', '.join(gpus)}; M = shared memory per thread block")
-    recs = io_records(w, gpus, algos, DEFAULT_PASSES)
+    files: dict[str, Path] = {}
+    say(f"flashsim report: attention with batch {w.batch}, {w.heads} heads, N = {w.nq}, d = {w.d}, {w.dtype}"
+        f"{', causal' if w.causal else ''} (the paper's GPT-2 medium)")
+    say("M = the GPU's shared memory per thread block; Bc = ⌈M/4d⌉, Br = min(Bc, d) (the paper's rule); "
+        "roofline = max(FLOPs at peak, bytes at HBM bandwidth)")
     say("")
-    say(io_table(recs))
+
+    io = io_records(w, gpus, algos, DEFAULT_PASSES)
+    say(io_table(io))
+    bad = [f"{r['gpu']} {r['algo']} {r['pass']}" for r in io if not r["agrees"]]
+    say(f"walker and closed form agree on every run: {'yes' if not bad else 'NO: ' + ', '.join(bad)}")
     files["io_table"] = out / "io_table.csv"
-    _write_csv(recs, files["io_table"])
+    write_csv(io, files["io_table"])
+
+    # M sweep: forward traffic against on-chip memory
+    m_values = [4 * w.d * b for b in M_SWEEP_BLOCKS]
+    m_recs = _sweep(w, "M", m_values, gpus, algos, ("fwd",))
+    m_fits = exponents(m_recs, "M")
+    files["m_sweep"] = out / "m_sweep.csv"
+    write_csv(m_recs, files["m_sweep"])
+    say("")
+    say(f"M sweep (forward, M = {m_values[0]:,} .. {m_values[-1]:,} elements, Bc = {M_SWEEP_BLOCKS[0]} .. "
+        f"{M_SWEEP_BLOCKS[-1]}): HBM bytes ∝ M^exponent")
+    first = [f for f in m_fits if f["gpu"] == m_fits[0]["gpu"]]  # bytes do not depend on the GPU here
+    say(_exponent_table(first))
+
+    # N sweep: traffic against sequence length
+    n_recs = _sweep(w, "N", N_SWEEP, gpus, algos, DEFAULT_PASSES)
+    n_fits = exponents(n_recs, "N")
+    files["n_sweep"] = out / "n_sweep.csv"
+    write_csv(n_recs, files["n_sweep"])
+    say("")
+    say(f"N sweep (N = {N_SWEEP[0]:,} .. {N_SWEEP[-1]:,}, M of each GPU): HBM bytes ∝ N^exponent")
+    say(_exponent_table(n_fits))
+
+    if plots:
+        files["m_sweep_png"] = out / "m_sweep.png"
+        plot_two_panels(m_recs, "sram_elems", files["m_sweep_png"],
+                        f"forward, N = {w.nq}, d = {w.d}, {w.dtype}, B·H = {w.bh}: effect of the SRAM size M",
+                        "M (elements)", m_recs[0]["gpu"])
+        files["n_sweep_png"] = out / "n_sweep.png"
+        plot_two_panels(n_recs, "seq_len_q", files["n_sweep_png"],
+                        f"d = {w.d}, {w.dtype}, B·H = {w.bh}: effect of the sequence length N",
+                        "N (tokens)", n_recs[0]["gpu"])
     say("")
     say(f"wrote {len(files)} files to {out}/ in {time.perf_counter() - t0:.1f} s:")
     for p in files.values():
         say(f"  {p}")
-    return {"records": {"io": recs}, "files": files}
+    return {"io": io, "m_sweep": m_recs, "n_sweep": n_recs, "m_exponents": m_fits, "n_exponents": n_fits,
+            "files": files}

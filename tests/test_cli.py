@@ -172,3 +172,59 @@ def test_bounds_command(capsys):
     assert rc == 0, err
     assert "small-cache regime" in out  # M = 512 elements < d² = 1024
     assert "flash2" in out and "standard  " not in out
+
+
+def test_sweep_writes_csv_png_and_exponents(tmp_path, capsys):
+    from flashsim.sweep import read_csv
+
+    rc, out, err = run(["sweep", "--param", "N", "--values", "128", "256,512", "--algos", "standard", "flash2",
+                        "--pass", "fwd", "bwd", *SMALL[:4], "--head-dim", "32", "--out", str(tmp_path)], capsys)
+    assert rc == 0, err
+    recs = read_csv(tmp_path / "sweep.csv")
+    assert len(recs) == 3 * 2 * 2
+    assert all(r["agrees"] for r in recs)
+    assert (tmp_path / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "fitted exponent" in out
+    fits = {tuple(ln.split()[:2]): float(ln.split()[2]) for ln in out.split("fitted exponent")[1].splitlines()
+            if ln.split()[:1] in (["standard"], ["flash2"])}
+    assert set(fits) == {("standard", "fwd"), ("standard", "bwd"), ("flash2", "fwd"), ("flash2", "bwd")}
+    for b in fits.values():
+        assert 1.0 < b < 2.1  # the N·d terms pull the N² exponent below 2 at these small N
+    assert str(tmp_path / "sweep.csv") in out
+
+
+def test_sweep_over_gpus_and_block_sizes(tmp_path, capsys):
+    rc, out, err = run(["sweep", "--param", "gpu", "--values", "a100", "h100", "--algos", "flash2", *SMALL,
+                        "--out", str(tmp_path / "g")], capsys)
+    assert rc == 0, err
+    assert "A100" in out and "H100" in out and (tmp_path / "g" / "sweep.png").exists()
+    rc, out, err = run(["sweep", "--param", "block_m", "--values", "16", "32", "64", "--block-n", "64",
+                        "--algos", "flash2", *SMALL, "--closed-form", "--out", str(tmp_path / "b")], capsys)
+    assert rc == 0, err
+    # flash2 re-reads K and V once per query block: bytes ∝ 1/Br for the dominant term
+    line = next(ln for ln in out.splitlines() if ln.startswith("flash2 "))
+    assert -1.0 <= float(line.split()[2]) < -0.8
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--param", "N", "--values", "0"], ["values", "positive"]),
+    (["--param", "N", "--values", "abc"], ["abc"]),
+    (["--param", "Q", "--values", "1"], ["--param"]),
+    (["--param", "gpu", "--values", "tpu"], ["tpu"]),
+    (["--param", "N", "--values", "128", "--seq-len-k", "64"], ["--seq-len-k"]),
+    (["--param", "N", "--values", "128", "--sram-bytes", "8192", "--block-m", "16"], ["not both"]),
+    (["--param", "M", "--values", "100", "--algos", "flash2"], ["no run", "M >= "]),
+    (["--param", "N", "--values", "128", "--heads", "0"], ["heads"]),
+])
+def test_sweep_bad_input(argv, words, tmp_path, capsys):
+    rc, out, err = run(["sweep", *argv, "--out", str(tmp_path)], capsys)
+    assert rc == 2
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("flashsim: error: "), err
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+
+
+def test_sweep_missing_required(capsys):
+    rc, _, err = run(["sweep", "--param", "N", "--values", "128"], capsys)
+    assert rc == 2 and "--out" in err and len(err.splitlines()) == 1
