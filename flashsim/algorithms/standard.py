@@ -123,17 +123,33 @@ def _tensors(w: Workload, names: list[str]) -> dict[str, TensorLayout]:
 # a GQA group (dV, dK: one per (batch, kv head)); a program loops over its output tiles.
 
 
+#: A program's outer loop is listed in at most _CHUNKS chunks of at least _MIN_CHUNK iterations;
+#: within a chunk each tensor's transfers form one array in loop order (only the interleaving of
+#: different tensors inside a chunk is lost, which changes no count), so the walker makes a few
+#: dozen numpy calls per launch whatever N and gemm_block are.
+_CHUNKS = 16
+_MIN_CHUNK = 32
+
+
+def _chunks(n: int) -> list[np.ndarray]:
+    size = max(_MIN_CHUNK, cdiv(n, _CHUNKS))
+    return [np.arange(s, min(s + size, n), dtype=np.int64) for s in range(0, n, size)]
+
+
 def _gemm_abt(w: Workload, b: int, name: str, a: str, bt: str, c: str) -> Launch:
     """C = A Bᵀ (Nq x Nk) from A (Nq x d, per query head) and B (Nk x d, per kv head): for each
     output tile (i, j), in row-major order, load A_i and B_j, write C_ij."""
     r0, rn = block_rows(w.nq, b)
     c0, cn = block_rows(w.nk, b)
+    tc = len(c0)
 
     def accesses():
-        for i in range(len(r0)):
-            yield read(a, r0[i], rn[i] + 0 * c0)  # A_i once per output tile of row block i
-            yield read(bt, c0, cn)
-            yield write(c, r0[i], rn[i], c0, cn)
+        for ii in _chunks(len(r0)):
+            i_idx = np.repeat(ii, tc)  # (i, j) pairs of the chunk, j inner
+            j_idx = np.tile(np.arange(tc), len(ii))
+            yield read(a, r0[i_idx], rn[i_idx])  # A_i once per output tile
+            yield read(bt, c0[j_idx], cn[j_idx])
+            yield write(c, r0[i_idx], rn[i_idx], c0[j_idx], cn[j_idx])
 
     return Launch(name, w.bh, per_query_head_slices(w, (a, bt, c)), accesses)
 
@@ -145,11 +161,11 @@ def _gemm_rows(w: Workload, b: int, name: str, a: list[str], bfull: str, c: str)
     r0, rn = block_rows(w.nq, b)
 
     def accesses():
-        for i in range(len(r0)):
+        for ii in _chunks(len(r0)):
             for t in a:
-                yield read(t, r0[i], rn[i])
-            yield read(bfull, 0, w.nk)
-            yield write(c, r0[i], rn[i])
+                yield read(t, r0[ii], rn[ii])
+            yield read(bfull, 0 * ii, w.nk)  # all of B, once per output block
+            yield write(c, r0[ii], rn[ii])
 
     return Launch(name, w.bh, per_query_head_slices(w, (*a, bfull, c)), accesses)
 
@@ -159,14 +175,15 @@ def _gemm_cols_group(w: Workload, b: int, name: str, a: list[str], bq: str, c: s
     each query head h of the group: for each block of b output rows (key block j) and each h,
     read the b columns of A_h over all Nq rows and all of B_h; write C_j once."""
     c0, cn = block_rows(w.nk, b)
-    hs = np.arange(w.group, dtype=np.int64)
 
     def accesses():
-        for j in range(len(c0)):
+        for jj in _chunks(len(c0)):
+            j_idx = np.repeat(jj, w.group)  # (j, h) pairs of the chunk, h inner
+            h_idx = np.tile(np.arange(w.group, dtype=np.int64), len(jj))
             for t in a:
-                yield read(t, 0, w.nq, c0[j], cn[j], slice_offset=hs)
-            yield read(bq, 0, w.nq, slice_offset=hs)
-            yield write(c, c0[j], cn[j])
+                yield read(t, 0, w.nq, c0[j_idx], cn[j_idx], slice_offset=h_idx)
+            yield read(bq, 0, w.nq, slice_offset=h_idx)
+            yield write(c, c0[jj], cn[jj])
 
     return Launch(name, w.batch * w.hkv, per_kv_head_slices(w, (*a, bq, c)), accesses)
 
