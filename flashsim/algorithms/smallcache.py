@@ -113,29 +113,30 @@ def schedule(w: Workload, tiling: Tiling | None, pass_: str, **options) -> Sched
     tq, tk, td = len(q0), len(k0), len(c0)
     slices = per_query_head_slices(w, _TENSORS)
 
+    # Each launch yields one access per tensor holding all of a program's transfers of that
+    # tensor as arrays, in loop order (the walker vectorises over them); the interleaving of
+    # different tensors inside the loop nest is not kept.
     def qk():
-        # (J, c) loop nest for one row block I, flattened J-major; Q and K chunks alternate.
-        jj = np.repeat(np.arange(tk), td)
-        cc = np.tile(np.arange(td), tk)
-        for i in range(tq):
-            yield read("Q", q0[i], qn[i], c0[cc], cn[cc])
-            yield read("K", k0[jj], kn[jj], c0[cc], cn[cc])
-            yield write("S", q0[i], qn[i], k0, kn)
+        # loop nest (I, J, c), flattened I-major
+        ii, jj, cc = (x.ravel() for x in np.meshgrid(np.arange(tq), np.arange(tk), np.arange(td), indexing="ij"))
+        yield read("Q", q0[ii], qn[ii], c0[cc], cn[cc])
+        yield read("K", k0[jj], kn[jj], c0[cc], cn[cc])
+        i2, j2 = (x.ravel() for x in np.meshgrid(np.arange(tq), np.arange(tk), indexing="ij"))
+        yield write("S", q0[i2], qn[i2], k0[j2], kn[j2])
 
     def stats():
-        for i in range(tq):
-            yield read("S", q0[i], qn[i], k0, kn)
-            yield write("L", q0[i], qn[i])
+        i2, j2 = (x.ravel() for x in np.meshgrid(np.arange(tq), np.arange(tk), indexing="ij"))
+        yield read("S", q0[i2], qn[i2], k0[j2], kn[j2])
+        yield write("L", q0, qn)
 
     def pv():
-        # (c, J) loop nest for one row block I: L once per output chunk, S and V tiles per J.
-        cc = np.repeat(np.arange(td), tk)
-        jj = np.tile(np.arange(tk), td)
-        for i in range(tq):
-            yield read("L", np.full(td, q0[i]), qn[i])
-            yield read("S", q0[i], qn[i], k0[jj], kn[jj])
-            yield read("V", k0[jj], kn[jj], c0[cc], cn[cc])
-            yield write("O", q0[i], qn[i], c0, cn)
+        # loop nest (I, c, J): L[I] once per output chunk, S[I, J] and V[J, c] per J
+        ii, cc, jj = (x.ravel() for x in np.meshgrid(np.arange(tq), np.arange(td), np.arange(tk), indexing="ij"))
+        i2, c2 = (x.ravel() for x in np.meshgrid(np.arange(tq), np.arange(td), indexing="ij"))
+        yield read("L", q0[i2], qn[i2])
+        yield read("S", q0[ii], qn[ii], k0[jj], kn[jj])
+        yield read("V", k0[jj], kn[jj], c0[cc], cn[cc])
+        yield write("O", q0[i2], qn[i2], c0[c2], cn[c2])
 
     launches = [Launch(name, w.bh, slices, fn) for name, fn in
                 (("smallcache_qk", qk), ("smallcache_stats", stats), ("smallcache_pv", pv))]
