@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 
@@ -566,6 +567,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         msg = " ".join(str(e).split())
         print(f"{PROG}: error: {_explain(msg)}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `flashsim ... | head`: the reader left, which is not an error
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 0
     except OSError as e:
         print(f"{PROG}: error: {e.strerror or e}{': ' + str(e.filename) if e.filename else ''}", file=sys.stderr)
         return 2
