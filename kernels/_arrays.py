@@ -23,14 +23,30 @@ from numba import cuda
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 
 
+def _is_numba_device_array(x) -> bool:
+    """A Numba device array (the CUDA simulator's FakeCUDAArray included: the simulator has no
+    ``cuda.is_cuda_ndarray``)."""
+    check = getattr(cuda, "is_cuda_ndarray", None)
+    if check is not None:
+        return bool(check(x))
+    return type(x).__name__ == "FakeCUDAArray"
+
+
+def as_device_array(x):
+    """A Numba view of a device array or a ``__cuda_array_interface__`` object, without a copy."""
+    if _is_numba_device_array(x):
+        return x
+    return cuda.as_cuda_array(x)
+
+
 def _kind(x) -> str:
     mod = type(x).__module__.split(".")[0]
     if isinstance(x, np.ndarray):
         return "numpy"
-    if cuda.is_cuda_array(x) and mod in ("torch", "cupy"):
-        return mod
-    if cuda.is_cuda_array(x):
+    if _is_numba_device_array(x):
         return "device"
+    if hasattr(x, "__cuda_array_interface__"):
+        return mod if mod in ("torch", "cupy") else "device"
     return "other"
 
 
@@ -76,7 +92,7 @@ def to_device(**named) -> Inputs:
                 raise ValueError(f"{name}.dtype={dt}: must be float32 or float16")
             arrays[name] = cuda.to_device(np.ascontiguousarray(x))
         else:
-            dev = x if cuda.is_cuda_ndarray(x) else cuda.as_cuda_array(x)
+            dev = as_device_array(x)
             dt = np.dtype(dev.dtype)
             if dt not in SUPPORTED_DTYPES:
                 raise ValueError(f"{name}.dtype={dt}: must be float32 or float16")

@@ -589,7 +589,9 @@ def _counter_array(counters):
             counters[...] = dev.copy_to_host()
 
         return cuda.to_device(counters), back
-    dev = counters if cuda.is_cuda_ndarray(counters) else cuda.as_cuda_array(counters)
+    from ._arrays import as_device_array
+
+    dev = as_device_array(counters)
     if np.dtype(dev.dtype) != np.int64 or len(dev.shape) != 2 or dev.shape[0] <= max(INDEX.values()):
         raise ValueError(f"counters: must be an int64 (len(TENSORS), 2) array, got {dev.dtype} {dev.shape}")
     return dev, lambda d_: None
