@@ -205,6 +205,9 @@ def _cmd_simulate(a: argparse.Namespace) -> int:
     gpu = get_gpu(a.gpu)
     tiling, m = _tiling_args(a, a.algo, w, gpu)
     opts = _chosen_options(a, a.algo)
+    if a.algo == "smallcache" and tiling is None and "tile" not in opts:
+        # its tile side from the exact M (the tiling would round M up to a multiple of 4d)
+        opts["tile"] = _load_algorithm(a.algo).tile_for_sram(m)
     try:
         res = simulate(w, a.algo, a.pass_, tiling=tiling, sram_elems=None if tiling else m, **opts)
     except ValueError as e:
@@ -226,7 +229,10 @@ def _simulate_text(s: dict) -> str:
     lines.append(f"{s['algorithm']} {s['pass']}{opts}: batch {w['batch']}, heads {w['heads']} (kv {w['kv_heads']}), "
                  f"Nq {w['seq_len_q']}, Nk {w['seq_len_k']}, d {w['head_dim']}, {w['dtype']}"
                  f"{', causal' if w['causal'] else ''}")
-    tile = "not tiled" if s["block_m"] is None else f"Br = {s['block_m']}, Bc = {s['block_n']}"
+    if s["algorithm"] == "smallcache":
+        tile = f"tile side s = {s['block_m']}"
+    else:
+        tile = "not tiled" if s["block_m"] is None else f"Br = {s['block_m']}, Bc = {s['block_n']}"
     lines.append(f"GPU {s['gpu']}; M = {fmt_num(s['sram_bytes'])} bytes = {fmt_num(s['sram_elems'])} elements; "
                  f"{tile}")
     lines.append("")
@@ -234,8 +240,10 @@ def _simulate_text(s: dict) -> str:
     for tensor, dirs in s["breakdown"].items():
         for dr, t in dirs.items():
             rows.append([tensor, dr, t["elements"], f"{t['bytes'] / 1e6:,.3f}", t["sectors"]])
-    rows.append(["total", "read", s["hbm_read_elements"], f"{s['hbm_read_bytes'] / 1e6:,.3f}", None])
-    rows.append(["total", "write", s["hbm_write_elements"], f"{s['hbm_write_bytes'] / 1e6:,.3f}", None])
+    rows.append(["total", "read", s["hbm_read_elements"], f"{s['hbm_read_bytes'] / 1e6:,.3f}",
+                 s["hbm_read_sectors"]])
+    rows.append(["total", "write", s["hbm_write_elements"], f"{s['hbm_write_bytes'] / 1e6:,.3f}",
+                 s["hbm_write_sectors"]])
     rows.append(["total", "", s["hbm_read_elements"] + s["hbm_write_elements"], f"{s['hbm_bytes'] / 1e6:,.3f}",
                  s["sectors"]])
     lines.append(format_table(["tensor", "dir", "elements", "MB", "sectors"], rows,

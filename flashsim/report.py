@@ -82,8 +82,14 @@ def simulate_summary(res: SimResult, gpu: Hardware, sram_elems: int | None) -> d
         "block_m": None if res.tiling is None else res.tiling.block_m,
         "block_n": None if res.tiling is None else res.tiling.block_n,
     }
+    if res.algorithm == "smallcache":  # one s x s tile; recorded as block_m = block_n = s, as sweeps do
+        from .algorithms import get_algorithm
+
+        extra = {k: res.options[k] for k in ("tile", "sram_elems") if k in res.options}
+        out["block_m"] = out["block_n"] = get_algorithm("smallcache").tile_side(w, res.tiling, **extra)
     out.update(io.to_dict())
     out["sectors"] = io.sectors
+    out["hbm_read_sectors"], out["hbm_write_sectors"] = io.read_sectors, io.write_sectors
     out["per_launch"] = {
         name: {"hbm_read_bytes": c.read_bytes, "hbm_write_bytes": c.write_bytes, "hbm_bytes": c.bytes,
                "sectors": c.sectors}

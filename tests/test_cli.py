@@ -228,3 +228,14 @@ def test_sweep_bad_input(argv, words, tmp_path, capsys):
 def test_sweep_missing_required(capsys):
     rc, _, err = run(["sweep", "--param", "N", "--values", "128"], capsys)
     assert rc == 2 and "--out" in err and len(err.splitlines()) == 1
+
+
+def test_smallcache_tile_from_exact_m(capsys):
+    pytest.importorskip("flashsim.algorithms.smallcache")
+    from flashsim.algorithms.smallcache import tile_for_sram
+
+    rc, out, err = run(["simulate", "--algo", "smallcache", *SMALL, "--sram-bytes", "3000", "--json"], capsys)
+    assert rc == 0, err
+    s = json.loads(out)
+    assert s["block_m"] == s["block_n"] == s["options"]["tile"] == tile_for_sram(1500)
+    assert s["closed_form_agrees"] and s["bounds"]["regime"] == "large-cache"  # M = 1500 >= d² = 1024
