@@ -55,6 +55,16 @@ def _cfg(kernel, pass_, n, d, dtype, causal=False, batch=1, heads=16, **tiling) 
     return c
 
 
+def _f2(pass_, n, d, dtype, causal=False, **kw) -> dict:
+    """A FlashAttention-2 configuration with the kernel's default blocks for its pass."""
+    import numpy as np
+
+    from kernels.flash2 import default_blocks
+
+    br, bc = default_blocks("fwd" if pass_ == "fwd" else "bwd", np.float16 if dtype == "fp16" else np.float32, d)
+    return _cfg("flash2", pass_, n, d, dtype, causal=causal, block_m=br, block_n=bc, **kw)
+
+
 def h100_set() -> list[dict]:
     """The measured set for the H100: N 512..16,384, d 64 and 128, fp16 and fp32, causal and not,
     forward and backward, and the FlashAttention-1 SRAM sweep (a 24x range of M)."""
@@ -62,20 +72,20 @@ def h100_set() -> list[dict]:
     # FlashAttention-2 forward: the N sweep at both head dims, fp16; fp32 and causal spot checks.
     for d in (64, 128):
         for n in (512, 1024, 2048, 4096, 8192, 16384):
-            out.append(_cfg("flash2", "fwd", n, d, "fp16", block_m=64, block_n=64))
+            out.append(_f2("fwd", n, d, "fp16"))
         for n in (1024, 4096, 16384):
-            out.append(_cfg("flash2", "fwd", n, d, "fp16", causal=True, block_m=64, block_n=64))
+            out.append(_f2("fwd", n, d, "fp16", causal=True))
         for n in (1024, 4096):
-            out.append(_cfg("flash2", "fwd", n, d, "fp32", block_m=32, block_n=32))
-    # FlashAttention-2 tile sweep at N = 4096, d = 64 (Br, Bc from 16 to 128).
-    for br, bc in ((16, 16), (32, 32), (64, 32), (128, 64)):
+            out.append(_f2("fwd", n, d, "fp32"))
+    # FlashAttention-2 tile sweep at N = 4096, d = 64: Br·Bc from 64 to 2048 (32x).
+    for br, bc in ((8, 8), (16, 16), (32, 32)):
         out.append(_cfg("flash2", "fwd", 4096, 64, "fp16", block_m=br, block_n=bc))
     # FlashAttention-2 backward.
     for d in (64, 128):
         for n in (512, 2048, 8192):
-            out.append(_cfg("flash2", "bwd", n, d, "fp16", block_m=32, block_n=32))
-    out.append(_cfg("flash2", "bwd", 2048, 64, "fp16", causal=True, block_m=32, block_n=32))
-    out.append(_cfg("flash2", "bwd", 2048, 64, "fp32", block_m=32, block_n=32))
+            out.append(_f2("bwd", n, d, "fp16"))
+    out.append(_f2("bwd", 2048, 64, "fp16", causal=True))
+    out.append(_f2("bwd", 2048, 64, "fp32"))
     # FlashAttention-1 (Algorithm 1 order): M from 8 KB to 192 KB at N = 2048, d = 64, and an
     # N sweep at fixed M, fp16; a d = 128 and an fp32 point.
     for kb in (8, 16, 32, 64, 128, 192):
@@ -87,22 +97,23 @@ def h100_set() -> list[dict]:
     out.append(_cfg("flash1", "fwd", 2048, 64, "fp16", causal=True, sram_bytes=32 * 1024))
     # Standard attention (S and P in HBM): N sweep, fwd and bwd.
     for n in (512, 1024, 2048, 4096):
-        out.append(_cfg("standard", "fwd", n, 64, "fp16", gemm_block=64))
-    out.append(_cfg("standard", "fwd", 2048, 128, "fp16", gemm_block=64))
-    out.append(_cfg("standard", "fwd", 2048, 64, "fp32", gemm_block=64))
-    out.append(_cfg("standard", "fwd", 2048, 64, "fp16", causal=True, gemm_block=64))
+        out.append(_cfg("standard", "fwd", n, 64, "fp16", gemm_block=32))
+    out.append(_cfg("standard", "fwd", 2048, 128, "fp16", gemm_block=32))
+    out.append(_cfg("standard", "fwd", 2048, 64, "fp32", gemm_block=32))
+    out.append(_cfg("standard", "fwd", 2048, 64, "fp16", causal=True, gemm_block=32))
     for n in (512, 2048):
-        out.append(_cfg("standard", "bwd", n, 64, "fp16", gemm_block=64))
+        out.append(_cfg("standard", "bwd", n, 64, "fp16", gemm_block=32))
     return out
 
 
 def smoke_set() -> list[dict]:
     """A handful of small configurations: for checking the harness end to end."""
     return [
-        _cfg("flash2", "fwd", 256, 64, "fp16", batch=1, heads=2, block_m=64, block_n=64),
-        _cfg("flash2", "bwd", 256, 64, "fp16", batch=1, heads=2, block_m=32, block_n=32),
+        _f2("fwd", 256, 64, "fp16", batch=1, heads=2),
+        _f2("bwd", 256, 64, "fp16", batch=1, heads=2),
         _cfg("flash1", "fwd", 256, 64, "fp16", batch=1, heads=2, sram_bytes=16 * 1024),
-        _cfg("standard", "fwd", 256, 64, "fp16", batch=1, heads=2, gemm_block=64),
+        _cfg("standard", "fwd", 256, 64, "fp16", batch=1, heads=2, gemm_block=32),
+        _cfg("standard", "bwd", 256, 64, "fp16", batch=1, heads=2, gemm_block=32),
     ]
 
 

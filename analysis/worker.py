@@ -57,7 +57,7 @@ def make_call(cfg: dict, rng):
             raise ValueError("flash1 has a forward kernel only")
         return lambda: kernels.flash1_attention(q, k, v, causal=causal, sram_bytes=cfg["sram_bytes"])
     if cfg["kernel"] == "standard":
-        kw = dict(causal=causal)
+        kw = dict(causal=causal, gemm_block=cfg["gemm_block"])
         if cfg["pass"] == "fwd":
             return lambda: kernels.standard_attention(q, k, v, **kw)
         o = kernels.standard_attention(q, k, v, **kw)
