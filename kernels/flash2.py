@@ -51,6 +51,14 @@ def padded_head_dim(d: int) -> int:
     return -(-d // 16) * 16
 
 
+def _kv_stride(dtype, dp: int) -> int:
+    """Row length of the K_j, V_j tiles in shared memory: DP plus one 4-byte word.  The score
+    loops have consecutive threads read consecutive rows of K_j (V_j) at the same column; with a
+    row of DP elements (a multiple of 32 words) they would all hit one bank, with an odd number
+    of words per row they hit 32 different ones."""
+    return dp + (2 if np.dtype(dtype).itemsize == 2 else 1)
+
+
 def _threads(br: int, bc: int) -> int:
     return min(128, max(32, br * bc // 4))
 
@@ -58,12 +66,13 @@ def _threads(br: int, bc: int) -> int:
 def smem_bytes(kind: str, elem_bytes: int, d: int, br: int, bc: int) -> int:
     """Static shared memory of one block of kernel ``kind`` ("fwd", "dkdv", "dq", "bwd")."""
     dp = padded_head_dim(d)
-    if kind == "fwd":  # Q_i, K_j, V_j; S (f32), acc (f32), m, l, alpha (f32)
-        return elem_bytes * (br * dp + 2 * bc * dp) + 4 * (br * bc + br * dp + 3 * br)
+    kp = dp + 4 // elem_bytes  # K_j, V_j rows padded by one word (see _kv_stride)
+    if kind == "fwd":  # Q_i, K_j, V_j; S (f32, rows padded by one), acc (f32), m, l, alpha (f32)
+        return elem_bytes * (br * dp + 2 * bc * kp) + 4 * (br * (bc + 1) + br * dp + 3 * br)
     if kind == "dkdv":  # K_j, V_j, Q_i, dO_i; L_i, D_i; P/dS; dK_j, dV_j (f32)
-        return elem_bytes * (2 * bc * dp + 2 * br * dp) + 4 * (2 * br + br * bc + 2 * bc * dp)
+        return elem_bytes * (2 * bc * kp + 2 * br * dp) + 4 * (2 * br + br * bc + 2 * bc * dp)
     if kind == "dq":  # Q_i, dO_i, K_j, V_j; L_i, D_i; dS; dQ_i (f32)
-        return elem_bytes * (2 * br * dp + 2 * bc * dp) + 4 * (2 * br + br * bc + br * dp)
+        return elem_bytes * (2 * br * dp + 2 * bc * kp) + 4 * (2 * br + br * bc + br * dp)
     if kind == "bwd":
         return max(smem_bytes("dkdv", elem_bytes, d, br, bc), smem_bytes("dq", elem_bytes, d, br, bc))
     if kind == "preprocess":
@@ -103,6 +112,8 @@ IDO, IDQ, IDK, IDV = INDEX["dO"], INDEX["dQ"], INDEX["dK"], INDEX["dV"]
 def _fwd_source(dtype, DP, BR, BC, CAUSAL, HAS_MASK, COUNT):
     ST = _NUMBA_DTYPES[np.dtype(dtype)]
     NT = _threads(BR, BC)
+    KP = _kv_stride(dtype, DP)
+    SC = BC + 1
 
     def flash2_fwd(q, k, v, o, lse, scale, mask, counters):
         # Grid (Tr, B·H): block (i, b·H + h) computes O_i and L_i of query head h.
@@ -121,9 +132,9 @@ def _fwd_source(dtype, DP, BR, BC, CAUSAL, HAS_MASK, COUNT):
         rows = min(BR, nq - r0)
         shift = nk - nq  # causal: row r sees columns c <= r + shift
         sQ = cuda.shared.array((BR, DP), ST)
-        sK = cuda.shared.array((BC, DP), ST)
-        sV = cuda.shared.array((BC, DP), ST)
-        sS = cuda.shared.array((BR, BC), float32)
+        sK = cuda.shared.array((BC, KP), ST)
+        sV = cuda.shared.array((BC, KP), ST)
+        sS = cuda.shared.array((BR, SC), float32)  # SC = Bc + 1: one thread walks each row
         sAcc = cuda.shared.array((BR, DP), float32)
         sM = cuda.shared.array(BR, float32)
         sL = cuda.shared.array(BR, float32)
@@ -258,6 +269,7 @@ def _preprocess_source(dtype, DP, BR, BC, CAUSAL, HAS_MASK, COUNT):
 def _dkdv_source(dtype, DP, BR, BC, CAUSAL, HAS_MASK, COUNT):
     ST = _NUMBA_DTYPES[np.dtype(dtype)]
     NT = _threads(BR, BC)
+    KP = _kv_stride(dtype, DP)
 
     def flash2_bwd_dkdv(q, k, v, do, lse, dvec, dk, dv, scale, mask, counters):
         # Grid (Tc, B·Hkv): block (j, b·Hkv + hk) computes dK_j, dV_j of kv head hk, summed over
@@ -280,8 +292,8 @@ def _dkdv_source(dtype, DP, BR, BC, CAUSAL, HAS_MASK, COUNT):
         c0 = j * BC
         cols = min(BC, nk - c0)
         shift = nk - nq
-        sK = cuda.shared.array((BC, DP), ST)
-        sV = cuda.shared.array((BC, DP), ST)
+        sK = cuda.shared.array((BC, KP), ST)
+        sV = cuda.shared.array((BC, KP), ST)
         sQ = cuda.shared.array((BR, DP), ST)
         sdO = cuda.shared.array((BR, DP), ST)
         sLse = cuda.shared.array(BR, float32)
@@ -392,6 +404,7 @@ def _dkdv_source(dtype, DP, BR, BC, CAUSAL, HAS_MASK, COUNT):
 def _dq_source(dtype, DP, BR, BC, CAUSAL, HAS_MASK, COUNT):
     ST = _NUMBA_DTYPES[np.dtype(dtype)]
     NT = _threads(BR, BC)
+    KP = _kv_stride(dtype, DP)
 
     def flash2_bwd_dq(q, k, v, do, lse, dvec, dq, scale, mask, counters):
         # Grid (Tr, B·H): block (i, b·H + h) computes dQ_i = τ Σ_j dS_ij K_j with
@@ -412,8 +425,8 @@ def _dq_source(dtype, DP, BR, BC, CAUSAL, HAS_MASK, COUNT):
         shift = nk - nq
         sQ = cuda.shared.array((BR, DP), ST)
         sdO = cuda.shared.array((BR, DP), ST)
-        sK = cuda.shared.array((BC, DP), ST)
-        sV = cuda.shared.array((BC, DP), ST)
+        sK = cuda.shared.array((BC, KP), ST)
+        sV = cuda.shared.array((BC, KP), ST)
         sLse = cuda.shared.array(BR, float32)
         sD = cuda.shared.array(BR, float32)
         sS = cuda.shared.array((BR, BC), float32)
