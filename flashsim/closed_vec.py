@@ -1,0 +1,103 @@
+"""The dense-forward closed forms evaluated over numpy arrays of configurations.
+
+:func:`flashsim.api.closed_form_elements` evaluates one configuration at a time (a few tens of
+microseconds each).  For large design-space scans this module evaluates the *dense* (no causal,
+no block mask) forward closed forms of ``standard`` (default options: ``fuse="softmax"``, no
+dropout, ``gemm_block`` = 128), ``flash1``, ``flash2`` and ``smallcache`` over arrays of
+(Nq, Nk, d, M, B, H, Hkv), broadcasting them together, with the paper's tiling rule
+Bc = ⌈M/4d⌉, Br = min(Bc, d) (and s = largest with 3s² + 2s ≤ M for smallcache).  The results
+are int64 element counts per (tensor, direction), equal to the scalar closed forms entry for
+entry (benchmarks/bench_simulator.py checks a sample).  They repeat the formulas of the
+algorithm modules; when a module's model changes, this one must follow.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .config import DTYPE_BYTES, STAT_BYTES
+
+ALGOS = ("standard", "flash1", "flash2", "smallcache")
+_STATS = ("l", "m", "L", "D")
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def _isqrt(x: np.ndarray) -> np.ndarray:
+    """⌊√x⌋ exactly for int64 x (float estimate, then corrected)."""
+    r = np.floor(np.sqrt(x.astype(np.float64))).astype(np.int64)
+    r = np.where(r * r > x, r - 1, r)
+    return np.where((r + 1) * (r + 1) <= x, r + 1, r)
+
+
+def smallcache_tile(m: np.ndarray) -> np.ndarray:
+    """Largest s with 3s² + 2s ≤ M, vectorised (s = ⌊(√(3M + 1) − 1)/3⌋)."""
+    m = np.asarray(m, dtype=np.int64)
+    s = (_isqrt(3 * m + 1) - 1) // 3
+    return s
+
+
+def dense_forward(algo: str, nq, d, m, batch=1, heads=1, nk=None, kv_heads=None,
+                  gemm_block: int = 128) -> dict[tuple[str, str], np.ndarray]:
+    """Element counts per (tensor, direction) of ``algo``'s dense forward, as arrays of the
+    inputs' broadcast shape."""
+    out = _dense_forward(algo, nq, d, m, batch, heads, nk, kv_heads, gemm_block)
+    shape = np.broadcast_shapes(*(np.shape(x) for x in (nq, d, m, batch, heads, nk, kv_heads) if x is not None))
+    return {k: np.broadcast_to(np.asarray(v, dtype=np.int64), shape) for k, v in out.items()}
+
+
+def _dense_forward(algo: str, nq, d, m, batch, heads, nk, kv_heads,
+                   gemm_block: int = 128) -> dict[tuple[str, str], np.ndarray]:
+    if algo not in ALGOS:
+        raise ValueError(f"algo={algo!r}: vectorised closed forms exist for {list(ALGOS)}")
+    nq = np.asarray(nq, dtype=np.int64)
+    nk = nq if nk is None else np.asarray(nk, dtype=np.int64)
+    d = np.asarray(d, dtype=np.int64)
+    m = np.asarray(m, dtype=np.int64)
+    b = np.asarray(batch, dtype=np.int64)
+    h = np.asarray(heads, dtype=np.int64)
+    if kv_heads is not None and np.any(h % np.asarray(kv_heads, dtype=np.int64)):
+        raise ValueError("kv_heads: must divide heads")
+    bh = b * h
+    qd, kd = bh * nq * d, bh * nk * d
+    if algo == "standard":
+        g = int(gemm_block)
+        tr, tc = _cdiv(nq, g), _cdiv(nk, g)
+        e = bh * nq * nk
+        return {("Q", "read"): tc * qd, ("K", "read"): tr * kd, ("S", "write"): e, ("S", "read"): e,
+                ("P", "write"): e, ("P", "read"): e, ("V", "read"): tr * kd, ("O", "write"): qd}
+    if algo == "smallcache":
+        if np.any(m < 5):
+            raise ValueError("sram_elems: smallcache needs M >= 5")
+        s = smallcache_tile(m)
+        tq, tk, td = _cdiv(nq, s), _cdiv(nk, s), _cdiv(d, s)
+        e = bh * nq * nk
+        return {("Q", "read"): qd * tk, ("K", "read"): kd * tq, ("S", "write"): e, ("S", "read"): e * (1 + td),
+                ("L", "write"): bh * nq, ("L", "read"): bh * nq * td, ("V", "read"): kd * tq, ("O", "write"): qd}
+    if np.any(m < 4 * d):
+        raise ValueError("sram_elems: FlashAttention needs M >= 4*d")
+    bc = _cdiv(m, 4 * d)
+    br = np.minimum(bc, d)
+    if algo == "flash2":
+        tr = _cdiv(nq, br)
+        return {("Q", "read"): qd, ("K", "read"): tr * kd, ("V", "read"): tr * kd, ("O", "write"): qd,
+                ("L", "write"): bh * nq}
+    # flash1: each of the Tc key blocks streams Q, O, ℓ, m; O, ℓ, m also initialised once
+    tc = _cdiv(nk, bc)
+    qrows = tc * nq
+    return {("K", "read"): kd, ("V", "read"): kd, ("Q", "read"): bh * qrows * d, ("O", "read"): bh * qrows * d,
+            ("O", "write"): bh * (nq + qrows) * d, ("l", "read"): bh * qrows, ("m", "read"): bh * qrows,
+            ("l", "write"): bh * (nq + qrows), ("m", "write"): bh * (nq + qrows)}
+
+
+def totals(counts: dict[tuple[str, str], np.ndarray], dtype: str = "fp16") -> tuple[np.ndarray, np.ndarray]:
+    """(elements, bytes) summed over tensors; the statistics are float32, the rest ``dtype``."""
+    eb = DTYPE_BYTES[dtype]
+    el = sum(counts.values())
+    by = sum(v * (STAT_BYTES if t in _STATS else eb) for (t, _), v in counts.items())
+    return el, by
+
+
+__all__ = ["dense_forward", "totals", "smallcache_tile", "ALGOS"]
