@@ -34,15 +34,18 @@ The keys of :func:`bounds`:
     with Nq·Nk replaced by V as above.  The proof only writes Θ(Nd·Tc); the 3 (Q read, O read,
     O write) is the constant its Algorithm 1 actually has.
 ``saha_ye``
-    Saha & Ye, "The I/O Complexity of Attention, or How Optimal is FlashAttention?" (ICML 2024):
-    the I/O complexity of exact attention is Θ(min(N²d²/M, N²d/√M)).  For M ≥ d² (large cache)
-    the lower bound Ω(N²d²/M) matches FlashAttention and holds even with fast matrix
-    multiplication (their compression/communication argument); for M < d² (small cache) attention
-    is as hard as matrix multiplication, Θ(N²d/√M) (Hong & Kung's red-blue pebble bound for
-    standard matrix multiplication), and their algorithm — blocked matrix multiplications with
-    √M-sized tiles, S written to HBM — achieves it and beats FlashAttention (see
-    :mod:`flashsim.algorithms.smallcache`).  The two expressions cross at M = d².  We report the
-    expression with unit constant: ``saha_ye = B·H · V · min(d²/M, d/√M)``.
+    Saha & Ye, "The I/O Complexity of Attention, or How Optimal is FlashAttention?" (ICML 2024,
+    arXiv:2402.07443): the I/O complexity of exact attention is Θ(min(N²d²/M, N²d/√M)).  For
+    M ≥ d² (large cache) their lower bound Ω(N²d²/M) matches FlashAttention within a constant;
+    it is proved with Hong & Kung's red-blue pebble game for standard matrix multiplication and
+    extended, through a matrix-compression communication protocol, to algorithms that use fast
+    matrix multiplication.  For M < d² (small cache) attention costs as much as matrix
+    multiplication, Θ(N²d/√M), and they give an algorithm that achieves it with the standard
+    blocked (√M-tile) matrix-multiplication technique, beating FlashAttention there (modelled in
+    :mod:`flashsim.algorithms.smallcache`; its exact loop structure is our reconstruction from
+    that description).  The two expressions cross at M = d².  We report the expression with
+    unit constant: ``saha_ye = B·H · V · min(d²/M, d/√M)``.  (Sources read: the paper's
+    abstract and a summary of it; the constants of its proofs are not used here.)
 ``lower_bound``
     Proposition 3 of the FlashAttention paper: for M in [d, Nd] no algorithm computes exact
     attention with o(N²d²M⁻¹) HBM accesses *for all M in that range*.  This is an asymptotic
