@@ -30,11 +30,13 @@ plus five float32 row vectors (m_i, ℓ_i, m̃_ij and the two line-12 coefficien
     smem = (2·Bc·d + Br·d + Br·Bc)·elem + 20·Br bytes   <=  M·elem + O(d) bytes
 
 (O_i needs no shared memory: each thread reads, updates and writes its own elements of O_i.)
-S_ij is never stored: each thread computes its entries of S_ij twice, once for the row maximum
-(combined with a shared-memory ``atomic.max``) and once for P̃_ij, so that S in float32 does not
-push the footprint past M.  For fp16 inputs P̃_ij is stored rounded to fp16, as tensor-core
-FlashAttention kernels round P before the P V product; ℓ̃_ij sums the same rounded values so the
-normalisation matches.  All arithmetic is float32.
+S_ij is never stored: its entries are computed twice, once for the row maximum (the threads
+sharing a row take local maxima over their columns, then one shared-memory ``atomic.max`` each)
+and once for P̃_ij, in the same summation order so the two agree bit for bit; S in float32
+would otherwise push the footprint past M.  Dot products start at a column-dependent offset so
+that neighbouring threads read different shared-memory banks.  For fp16 inputs P̃_ij is stored
+rounded to fp16, as tensor-core FlashAttention kernels round P before the P V product; ℓ̃_ij
+sums the same rounded values so the normalisation matches.  All arithmetic is float32.
 
 Shared memory is dynamic (``cuda.shared.array(0, ...)``), so the footprint follows M at run
 time.  Above 48 KB the kernel's limit is raised with the driver attribute
@@ -171,15 +173,23 @@ def _sources(dtype_name: str, o_fp32: bool, count: bool):
                     cuda.atomic.add(counters, (IL, READ), rn)
                     cuda.atomic.add(counters, (IM, READ), rn)
                 cuda.syncthreads()
-                # lines 9-10: m̃_ij = rowmax(S_ij) over the unmasked entries
-                for e in range(t, rn * cn, nt):
-                    r = e // cn
-                    c = e - r * cn
-                    if causal == 0 or c0 + c <= r0 + r + shift:
-                        s = ZERO
-                        for x in range(d):
-                            s += float32(tiles[QOFF + r * d + x]) * float32(tiles[KOFF + c * d + x])
-                        cuda.atomic.max(stats, MT + r, s * scale)
+                # lines 9-10: m̃_ij = rowmax(S_ij) over the unmasked entries.  tpr threads share a
+                # row, each takes a local max over its columns, then one shared atomic max each.
+                tpr = max(1, nt // rn)
+                rpp = nt // tpr
+                if t < rpp * tpr:
+                    for r in range(t // tpr, rn, rpp):
+                        loc = NEG_INF
+                        for c in range(t % tpr, cn, tpr):
+                            if causal == 0 or c0 + c <= r0 + r + shift:
+                                s = ZERO
+                                for x in range(d):
+                                    xs = x + c  # staggered start: neighbours read different banks
+                                    if xs >= d:
+                                        xs -= d
+                                    s += float32(tiles[QOFF + r * d + xs]) * float32(tiles[KOFF + c * d + xs])
+                                loc = max(loc, s * scale)
+                        cuda.atomic.max(stats, MT + r, loc)
                 cuda.syncthreads()
                 # line 10: P̃_ij = exp(S_ij - m̃_ij), masked entries 0
                 for e in range(t, rn * cn, nt):
@@ -190,7 +200,10 @@ def _sources(dtype_name: str, o_fp32: bool, count: bool):
                     if (causal == 0 or c0 + c <= r0 + r + shift) and mt != NEG_INF:
                         s = ZERO
                         for x in range(d):
-                            s += float32(tiles[QOFF + r * d + x]) * float32(tiles[KOFF + c * d + x])
+                            xs = x + c
+                            if xs >= d:
+                                xs -= d
+                            s += float32(tiles[QOFF + r * d + xs]) * float32(tiles[KOFF + c * d + xs])
                         pv = math.exp(s * scale - mt)
                     tiles[POFF + e] = ELEM(pv)
                 cuda.syncthreads()
