@@ -41,13 +41,14 @@ def _label(f: str) -> str:
 
 
 def plot_sweep(records: list[dict], x: str, y: str = "hbm_bytes", by: str = "algo", path=None, bounds: bool = True,
-               title: str | None = None, bound_keys=("bound_lower", "bound_saha_ye")):
+               title: str | None = None, bound_keys=("bound_lower", "bound_flash")):
     """Log-log plot of ``y`` against ``x``, one line per value of ``by`` (per pass too if several).
 
-    With ``bounds=True`` and bound fields in the records, the bounds in ``bound_keys`` are drawn
-    as dashed lines (in bytes when ``y`` is a byte count, elements otherwise; taken from the
-    first series, the bounds do not depend on the algorithm).  Saves to ``path`` when given;
-    returns the figure.
+    With ``bounds=True`` and bound fields in the records, the bounds in ``bound_keys`` (default:
+    the lower bound and Theorem 2's FlashAttention count) are drawn as dashed lines, in bytes
+    when ``y`` is a byte count and in elements when it is ``hbm_elements`` (other ``y`` get no
+    bound lines); they come from the first series, as the bounds do not depend on the
+    algorithm.  Saves to ``path`` when given; returns the figure.
     """
     xf = _ALIAS.get(x, x)
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
@@ -59,7 +60,7 @@ def plot_sweep(records: list[dict], x: str, y: str = "hbm_bytes", by: str = "alg
             continue
         label = f"{key[0]} {key[1]}" if isinstance(key, tuple) else str(key)
         ax.plot([r[xf] for r in rs], [r[y] for r in rs], marker="o", ms=3, label=label)
-    if bounds and records:
+    if bounds and records and (y.endswith("bytes") or y == "hbm_elements"):
         in_bytes = y.endswith("bytes")
         first = next(iter(series.values()))
         pts = {}

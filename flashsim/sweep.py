@@ -314,7 +314,7 @@ def fit_exponent(records: list[dict], x: str, y: str = "hbm_bytes", where=None) 
 
 
 def fit_exponents(records: list[dict], y: str = "hbm_bytes", xs=("M", "N", "d"), where=None,
-                  joint: bool = True) -> dict:
+                  joint: bool = True, algo: str | None = None, pass_: str | None = None) -> dict:
     """Exponents of ``y`` in each of ``xs`` (e.g. an algorithm's counts against M, N and d).
 
     ``joint=True``: one multiple regression ln y = a + Σ b_x ln x over all selected records (the
@@ -322,9 +322,14 @@ def fit_exponents(records: list[dict], y: str = "hbm_bytes", xs=("M", "N", "d"),
     standard error from the residual variance.  ``joint=False``: each x on its own, within each
     group of records where the other xs are fixed; the exponent is the mean over groups and
     ``stderr`` the standard error of that mean (or, with a single group, the regression's).
+    ``algo`` and ``pass_`` restrict the records to one algorithm and pass (on top of ``where``).
     Returns {"exponents", "stderr", "intercept", "r2", "n", "joint"}.
     """
     sel = _select(records, where)
+    if algo is not None:
+        sel = [r for r in sel if r.get("algo") == algo]
+    if pass_ is not None:
+        sel = [r for r in sel if r.get("pass") == pass_]
     fields = [_xfield(x) for x in xs]
     exps = {x: float("nan") for x in xs}
     ses = {x: float("nan") for x in xs}

@@ -44,7 +44,8 @@ def test_theorem2_exponents(algo):
     assert abs(slope_m + 1) < 0.1 and abs(slope_n - 2) < 0.1 and abs(slope_d - 2) < 0.1
     assert r2 > 0.99
     for joint in (True, False):
-        fit = fit_exponents(recs, xs=("M", "N", "d"), joint=joint)
+        fit = fit_exponents(recs + theorem2_records("standard") if have("standard") else recs,
+                            xs=("M", "N", "d"), joint=joint, algo=algo, pass_="fwd")
         e, se = fit["exponents"], fit["stderr"]
         assert abs(e["M"] + 1) < 0.1 and abs(e["N"] - 2) < 0.1 and abs(e["d"] - 2) < 0.1, fit
         assert all(0 <= se[x] < 0.05 for x in ("M", "N", "d")), fit
@@ -123,7 +124,9 @@ def test_plots(tmp_path):
     assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
     assert "M" in ax.get_xlabel() and "bytes" in ax.get_ylabel()
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert {"flash2", "smallcache", "lower bound"} <= set(labels)
+    assert {"flash2", "smallcache", "lower bound", "Theorem 2 (flash)"} <= set(labels)
+    fig = plot_sweep(recs, "M", y="time_s" if "time_s" in recs[0] else "flops")
+    assert "lower bound" not in [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     res = simulate(Workload(batch=1, heads=2, seq_len_q=256, head_dim=32), "flash2", "fwd", sram_elems=2048)
     q = tmp_path / "breakdown.png"
     plot_breakdown(res, q)
