@@ -1,0 +1,45 @@
+"""Where the notebooks find committed measurements, and whether they have landed yet.
+
+Every path can be overridden by an environment variable, so a notebook can be run against a
+scratch copy of the data before it is committed (``FLASHSIM_H100_CSV=/tmp/h100.csv``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: name -> (environment variable, path relative to the repository root)
+DATA = {
+    "h100": ("FLASHSIM_H100_CSV", "analysis/data/h100/h100.csv"),
+    "exactness": ("FLASHSIM_EXACTNESS_JSON", "kernels/data/h100_exactness.json"),
+    "calibration": ("FLASHSIM_CALIBRATION_CSV", "tests/data/ncu_raw_calibrate.csv"),
+}
+
+
+def data_path(name: str) -> Path:
+    """The path of a named data file (whether or not it exists)."""
+    if name not in DATA:
+        raise ValueError(f"name={name!r}: unknown data file; choose one of {sorted(DATA)}")
+    env, rel = DATA[name]
+    return Path(os.environ.get(env) or ROOT / rel)
+
+
+def find(name: str) -> Path | None:
+    """The data file if it has been recorded, else None (and one line saying so is printed)."""
+    p = data_path(name)
+    if p.exists():
+        return p
+    print(f"{name}: not yet recorded ({p.relative_to(ROOT) if p.is_relative_to(ROOT) else p} is absent)")
+    return None
+
+
+def load_json(name: str) -> dict | None:
+    p = find(name)
+    return None if p is None else json.loads(p.read_text())
+
+
+__all__ = ["ROOT", "DATA", "data_path", "find", "load_json"]
