@@ -318,7 +318,7 @@ def _cmd_sweep(a: argparse.Namespace) -> int:
     from pathlib import Path
 
     from .config import Tiling, get_gpu
-    from .report import fmt_num, format_table
+    from .report import fmt_exponent, fmt_num, format_table
 
     values = _sweep_values(a.param, a.values)
     w = _workload(a)  # checks the base workload before any run
@@ -377,7 +377,7 @@ def _cmd_sweep(a: argparse.Namespace) -> int:
         for algo, p in dict.fromkeys((r["algo"], r["pass"]) for r in recs):
             try:
                 b, _, r2 = fit_exponent(recs, x, "hbm_bytes", where={"algo": algo, "pass": p})
-                fits.append([algo, p, f"{b:+.3f}", f"{r2:.4f}"])
+                fits.append([algo, p, fmt_exponent(b), f"{r2:.4f}"])
             except ValueError as e:
                 fits.append([algo, p, "-", str(e)])
         print(format_table(["algorithm", "pass", "exponent", "r²"], fits, right=[False, False, True, True]))

@@ -208,10 +208,15 @@ def exponents(recs: Sequence[dict], x: str, y: str = "hbm_bytes") -> list[dict]:
     return out
 
 
+def fmt_exponent(b: float) -> str:
+    """A fitted exponent with sign, 3 decimals, and no "-0.000" for a slope of -1e-15."""
+    return f"{round(b, 3) + 0.0:+.3f}"
+
+
 def _exponent_table(fits: Sequence[dict]) -> str:
     return format_table(["gpu", "algorithm", "pass", "exponent", "r²"],
-                        [[f["gpu"], f["algo"], f["pass"], f"{f['exponent']:+.3f}", f"{f['r2']:.4f}"] for f in fits],
-                        right=[False, False, False, True, True])
+                        [[f["gpu"], f["algo"], f["pass"], fmt_exponent(f["exponent"]), f"{f['r2']:.4f}"]
+                         for f in fits], right=[False, False, False, True, True])
 
 
 _COLORS = {"standard": "tab:red", "flash1": "tab:blue", "flash2": "tab:green", "smallcache": "tab:purple"}
