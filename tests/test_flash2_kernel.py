@@ -14,7 +14,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from flashsim.algorithms import flash2 as sim_flash2
@@ -64,12 +64,22 @@ def check_lse(lse, ref_lse):
 def configs(draw, max_n=24, dims=(16, 24, 32)):
     hkv = draw(st.sampled_from([1, 2]))
     group = draw(st.sampled_from([1, 2]))
-    nq = draw(st.one_of(st.just(1), st.integers(1, max_n)))
-    nk = draw(st.one_of(st.just(1), st.integers(1, max_n)))
+    nq = draw(st.integers(1, max_n))
+    nk = draw(st.integers(1, max_n))
     bm, bn = draw(st.sampled_from([8, 16])), draw(st.sampled_from([8, 16]))
     return dict(b=draw(st.sampled_from([1, 2])) if hkv * group < 4 else 1, h=hkv * group, hkv=hkv, nq=nq, nk=nk,
                 d=draw(st.sampled_from(dims)), causal=draw(st.booleans()), bm=bm, bn=bn,
                 masked=draw(st.integers(0, 3)) == 0, seed=draw(st.integers(0, 2**16)))
+
+
+# Hard cases every property test runs first (hypothesis' own draws at a handful of examples lean
+# to tiny sizes): GQA with Nq > Nk causal (fully masked rows, ragged tiles); MQA with Nq < Nk,
+# causal and a block mask; a dense square case with several blocks each way.
+HARD = [
+    dict(b=1, h=4, hkv=2, nq=21, nk=13, d=24, causal=True, bm=8, bn=16, masked=False, seed=1),
+    dict(b=2, h=2, hkv=1, nq=11, nk=23, d=16, causal=True, bm=16, bn=8, masked=True, seed=2),
+    dict(b=1, h=1, hkv=1, nq=24, nk=24, d=32, causal=False, bm=8, bn=8, masked=False, seed=3),
+]
 
 
 def run_forward(c, dtype, counters=None):
@@ -85,8 +95,11 @@ def run_forward(c, dtype, counters=None):
 # Forward
 
 
-@settings(max_examples=8, **SETTINGS)
+@settings(max_examples=6, **SETTINGS)
 @given(configs())
+@example(HARD[0])
+@example(HARD[1])
+@example(HARD[2])
 def test_forward_fp32(c):
     (q, k, v, _, mask), o, lse = run_forward(c, np.float32)
     ref_o, ref_lse = attention_forward(q, k, v, causal=c["causal"], block_mask=mask)
@@ -96,8 +109,10 @@ def test_forward_fp32(c):
     check_lse(lse, ref_lse)
 
 
-@settings(max_examples=5, **SETTINGS)
+@settings(max_examples=3, **SETTINGS)
 @given(configs())
+@example(HARD[0])
+@example(HARD[1])
 def test_forward_fp16(c):
     (q, k, v, _, mask), o, lse = run_forward(c, np.float16)
     assert o.dtype == np.float16
@@ -152,8 +167,10 @@ def run_backward(c, dtype, counters=None):
     return (q, k, v, do, mask), grads
 
 
-@settings(max_examples=5, **SETTINGS)
+@settings(max_examples=3, **SETTINGS)
 @given(configs(max_n=20, dims=(16, 24)))
+@example(HARD[0])
+@example(HARD[1])
 def test_backward_fp32(c):
     (q, k, v, do, mask), grads = run_backward(c, np.float32)
     refs = attention_backward(q, k, v, do, causal=c["causal"], block_mask=mask)
@@ -162,19 +179,21 @@ def test_backward_fp32(c):
         assert report(f"bwd fp32 {name} {c}", g, r) <= 1e-5
 
 
-@settings(max_examples=3, **SETTINGS)
+@settings(max_examples=1, **SETTINGS)
 @given(configs(max_n=20, dims=(16, 24)))
+@example(HARD[0])
+@example(HARD[1])
 def test_backward_fp16(c):
     (q, k, v, do, mask), grads = run_backward(c, np.float16)
     refs = attention_backward(q, k, v, do, causal=c["causal"], block_mask=mask)
     for name, g, r in zip(("dQ", "dK", "dV"), grads, refs):
         assert g.dtype == np.float16
-        # The reference is the exact gradient of the fp16-rounded inputs.  The kernel's error
-        # comes from O (the forward's fp16 output, rounded: relative 2^-11 ≈ 4.9e-4 per entry)
-        # entering D = rowsum(dO ∘ O), where dP - D cancels, and from rounding dQ, dK, dV to
-        # fp16 (another 4.9e-4); with the cancellation that measured ~1e-3, so 2e-2 leaves
-        # a wide margin while still catching any real mistake (those give errors of order 1).
-        assert report(f"bwd fp16 {name} {c}", g, r) <= 2e-2
+        # The reference is the exact gradient of the fp16-rounded inputs.  The kernel computes
+        # in float32 but stores O (the forward's output, which enters D = rowsum(dO ∘ O), where
+        # dP - D cancels) and dQ, dK, dV in fp16: each rounding is relative 2^-11 ≈ 4.9e-4.
+        # Measured here: 2e-4 .. 3e-4.  5e-3 leaves a 10x margin and still catches any real
+        # mistake (a wrong mask, scale or index gives errors of order 1).
+        assert report(f"bwd fp16 {name} {c}", g, r) <= 5e-3
 
 
 def test_backward_head_dim_59_gqa():
@@ -251,6 +270,7 @@ def workload_of(c, dtype):
 
 @settings(max_examples=4, **SETTINGS)
 @given(configs(max_n=20, dims=(3, 8)), st.sampled_from([np.float32, np.float16]))
+@example({**HARD[1], "d": 5}, np.float16)
 def test_counters_match_walker_forward(c, dtype):
     cnt = new_counters()
     (_, _, _, _, mask), _, _ = run_forward(c, dtype, counters=cnt)
@@ -259,8 +279,9 @@ def test_counters_match_walker_forward(c, dtype):
     assert to_elements(cnt) == want
 
 
-@settings(max_examples=3, **SETTINGS)
+@settings(max_examples=2, **SETTINGS)
 @given(configs(max_n=16, dims=(3, 8)), st.sampled_from([np.float32, np.float16]))
+@example({**HARD[1], "d": 5}, np.float16)
 def test_counters_match_walker_backward(c, dtype):
     cnt = new_counters()
     (_, _, _, _, mask), _ = run_backward(c, dtype, counters=cnt)
@@ -377,6 +398,7 @@ class TestOnGPU:
             refs = attention_backward(q, k, v, do, causal=causal)
             for name, g, r in zip(("dQ", "dK", "dV"), grads, refs):
                 err = report(f"gpu bwd {name} n={n} d={d} {np.dtype(dtype).name} causal={causal}", g, r)
+                # fp16: as in test_backward_fp16, with room for longer sums at N = 2,048
                 assert err <= (1e-5 if dtype == np.float32 else 2e-2)
 
     def test_counters_match_walker(self):
