@@ -42,7 +42,7 @@ from flashsim.config import BlockMask, cdiv
 from ._arrays import check_attention_shapes, to_device
 from .counters import INDEX, READ, WRITE, new_counters
 
-#: Default GEMM output tile (BM = BN); the kernels use tile x tile threads per block.
+#: Default GEMM output tile (BM = BN = b); a GEMM block has b/4 x b threads on the GPU.
 GEMM_BLOCK = 32
 GEMM_BLOCKS = (16, 32)
 #: Largest head dimension (the P·V kernels keep a b x D_MAX float32 accumulator in shared memory).
@@ -52,14 +52,17 @@ _ROW_SMEM_BYTES = 48 * 1024 - 1024
 NEG_INF = float("-inf")
 
 
-def _threads(tile: int) -> tuple[int, int]:
-    """(GEMM threads per block side, row-kernel threads).  On a GPU: b x b GEMM threads (one
-    output element each in S = Q Kᵀ) and 128 per row.  The CUDA simulator runs one Python thread
+def _threads(tile: int, sim: bool | None = None) -> tuple[int, int, int]:
+    """(GEMM threads in y, in x, row-kernel threads).  On a GPU: b/4 x b GEMM threads (256 for
+    b = 32; each thread owns 4 rows of its column(s), so the GEMMs' 72-128 registers per thread
+    fit the register file) and 128 threads per row.  The CUDA simulator runs one Python thread
     per CUDA thread and its cost grows with their number, so there each thread does more of the
     same strided loops: 4 x 4 GEMM threads and 4 per row (same arithmetic, same transfers)."""
-    from numba import config
+    if sim is None:
+        from numba import config
 
-    return (4, 4) if config.ENABLE_CUDASIM else (tile, 128)
+        sim = bool(config.ENABLE_CUDASIM)
+    return (4, 4, 4) if sim else (max(1, tile // 4), tile, 128)
 
 
 # --------------------------------------------------------------------------------------------
@@ -358,18 +361,29 @@ _GEMMS = {
 }
 
 
-def _python_fn(name: str, count: bool, tile: int, nside: int, nrow: int):
+def _python_fn(name: str, count: bool, tile: int, nty: int, ntx: int, nrow: int):
     if name == "softmax":
         return _softmax_fn(count, nrow)
     if name == "softmax_bwd":
         return _softmax_bwd_fn(count, nrow)
     factory, (a, b, c) = _GEMMS[name]
-    return factory(count, tile, nside, nside, INDEX[a], INDEX[b], INDEX[c])
+    return factory(count, tile, nty, ntx, INDEX[a], INDEX[b], INDEX[c])
+
+
+def _launch_bounds(name: str, nty: int, ntx: int, nrow: int) -> int:
+    """Threads per block, declared to ptxas so that it fits registers to that block size."""
+    return nrow if name.startswith("softmax") else nty * ntx
 
 
 @cache
 def _kernel(name: str, count: bool, tile: int):
-    return cuda.jit(_python_fn(name, count, tile, *_threads(tile)))
+    from numba import config
+
+    th = _threads(tile)
+    fn = _python_fn(name, count, tile, *th)
+    if config.ENABLE_CUDASIM:  # the simulator's jit takes no launch bounds
+        return cuda.jit(fn)
+    return cuda.jit(fn, launch_bounds=_launch_bounds(name, *th))
 
 
 def compile_all_ptx(cc=(9, 0), tile: int = GEMM_BLOCK, variants=None) -> dict[str, str]:
@@ -391,7 +405,9 @@ def compile_all_ptx(cc=(9, 0), tile: int = GEMM_BLOCK, variants=None) -> dict[st
         }
         for name in ("softmax", "softmax_bwd", *_GEMMS):
             sig = sigs.get(name, (a3, a3, a3, types.int64, i64))
-            ptx, _ = cuda.compile_ptx(_python_fn(name, count, tile, tile, 128), sig, cc=cc)
+            th = _threads(tile, sim=False)
+            ptx, _ = cuda.compile_ptx(_python_fn(name, count, tile, *th), sig, cc=cc,
+                                      launch_bounds=_launch_bounds(name, *th))
             out[f"{name}[{dname}, count={count}]"] = ptx
     return out
 
@@ -426,7 +442,7 @@ class _Launcher:
             self.ctr = cuda.to_device(counters)
         else:
             self.ctr = counters
-        self.side, self.threads = _threads(gemm_block)
+        self.nty, self.ntx, self.threads = _threads(gemm_block)
 
     def empty(self, *shape):
         return cuda.device_array(shape, dtype=self.dtype)
@@ -443,7 +459,7 @@ class _Launcher:
             grid = (cdiv(self.nk, t), cdiv(self.nq, t), a.shape[0])
         else:
             grid = (cdiv(grid_rows, t), c.shape[0])
-        kern[grid, (self.side, self.side)](a, b, c, self.group, self.ctr)
+        kern[grid, (self.ntx, self.nty)](a, b, c, self.group, self.ctr)
 
     def forward_intermediates(self, causal, scale, block_mask, count=None):
         """S = Q Kᵀ and P = softmax(τ S) (masked)."""

@@ -191,6 +191,30 @@ def test_default_tile_counters_and_ragged_blocks():
         assert report(f"bwd {name} tile 32", g, r) <= 1e-5
 
 
+def test_gpu_thread_shape_in_simulator(monkeypatch):
+    """The GPU's thread shape (b/4 x b GEMM threads, several row-kernel threads) rather than the
+    simulator's 4 x 4, at b = 16: same results and counts."""
+    import kernels.standard as ks
+
+    monkeypatch.setattr(ks, "_threads", lambda tile, sim=None: (tile // 4, tile, 8))
+    ks._kernel.cache_clear()
+    try:
+        rng = np.random.default_rng(9)
+        q, k, v, do = make(rng, 1, 2, 1, 20, 18, 24, np.float32)
+        cnt = new_counters()
+        o, _, p = standard_attention(q, k, v, causal=True, counters=cnt, gemm_block=TILE, return_intermediates=True)
+        w = workload(q, k, "fp32", True, None)
+        assert to_elements(cnt) == walker(w, "fwd")
+        assert report("fwd gpu threads", o, attention_forward(q, k, v, causal=True)[0]) <= 1e-5
+        cnt = new_counters()
+        grads = standard_attention_backward(q, k, v, o, do, causal=True, counters=cnt, p=p, gemm_block=TILE)
+        assert to_elements(cnt) == walker(w, "bwd")
+        for name, g, r in zip(("dQ", "dK", "dV"), grads, attention_backward(q, k, v, do, causal=True)):
+            assert report(f"bwd {name} gpu threads", g, r) <= 1e-5
+    finally:
+        ks._kernel.cache_clear()
+
+
 def test_bad_inputs():
     rng = np.random.default_rng(0)
     q, k, v, do = make(rng, 1, 2, 1, 5, 6, 16, np.float32)
@@ -209,7 +233,7 @@ def test_bad_inputs():
         standard_attention(q, k.astype(np.float16), v)
 
 
-PTX_SCRIPT = """
+PTX_SCRIPT = r"""
 import sys
 from numba import cuda
 try:
@@ -223,6 +247,27 @@ for name, ptx in out.items():
     assert ".local" not in ptx, name
     if "count=False" in name:
         assert "atom." not in ptx, name  # counting compiled out
+# Where ptxas is installed, assemble for sm_90: no spills, and registers x declared block size
+# (.maxntid) fit the 64K-register file, or the launch would fail on the GPU.  An older ptxas
+# may not know this NVVM's PTX version; the kernels use no newer features, so the version line
+# is lowered; if ptxas still refuses, this part is skipped.
+import re, shutil, subprocess, tempfile, os
+if shutil.which("ptxas"):
+    for name, ptx in out.items():
+        ptx = re.sub(r"^\.version \d+\.\d+", ".version 8.0", ptx, flags=re.M)
+        with tempfile.TemporaryDirectory() as tmp:
+            f = os.path.join(tmp, "k.ptx")
+            open(f, "w").write(ptx)
+            r = subprocess.run(["ptxas", "-arch=sm_90", "-v", f, "-o", os.devnull], capture_output=True, text=True)
+        if r.returncode != 0:
+            print("ptxas skipped:", r.stderr[-200:])
+            break
+        regs = int(re.search(r"Used (\d+) registers", r.stderr).group(1))
+        threads = int(re.search(r"\.maxntid (\d+)", ptx).group(1))
+        spills = re.search(r"(\d+) bytes spill stores", r.stderr)
+        print(name, regs, "registers x", threads, "threads")
+        assert regs * threads <= 65536, name
+        assert spills is None or int(spills.group(1)) == 0, name
 print("ok", len(out))
 """
 
