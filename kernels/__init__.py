@@ -22,9 +22,12 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_m=None, block_n=
     """FlashAttention-2 forward: O = softmax(τ Q Kᵀ + mask) V, and L = logsumexp of each row.
 
     ``q`` is (B, H, Nq, d), ``k`` and ``v`` are (B, Hkv, Nk, d) with Hkv dividing H (query head h
-    uses kv head h // (H/Hkv)).  Any Nq, Nk >= 1 and head dims that fit shared memory (16..128
-    with the default blocks; non-powers of two such as 24 or 59 are padded on chip).  float32 or
-    float16 inputs, all the same; accumulation is float32.  ``scale`` τ defaults to 1/sqrt(d).
+    uses kv head h // (H/Hkv)).  Any Nq, Nk >= 1; any head dim whose tiles fit 48 KB of static
+    shared memory (tested 16..128; up to about 256 with the smallest blocks; d is padded on chip
+    to a multiple of 16, so 24 or 59 work).  float32 or float16 inputs, all the same;
+    accumulation is float32.  ``scale`` τ defaults to 1/sqrt(d).  Default blocks
+    (:func:`kernels.flash2.default_blocks`): the largest of 64x64, 64x32, 32x32, ... whose
+    kernels fit, e.g. 64x32 for fp16 d = 64, 32x32 for fp16 d = 128, 16x16 for fp32 d = 128.
 
     Inputs: numpy arrays are copied to the device and results come back as numpy; Numba device
     arrays and ``__cuda_array_interface__`` objects (torch, CuPy) are used in place and results

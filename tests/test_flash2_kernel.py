@@ -383,7 +383,9 @@ class TestOnGPU:
         got_o = np.array([o[b, h, r] for b, h, r in picks])
         got_l = np.array([lse[b, h, r] for b, h, r in picks])
         err = report(f"gpu fwd n={n} d={d} {np.dtype(dtype).name} causal={causal}", got_o, ref_o)
-        assert err <= (1e-5 if dtype == np.float32 else 2e-3)
+        # fp32: sums over N keys in float32 (round-off grows ~ sqrt(N)): 1e-5 at N = 1,024, scaled
+        # up from there.  fp16: O is rounded to fp16 (relative 4.9e-4 per entry).
+        assert err <= (1e-5 * max(1.0, np.sqrt(n / 1024)) if dtype == np.float32 else 2e-3)
         np.testing.assert_allclose(got_l, ref_l, rtol=1e-4, atol=1e-4)
 
     @pytest.mark.parametrize("n", [512, 2048])
@@ -421,6 +423,9 @@ class TestOnGPU:
         rng = np.random.default_rng(2)
         q, k, v, _ = make(rng, 2, 8, 8, n, n, d, np.float16)
         qd, kd, vd = (cuda.to_device(x) for x in (q, k, v))
+        small = q[:, :, :128].copy()
+        flash_attention(small, small, small)  # load the same kernel first: module and stack memory
+        cuda.synchronize()
         free0, _ = cuda.current_context().get_memory_info()
         o, lse = flash_attention(qd, kd, vd, return_lse=True)
         cuda.synchronize()
