@@ -23,10 +23,18 @@ output tile and the schedule's ``gemm_block``: the traffic counters equal the wa
 
 The row kernels keep their row(s) in shared memory (dynamic, float32), so S (forward) and P and
 dP (backward) are read from global memory once each, as PyTorch's shared-memory softmax does
-and as the schedule counts.  That caps Nk at 48 KiB of shared memory: Nk <= 12,000 for the
-forward softmax and Nk <= 6,000 for the backward (larger Nk raises ``ValueError``).
+and as the schedule counts.  That caps Nk within 47 KiB of shared memory: on the GPU (128 row
+threads) Nk <= 11,648 for the forward softmax and Nk <= 5,824 for the backward (larger Nk raises
+``ValueError``).
+
+S is the *unscaled* Q Kᵀ (the scale is fused into the softmax, as in ``fuse="softmax"``): in
+fp16 it overflows where |q·k| > 65,504, as in eager code that scales after the matmul (PyTorch's
+SDPA math path multiplies Q and K by √τ first instead).
 
 Head dimensions up to ``D_MAX`` = 128 are supported (any value, not only powers of two).
+Threads: a GEMM block has b/4 x b threads on the GPU (256 at b = 32, declared as launch bounds;
+each thread owns 4 rows of its output column(s)), a row kernel 128.  Traffic counting: thread
+(0, 0) of each block adds each whole tile transfer once (``count=True`` variants only).
 """
 
 from __future__ import annotations
