@@ -31,7 +31,9 @@ Backward: three launches, deterministic (no atomics), the split of the Triton tu
 
 P is recomputed from Q, K and L; nothing N x N touches HBM.  K and V are read once by dK/dV
 and once per query block by dQ (as in the forward); Q, dO, L, D once per visible (i, j) pair
-by dK/dV and once by dQ.
+by dK/dV and once by dQ.  Dense, that is Θ(Nq·d + Tc·Nq·d + Tr·Nk·d) elements per head
+(Tc = ⌈Nk/Bc⌉).  A key block that no query block sees is still loaded (K_j, V_j) and its
+zero dK_j, dV_j written, as the kernel does: the outputs must be defined everywhere.
 """
 
 from __future__ import annotations
