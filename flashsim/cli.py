@@ -213,6 +213,7 @@ def _cmd_simulate(a: argparse.Namespace) -> int:
     except ValueError as e:
         raise _with_sram_bytes(e, a, w, m) from None
     summ = simulate_summary(res, gpu, m)
+    summ["tiling_given"] = tiling is not None
     if a.json:
         print(json.dumps(summ, indent=2))
     else:
@@ -233,8 +234,11 @@ def _simulate_text(s: dict) -> str:
         tile = f"tile side s = {s['block_m']}"
     else:
         tile = "not tiled" if s["block_m"] is None else f"Br = {s['block_m']}, Bc = {s['block_n']}"
-    lines.append(f"GPU {s['gpu']}; M = {fmt_num(s['sram_bytes'])} bytes = {fmt_num(s['sram_elems'])} elements; "
-                 f"{tile}")
+    m = f"M = {fmt_num(s['sram_bytes'])} bytes = {fmt_num(s['sram_elems'])} elements"
+    if s["tiling_given"]:
+        lines.append(f"GPU {s['gpu']}; {tile} (given); bounds at the GPU's {m}")
+    else:
+        lines.append(f"GPU {s['gpu']}; {m}; {tile}")
     lines.append("")
     rows = []
     for tensor, dirs in s["breakdown"].items():

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from .api import SimResult
-from .config import Hardware, Workload
+from .config import Hardware, Workload, cdiv
 
 #: The paper's GPT-2-medium attention: seq. length 1024, head dim 64, 16 heads, batch 64, fp16.
 DEFAULT_WORKLOAD = Workload(batch=64, heads=16, seq_len_q=1024, head_dim=64, dtype="fp16")
@@ -301,6 +301,17 @@ def run_report(out: str | Path = "flashsim-report", workload: Workload = DEFAULT
     say(f"walker and closed form agree on every run: {'yes' if not bad else 'NO: ' + ', '.join(bad)}")
     files["io_table"] = out / "io_table.csv"
     write_csv(io, files["io_table"])
+    for g in dict.fromkeys(r["gpu"] for r in io):
+        t = {r["algo"]: r for r in io if r["gpu"] == g and r["pass"] == "fwd"}
+        notes = []
+        if "flash1" in t:
+            notes.append(f"flash1 re-streams Q, O, m, l once per key block, Tc = ⌈Nk/Bc⌉ = "
+                         f"{cdiv(w.nk, t['flash1']['block_n'])}")
+        if "flash2" in t:
+            notes.append(f"flash2 re-reads K, V once per query block, Tr = ⌈Nq/Br⌉ = "
+                         f"{cdiv(w.nq, t['flash2']['block_m'])} (Br = min(Bc, d))")
+        if notes:
+            say(f"{g}: " + "; ".join(notes))
 
     # M sweep: forward traffic against on-chip memory
     m_values = [4 * w.d * b for b in M_SWEEP_BLOCKS]
