@@ -60,8 +60,10 @@ def make_call(cfg: dict, rng):
         kw = dict(causal=causal, gemm_block=cfg["gemm_block"])
         if cfg["pass"] == "fwd":
             return lambda: kernels.standard_attention(q, k, v, **kw)
-        o = kernels.standard_attention(q, k, v, **kw)
-        return lambda: kernels.standard_attention_backward(q, k, v, o, do, **kw)
+        # The backward reads the forward's P (Algorithm 3); passing it keeps the measured call to
+        # exactly the five backward launches the simulator models.
+        o, _, p = kernels.standard_attention(q, k, v, return_intermediates=True, **kw)
+        return lambda: kernels.standard_attention_backward(q, k, v, o, do, p=p, **kw)
     raise ValueError(f"kernel={cfg['kernel']!r}: unknown")
 
 

@@ -77,10 +77,11 @@ def _ours(name, torch):
             return torch.as_tensor(kernels.standard_attention(q, k, v, causal=causal), device="cuda")
 
         def bwd(q, k, v, do, causal, saved):
-            return kernels.standard_attention_backward(q, k, v, saved, do, causal=causal)
+            o, _, p = saved
+            return kernels.standard_attention_backward(q, k, v, o, do, causal=causal, p=p)
 
         def save(q, k, v, causal):
-            return kernels.standard_attention(q, k, v, causal=causal)
+            return kernels.standard_attention(q, k, v, causal=causal, return_intermediates=True)
     return fwd, bwd, save
 
 
