@@ -625,6 +625,8 @@ def _inputs(names_values):
     inp = to_device(**dict(names_values))
     a = inp.arrays
     shape = check_attention_shapes(a["q"], a["k"], a["v"], a.get("do"))
+    if shape[0] * shape[1] > 65535:  # the grid's y dimension holds (batch, head)
+        raise ValueError(f"batch*heads={shape[0] * shape[1]}: at most 65535")
     if "o" in a and tuple(a["o"].shape) != tuple(a["q"].shape):
         raise ValueError(f"o.shape={tuple(a['o'].shape)}: must equal q.shape={tuple(a['q'].shape)}")
     return inp, shape
