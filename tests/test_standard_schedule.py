@@ -204,4 +204,4 @@ def test_large_n_is_fast():
     t = time.perf_counter()
     r = simulate(w, "standard", "fwd+bwd", fuse="none", dropout=0.1)
     assert r.agrees
-    assert time.perf_counter() - t < 20
+    assert time.perf_counter() - t < 60  # ~1 s unloaded; generous for a busy 2-core CI machine
