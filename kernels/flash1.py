@@ -319,7 +319,8 @@ def _counter_array(counters):
             counters[...] = dev.copy_to_host()
 
         return cuda.to_device(counters), back
-    dev = counters if cuda.is_cuda_ndarray(counters) else cuda.as_cuda_array(counters)
+    # a Numba device array is used as is; torch/CuPy arrays through __cuda_array_interface__
+    dev = counters if hasattr(counters, "copy_to_host") else cuda.as_cuda_array(counters)
     if np.dtype(dev.dtype) != np.int64 or tuple(dev.shape) != (len(INDEX), 2):
         raise ValueError(f"counters: must be an int64 {(len(INDEX), 2)} array, got {dev.dtype} {dev.shape}")
     return dev, lambda d_: None
@@ -352,6 +353,9 @@ def resolve_tiling(d: int, elem_bytes: int, nq: int, nk: int, sram_bytes=None, b
         return Tiling(int(block_m), int(block_n))
     if sram_bytes is None:
         sram_bytes = DEFAULT_SMEM_LIMIT
+    if int(sram_bytes) < 4 * d * elem_bytes:
+        raise ValueError(f"sram_bytes={sram_bytes}: FlashAttention needs M >= 4d elements, i.e. at least "
+                         f"{4 * d * elem_bytes} bytes for d={d} and {elem_bytes}-byte elements")
     return Tiling.from_sram_bytes(int(sram_bytes), d, elem_bytes)
 
 

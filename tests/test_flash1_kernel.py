@@ -124,6 +124,8 @@ def test_tiling_from_sram_and_footprint():
         for eb in (2, 4):
             t = Tiling.from_sram_bytes(227 * 1024, d, eb)
             assert smem_bytes(eb, d, t.block_m, t.block_n) <= 227 * 1024
+    with pytest.raises(ValueError, match="at least 256 bytes"):
+        resolve_tiling(16, 4, 8, 8, sram_bytes=255)
     with pytest.raises(ValueError, match="not both"):
         resolve_tiling(16, 4, 8, 8, sram_bytes=4096, block_m=8, block_n=8)
     bm = BlockMask.from_array(np.ones((2, 2), dtype=bool), 4, 4)
