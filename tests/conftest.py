@@ -5,10 +5,14 @@ the first module pytest loads.  On a GPU machine run ``FLASHSIM_GPU=1 pytest -m 
 """
 
 import os
+import sys
 
 ON_GPU = os.environ.get("FLASHSIM_GPU") == "1"
 if not ON_GPU:
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+    # The simulator runs one Python thread per CUDA thread and hands over at every barrier; a
+    # short switch interval makes those hand-overs ~10x faster without changing what runs.
+    sys.setswitchinterval(2e-4)
 
 import pytest  # noqa: E402
 
