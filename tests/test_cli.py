@@ -239,3 +239,17 @@ def test_smallcache_tile_from_exact_m(capsys):
     s = json.loads(out)
     assert s["block_m"] == s["block_n"] == s["options"]["tile"] == tile_for_sram(1500)
     assert s["closed_form_agrees"] and s["bounds"]["regime"] == "large-cache"  # M = 1500 >= d² = 1024
+
+
+def test_public_api():
+    import importlib
+
+    import flashsim
+
+    for name in flashsim.__all__:
+        assert hasattr(flashsim, name), name
+    assert flashsim.get_gpu("h100") is flashsim.GPUS["h100"]
+    # the analysis modules stay modules: no function re-exported under a module's name
+    for mod in ("bounds", "flops", "roofline", "sweep", "plot", "report", "cli"):
+        m = importlib.import_module(f"flashsim.{mod}")
+        assert getattr(flashsim, mod, m) is m
