@@ -51,10 +51,13 @@ simulator's default.  In fp16 that re-rounds O once per key block, Tc times, and
 errors accumulate like a random walk (∝ √Tc).  Measured in a numpy replica of this kernel at
 N = 2,048, d = 64 (``judge_low_precision``: error relative to plain fp16 attention's): ratio
 2.6 at sram_bytes = 8 KB (Tc = 128), 1.9 at 16 KB (Tc = 64), 1.35 at 32 KB, 1.0 at 64 KB,
-0.7 at 192 KB.  So at small M the fp16 default fails the project's "ratio <= 2" rule.
-``o_fp32=True`` keeps O in float32 in HBM (ratio 0.2-0.3 at every M; same element counts, O's
-bytes double; the simulator's ``o_fp32`` option models it) and returns O cast to the input
-dtype (a separate cast, not counted).
+0.7 at 192 KB: at small M, O stored in fp16 fails the project's "ratio <= 2" rule.  So for
+fp16 inputs the kernel keeps O in float32 in HBM by default (``o_fp32=None`` means "float32 O
+for fp16 inputs"), as the original FlashAttention CUDA code kept its fp32 ``o_tmp``
+accumulator: ratio 0.2-0.3 at every M, the same element counts, O's bytes doubled (the
+simulator's ``o_fp32`` option models it; its default, False, is the paper's model), and O is
+handed back cast to the input dtype (a separate cast, not counted).  ``o_fp32=False`` gives
+the paper-literal fp16 O and its larger error.
 
 Masking.  ``causal=True`` is aligned bottom-right (query i sees key j iff j <= i + Nk - Nq).
 Query blocks that cannot see key block j are skipped; a key block no query block sees is not
@@ -115,7 +118,7 @@ def _sources(dtype_name: str, o_fp32: bool, count: bool):
             cuda.atomic.add(counters, (IL, WRITE), nq)
             cuda.atomic.add(counters, (IM, WRITE), nq)
 
-    def flash1_fwd(q, k, v, o, l, m, vis, scale, heads, group, br, bc, causal, counters):
+    def flash1_fwd(q, k, v, o, l, m, vis, scale, heads, group, br, bc, causal, has_mask, counters):
         p = cuda.blockIdx.x
         t = cuda.threadIdx.x
         nt = cuda.blockDim.x
@@ -123,8 +126,8 @@ def _sources(dtype_name: str, o_fp32: bool, count: bool):
         nq = q.shape[1]
         nk = k.shape[1]
         d = q.shape[2]
-        tr = vis.shape[0]
-        tc = vis.shape[1]
+        tr = (nq + br - 1) // br
+        tc = (nk + bc - 1) // bc
         shift = nk - nq  # bottom-right causal: key c visible to query r iff c <= r + shift
         # Dynamic shared memory: float32 row vectors first, then the tiles in the input type.
         stats = cuda.shared.array(0, float32)
@@ -138,13 +141,19 @@ def _sources(dtype_name: str, o_fp32: bool, count: bool):
         VOFF = KOFF + bc * d
         QOFF = VOFF + bc * d
         POFF = QOFF + br * d
+        # Visibility: with a block mask, ``vis`` (the mask and the causal rule, from
+        # flashsim.masking.visible_blocks) is read from global memory; without one it is never
+        # touched (no traffic beyond the algorithm's) and causal visibility is arithmetic: block
+        # (i, j) is visible iff its first key c0 is visible to its last query row.  Causal alone
+        # never hides a whole key block: the last query row sees every key.
         for j in range(tc):
-            seen = False
-            for i in range(tr):
-                if vis[i, j] != 0:
-                    seen = True
-            if not seen:
-                continue
+            if has_mask != 0:
+                seen = False
+                for i in range(tr):
+                    if vis[i, j] != 0:
+                        seen = True
+                if not seen:
+                    continue
             c0 = j * bc
             cn = min(bc, nk - c0)
             # line 6: K_j, V_j to shared memory
@@ -156,10 +165,13 @@ def _sources(dtype_name: str, o_fp32: bool, count: bool):
                 cuda.atomic.add(counters, (IV, READ), cn * d)
             cuda.syncthreads()
             for i in range(tr):
-                if vis[i, j] == 0:
-                    continue
                 r0 = i * br
                 rn = min(br, nq - r0)
+                if has_mask != 0:
+                    if vis[i, j] == 0:
+                        continue
+                elif causal != 0 and c0 > r0 + rn - 1 + shift:
+                    continue
                 # line 8: Q_i, ℓ_i, m_i to shared memory (O_i is read below, by its owners)
                 for e in range(t, rn * d, nt):
                     tiles[QOFF + e] = q[p, r0 + e // d, e % d]
@@ -183,8 +195,9 @@ def _sources(dtype_name: str, o_fp32: bool, count: bool):
                         for c in range(t % tpr, cn, tpr):
                             if causal == 0 or c0 + c <= r0 + r + shift:
                                 s = ZERO
-                                for x in range(d):
-                                    xs = x + c  # staggered start: neighbours read different banks
+                                cs = c % d  # staggered start (< d, also when Bc > d): neighbours
+                                for x in range(d):  # read different banks
+                                    xs = x + cs
                                     if xs >= d:
                                         xs -= d
                                     s += float32(tiles[QOFF + r * d + xs]) * float32(tiles[KOFF + c * d + xs])
@@ -199,8 +212,9 @@ def _sources(dtype_name: str, o_fp32: bool, count: bool):
                     pv = ZERO
                     if (causal == 0 or c0 + c <= r0 + r + shift) and mt != NEG_INF:
                         s = ZERO
+                        cs = c % d
                         for x in range(d):
-                            xs = x + c
+                            xs = x + cs
                             if xs >= d:
                                 xs -= d
                             s += float32(tiles[QOFF + r * d + xs]) * float32(tiles[KOFF + c * d + xs])
@@ -266,7 +280,7 @@ def signatures(dtype, o_fp32: bool = False):
     cnt = types.Array(int64, 2, "C")
     vis = types.Array(uint8, 2, "C")
     init = types.void(o3, st, st, cnt)
-    fwd = types.void(a3, a3, a3, o3, st, st, vis, float32, int64, int64, int64, int64, int64, cnt)
+    fwd = types.void(a3, a3, a3, o3, st, st, vis, float32, int64, int64, int64, int64, int64, int64, cnt)
     return init, fwd
 
 
@@ -360,7 +374,7 @@ def resolve_tiling(d: int, elem_bytes: int, nq: int, nk: int, sram_bytes=None, b
 
 
 def flash1_attention(q, k, v, *, causal=False, scale=None, sram_bytes=None, block_m=None, block_n=None,
-                     block_mask=None, counters=None, return_stats=False, o_fp32=False, threads=None):
+                     block_mask=None, counters=None, return_stats=False, o_fp32=None, threads=None):
     """FlashAttention (Algorithm 1) forward: O = softmax(τ Q Kᵀ + mask) V.
 
     ``q`` is (B, H, Nq, d), ``k`` and ``v`` (B, Hkv, Nk, d) with Hkv dividing H (query head h
@@ -377,8 +391,9 @@ def flash1_attention(q, k, v, *, causal=False, scale=None, sram_bytes=None, bloc
     :func:`kernels.counters.new_counters`, host or device) receives every tile transfer of the
     init and forward launches, in elements; host arrays are updated in place.
 
-    ``o_fp32`` keeps O in float32 in HBM during the j loop (more accurate in fp16 at small M; see
-    the module docstring) and hands back O in the input dtype.  ``threads`` per block defaults
+    ``o_fp32`` keeps O in float32 in HBM during the j loop and hands back O in the input dtype;
+    the default (None) does so for fp16 inputs, whose O re-rounded Tc times in fp16 would lose
+    accuracy at small M (module docstring).  ``threads`` per block defaults
     to 128 (32 in the CUDA simulator).
 
     Returns O, or (O, l, m) with ``return_stats``: the float32 row statistics ℓ and m of
@@ -394,10 +409,14 @@ def flash1_attention(q, k, v, *, causal=False, scale=None, sram_bytes=None, bloc
 
     w = Workload(batch=b, heads=h, kv_heads=hkv, seq_len_q=nq, seq_len_k=nk, head_dim=d,
                  dtype="fp16" if eb == 2 else "fp32", causal=bool(causal), block_mask=block_mask)
-    vis = cuda.to_device(np.ascontiguousarray(visible_blocks(w, t).astype(np.uint8)))
+    has_mask = int(block_mask is not None)
+    vis = cuda.to_device(np.ascontiguousarray(visible_blocks(w, t).astype(np.uint8)) if has_mask
+                         else np.ones((1, 1), dtype=np.uint8))
     nt = int(threads) if threads is not None else (32 if config.ENABLE_CUDASIM else 128)
     tau = float32(1.0 / math.sqrt(d) if scale is None else scale)
 
+    if o_fp32 is None:
+        o_fp32 = inp.dtype == np.float16
     q3 = a["q"].reshape(b * h, nq, d)
     k3 = a["k"].reshape(b * hkv, nk, d)
     v3 = a["v"].reshape(b * hkv, nk, d)
@@ -410,7 +429,7 @@ def flash1_attention(q, k, v, *, causal=False, scale=None, sram_bytes=None, bloc
 
     init[b * h, nt](o3, l2, m2, cnt)
     smem = smem_bytes(eb, d, t.block_m, t.block_n)
-    args = (q3, k3, v3, o3, l2, m2, vis, tau, h, h // hkv, t.block_m, t.block_n, int(bool(causal)), cnt)
+    args = (q3, k3, v3, o3, l2, m2, vis, tau, h, h // hkv, t.block_m, t.block_n, int(bool(causal)), has_mask, cnt)
     _raise_smem_limit(fwd, args, smem)
     fwd[b * h, nt, 0, smem](*args)
     back(cnt)
