@@ -99,12 +99,12 @@ print(f"A100, Bc = 256: compute {1e3 * r256['compute_s']:.3f} ms, memory {1e3 * 
 # with Nsight Compute on an H100 at N = 2048, d = 64, 16 heads, batch 1, fp16, with the SRAM
 # budget M (shared memory per thread block, bytes) from 8 to 192 KiB and the tiling from the
 # paper's rule. Below: the measured global-memory bytes (ncu's LSU level, what the IO model
-# counts) against the walker's 32-byte sectors for the same tiling, and the measured kernel
-# time. The cell draws nothing and says so until the data is committed.
+# counts) against the walker's 32-byte sectors for the same tiling (with O stored in float32
+# in HBM, as the kernel does for fp16 inputs), and the measured kernel time. The cell draws nothing and says so until the data is committed.
 
 # %%
 from analysis.compare import compare, per_config, read_measured
-from analysis.configs import workload_of
+from analysis.configs import sim_options, workload_of
 from analysis.notebook_data import find
 
 csv_path = find("h100")
@@ -123,7 +123,8 @@ if csv_path is not None:
     if len(pts) >= 2:
         wm = workload_of(pts[0])
         m_bytes = np.unique(np.geomspace(8 * 1024, 192 * 1024, 30).astype(int) // 512 * 512)
-        sim_gb = [simulate(wm, "flash1", "fwd", Tiling.from_sram(int(m) // 2, 64)).io.sectors * 32 / 1e9
+        opts = sim_options(pts[0])  # as measured: the kernel keeps O in float32 for fp16 inputs
+        sim_gb = [simulate(wm, "flash1", "fwd", Tiling.from_sram(int(m) // 2, 64), **opts).io.sectors * 32 / 1e9
                   for m in m_bytes]
         mx = np.array([c["sram_bytes"] / 1024 for c in pts])
         lsu = np.array([c["lsu_bytes"] / 1e9 for c in pts])

@@ -40,8 +40,8 @@ rng = np.random.default_rng(2024)
 #   rounded to fp16 once at the end;
 # * **FlashAttention-1, O in fp16**: Algorithm 1 keeps O normalised in HBM and re-writes it
 #   after each of the Tc = N/Bc key blocks, rounding it to fp16 each time;
-# * **FlashAttention-1, O in fp32**: the same with O stored in fp32 in HBM (the kernel's
-#   `o_fp32` option: O's HBM bytes double);
+# * **FlashAttention-1, O in fp32**: the same with O stored in fp32 in HBM (`o_fp32=True`,
+#   the default of `kernels.flash1_attention` for fp16 inputs: O's HBM bytes double);
 # * **fp16 accumulator**: m, ℓ and the accumulator themselves in fp16.
 
 # %%
@@ -109,7 +109,7 @@ for dtype in (np.float32, np.float16):
     ref_s, _ = attention_forward(qd, kd, vd)
     runs = [("FlashAttention-2", kernels.flash_attention, {}, {})]
     if dtype == np.float16 and hasattr(kernels, "flash1_attention"):
-        runs += [("FlashAttention-1, O in fp16", kernels.flash1_attention, {}, dict(o_in_hbm=True)),
+        runs += [("FlashAttention-1, O in fp16", kernels.flash1_attention, dict(o_fp32=False), dict(o_in_hbm=True)),
                  ("FlashAttention-1, O in fp32", kernels.flash1_attention, dict(o_fp32=True),
                   dict(o_in_hbm=True, o_store=np.float32))]
     for name, fn, kw, emu_kw in runs:
