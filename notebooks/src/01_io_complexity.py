@@ -84,7 +84,7 @@ print({a: round(s, 3) for a, s in slope_n.items()}, f"flash1 / Theorem 2 at N=40
 # **Takeaway:** at N = 4096 FlashAttention-1 moves {{std_over_f1|.1f}}× and FlashAttention-2
 # {{std_over_f2|.1f}}× fewer HBM elements than standard attention; all three are Θ(N²)
 # (fitted exponents in N for N ≥ 2048: {{slope_n['standard']|.2f}}, {{slope_n['flash1']|.2f}},
-# {{slope_n['flash2']|.2f}}; the ceiling in Tc = ⌈N/Bc⌉ bends FlashAttention-1's at small N),
+# {{slope_n['flash2']|.2f}}; FlashAttention-1's is lowered by the ceiling in Tc = ⌈N/Bc⌉ and its Θ(Nd) terms),
 # so the gap is a constant factor set by d and M; FlashAttention-1 sits at
 # {{f1_over_thm2|.3f}}× Theorem 2's expression.
 
