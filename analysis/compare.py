@@ -6,12 +6,15 @@ Levels compared (see analysis/ncu.py for the metrics):
   and writes, times 32.  A kernel that loads each tile once with coalesced accesses requests
   exactly these bytes; the tolerance is 1 %.
 * **DRAM** (what reaches HBM after the L2): a deliberately simple model, reported with its error
-  per launch rather than tuned to fit.  Reads: each distinct byte a launch reads is fetched
-  once (ncu flushes the caches before every replay pass, so the launch starts cold) as long as
-  the launch's footprint fits in the preset's L2; a launch whose footprint exceeds the L2 is
-  charged its LSU reads (no reuse).  Writes: a write-back L2 keeps dirty lines until they are
-  evicted, so bytes written by a launch whose footprint fits in L2 mostly have not reached DRAM
-  when it ends; we predict the excess of footprint over L2 size, capped by the bytes written.
+  per launch rather than tuned to fit.  Reads: every distinct byte the launch reads is fetched
+  from DRAM exactly once (ncu flushes the caches before each replay pass, so a launch starts
+  cold; re-reads of a tile are assumed to hit in L2).  Writes: the L2 is write-back, so when a
+  launch ends up to ``L2_DIRTY_BYTES`` of what it wrote may still sit in L2 and never show up in
+  the launch's DRAM writes; we predict max(0, distinct bytes written - L2_DIRTY_BYTES).  The
+  25 MB (half the H100's 50 MB L2, which is two partitions) is the one constant of the model,
+  read off the calibration copy kernel (16 MiB written, 1.5 MB reached DRAM: tests/data), not
+  fitted to the measured set.  Launches whose footprint exceeds it are flagged ``l2_pressure``:
+  there re-reads start to miss and the read model is a lower bound.
 """
 
 from __future__ import annotations
@@ -25,12 +28,13 @@ from pathlib import Path
 import numpy as np
 
 from flashsim.api import build_schedule
-from flashsim.config import get_gpu
 from flashsim.traffic import SECTOR_BYTES, walk
 
 from .configs import sim_options, tiling_of, workload_of
 
 LSU_TOLERANCE = 0.01
+#: Dirty bytes an H100 launch can leave in L2 at its end (see the module docstring).
+L2_DIRTY_BYTES = 25 * 10**6
 
 _INT = ("batch", "heads", "kv_heads", "seq_len_q", "seq_len_k", "head_dim", "block_m", "block_n", "sram_bytes",
         "gemm_block", "launch_index", "lsu_ld_bytes", "lsu_st_bytes", "l2_read_sectors", "l2_write_sectors",
@@ -60,12 +64,14 @@ def _algo(kernel: str) -> str:
 
 def _footprint_bytes(schedule, launch) -> tuple[int, int]:
     """Distinct bytes a launch reads and writes: whole tensors (every launch here touches every
-    row of each tensor it uses), counted per slice its programs touch."""
+    row of each tensor it uses), counted at 32-byte sector granularity."""
     reads, writes = set(), set()
     for a in launch.accesses():
         (writes if a.write else reads).add(a.tensor)
+
     def size(names):
-        return sum(schedule.tensors[n].slices * schedule.tensors[n].slice_bytes for n in names)
+        return sum(-(-schedule.tensors[n].slices * schedule.tensors[n].slice_bytes // SECTOR_BYTES) * SECTOR_BYTES
+                   for n in names)
     return size(reads), size(writes)
 
 
@@ -74,18 +80,15 @@ def predict(cfg: dict, gpu: str = "h100") -> list[dict]:
     w = workload_of(cfg)
     sched = build_schedule(w, _algo(cfg["kernel"]), cfg["pass"], tiling_of(cfg), **sim_options(cfg))
     io = walk(sched)
-    l2 = get_gpu(gpu).l2_bytes
     out = []
     for launch, (name, c) in zip(sched.launches, io.per_launch.items()):
         rd = (c.read_sectors or 0) * SECTOR_BYTES
         wr = (c.write_sectors or 0) * SECTOR_BYTES
         fr, fw = _footprint_bytes(sched, launch)
-        fits = fr + fw <= l2
-        dram_r = min(fr, rd) if fits else rd
-        dram_w = min(wr, max(0, fr + fw - l2))
         out.append({"sim_launch": name, "sim_lsu_ld_bytes": rd, "sim_lsu_st_bytes": wr,
                     "sim_read_bytes_exact": c.read_bytes, "sim_write_bytes_exact": c.write_bytes,
-                    "sim_dram_read_bytes": dram_r, "sim_dram_write_bytes": dram_w, "footprint_bytes": fr + fw})
+                    "sim_dram_read_bytes": min(fr, rd), "sim_dram_write_bytes": max(0, min(wr, fw) - L2_DIRTY_BYTES),
+                    "footprint_bytes": fr + fw, "l2_pressure": fr + fw > L2_DIRTY_BYTES})
     return out
 
 
@@ -93,6 +96,16 @@ def _rel(measured: float, predicted: float) -> float:
     if predicted == 0:
         return 0.0 if measured == 0 else math.inf
     return measured / predicted - 1.0
+
+
+#: DRAM errors are relative to max(prediction, 1 MB): a launch that moves a few kilobytes (the
+#: flash1 init kernel, whose ~20 KB of DRAM reads are its own code and parameters) would
+#: otherwise show an infinite error for a difference that means nothing.
+DRAM_ERR_FLOOR = 10**6
+
+
+def _rel_dram(measured: float, predicted: float) -> float:
+    return (measured - predicted) / max(predicted, DRAM_ERR_FLOOR)
 
 
 def compare(rows: list[dict], gpu: str = "h100") -> list[dict]:
@@ -112,9 +125,9 @@ def compare(rows: list[dict], gpu: str = "h100") -> list[dict]:
             rec["lsu_ld_err"] = _rel(r["lsu_ld_bytes"], p["sim_lsu_ld_bytes"])
             rec["lsu_st_err"] = _rel(r["lsu_st_bytes"], p["sim_lsu_st_bytes"])
             rec["lsu_err"] = _rel(r["lsu_ld_bytes"] + r["lsu_st_bytes"], p["sim_lsu_ld_bytes"] + p["sim_lsu_st_bytes"])
-            rec["dram_err"] = _rel(r["dram_read_bytes"] + r["dram_write_bytes"],
-                                   p["sim_dram_read_bytes"] + p["sim_dram_write_bytes"])
-            rec["dram_read_err"] = _rel(r["dram_read_bytes"], p["sim_dram_read_bytes"])
+            rec["dram_err"] = _rel_dram(r["dram_read_bytes"] + r["dram_write_bytes"],
+                                        p["sim_dram_read_bytes"] + p["sim_dram_write_bytes"])
+            rec["dram_read_err"] = _rel_dram(r["dram_read_bytes"], p["sim_dram_read_bytes"])
             out.append(rec)
     return out
 
@@ -135,7 +148,7 @@ def per_config(records: list[dict]) -> list[dict]:
         a["lsu_err"] = _rel(a["lsu_bytes"], a["sim_lsu_bytes"])
         a["dram_bytes"] = a["dram_read_bytes"] + a["dram_write_bytes"]
         a["sim_dram_bytes"] = a["sim_dram_read_bytes"] + a["sim_dram_write_bytes"]
-        a["dram_err"] = _rel(a["dram_bytes"], a["sim_dram_bytes"])
+        a["dram_err"] = _rel_dram(a["dram_bytes"], a["sim_dram_bytes"])
     return list(agg.values())
 
 
