@@ -13,6 +13,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 PROG = "flashsim"
 
@@ -476,6 +477,37 @@ def _cmd_report(a: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------------------------
+# measure and compare: the front door to the analysis package.  These two commands import
+# ``analysis`` (which imports the kernels) lazily, when they run: the simulator itself never
+# depends on it.
+
+
+def _cmd_measure(a: argparse.Namespace) -> int:
+    from analysis.configs import SETS, config_id
+    from analysis.measure import MissingTool, measure
+
+    configs = SETS[a.set]()
+    if a.only:
+        configs = [c for c in configs if a.only in config_id(c)]
+        if not configs:
+            raise UsageError(f"--only {a.only!r}: matches no configuration of set {a.set!r}")
+    try:
+        measure(configs, Path(a.out), a.set, a.cache_control)
+    except MissingTool as e:
+        print(f"{PROG} measure: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _cmd_compare(a: argparse.Namespace) -> int:
+    from analysis.compare import run
+
+    if not Path(a.data).is_file():
+        raise UsageError(f"DATA={a.data!r}: no such file (a measured CSV, e.g. analysis/data/h100/h100.csv)")
+    return run(a.data, a.out, gpu=a.gpu, plots=not a.no_plots)
+
+
+# --------------------------------------------------------------------------------------------
 # Parser and main
 
 
@@ -552,6 +584,29 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", "-o", default="flashsim-report", metavar="DIR",
                    help="output folder (default flashsim-report/)")
     r.set_defaults(func=_cmd_report)
+
+    m = sub.add_parser("measure", help="run the measured configurations under Nsight Compute (GPU machine)",
+                       description="Run a named set of kernel configurations under Nsight Compute (ncu) and write "
+                                   "one row per kernel launch (LSU, L2 and DRAM traffic, time) with its provenance. "
+                                   "Needs an NVIDIA GPU and ncu; elsewhere it says which is missing.")
+    m.add_argument("--set", default="h100", choices=("h100", "smoke"), help="configuration set (default h100)")
+    m.add_argument("--out", "-o", default="analysis/data/h100", metavar="DIR",
+                   help="output folder (default analysis/data/h100)")
+    m.add_argument("--cache-control", default="all", choices=("all", "none"),
+                   help="ncu --cache-control: flush caches before each replay pass (all, the default) or not")
+    m.add_argument("--only", default=None, metavar="TEXT", help="measure only configurations whose id contains TEXT")
+    m.set_defaults(func=_cmd_measure)
+
+    c = sub.add_parser("compare", help="measured traffic against the simulator (table, fits, plots)",
+                       description="Compare a measured CSV (from 'flashsim measure') with the simulator, launch by "
+                                   "launch, at the LSU level (tolerance 1%%) and the DRAM level (a simple L2 model, "
+                                   "errors reported), and fit Theorem 2's exponents.  Exit status 1 if any launch's "
+                                   "LSU-level error exceeds the tolerance.")
+    c.add_argument("data", metavar="DATA", help="measured CSV, e.g. analysis/data/h100/h100.csv")
+    c.add_argument("--out", "-o", default=None, metavar="DIR", help="write comparison CSVs, JSON and plots here")
+    c.add_argument("--gpu", default="h100", help="GPU preset of the measurement (default h100)")
+    c.add_argument("--no-plots", action="store_true", help="skip the plots")
+    c.set_defaults(func=_cmd_compare)
     return p
 
 
