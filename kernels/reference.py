@@ -151,6 +151,38 @@ def plain_attention_lowp(q, k, v, *, dtype=np.float16, causal: bool = False, sca
     return _round(p @ v, dtype)
 
 
+def plain_attention_backward_lowp(q, k, v, do, *, dtype=np.float16, causal: bool = False,
+                                  scale: float | None = None, block_mask: BlockMask | None = None):
+    """The gradients (dQ, dK, dV) as autograd computes them through :func:`plain_attention_lowp`:
+    the forward's S, P and O stored in ``dtype``, then dV = Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP − D)
+    with D = rowsum(dO ∘ O), dQ = τ dS K, dK = τ dSᵀ Q, every product accumulated in float32
+    and rounded to ``dtype``.  The baseline a low-precision backward kernel is judged against."""
+    q, k, v, do = (_round(x, dtype) for x in (q, k, v, do))
+    _check(q, k, v)
+    heads, hkv = q.shape[1], k.shape[1]
+    scale = default_scale(q.shape[-1]) if scale is None else float(scale)
+    ke, ve = _expand_kv(k, heads), _expand_kv(v, heads)
+    o = plain_attention_lowp(q, k, v, dtype=dtype, causal=causal, scale=scale, block_mask=block_mask)
+    s = _round(_round(q @ np.swapaxes(ke, -1, -2), dtype) * np.float32(scale), dtype)
+    allowed = attention_mask(q.shape[2], k.shape[2], causal, block_mask)
+    s = np.where(allowed, s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    p = _round(np.exp(s - m), dtype)
+    l = _round(p.sum(axis=-1, keepdims=True), dtype)
+    p = _round(p / np.where(l > 0, l, 1.0), dtype)
+    dv = _round(np.swapaxes(p, -1, -2) @ do, dtype)
+    dp = _round(do @ np.swapaxes(ve, -1, -2), dtype)
+    d_row = _round((do * o).sum(axis=-1, keepdims=True), dtype)
+    ds = _round(p * _round(dp - d_row, dtype), dtype)
+    dq = _round(_round(ds @ ke, dtype) * np.float32(scale), dtype)
+    dk = _round(_round(np.swapaxes(ds, -1, -2) @ q, dtype) * np.float32(scale), dtype)
+    b, g = q.shape[0], heads // hkv
+    dk = _round(dk.reshape(b, hkv, g, *dk.shape[2:]).sum(axis=2), dtype)
+    dv = _round(dv.reshape(b, hkv, g, *dv.shape[2:]).sum(axis=2), dtype)
+    return dq, dk, dv
+
+
 @dataclass(frozen=True)
 class Judgement:
     """The verdict on a low-precision result: its error, the plain code's error, and the ratio."""
@@ -192,3 +224,22 @@ def judge_low_precision(out, q, k, v, *, dtype=np.float16, causal: bool = False,
     ratio = err / berr if berr > 0 else (0.0 if err == 0 else float("inf"))
     return Judgement(err, berr, float(np.nanmax(diff)) if diff.size else 0.0,
                      float(np.nanmean(diff)) if diff.size else 0.0, ratio, tolerance_ratio)
+
+
+def judge_low_precision_backward(grads, q, k, v, do, *, dtype=np.float16, causal: bool = False,
+                                 scale: float | None = None, block_mask: BlockMask | None = None,
+                                 tolerance_ratio: float = 2.0) -> dict[str, Judgement]:
+    """:func:`judge_low_precision` for gradients: each of dQ, dK, dV against the float64 gradient
+    of the rounded inputs, compared with the error of :func:`plain_attention_backward_lowp`."""
+    qr, kr, vr, dor = (_round(x, dtype) for x in (q, k, v, do))
+    refs = attention_backward(qr, kr, vr, dor, causal=causal, scale=scale, block_mask=block_mask)
+    bases = plain_attention_backward_lowp(qr, kr, vr, dor, dtype=dtype, causal=causal, scale=scale,
+                                          block_mask=block_mask)
+    out = {}
+    for name, g, r, base in zip(("dQ", "dK", "dV"), grads, refs, bases):
+        err, berr = rel_error(g, r), rel_error(base, r)
+        diff = np.abs(np.asarray(g, dtype=np.float64) - r)
+        ratio = err / berr if berr > 0 else (0.0 if err == 0 else float("inf"))
+        out[name] = Judgement(err, berr, float(np.nanmax(diff)) if diff.size else 0.0,
+                              float(np.nanmean(diff)) if diff.size else 0.0, ratio, tolerance_ratio)
+    return out

@@ -22,7 +22,13 @@ from flashsim.config import BlockMask, Tiling, Workload
 from flashsim.traffic import walk
 from kernels import flash_attention, flash_attention_backward
 from kernels.counters import new_counters, to_elements
-from kernels.reference import attention_backward, attention_forward, judge_low_precision, rel_error
+from kernels.reference import (
+    attention_backward,
+    attention_forward,
+    judge_low_precision,
+    judge_low_precision_backward,
+    rel_error,
+)
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
                 derandomize=True)
@@ -185,15 +191,13 @@ def test_backward_fp32(c):
 @example(HARD[1])
 def test_backward_fp16(c):
     (q, k, v, do, mask), grads = run_backward(c, np.float16)
-    refs = attention_backward(q, k, v, do, causal=c["causal"], block_mask=mask)
-    for name, g, r in zip(("dQ", "dK", "dV"), grads, refs):
+    verdicts = judge_low_precision_backward(grads, q, k, v, do, causal=c["causal"], block_mask=mask)
+    for (name, j), g in zip(verdicts.items(), grads):
         assert g.dtype == np.float16
-        # The reference is the exact gradient of the fp16-rounded inputs.  The kernel computes
-        # in float32 but stores O (the forward's output, which enters D = rowsum(dO ∘ O), where
-        # dP - D cancels) and dQ, dK, dV in fp16: each rounding is relative 2^-11 ≈ 4.9e-4.
-        # Measured here: 2e-4 .. 3e-4.  5e-3 leaves a 10x margin and still catches any real
-        # mistake (a wrong mask, scale or index gives errors of order 1).
-        assert report(f"bwd fp16 {name} {c}", g, r) <= 5e-3
+        print(f"bwd fp16 {name} {c}: {j}")
+    # The kernel computes in float32 and rounds only O, dQ, dK, dV to fp16; plain fp16 autograd
+    # rounds S, P, dP, dS as well.  Each gradient must be within 2x of plain fp16's error.
+    assert all(j.ok for j in verdicts.values()), {n: str(j) for n, j in verdicts.items()}
 
 
 def test_backward_head_dim_59_gqa():
@@ -413,11 +417,16 @@ class TestOnGPU:
         for causal in (False, True):
             o, lse = flash_attention(q, k, v, causal=causal, return_lse=True)
             grads = flash_attention_backward(q, k, v, o, lse, do, causal=causal)
+            if dtype == np.float16:
+                verdicts = judge_low_precision_backward(grads, q, k, v, do, causal=causal)
+                for name, j in verdicts.items():
+                    print(f"gpu bwd {name} n={n} d={d} float16 causal={causal}: {j}")
+                assert all(j.ok for j in verdicts.values())
+                continue
             refs = attention_backward(q, k, v, do, causal=causal)
             for name, g, r in zip(("dQ", "dK", "dV"), grads, refs):
-                err = report(f"gpu bwd {name} n={n} d={d} {np.dtype(dtype).name} causal={causal}", g, r)
-                # fp16: as in test_backward_fp16, with room for longer sums at N = 2,048
-                assert err <= (1e-5 if dtype == np.float32 else 2e-2)
+                err = report(f"gpu bwd {name} n={n} d={d} float32 causal={causal}", g, r)
+                assert err <= 1e-5 * max(1.0, np.sqrt(n / 1024))
 
     def test_counters_match_walker(self):
         w = Workload(batch=1, heads=4, kv_heads=2, seq_len_q=3000, seq_len_k=2500, head_dim=64, causal=True)
