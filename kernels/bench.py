@@ -28,7 +28,8 @@ import numpy as np
 
 from . import reference as ref
 
-VARIANTS_FWD = ("naive", "sdpa_flash", "sdpa_mem_eff", "sdpa_cudnn", "ours_flash2", "ours_standard")
+VARIANTS_FWD = ("naive", "sdpa_flash", "sdpa_mem_eff", "sdpa_cudnn", "ours_flash2", "ours_standard",
+                "ours_fwd_fp16_v1")
 VARIANTS_BWD = ("naive", "sdpa_flash", "sdpa_cudnn", "ours_flash2", "ours_standard")
 
 
@@ -60,6 +61,7 @@ def _torch_fns(torch):
 
 
 def _ours(name, torch):
+    """(fwd, bwd, save) of one of our variants; bwd and save are None for forward-only ones."""
     import kernels
 
     if name == "ours_flash2":
@@ -72,7 +74,8 @@ def _ours(name, torch):
 
         def save(q, k, v, causal):
             return kernels.flash_attention(q, k, v, causal=causal, return_lse=True)
-    else:
+        return fwd, bwd, save
+    if name == "ours_standard":
         def fwd(q, k, v, causal):
             return torch.as_tensor(kernels.standard_attention(q, k, v, causal=causal), device="cuda")
 
@@ -82,7 +85,33 @@ def _ours(name, torch):
 
         def save(q, k, v, causal):
             return kernels.standard_attention(q, k, v, causal=causal, return_intermediates=True)
-    return fwd, bwd, save
+        return fwd, bwd, save
+    # The numbered fast variants (kernels/perf): "ours_<module>", e.g. ours_fwd_fp16_v1.
+    import importlib
+
+    mod = importlib.import_module(f"kernels.perf.{name[len('ours_'):]}")
+    if hasattr(mod, "forward"):
+        def fwd(q, k, v, causal):
+            return torch.as_tensor(mod.forward(q, k, v, causal=causal), device="cuda")
+        return fwd, None, None
+
+    def bwd(q, k, v, do, causal, saved):
+        o, lse = saved
+        return mod.backward(q, k, v, o, lse, do, causal=causal)
+
+    def save(q, k, v, causal):
+        return mod.saved_forward(q, k, v, causal=causal)
+    return None, bwd, save
+
+
+def _applies(var: str, dtype: str, pass_: str) -> bool:
+    """Whether a variant runs this dtype and pass (fast variants say so in their names)."""
+    if var.startswith("sdpa") and dtype == "fp32" and var != "sdpa_mem_eff":
+        return False  # the flash and cuDNN backends take fp16/bf16 only
+    if var.startswith("ours_") and var not in ("ours_flash2", "ours_standard"):
+        parts = var.split("_")
+        return parts[1] == pass_ and parts[2] == dtype
+    return True
 
 
 def _time(torch, fn, inputs, repeat, flush):
@@ -116,9 +145,9 @@ def _check_fwd(out, q, k, v, causal, rng):
     return ref.rel_error(np.concatenate(outs, 2), np.concatenate(refs, 2))
 
 
-def configs(quick: bool):
+def configs(quick: bool, ns=None):
     out = []
-    ns = (1024, 4096, 16384) if quick else (1024, 2048, 4096, 8192, 16384, 32768)
+    ns = ns or ((1024, 4096, 16384) if quick else (1024, 2048, 4096, 8192, 16384, 32768))
     for pass_ in ("fwd", "bwd"):
         for dtype in ("fp16", "fp32"):
             for d in (64, 128):
@@ -138,6 +167,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--out", default=None)
     ap.add_argument("--only", default=None, help="substring filter, e.g. 'fwd-fp16-d64'")
+    ap.add_argument("--variants", nargs="*", default=None, help="run only these variants (peers included)")
+    ap.add_argument("--ns", nargs="*", type=int, default=None, help="sequence lengths (default: the full set)")
     args = ap.parse_args(argv)
     try:
         import torch
@@ -153,7 +184,7 @@ def main(argv=None) -> int:
     peers = _torch_fns(torch)
     flush = torch.empty(256 * 2**20 // 4, dtype=torch.float32, device="cuda")
     rows = []
-    for cfg in configs(args.quick):
+    for cfg in configs(args.quick, args.ns):
         tag = f"{cfg['pass']}-{cfg['dtype']}-d{cfg['d']}-{'causal' if cfg['causal'] else 'full'}-n{cfg['n']}"
         if args.only and args.only not in tag:
             continue
@@ -163,8 +194,10 @@ def main(argv=None) -> int:
         results = {}
         variants = VARIANTS_FWD if cfg["pass"] == "fwd" else VARIANTS_BWD
         for var in variants:
-            if var.startswith("sdpa") and tdt == torch.float32 and var != "sdpa_mem_eff":
-                continue  # flash and cuDNN backends take fp16/bf16 only
+            if args.variants and var not in args.variants:
+                continue
+            if not _applies(var, cfg["dtype"], cfg["pass"]):
+                continue
             rec = dict(cfg, variant=var, config=tag)
             try:
                 if var.startswith("ours"):

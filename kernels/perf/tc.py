@@ -1,0 +1,300 @@
+"""Warp-level building blocks for the fast kernels: tensor-core MMA, ldmatrix, cp.async, shuffles.
+
+numba-cuda has no matrix-unit intrinsics.  On a GPU each helper here is a few lines of inline
+PTX in a CUDA C++ device function (``cuda.declare_device(..., link=cuda.CUSource(...))``),
+wrapped in a Numba device function that passes its local/shared arrays with ``ffi.from_buffer``;
+with link-time optimisation (numba-cuda's default when nvJitLink is present) the calls are
+inlined and the fragment arrays live in registers (checked by :mod:`kernels.perf.inspect`:
+``HMMA.16816.F32`` in the SASS, no stack frame).
+
+Under the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``) there are no linked functions and no warp
+shuffles, so every helper has a pure-Python twin with the same per-thread contract: each
+simulated thread ends up holding exactly the fragment registers the hardware would give it.
+Where the hardware moves data between the lanes of a warp (``mma``, the quad reductions) the
+twin exchanges it through shared memory between two ``syncthreads``; so under the simulator
+these helpers must be called by every thread of the block, in the same order (they are: the
+fast kernels call them outside any thread-dependent branch).  The twins are what CI tests;
+the GPU run checks that the PTX does the same thing.
+
+Fragment layouts (PTX ISA, ``mma.m16n8k16`` with f16 inputs and f32 accumulators), for lane
+``l`` of a warp, ``g = l // 4`` and ``t = l % 4``:
+
+* A (16 x 16, row major), four 32-bit registers of two f16 each:
+  a0 = A[g, 2t:2t+2], a1 = A[g+8, 2t:2t+2], a2 = A[g, 2t+8:2t+10], a3 = A[g+8, 2t+8:2t+10];
+* B (16 x 8, "col": stored as Bᵀ, row n holds column n), two registers:
+  b0 = B[2t:2t+2, g], b1 = B[2t+8:2t+10, g];
+* C, D (16 x 8, f32): c0, c1 = C[g, 2t:2t+2], c2, c3 = C[g+8, 2t:2t+2].
+
+The C layout of two adjacent 16 x 8 tiles is the A layout of one 16 x 16 tile (after packing
+pairs to f16): that is why P = softmax(S) can feed the P·V product straight from registers.
+
+``ldsm_x4`` loads four 8 x 8 f16 matrices from shared memory at (row0 + 8·(i & 1),
+col0 + 8·(i >> 1)), i = 0..3, into registers r0..r3 of every lane; with ``trans`` each matrix
+is transposed on the way.  For a 16 x 16 A tile that gives a0..a3 in order; for B operands:
+Kᵀ (K stored [key, dim], not transposed) gives (b0, b1) = (r0, r2) for keys 0..7 and (r1, r3)
+for keys 8..15; V (stored [key, dim], transposed) gives (r0, r1) for dims 0..7, (r2, r3) for
+dims 8..15.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import config, cuda, float32, int32
+
+SIM = bool(config.ENABLE_CUDASIM)
+#: Most warps a block of the fast kernels has (sizes the simulator's exchange buffers).
+MAX_WARPS = 8
+
+# ---------------------------------------------------------------------------------------------
+# The GPU side: inline PTX, one extern "C" function per instruction (Numba's foreign-function
+# ABI: int f(ret*, args...)).  Shared-memory addresses are 32-bit offsets in the shared window,
+# converted from the generic pointers Numba passes.
+
+_CU = r"""
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+extern "C" __device__ int fs_mma16816(int* ret, float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    return 0;
+}
+
+extern "C" __device__ int fs_ldsm_x4(int* ret, unsigned* r, const char* smem, long long byte_off) {
+    unsigned a = smem_addr(smem + byte_off);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+    return 0;
+}
+
+extern "C" __device__ int fs_ldsm_x4_trans(int* ret, unsigned* r, const char* smem, long long byte_off) {
+    unsigned a = smem_addr(smem + byte_off);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+    return 0;
+}
+
+// 16 bytes global -> shared without passing through registers; src_bytes < 16 zero-fills the rest.
+extern "C" __device__ int fs_cp_async16(int* ret, char* smem, long long smem_off, const char* gmem,
+                                        long long gmem_off, long long src_bytes) {
+    unsigned a = smem_addr(smem + smem_off);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                 :: "r"(a), "l"(gmem + gmem_off), "r"((unsigned)src_bytes) : "memory");
+    return 0;
+}
+
+extern "C" __device__ int fs_cp_async_commit(int* ret) {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    return 0;
+}
+
+extern "C" __device__ int fs_cp_async_wait0(int* ret) {
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    return 0;
+}
+
+extern "C" __device__ int fs_cp_async_wait1(int* ret) {
+    asm volatile("cp.async.wait_group 1;" ::: "memory");
+    return 0;
+}
+
+extern "C" __device__ int fs_ex2(float* ret, float x) {
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(*ret) : "f"(x));
+    return 0;
+}
+
+// Two f32 to one f16x2 register, round to nearest even: lo in bits 0..15, hi in 16..31.
+extern "C" __device__ int fs_pack_f16x2(unsigned* ret, float lo, float hi) {
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(*ret) : "f"(hi), "f"(lo));
+    return 0;
+}
+"""
+
+if not SIM:
+    from cffi import FFI
+
+    _ffi = FFI()
+    _link = cuda.CUSource(_CU)
+    _mma_raw = cuda.declare_device("fs_mma16816", "int32(CPointer(float32), CPointer(uint32), uint32, uint32)",
+                                   link=_link)
+    _ldsm_raw = cuda.declare_device("fs_ldsm_x4", "int32(CPointer(uint32), CPointer(float16), int64)", link=_link)
+    _ldsm_t_raw = cuda.declare_device("fs_ldsm_x4_trans", "int32(CPointer(uint32), CPointer(float16), int64)", link=_link)
+    _cp_raw = cuda.declare_device("fs_cp_async16", "int32(CPointer(float16), int64, CPointer(float16), int64, int64)", link=_link)
+    _commit_raw = cuda.declare_device("fs_cp_async_commit", "int32()", link=_link)
+    _wait0_raw = cuda.declare_device("fs_cp_async_wait0", "int32()", link=_link)
+    _wait1_raw = cuda.declare_device("fs_cp_async_wait1", "int32()", link=_link)
+    ex2 = cuda.declare_device("fs_ex2", "float32(float32)", link=_link)
+    pack_f16x2 = cuda.declare_device("fs_pack_f16x2", "uint32(float32, float32)", link=_link)
+
+    @cuda.jit(device=True, forceinline=True)
+    def mma(c, ci, a, ai, b0, b1):
+        """c[ci:ci+4] += A·B for the warp's 16 x 8 x 16 tile; A in a[ai:ai+4], B in (b0, b1)."""
+        _mma_raw(_ffi.from_buffer(c[ci:]), _ffi.from_buffer(a[ai:]), b0, b1)
+
+    @cuda.jit(device=True, forceinline=True)
+    def ldsm_x4(r, ri, smem, base, stride, row0, col0):
+        """r[ri:ri+4] = the four 8 x 8 f16 matrices at (row0 + 8(i&1), col0 + 8(i>>1)) of the
+        shared f16 array ``smem`` (flat; element (row, col) at base + row·stride + col)."""
+        lane = cuda.laneid
+        i = lane >> 3
+        off = base + (row0 + (i & 1) * 8 + (lane & 7)) * stride + col0 + (i >> 1) * 8
+        _ldsm_raw(_ffi.from_buffer(r[ri:]), _ffi.from_buffer(smem), off * 2)
+
+    @cuda.jit(device=True, forceinline=True)
+    def ldsm_x4_trans(r, ri, smem, base, stride, row0, col0):
+        """As :func:`ldsm_x4`, each matrix transposed."""
+        lane = cuda.laneid
+        i = lane >> 3
+        off = base + (row0 + (i & 1) * 8 + (lane & 7)) * stride + col0 + (i >> 1) * 8
+        _ldsm_t_raw(_ffi.from_buffer(r[ri:]), _ffi.from_buffer(smem), off * 2)
+
+    @cuda.jit(device=True, forceinline=True)
+    def cp_async16(smem, soff, gmem, goff, nvalid):
+        """Copy 8 f16 from ``gmem`` (flat element offset ``goff``) to ``smem`` (offset ``soff``),
+        asynchronously; only the first ``nvalid`` (0 or 8) come from memory, the rest are 0."""
+        _cp_raw(_ffi.from_buffer(smem), soff * 2, _ffi.from_buffer(gmem), goff * 2, nvalid * 2)
+
+    @cuda.jit(device=True, forceinline=True)
+    def cp_async_commit():
+        _commit_raw()
+
+    @cuda.jit(device=True, forceinline=True)
+    def cp_async_wait(pending):
+        """Wait until at most ``pending`` (0 or 1) committed groups are still in flight."""
+        if pending == 0:
+            _wait0_raw()
+        else:
+            _wait1_raw()
+
+    @cuda.jit(device=True, forceinline=True)
+    def quad_max2(x, y):
+        """(max of x, max of y) over the 4 lanes of a quad (lanes 4g..4g+3)."""
+        x = max(x, cuda.shfl_xor_sync(0xFFFFFFFF, x, 1))
+        y = max(y, cuda.shfl_xor_sync(0xFFFFFFFF, y, 1))
+        x = max(x, cuda.shfl_xor_sync(0xFFFFFFFF, x, 2))
+        y = max(y, cuda.shfl_xor_sync(0xFFFFFFFF, y, 2))
+        return x, y
+
+    @cuda.jit(device=True, forceinline=True)
+    def quad_sum2(x, y):
+        """(sum of x, sum of y) over the 4 lanes of a quad."""
+        x += cuda.shfl_xor_sync(0xFFFFFFFF, x, 1)
+        y += cuda.shfl_xor_sync(0xFFFFFFFF, y, 1)
+        x += cuda.shfl_xor_sync(0xFFFFFFFF, x, 2)
+        y += cuda.shfl_xor_sync(0xFFFFFFFF, y, 2)
+        return x, y
+
+else:
+    # -----------------------------------------------------------------------------------------
+    # The simulator's twins.  Plain Python (the simulator runs device functions as Python), the
+    # same per-lane results.  Arithmetic is float32 like the hardware's accumulators; the order
+    # of the 16 products inside one mma differs from the tensor core's, which changes nothing
+    # beyond float32 rounding.
+
+    import threading
+
+    # The simulator creates a static shared array the first time any thread reaches its line,
+    # with no lock: two threads arriving together can each get a private array (seen here as a
+    # rare NaN).  Every scratch array below is taken under this lock.
+    _ALLOC_LOCK = threading.Lock()
+
+    def _lane():
+        tid = int(cuda.threadIdx.x)
+        return tid // 32, tid % 32
+
+    def _halves(word) -> np.ndarray:
+        return np.array([word], dtype=np.uint32).view(np.float16).astype(np.float32)
+
+    @cuda.jit(device=True)
+    def pack_f16x2(lo, hi):
+        return int(np.array([lo, hi], dtype=np.float32).astype(np.float16).view(np.uint32)[0])
+
+    @cuda.jit(device=True)
+    def ex2(x):
+        return float32(math.exp2(x)) if x != -math.inf else float32(0.0)
+
+    @cuda.jit(device=True)
+    def mma(c, ci, a, ai, b0, b1):
+        warp, lane = _lane()
+        g, t = lane // 4, lane % 4
+        with _ALLOC_LOCK:
+            sa = cuda.shared.array((MAX_WARPS, 16, 16), float32)
+            sb = cuda.shared.array((MAX_WARPS, 16, 8), float32)
+        sa[warp, g, 2 * t:2 * t + 2] = _halves(a[ai])
+        sa[warp, g + 8, 2 * t:2 * t + 2] = _halves(a[ai + 1])
+        sa[warp, g, 2 * t + 8:2 * t + 10] = _halves(a[ai + 2])
+        sa[warp, g + 8, 2 * t + 8:2 * t + 10] = _halves(a[ai + 3])
+        sb[warp, 2 * t:2 * t + 2, g] = _halves(b0)
+        sb[warp, 2 * t + 8:2 * t + 10, g] = _halves(b1)
+        cuda.syncthreads()
+        A, B = sa[warp], sb[warp]
+        for e, (r, col) in enumerate(((g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1))):
+            c[ci + e] = np.float32(c[ci + e]) + np.float32(np.dot(A[r, :], B[:, col]))
+        cuda.syncthreads()
+
+    def _ldsm(r, ri, smem, base, stride, row0, col0, trans):
+        _, lane = _lane()
+        g, t = lane // 4, lane % 4
+        for i in range(4):
+            mr, mc = row0 + 8 * (i & 1), col0 + 8 * (i >> 1)
+            if trans:
+                lo = smem[base + (mr + 2 * t) * stride + mc + g]
+                hi = smem[base + (mr + 2 * t + 1) * stride + mc + g]
+            else:
+                lo = smem[base + (mr + g) * stride + mc + 2 * t]
+                hi = smem[base + (mr + g) * stride + mc + 2 * t + 1]
+            r[ri + i] = pack_f16x2(lo, hi)
+
+    @cuda.jit(device=True)
+    def ldsm_x4(r, ri, smem, base, stride, row0, col0):
+        _ldsm(r, ri, smem, base, stride, row0, col0, False)
+
+    @cuda.jit(device=True)
+    def ldsm_x4_trans(r, ri, smem, base, stride, row0, col0):
+        _ldsm(r, ri, smem, base, stride, row0, col0, True)
+
+    @cuda.jit(device=True)
+    def cp_async16(smem, soff, gmem, goff, nvalid):
+        flat = gmem.reshape(-1) if hasattr(gmem, "reshape") else gmem
+        for e in range(8):
+            smem[soff + e] = flat[goff + e] if e < nvalid else 0.0
+
+    @cuda.jit(device=True)
+    def cp_async_commit():
+        pass
+
+    @cuda.jit(device=True)
+    def cp_async_wait(pending):
+        pass
+
+    def _quad(x, y, op):
+        warp, lane = _lane()
+        tid = warp * 32 + lane
+        with _ALLOC_LOCK:
+            sx = cuda.shared.array(32 * MAX_WARPS, float32)
+            sy = cuda.shared.array(32 * MAX_WARPS, float32)
+        sx[tid] = x
+        sy[tid] = y
+        cuda.syncthreads()
+        q = tid - tid % 4
+        rx, ry = op(sx[q:q + 4]), op(sy[q:q + 4])
+        cuda.syncthreads()
+        return float32(rx), float32(ry)
+
+    @cuda.jit(device=True)
+    def quad_max2(x, y):
+        return _quad(x, y, np.max)
+
+    @cuda.jit(device=True)
+    def quad_sum2(x, y):
+        return _quad(x, y, lambda v: np.float32(v[0] + v[1] + v[2] + v[3]))
+
+
+__all__ = ["SIM", "MAX_WARPS", "mma", "ldsm_x4", "ldsm_x4_trans", "cp_async16", "cp_async_commit", "cp_async_wait",
+           "ex2", "pack_f16x2", "quad_max2", "quad_sum2", "int32"]
