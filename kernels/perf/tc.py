@@ -47,6 +47,15 @@ SIM = bool(config.ENABLE_CUDASIM)
 #: Most warps a block of the fast kernels has (sizes the simulator's exchange buffers).
 MAX_WARPS = 8
 
+
+def jit_kernel(fn, threads: int, min_blocks: int = 1):
+    """``cuda.jit`` with launch bounds (threads per block, blocks per SM) where the target takes
+    them: ptxas then budgets registers for exactly that; the simulator has no such option."""
+    if SIM:
+        return cuda.jit(fn)
+    return cuda.jit(fn, launch_bounds=(threads, min_blocks))
+
+
 # ---------------------------------------------------------------------------------------------
 # The GPU side: inline PTX, one extern "C" function per instruction (Numba's foreign-function
 # ABI: int f(ret*, args...)).  Shared-memory addresses are 32-bit offsets in the shared window,
@@ -104,6 +113,17 @@ extern "C" __device__ int fs_cp_async_wait1(int* ret) {
     return 0;
 }
 
+// 16 bytes shared -> global through registers (one LDS.128, one STG.128).
+extern "C" __device__ int fs_st_global16(int* ret, char* gmem, long long gmem_off, const char* smem,
+                                         long long smem_off) {
+    unsigned a = smem_addr(smem + smem_off);
+    unsigned x, y, z, w;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(x), "=r"(y), "=r"(z), "=r"(w) : "r"(a) : "memory");
+    asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};" :: "l"(gmem + gmem_off), "r"(x), "r"(y), "r"(z), "r"(w)
+                 : "memory");
+    return 0;
+}
+
 extern "C" __device__ int fs_ex2(float* ret, float x) {
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(*ret) : "f"(x));
     return 0;
@@ -124,8 +144,12 @@ if not SIM:
     _mma_raw = cuda.declare_device("fs_mma16816", "int32(CPointer(float32), CPointer(uint32), uint32, uint32)",
                                    link=_link)
     _ldsm_raw = cuda.declare_device("fs_ldsm_x4", "int32(CPointer(uint32), CPointer(float16), int64)", link=_link)
-    _ldsm_t_raw = cuda.declare_device("fs_ldsm_x4_trans", "int32(CPointer(uint32), CPointer(float16), int64)", link=_link)
-    _cp_raw = cuda.declare_device("fs_cp_async16", "int32(CPointer(float16), int64, CPointer(float16), int64, int64)", link=_link)
+    _ldsm_t_raw = cuda.declare_device("fs_ldsm_x4_trans", "int32(CPointer(uint32), CPointer(float16), int64)",
+                                      link=_link)
+    _cp_raw = cuda.declare_device("fs_cp_async16", "int32(CPointer(float16), int64, CPointer(float16), int64, int64)",
+                                  link=_link)
+    _stg_raw = cuda.declare_device("fs_st_global16", "int32(CPointer(float16), int64, CPointer(float16), int64)",
+                                   link=_link)
     _commit_raw = cuda.declare_device("fs_cp_async_commit", "int32()", link=_link)
     _wait0_raw = cuda.declare_device("fs_cp_async_wait0", "int32()", link=_link)
     _wait1_raw = cuda.declare_device("fs_cp_async_wait1", "int32()", link=_link)
@@ -159,6 +183,11 @@ if not SIM:
         """Copy 8 f16 from ``gmem`` (flat element offset ``goff``) to ``smem`` (offset ``soff``),
         asynchronously; only the first ``nvalid`` (0 or 8) come from memory, the rest are 0."""
         _cp_raw(_ffi.from_buffer(smem), soff * 2, _ffi.from_buffer(gmem), goff * 2, nvalid * 2)
+
+    @cuda.jit(device=True, forceinline=True)
+    def st_global16(gmem, goff, smem, soff):
+        """Copy 8 f16 from ``smem`` (flat offset ``soff``) to ``gmem`` (flat offset ``goff``)."""
+        _stg_raw(_ffi.from_buffer(gmem), goff * 2, _ffi.from_buffer(smem), soff * 2)
 
     @cuda.jit(device=True, forceinline=True)
     def cp_async_commit():
@@ -266,6 +295,12 @@ else:
             smem[soff + e] = flat[goff + e] if e < nvalid else 0.0
 
     @cuda.jit(device=True)
+    def st_global16(gmem, goff, smem, soff):
+        flat = gmem.reshape(-1) if hasattr(gmem, "reshape") else gmem
+        for e in range(8):
+            flat[goff + e] = smem[soff + e]
+
+    @cuda.jit(device=True)
     def cp_async_commit():
         pass
 
@@ -296,5 +331,6 @@ else:
         return _quad(x, y, lambda v: np.float32(v[0] + v[1] + v[2] + v[3]))
 
 
-__all__ = ["SIM", "MAX_WARPS", "mma", "ldsm_x4", "ldsm_x4_trans", "cp_async16", "cp_async_commit", "cp_async_wait",
+__all__ = ["SIM", "MAX_WARPS", "mma", "ldsm_x4", "ldsm_x4_trans", "cp_async16", "st_global16", "cp_async_commit",
+           "cp_async_wait",
            "ex2", "pack_f16x2", "quad_max2", "quad_sum2", "int32"]
