@@ -14,7 +14,7 @@ def launch_forward(name, kernel, smem_bytes, default_config, supports, q, k, v, 
                    return_lse=False, config=None):
     """Run variant ``name``'s forward kernel on (B, H, N, d) inputs; O (and L) in the query's kind.
 
-    ``kernel(dp=..., causal=..., **cfg)`` returns (compiled kernel, threads, Br) for the block shape
+    ``kernel(d=..., causal=..., **cfg)`` returns (compiled kernel, threads, Br) for the block shape
     ``cfg`` (:func:`default_config` of d, updated by ``config``); the kernel's arguments are
     (q, k, v, o, lse, τ·log2 e, τ) and its dynamic shared memory is ``smem_bytes(dp, Br, Bc)``.
     """
@@ -36,7 +36,7 @@ def launch_forward(name, kernel, smem_bytes, default_config, supports, q, k, v, 
     if cfg["bc"] <= 0 or cfg["bc"] % 16:
         raise ValueError(f"bc={cfg['bc']}: must be a positive multiple of 16")
     dp = -(-d // 16) * 16
-    kern, nt, br = kernel(dp=dp, causal=bool(causal), **cfg)
+    kern, nt, br = kernel(d=d, causal=bool(causal), **cfg)
     sc = 1.0 / math.sqrt(d) if scale is None else float(scale)
     if not math.isfinite(sc):
         raise ValueError(f"scale={scale!r}: must be finite")

@@ -227,8 +227,8 @@ def _source(DP: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool):
 
 
 @cache
-def kernel(dp: int, bc: int, nw: int, mt: int, causal: bool, qreg: bool):
-    fn, nt, br = _source(dp, bc, nw, mt, causal, qreg)
+def kernel(d: int, bc: int, nw: int, mt: int, causal: bool, qreg: bool):
+    fn, nt, br = _source(-(-d // 16) * 16, bc, nw, mt, causal, qreg)
     return tc.jit_kernel(fn, nt), nt, br
 
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import config, cuda, float32, int32
+from numba import config, cuda, float32, int32, uint32
 
 SIM = bool(config.ENABLE_CUDASIM)
 #: Most warps a block of the fast kernels has (sizes the simulator's exchange buffers).
@@ -124,6 +124,49 @@ extern "C" __device__ int fs_st_global16(int* ret, char* gmem, long long gmem_of
     return 0;
 }
 
+// Address-based forms (v3 on): the shared window address is computed once per kernel and every
+// access adds a 32-bit offset to it, instead of 64-bit generic pointer arithmetic per access.
+extern "C" __device__ int fs_smem_u32(unsigned* ret, const char* smem) {
+    *ret = smem_addr(smem);
+    return 0;
+}
+
+extern "C" __device__ int fs_ldsm_x4_a(int* ret, unsigned* r, unsigned a) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+    return 0;
+}
+
+extern "C" __device__ int fs_ldsm_x4_trans_a(int* ret, unsigned* r, unsigned a) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+    return 0;
+}
+
+extern "C" __device__ int fs_cp_async16_a(int* ret, unsigned a, const char* gmem, long long gmem_off,
+                                          int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                 :: "r"(a), "l"(gmem + gmem_off), "r"(src_bytes) : "memory");
+    return 0;
+}
+
+extern "C" __device__ int fs_st_global16_a(int* ret, char* gmem, long long gmem_off, unsigned a) {
+    unsigned x, y, z, w;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(x), "=r"(y), "=r"(z), "=r"(w) : "r"(a) : "memory");
+    asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};" :: "l"(gmem + gmem_off), "r"(x), "r"(y), "r"(z), "r"(w)
+                 : "memory");
+    return 0;
+}
+
+// D = A·B with a zero accumulator: the first k-step of a product needs no zeroed registers.
+extern "C" __device__ int fs_mma16816_z(int* ret, float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    float z = 0.f;
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+        : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(z));
+    return 0;
+}
+
 extern "C" __device__ int fs_ex2(float* ret, float x) {
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(*ret) : "f"(x));
     return 0;
@@ -154,6 +197,62 @@ if not SIM:
     _wait0_raw = cuda.declare_device("fs_cp_async_wait0", "int32()", link=_link)
     _wait1_raw = cuda.declare_device("fs_cp_async_wait1", "int32()", link=_link)
     ex2 = cuda.declare_device("fs_ex2", "float32(float32)", link=_link)
+    _smem_u32_raw = cuda.declare_device("fs_smem_u32", "uint32(CPointer(float16))", link=_link)
+    _ldsm_a_raw = cuda.declare_device("fs_ldsm_x4_a", "int32(CPointer(uint32), uint32)", link=_link)
+    _ldsm_t_a_raw = cuda.declare_device("fs_ldsm_x4_trans_a", "int32(CPointer(uint32), uint32)", link=_link)
+    _cp_a_raw = cuda.declare_device("fs_cp_async16_a", "int32(uint32, CPointer(float16), int64, int32)", link=_link)
+    _stg_a_raw = cuda.declare_device("fs_st_global16_a", "int32(CPointer(float16), int64, uint32)", link=_link)
+    _mma_z_raw = cuda.declare_device("fs_mma16816_z", "int32(CPointer(float32), CPointer(uint32), uint32, uint32)",
+                                     link=_link)
+
+    @cuda.jit(device=True, forceinline=True)
+    def smem_u32(smem):
+        """The 32-bit shared-window address of a shared array's first byte (GPU); 0 in the simulator."""
+        return _smem_u32_raw(_ffi.from_buffer(smem))
+
+    @cuda.jit(device=True, forceinline=True)
+    def lane_offset(stride):
+        """This lane's element offset inside an x4 ldmatrix group: row (l & 7) + 8·((l >> 3) & 1),
+        column 8·(l >> 4), for a tile with row stride ``stride``; add it to every ``*_a`` call."""
+        lane = cuda.laneid
+        return ((lane & 7) + ((lane >> 3) & 1) * 8) * stride + (lane >> 4) * 8
+
+    @cuda.jit(device=True, forceinline=True)
+    def lane_offset_b(stride):
+        """The lane's offset for :func:`ldsm_x4_b_a`: row (l & 7) + 8·(l >> 4), column 8·((l >> 3) & 1)."""
+        lane = cuda.laneid
+        return ((lane & 7) + (lane >> 4) * 8) * stride + ((lane >> 3) & 1) * 8
+
+    @cuda.jit(device=True, forceinline=True)
+    def ldsm_x4_b_a(r, ri, smem, sbase, loff, base, stride, row0, col0):
+        """B operands from a tile stored [n, k] (such as K for S = Q Kᵀ): matrix i at
+        (row0 + 8·(i >> 1), col0 + 8·(i & 1)), so that (r0, r1) are (b0, b1) of rows row0..+7
+        and (r2, r3) of rows row0+8..+15, each pair in adjacent registers as the mma wants them.
+        ``loff`` from :func:`lane_offset_b`."""
+        _ldsm_a_raw(_ffi.from_buffer(r[ri:]), uint32(sbase + 2 * (base + row0 * stride + col0 + loff)))
+
+    @cuda.jit(device=True, forceinline=True)
+    def ldsm_x4_a(r, ri, smem, sbase, loff, base, stride, row0, col0):
+        """:func:`ldsm_x4` with the lane's offset ``loff`` (:func:`lane_offset`) and the shared
+        base address ``sbase`` (:func:`smem_u32`) precomputed: one 32-bit add per load."""
+        _ldsm_a_raw(_ffi.from_buffer(r[ri:]), uint32(sbase + 2 * (base + row0 * stride + col0 + loff)))
+
+    @cuda.jit(device=True, forceinline=True)
+    def ldsm_x4_trans_a(r, ri, smem, sbase, loff, base, stride, row0, col0):
+        _ldsm_t_a_raw(_ffi.from_buffer(r[ri:]), uint32(sbase + 2 * (base + row0 * stride + col0 + loff)))
+
+    @cuda.jit(device=True, forceinline=True)
+    def cp_async16_a(smem, sbase, soff, gmem, goff, nvalid):
+        _cp_a_raw(uint32(sbase + 2 * soff), _ffi.from_buffer(gmem), goff * 2, int32(nvalid * 2))
+
+    @cuda.jit(device=True, forceinline=True)
+    def st_global16_a(gmem, goff, smem, sbase, soff):
+        _stg_a_raw(_ffi.from_buffer(gmem), goff * 2, uint32(sbase + 2 * soff))
+
+    @cuda.jit(device=True, forceinline=True)
+    def mma_z(c, ci, a, ai, b0, b1):
+        """c[ci:ci+4] = A·B (the accumulator's old value is ignored)."""
+        _mma_z_raw(_ffi.from_buffer(c[ci:]), _ffi.from_buffer(a[ai:]), b0, b1)
     pack_f16x2 = cuda.declare_device("fs_pack_f16x2", "uint32(float32, float32)", link=_link)
 
     @cuda.jit(device=True, forceinline=True)
@@ -267,11 +366,14 @@ else:
             c[ci + e] = np.float32(c[ci + e]) + np.float32(np.dot(A[r, :], B[:, col]))
         cuda.syncthreads()
 
-    def _ldsm(r, ri, smem, base, stride, row0, col0, trans):
+    def _ldsm(r, ri, smem, base, stride, row0, col0, trans, border=False):
         _, lane = _lane()
         g, t = lane // 4, lane % 4
         for i in range(4):
-            mr, mc = row0 + 8 * (i & 1), col0 + 8 * (i >> 1)
+            if border:
+                mr, mc = row0 + 8 * (i >> 1), col0 + 8 * (i & 1)
+            else:
+                mr, mc = row0 + 8 * (i & 1), col0 + 8 * (i >> 1)
             if trans:
                 lo = smem[base + (mr + 2 * t) * stride + mc + g]
                 hi = smem[base + (mr + 2 * t + 1) * stride + mc + g]
@@ -293,6 +395,44 @@ else:
         flat = gmem.reshape(-1) if hasattr(gmem, "reshape") else gmem
         for e in range(8):
             smem[soff + e] = flat[goff + e] if e < nvalid else 0.0
+
+    @cuda.jit(device=True)
+    def smem_u32(smem):
+        return 0
+
+    @cuda.jit(device=True)
+    def lane_offset(stride):
+        return 0
+
+    @cuda.jit(device=True)
+    def lane_offset_b(stride):
+        return 0
+
+    @cuda.jit(device=True)
+    def ldsm_x4_b_a(r, ri, smem, sbase, loff, base, stride, row0, col0):
+        _ldsm(r, ri, smem, base, stride, row0, col0, False, True)
+
+    @cuda.jit(device=True)
+    def ldsm_x4_a(r, ri, smem, sbase, loff, base, stride, row0, col0):
+        _ldsm(r, ri, smem, base, stride, row0, col0, False)
+
+    @cuda.jit(device=True)
+    def ldsm_x4_trans_a(r, ri, smem, sbase, loff, base, stride, row0, col0):
+        _ldsm(r, ri, smem, base, stride, row0, col0, True)
+
+    @cuda.jit(device=True)
+    def cp_async16_a(smem, sbase, soff, gmem, goff, nvalid):
+        cp_async16(smem, soff, gmem, goff, nvalid)
+
+    @cuda.jit(device=True)
+    def st_global16_a(gmem, goff, smem, sbase, soff):
+        st_global16(gmem, goff, smem, soff)
+
+    @cuda.jit(device=True)
+    def mma_z(c, ci, a, ai, b0, b1):
+        for e in range(4):
+            c[ci + e] = 0.0
+        mma(c, ci, a, ai, b0, b1)
 
     @cuda.jit(device=True)
     def st_global16(gmem, goff, smem, soff):
@@ -331,6 +471,7 @@ else:
         return _quad(x, y, lambda v: np.float32(v[0] + v[1] + v[2] + v[3]))
 
 
-__all__ = ["SIM", "MAX_WARPS", "mma", "ldsm_x4", "ldsm_x4_trans", "cp_async16", "st_global16", "cp_async_commit",
-           "cp_async_wait",
-           "ex2", "pack_f16x2", "quad_max2", "quad_sum2", "int32"]
+__all__ = ["SIM", "MAX_WARPS", "mma", "mma_z", "ldsm_x4", "ldsm_x4_trans", "cp_async16", "st_global16",
+           "cp_async_commit", "cp_async_wait", "smem_u32", "lane_offset", "lane_offset_b", "ldsm_x4_a",
+           "ldsm_x4_b_a", "ldsm_x4_trans_a", "cp_async16_a", "st_global16_a", "ex2", "pack_f16x2", "quad_max2",
+           "quad_sum2", "jit_kernel", "int32"]
