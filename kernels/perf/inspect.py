@@ -1,0 +1,94 @@
+"""Compile a numbered variant for sm_90 without a GPU and report what the compiler made of it.
+
+    python -m kernels.perf.inspect fwd_fp16_v3 64 64 4 2 0 1     # _source(*args) of the variant
+
+Prints the post-link-time-optimisation PTX's size and ``mma.sync`` count, and, where ``ptxas``
+and ``cuobjdump`` are on PATH (a CUDA toolkit, or the ``nvidia-cuda-nvcc`` and
+``nvidia-cuda-cuobjdump``/``nvidia-cuda-nvdisasm`` wheels), the registers, stack frame and
+spills, and the counts of the SASS instructions that matter (HMMA, LDSM, LDGSTS, MUFU.EX2,
+local-memory LDL/STL).  Everything here needs only NVVM, NVRTC and nvJitLink, which pip
+provides, so it runs on the CPU machine; the tests use :func:`lto_ptx` the same way.
+
+numba-cuda compiles a kernel's device functions for the *current* device's compute capability;
+with no GPU there is none, so :func:`lto_ptx` answers that question with (9, 0) while it
+compiles.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+
+CC = (9, 0)
+
+
+class _Hopper:
+    compute_capability = CC
+
+
+def lto_ptx(module: str, *args) -> str:
+    """PTX of ``kernels.perf.<module>._source(*args)`` after linking its CUDA C++ helpers with LTO."""
+    import numba.cuda.dispatcher as dispatcher
+    from numba.cuda.compiler import _compile_pyfunc_with_fixup
+
+    mod = importlib.import_module(f"kernels.perf.{module}")
+    fn, nt, _ = mod._source(*args)
+    saved = dispatcher.get_current_device
+    dispatcher.get_current_device = lambda: _Hopper()
+    try:
+        lib, _ = _compile_pyfunc_with_fixup(fn, mod.signature(), device=False, cc=CC, abi="numba", lto=True,
+                                            launch_bounds=(nt, 1))
+        lib._lto = True  # the library was built from LTO-IR; let it link and emit PTX
+        return lib.get_lto_ptx(cc=CC).rstrip("\0")
+    finally:
+        dispatcher.get_current_device = saved
+
+
+def sass_report(ptx: str) -> dict:
+    """ptxas's resource line and SASS instruction counts (empty if the tools are missing)."""
+    if not (shutil.which("ptxas") and shutil.which("cuobjdump")):
+        return {}
+    with tempfile.TemporaryDirectory() as tmp:
+        p, c = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
+        with open(p, "w") as f:
+            f.write(ptx)
+        res = subprocess.run(["ptxas", "-arch=sm_90", "-v", p, "-o", c], capture_output=True, text=True)
+        if res.returncode:
+            return {"ptxas_error": res.stderr.strip()[-500:]}
+        sass = subprocess.run(["cuobjdump", "-sass", c], capture_output=True, text=True).stdout
+    info = res.stderr
+    out = {}
+    for key, pat in (("registers", r"Used (\d+) registers"), ("stack_bytes", r"(\d+) bytes stack frame"),
+                     ("spill_store_bytes", r"(\d+) bytes spill stores"),
+                     ("spill_load_bytes", r"(\d+) bytes spill loads")):
+        m = re.search(pat, info)
+        out[key] = int(m.group(1)) if m else None
+    ops = Counter(m.group(1) for m in re.finditer(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", sass, re.M))
+    out["instructions"] = sum(ops.values())
+    for op in ("HMMA", "LDSM", "LDGSTS", "MUFU", "FFMA", "LDS", "LDL", "STL", "SHFL", "BAR"):
+        out[op] = ops.get(op, 0)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("variant")
+    ap.add_argument("args", nargs="*", type=int, help="the variant's _source arguments (booleans as 0/1)")
+    a = ap.parse_args(argv)
+    ptx = lto_ptx(a.variant, *a.args)
+    print(f"{a.variant}{tuple(a.args)}: PTX {len(ptx)} chars, {ptx.count('mma.sync')} mma.sync, "
+          f"{'has' if '.local' in ptx else 'no'} .local")
+    rep = sass_report(ptx)
+    print("  " + (", ".join(f"{k} {v}" for k, v in rep.items()) if rep else "(ptxas/cuobjdump not on PATH)"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
