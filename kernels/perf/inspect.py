@@ -34,16 +34,19 @@ class _Hopper:
 
 
 def lto_ptx(module: str, *args) -> str:
-    """PTX of ``kernels.perf.<module>._source(*args)`` after linking its CUDA C++ helpers with LTO."""
+    """PTX of ``kernels.perf.<module>._source(*args)`` after linking its CUDA C++ helpers with LTO;
+    ``module:part`` picks ``SOURCES[part]`` of a module with several kernels."""
     import numba.cuda.dispatcher as dispatcher
     from numba.cuda.compiler import _compile_pyfunc_with_fixup
 
-    mod = importlib.import_module(f"kernels.perf.{module}")
-    fn, nt, _ = mod._source(*args)
+    name, _, part = module.partition(":")
+    mod = importlib.import_module(f"kernels.perf.{name}")
+    source, signature = mod.SOURCES[part] if part else (mod._source, mod.signature)
+    fn, nt, _ = source(*args)
     saved = dispatcher.get_current_device
     dispatcher.get_current_device = lambda: _Hopper()
     try:
-        lib, _ = _compile_pyfunc_with_fixup(fn, mod.signature(), device=False, cc=CC, abi="numba", lto=True,
+        lib, _ = _compile_pyfunc_with_fixup(fn, signature(), device=False, cc=CC, abi="numba", lto=True,
                                             launch_bounds=(nt, 1))
         lib._lto = True  # the library was built from LTO-IR; let it link and emit PTX
         return lib.get_lto_ptx(cc=CC).rstrip("\0")
