@@ -15,7 +15,7 @@ Decisions (tested in tests/test_kernel_inputs.py):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from numba import cuda
@@ -57,9 +57,25 @@ class Inputs:
     arrays: dict  # name -> device array
     kind: str  # "numpy" | "device" | "torch" | "cupy"
     dtype: np.dtype
+    _owned: dict = field(default_factory=dict)  # id(device view) -> the tensor that owns its memory
+
+    def empty(self, shape, dtype):
+        """An uninitialised device array for a result.  For torch inputs the memory comes from
+        torch's caching allocator (a cudaMalloc per call would cost more than a short kernel)
+        and :meth:`out` hands back that tensor itself."""
+        if self.kind == "torch":
+            import torch
+
+            t = torch.empty(tuple(shape), dtype=getattr(torch, np.dtype(dtype).name), device="cuda")
+            dev = cuda.as_cuda_array(t)
+            self._owned[id(dev)] = t
+            return dev
+        return cuda.device_array(tuple(shape), dtype=dtype)
 
     def out(self, dev):
         """Return a device result in the caller's kind."""
+        if id(dev) in self._owned:
+            return self._owned[id(dev)]
         if self.kind == "numpy":
             return dev.copy_to_host()
         if self.kind == "torch":

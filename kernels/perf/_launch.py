@@ -5,9 +5,25 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda, float32
+from numba import config, float32
 
 LOG2E = 1.4426950408889634
+
+
+_RAISED: dict = {}
+
+
+def raise_smem_limit(kern, args, nbytes: int) -> None:
+    """``kernels.flash1._raise_smem_limit``, done once per (kernel, size): the driver attribute
+    sticks to the compiled function, and looking it up costs host time on every call."""
+    if config.ENABLE_CUDASIM or nbytes <= 48 * 1024:
+        return
+    key = (id(kern), nbytes)
+    if key not in _RAISED:
+        from ..flash1 import _raise_smem_limit
+
+        _raise_smem_limit(kern, args, nbytes)
+        _RAISED[key] = kern  # holds the dispatcher, so its id is never reused
 
 
 def launch_forward(name, kernel, smem_bytes, default_config, supports, q, k, v, *, causal=False, scale=None,
@@ -19,7 +35,6 @@ def launch_forward(name, kernel, smem_bytes, default_config, supports, q, k, v, 
     (q, k, v, o, lse, τ·log2 e, τ) and its dynamic shared memory is ``smem_bytes(dp, Br, Bc)``.
     """
     from .._arrays import check_attention_shapes, to_device
-    from ..flash1 import _raise_smem_limit
 
     inp = to_device(q=q, k=k, v=v)
     a = inp.arrays
@@ -40,11 +55,11 @@ def launch_forward(name, kernel, smem_bytes, default_config, supports, q, k, v, 
     sc = 1.0 / math.sqrt(d) if scale is None else float(scale)
     if not math.isfinite(sc):
         raise ValueError(f"scale={scale!r}: must be finite")
-    o = cuda.device_array((nb, nh, nq, d), dtype=inp.dtype)
-    lse = cuda.device_array((nb, nh, nq), dtype=np.float32)
+    o = inp.empty((nb, nh, nq, d), inp.dtype)
+    lse = inp.empty((nb, nh, nq), np.float32)
     smem = smem_bytes(dp, br, cfg["bc"])
     args = (a["q"], a["k"], a["v"], o, lse, float32(sc * LOG2E), float32(sc))
-    _raise_smem_limit(kern, args, smem)
+    raise_smem_limit(kern, args, smem)
     kern[(-(-nq // br), nb * nh), nt, 0, smem](*args)
     if return_lse:
         return inp.out(o), inp.out(lse)

@@ -532,12 +532,17 @@ def saved_forward(q, k, v, *, causal=False, scale=None):
     return fwd_fp16_v3.forward(q, k, v, causal=causal, scale=scale, return_lse=True)
 
 
+@cache
+def _dummy_counters():
+    return cuda.device_array((1, 2), dtype=np.int64)
+
+
 def backward(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
     """(dQ, dK, dV) for fp16 (B, H, N, d) inputs, O and L from the forward; ``config`` overrides
     :func:`default_config`."""
     from .. import flash2
     from .._arrays import check_attention_shapes, to_device
-    from ..flash1 import _raise_smem_limit
+    from ._launch import raise_smem_limit
 
     inp = to_device(q=q, k=k, v=v, o=o, do=do)
     a = inp.arrays
@@ -563,20 +568,20 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
     if not math.isfinite(sc):
         raise ValueError(f"scale={scale!r}: must be finite")
     (kdkdv, nt1, bkey), (kdq, nt2, bqr) = kernels(d, bool(causal), **cfg)
-    dvec = cuda.device_array((nb, nh, nq), dtype=np.float32)
+    dvec = inp.empty((nb, nh, nq), np.float32)
     pre, ntp = flash2.kernel("preprocess", np.float16, d, 64, 64, causal, False, False)
-    dummy = cuda.device_array((1, 2), dtype=np.int64)
+    dummy = _dummy_counters()
     pre[(-(-nq // 64), nb * nh), ntp](a["o"], a["do"], dvec, dummy)
-    dq = cuda.device_array((nb, nh, nq, d), dtype=np.float16)
-    dk = cuda.device_array((nb, nhk, nk, d), dtype=np.float16)
-    dv = cuda.device_array((nb, nhk, nk, d), dtype=np.float16)
+    dq = inp.empty((nb, nh, nq, d), np.float16)
+    dk = inp.empty((nb, nhk, nk, d), np.float16)
+    dv = inp.empty((nb, nhk, nk, d), np.float16)
     sl2, scf = float32(sc * LOG2E), float32(sc)
     args = (a["q"], a["k"], a["v"], a["do"], lse_d, dvec, dk, dv, sl2, scf)
     smem = smem_bytes_dkdv(d, bkey, cfg["bq"])
-    _raise_smem_limit(kdkdv, args, smem)
+    raise_smem_limit(kdkdv, args, smem)
     kdkdv[(-(-nk // bkey), nb * nhk), nt1, 0, smem](*args)
     args = (a["q"], a["k"], a["v"], a["do"], lse_d, dvec, dq, sl2, scf)
     smem = smem_bytes_dq(d, bqr, cfg["bk"])
-    _raise_smem_limit(kdq, args, smem)
+    raise_smem_limit(kdq, args, smem)
     kdq[(-(-nq // bqr), nb * nh), nt2, 0, smem](*args)
     return inp.out(dq), inp.out(dk), inp.out(dv)

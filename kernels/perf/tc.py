@@ -475,3 +475,134 @@ __all__ = ["SIM", "MAX_WARPS", "mma", "mma_z", "ldsm_x4", "ldsm_x4_trans", "cp_a
            "cp_async_commit", "cp_async_wait", "smem_u32", "lane_offset", "lane_offset_b", "ldsm_x4_a",
            "ldsm_x4_b_a", "ldsm_x4_trans_a", "cp_async16_a", "st_global16_a", "ex2", "pack_f16x2", "quad_max2",
            "quad_sum2", "jit_kernel", "int32"]
+
+
+# ---------------------------------------------------------------------------------------------
+# fp32 helpers (fwd_fp32_v1): 16-byte shared loads into registers, 4-byte shared stores, fp32
+# cp.async, and reductions over the 8 lanes 8g..8g+7 of a warp.  Shared memory is addressed by
+# byte addresses in the shared window (``smem_u32_f32`` + 4·float offset); under the simulator
+# that window starts at 0, so the twins index the array with address // 4.
+
+_CU_F32 = r"""
+extern "C" __device__ int fs_smem_u32_f32(unsigned* ret, const float* smem) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(smem));
+    *ret = a;
+    return 0;
+}
+
+extern "C" __device__ int fs_lds128_f32(int* ret, float* r, unsigned a) {
+    asm volatile("ld.shared.v4.f32 {%0,%1,%2,%3}, [%4];"
+                 : "=f"(r[0]), "=f"(r[1]), "=f"(r[2]), "=f"(r[3]) : "r"(a) : "memory");
+    return 0;
+}
+
+extern "C" __device__ int fs_sts32_f32(int* ret, unsigned a, float x) {
+    asm volatile("st.shared.f32 [%0], %1;" :: "r"(a), "f"(x) : "memory");
+    return 0;
+}
+
+// 4 floats global -> shared, asynchronously; src_bytes < 16 zero-fills the rest.
+extern "C" __device__ int fs_cp_async16_f32(int* ret, unsigned a, const float* gmem, long long goff, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                 :: "r"(a), "l"(gmem + goff), "r"(src_bytes) : "memory");
+    return 0;
+}
+"""
+
+if not SIM:
+    _link_f32 = cuda.CUSource(_CU_F32)
+    _smem_u32_f32_raw = cuda.declare_device("fs_smem_u32_f32", "uint32(CPointer(float32))", link=_link_f32)
+    _lds128_f32_raw = cuda.declare_device("fs_lds128_f32", "int32(CPointer(float32), uint32)", link=_link_f32)
+    _sts32_f32_raw = cuda.declare_device("fs_sts32_f32", "int32(uint32, float32)", link=_link_f32)
+    _cp_f32_raw = cuda.declare_device("fs_cp_async16_f32", "int32(uint32, CPointer(float32), int64, int32)",
+                                      link=_link_f32)
+
+    @cuda.jit(device=True, forceinline=True)
+    def smem_u32_f32(smem):
+        """The 32-bit shared-window byte address of a float32 shared array's first element (GPU); 0 in
+        the simulator."""
+        return _smem_u32_f32_raw(_ffi.from_buffer(smem))
+
+    @cuda.jit(device=True, forceinline=True)
+    def lds128_f32_a(r, ri, smem, a, off):
+        """r[ri:ri+4] = the 4 floats at shared byte address ``a`` + 4·``off`` (16-byte aligned): one
+        LDS.128.  ``smem`` is the shared array (read by the simulator's twin only)."""
+        _lds128_f32_raw(_ffi.from_buffer(r[ri:]), uint32(a + 4 * off))
+
+    @cuda.jit(device=True, forceinline=True)
+    def sts32_f32_a(smem, a, off, x):
+        """Store float ``x`` at shared byte address ``a`` + 4·``off``."""
+        _sts32_f32_raw(uint32(a + 4 * off), float32(x))
+
+    @cuda.jit(device=True, forceinline=True)
+    def cp_async16_f32_a(smem, a, gmem, goff, nvalid):
+        """Copy 4 floats from ``gmem`` (flat element offset ``goff``) to shared byte address ``a``,
+        asynchronously; only the first ``nvalid`` (0 or 4) come from memory, the rest are 0."""
+        _cp_f32_raw(uint32(a), _ffi.from_buffer(gmem), goff, int32(nvalid * 4))
+
+    @cuda.jit(device=True, forceinline=True)
+    def oct_max(x):
+        """max of x over the 8 lanes 8g..8g+7 of the warp (g = lane // 8)."""
+        x = max(x, cuda.shfl_xor_sync(0xFFFFFFFF, x, 1))
+        x = max(x, cuda.shfl_xor_sync(0xFFFFFFFF, x, 2))
+        return max(x, cuda.shfl_xor_sync(0xFFFFFFFF, x, 4))
+
+    @cuda.jit(device=True, forceinline=True)
+    def oct_sum(x):
+        """Sum of x over the 8 lanes 8g..8g+7 of the warp."""
+        x += cuda.shfl_xor_sync(0xFFFFFFFF, x, 1)
+        x += cuda.shfl_xor_sync(0xFFFFFFFF, x, 2)
+        return x + cuda.shfl_xor_sync(0xFFFFFFFF, x, 4)
+
+else:
+
+    @cuda.jit(device=True)
+    def smem_u32_f32(smem):
+        return 0
+
+    @cuda.jit(device=True)
+    def lds128_f32_a(r, ri, smem, a, off):
+        base = a // 4 + off
+        for e in range(4):
+            r[ri + e] = smem[base + e]
+
+    @cuda.jit(device=True)
+    def sts32_f32_a(smem, a, off, x):
+        smem[a // 4 + off] = x
+
+    @cuda.jit(device=True)
+    def cp_async16_f32_a(smem, a, gmem, goff, nvalid):
+        flat = gmem.reshape(-1) if hasattr(gmem, "reshape") else gmem
+        base = a // 4
+        for e in range(4):
+            smem[base + e] = flat[goff + e] if e < nvalid else 0.0
+
+    def _oct(x, op):
+        warp, lane = _lane()
+        tid = warp * 32 + lane
+        with _ALLOC_LOCK:
+            sx = cuda.shared.array(32 * MAX_WARPS, float32)
+        sx[tid] = x
+        cuda.syncthreads()
+        g = tid - tid % 8
+        r = op(sx[g:g + 8])
+        cuda.syncthreads()
+        return float32(r)
+
+    def _tree_sum8(v):
+        # the butterfly's order: lanes (0+1)+(2+3) ... in float32, as the shuffles on the GPU
+        a = [np.float32(v[i]) + np.float32(v[i ^ 1]) for i in range(8)]
+        b = [a[i] + a[i ^ 2] for i in range(8)]
+        return b[0] + b[4]
+
+    @cuda.jit(device=True)
+    def oct_max(x):
+        return _oct(x, np.max)
+
+    @cuda.jit(device=True)
+    def oct_sum(x):
+        return _oct(x, _tree_sum8)
+
+
+__all__ += ["smem_u32_f32", "lds128_f32_a", "sts32_f32_a", "cp_async16_f32_a", "oct_max", "oct_sum"]

@@ -1,11 +1,13 @@
-"""Block-shape sweep of one numbered forward variant, beside torch's naive attention and SDPA.
+"""Block-shape sweep of one numbered variant, beside torch's naive attention and SDPA.
 
     python -m kernels.perf.tune fwd_fp16_v2 --d 64 --n 4096 16384 \
         --configs '{"bc": 64, "mt": 2}' '{"bc": 32, "mt": 2}' [--causal] [--out DIR]
 
 Each configuration is checked against the float64 reference on sampled rows first (the same
 check as ``kernels.bench``), then timed with CUDA events (warm-up, median of ``--repeat``
-calls over rotating inputs, L2 flushed before each).  Prints one line per (configuration,
+calls over rotating inputs, L2 flushed before each).  A backward variant (a module with
+``backward``) is timed on the saved forward's O and L and checked against autograd through
+float64 attention at the smallest N given; the peers' backward through autograd.  Prints one line per (configuration,
 shape) and writes ``DIR/tune_<variant>.csv``.  For finding a variant's defaults; the
 benchmark of record is ``kernels.bench``.
 """
@@ -22,6 +24,22 @@ from pathlib import Path
 import numpy as np
 
 from ..bench import _check_fwd, _time, _torch_fns, flops
+
+
+def _check_bwd(torch, fn, inputs, causal) -> float:
+    """Worst relative error of (dQ, dK, dV) against autograd through float64 attention, on the
+    first two heads of the first batch (heads are independent; this keeps S small)."""
+    q, k, v, o, lse, do = inputs
+    grads = [torch.as_tensor(g, device="cuda")[:1, :2] for g in fn(*inputs)]
+    q, k, v, do = (x[:1, :2] for x in (q, k, v, do))
+    leaf = [x.detach().double().requires_grad_(True) for x in (q, k, v)]
+    s = (leaf[0] @ leaf[1].transpose(-1, -2)) * q.shape[-1] ** -0.5
+    if causal:
+        n, m = s.shape[-2], s.shape[-1]
+        s = s.masked_fill(~torch.ones(n, m, dtype=torch.bool, device=q.device).tril(m - n), float("-inf"))
+    (torch.softmax(s, -1) @ leaf[2]).backward(do.double())
+    return max(float((g.double() - x.grad).norm() / x.grad.norm())
+               for g, x in zip(grads, leaf))
 
 
 def main(argv=None) -> int:
@@ -50,25 +68,47 @@ def main(argv=None) -> int:
         for n in args.n:
             b, h = max(1, args.bh // 16), min(16, args.bh)
             inputs = [tuple(torch.randn(b, h, n, d, device="cuda", dtype=tdt) for _ in range(3)) for _ in range(3)]
-            fl = flops(b, h, n, d, args.causal, "fwd")
+            bwd = hasattr(mod, "backward")
+            fl = flops(b, h, n, d, args.causal, "bwd" if bwd else "fwd")
             base = {}
             for p in args.peers:
                 if p.startswith("sdpa") and args.dtype == "fp32":
                     continue
-                ms, _ = _time(torch, lambda q, k, v, f=peers[p]: f(q, k, v, args.causal), inputs, args.repeat, flush)
+                if bwd:  # autograd through the peer, as kernels.bench times it
+                    outs = []
+                    for q, k, v in inputs:
+                        leaf = [x.clone().requires_grad_(True) for x in (q, k, v)]
+                        outs.append((peers[p](*leaf, args.causal), torch.randn_like(q)))
+                    ms, _ = _time(torch, lambda o, do: o.backward(do, retain_graph=True), outs, args.repeat, flush)
+                    del outs
+                else:
+                    ms, _ = _time(torch, lambda q, k, v, f=peers[p]: f(q, k, v, args.causal), inputs, args.repeat,
+                                  flush)
                 base[p] = ms
                 print(f"{p:24s} d={d:<4d} N={n:<6d} {ms:8.3f} ms {fl / ms / 1e9:7.1f} TFLOP/s", flush=True)
             for cj in args.configs:
                 cfg = json.loads(cj)
                 rec = {"variant": args.variant, "d": d, "n": n, "bh": b * h, "causal": args.causal, **cfg}
                 try:
-                    def fn(q, k, v, cfg=cfg):
-                        return mod.forward(q, k, v, causal=args.causal, **cfg)
+                    if bwd:
+                        sets = []
+                        for q, k, v in inputs:
+                            o, lse = mod.saved_forward(q, k, v, causal=args.causal)
+                            sets.append((q, k, v, o, lse, torch.randn_like(q)))
 
-                    q, k, v = inputs[0]
-                    out = torch.as_tensor(fn(q, k, v), device="cuda")
-                    rec["rel_err"] = _check_fwd(out, q, k, v, args.causal, rng)
-                    ms, sd = _time(torch, fn, inputs, args.repeat, flush)
+                        def fn(q, k, v, o, lse, do, cfg=cfg):
+                            return mod.backward(q, k, v, o, lse, do, causal=args.causal, **cfg)
+
+                        rec["rel_err"] = _check_bwd(torch, fn, sets[0], args.causal)
+                        ms, sd = _time(torch, fn, sets, args.repeat, flush)
+                    else:
+                        def fn(q, k, v, cfg=cfg):
+                            return mod.forward(q, k, v, causal=args.causal, **cfg)
+
+                        q, k, v = inputs[0]
+                        out = torch.as_tensor(fn(q, k, v), device="cuda")
+                        rec["rel_err"] = _check_fwd(out, q, k, v, args.causal, rng)
+                        ms, sd = _time(torch, fn, inputs, args.repeat, flush)
                     rec.update(ms=ms, ms_std=sd, tflops=fl / ms / 1e9, **{f"x_{p}": base[p] / ms for p in base})
                     ratios = "  ".join(f"x {p} {base[p] / ms:5.2f}" for p in base)
                     line = f"{ms:8.3f} ms {rec['tflops']:7.1f} TFLOP/s  {ratios}  err {rec['rel_err']:.1e}"

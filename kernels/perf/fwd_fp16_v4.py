@@ -1,0 +1,277 @@
+"""fwd_fp16_v4: fwd_fp16_v3 with the O rescaling skipped while the row max barely moves.
+
+v3 on the H200 (B·H = 16, N = 16,384, fp16): d = 64 at 292 TFLOP/s (3.3x naive, 0.96-0.99x
+SDPA flash), d = 128 at 209-228 (1.2-1.3x naive, 0.58-0.65x flash).  After v3 the loop body is
+mostly the tensor-core products and the softmax; of the latter, the rescaling
+acc *= α (4·d/8·MT FMUL per lane per key block: 128 for d = 128 with MT = 2, as many as the
+block's HMMA) and its exponentials are paid on every block although the running max of a row
+stops changing after the first few.
+
+What changed: a row's reference max m is moved (and acc, ℓ rescaled) only when the new block's
+max exceeds it by more than 8 in log2 units; otherwise P̃ = 2^((S − m)·τlog2e) is computed
+against the old m and is at most 2^8 = 256, well inside fp16 (the P̃ fed to the tensor cores)
+and float32 (acc, ℓ).  The result is the same function: O = acc/ℓ and L = m·τ + ln ℓ hold for
+any m, exactly as in the online softmax itself (flash-attention 4 does the same).  The test is
+per lane pair of rows, so a quad (which shares its rows) always agrees.
+
+Prediction: d = 128 gains most (about 10%: 128 of ~900 instructions per block go), d = 64 a few
+percent.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+
+import numpy as np
+from numba import cuda, float32, int32, types, uint32
+
+from . import tc
+
+LOG2E = 1.4426950408889634
+NEG_INF = float32(-math.inf)
+
+
+def smem_bytes(dp: int, br: int, bc: int) -> int:
+    return 2 * (dp + 8) * (br + 4 * bc)
+
+
+def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool):
+    DP = -(-D // 16) * 16
+    BR = 16 * NW * MT
+    NT = 32 * NW
+    S = DP + 8  # shared row stride in f16: 16 bytes of padding keeps ldmatrix rows in distinct banks
+    KT = DP // 16  # k-steps of Q·Kᵀ
+    NS = BC // 8  # n-tiles of S
+    KV = BC // 16  # k-steps of P·V
+    NO = DP // 8  # n-tiles of O
+    NQA = 4 * KT * MT if QREG else 4 * MT
+    NACC, NS4, NPA, M2 = 4 * NO * MT, 4 * NS * MT, 4 * KV * MT, 2 * MT
+    CH = D // 8  # 16-byte chunks per row
+    CPT = -(-BC * CH // NT)  # chunks of a K (or V) tile per thread
+    QOFF = 0
+    KOFF = BR * S  # K buffers 0 and 1
+    VOFF = KOFF + 2 * BC * S  # V buffers 0 and 1
+
+    def fwd(q, k, v, o, lse, sl2, scale):
+        sm = cuda.shared.array(0, types.float16)
+        smw = cuda.shared.array(0, uint32)  # the same bytes as 32-bit words
+        tid = cuda.threadIdx.x
+        warp = tid // 32
+        lane = tid % 32
+        g = lane // 4
+        t = lane % 4
+        i = cuda.gridDim.x - 1 - cuda.blockIdx.x if CAUSAL else cuda.blockIdx.x
+        bh = cuda.blockIdx.y
+        nh = q.shape[1]
+        b = bh // nh
+        h = bh % nh
+        hk = h // (nh // k.shape[1])
+        nq = q.shape[2]
+        nk = k.shape[2]
+        d = D
+        ch = D // 8  # 16-byte chunks per row
+        sbase = tc.smem_u32(sm)
+        loff = tc.lane_offset(S)
+        loffb = tc.lane_offset_b(S)
+        r0 = i * BR
+        shift = nk - nq
+        qbase = ((b * nh + h) * nq) * d
+        kbase = ((b * k.shape[1] + hk) * nk) * d
+        if DP > D:
+            for e in range(tid, (BR + 4 * BC) * (DP - D), NT):
+                sm[(e // (DP - D)) * S + D + e % (DP - D)] = 0.0
+        tc_ = (nk + BC - 1) // BC
+        nblk = tc_
+        if CAUSAL:
+            nblk = min(tc_, max(0, (min(r0 + BR, nq) - 1 + shift + BC) // BC))
+        for e in range(tid, BR * ch, NT):
+            r = e // ch
+            c = (e % ch) * 8
+            ok = r0 + r < nq
+            tc.cp_async16_a(sm, sbase, QOFF + r * S + c, q, qbase + (r0 + r if ok else 0) * d + c, 8 if ok else 0)
+        if nblk > 0:
+            for e in range(tid, BC * ch, NT):
+                r = e // ch
+                c = (e % ch) * 8
+                ok = r < nk
+                goff = kbase + (r if ok else 0) * d + c
+                tc.cp_async16_a(sm, sbase, KOFF + r * S + c, k, goff, 8 if ok else 0)
+                tc.cp_async16_a(sm, sbase, VOFF + r * S + c, v, goff, 8 if ok else 0)
+        tc.cp_async_commit()
+        tc.cp_async_wait(0)
+        cuda.syncthreads()  # Q_i, K_0, V_0 and the zeroed padding are in shared memory
+        # Warp w owns m-tiles mt = 0..MT-1: rows 16·(NW·mt + w) + (0..15) of the block.
+        qa = cuda.local.array(NQA, uint32)
+        if QREG:
+            for mt in range(MT):
+                for kk in range(KT):
+                    tc.ldsm_x4_a(qa, 4 * (mt * KT + kk), sm, sbase, loff, QOFF, S, 16 * (NW * mt + warp), 16 * kk)
+        acc = cuda.local.array(NACC, float32)
+        for e in range(NACC):
+            acc[e] = 0.0
+        s = cuda.local.array(NS4, float32)
+        pa = cuda.local.array(NPA, uint32)
+        kb = cuda.local.array(4, uint32)
+        m = cuda.local.array(M2, float32)  # running max (raw scores) of rows g, g+8 of each m-tile
+        ll = cuda.local.array(M2, float32)  # this lane's part of ℓ for the same rows
+        for e in range(M2):
+            m[e] = NEG_INF
+            ll[e] = 0.0
+        # This thread's chunks of a K/V tile (the same every block): chunk u is row crow[u],
+        # element offset cgof[u] in the tile in memory and csof[u] in shared memory.
+        crow = cuda.local.array(CPT, int32)
+        cgof = cuda.local.array(CPT, int32)
+        csof = cuda.local.array(CPT, int32)
+        for u in range(CPT):
+            e = tid + u * NT
+            crow[u] = e // CH
+            cgof[u] = (e // CH) * D + (e % CH) * 8
+            csof[u] = (e // CH) * S + (e % CH) * 8
+        for j in range(nblk):
+            buf = j % 2
+            c0 = j * BC
+            if j + 1 < nblk:
+                nb_ = (j + 1) % 2
+                gnext = kbase + (c0 + BC) * D  # K_{j+1}, V_{j+1} start here
+                for u in range(CPT):
+                    if CPT * NT == BC * CH or tid + u * NT < BC * CH:
+                        ok = c0 + BC + crow[u] < nk
+                        goff = gnext + cgof[u] if ok else kbase
+                        soff = nb_ * (BC * S) + csof[u]
+                        tc.cp_async16_a(sm, sbase, KOFF + soff, k, goff, 8 if ok else 0)
+                        tc.cp_async16_a(sm, sbase, VOFF + soff, v, goff, 8 if ok else 0)
+            tc.cp_async_commit()  # (empty on the last block) so that one wait fits every iteration
+            tc.cp_async_wait(1)  # everything but the newest group, i.e. K_j, V_j, has landed
+            cuda.syncthreads()  # K_j, V_j have landed for every warp
+            kofs = KOFF + buf * BC * S
+            vofs = VOFF + buf * BC * S
+            # S = Q Kᵀ: every K fragment pair feeds MT m-tiles.
+            for kk in range(KT):
+                if not QREG:
+                    for mt in range(MT):
+                        tc.ldsm_x4_a(qa, 4 * mt, sm, sbase, loff, QOFF, S, 16 * (NW * mt + warp), 16 * kk)
+                for n2 in range(NS // 2):
+                    tc.ldsm_x4_b_a(kb, 0, sm, sbase, loffb, kofs, S, 16 * n2, 16 * kk)
+                    for mt in range(MT):
+                        qi = 4 * (mt * KT + kk) if QREG else 4 * mt
+                        if kk == 0:
+                            tc.mma_z(s, 4 * (mt * NS + 2 * n2), qa, qi, kb[0], kb[1])
+                            tc.mma_z(s, 4 * (mt * NS + 2 * n2 + 1), qa, qi, kb[2], kb[3])
+                        else:
+                            tc.mma(s, 4 * (mt * NS + 2 * n2), qa, qi, kb[0], kb[1])
+                            tc.mma(s, 4 * (mt * NS + 2 * n2 + 1), qa, qi, kb[2], kb[3])
+            if c0 + BC > nk or (CAUSAL and c0 + BC - 1 > r0 + shift):
+                for mt in range(MT):
+                    for nt in range(NS):
+                        for e in range(4):
+                            col = c0 + 8 * nt + 2 * t + (e % 2)
+                            row = r0 + 16 * (NW * mt + warp) + g + 8 * (e // 2)
+                            if col >= nk or (CAUSAL and col > row + shift):
+                                s[4 * (mt * NS + nt) + e] = NEG_INF
+            for mt in range(MT):
+                mx_0 = m[2 * mt]
+                mx_1 = m[2 * mt + 1]
+                for nt in range(NS):
+                    x = 4 * (mt * NS + nt)
+                    mx_0 = max(mx_0, max(s[x], s[x + 1]))
+                    mx_1 = max(mx_1, max(s[x + 2], s[x + 3]))
+                mx_0, mx_1 = tc.quad_max2(mx_0, mx_1)
+                # Move the reference max only if a row's max grew by more than 2^8 (the first
+                # visible block always does: m starts at -inf).  (-inf) - (-inf) is NaN, and
+                # NaN > 8 is False: a row with nothing visible yet keeps m = -inf.
+                if (mx_0 - m[2 * mt]) * sl2 > 8.0 or (mx_1 - m[2 * mt + 1]) * sl2 > 8.0:
+                    mu_0 = mx_0 if mx_0 != NEG_INF else float32(0.0)
+                    mu_1 = mx_1 if mx_1 != NEG_INF else float32(0.0)
+                    alpha_0 = tc.ex2((m[2 * mt] - mu_0) * sl2)
+                    alpha_1 = tc.ex2((m[2 * mt + 1] - mu_1) * sl2)
+                    m[2 * mt] = mx_0
+                    m[2 * mt + 1] = mx_1
+                    ll[2 * mt] *= alpha_0
+                    ll[2 * mt + 1] *= alpha_1
+                    for nt in range(NO):
+                        x = 4 * (mt * NO + nt)
+                        acc[x] *= alpha_0
+                        acc[x + 1] *= alpha_0
+                        acc[x + 2] *= alpha_1
+                        acc[x + 3] *= alpha_1
+                ms_0 = (m[2 * mt] if m[2 * mt] != NEG_INF else float32(0.0)) * sl2
+                ms_1 = (m[2 * mt + 1] if m[2 * mt + 1] != NEG_INF else float32(0.0)) * sl2
+                ps_0 = float32(0.0)
+                ps_1 = float32(0.0)
+                for nt in range(NS):
+                    x = 4 * (mt * NS + nt)
+                    p0 = tc.ex2(s[x] * sl2 - ms_0)
+                    p1 = tc.ex2(s[x + 1] * sl2 - ms_0)
+                    p2 = tc.ex2(s[x + 2] * sl2 - ms_1)
+                    p3 = tc.ex2(s[x + 3] * sl2 - ms_1)
+                    ps_0 += p0 + p1
+                    ps_1 += p2 + p3
+                    y = 4 * (mt * KV + nt // 2) + 2 * (nt % 2)
+                    pa[y] = tc.pack_f16x2(p0, p1)
+                    pa[y + 1] = tc.pack_f16x2(p2, p3)
+                ll[2 * mt] += ps_0
+                ll[2 * mt + 1] += ps_1
+            for kk in range(KV):
+                for n2 in range(NO // 2):
+                    tc.ldsm_x4_trans_a(kb, 0, sm, sbase, loff, vofs, S, 16 * kk, 16 * n2)
+                    for mt in range(MT):
+                        tc.mma(acc, 4 * (mt * NO + 2 * n2), pa, 4 * (mt * KV + kk), kb[0], kb[1])
+                        tc.mma(acc, 4 * (mt * NO + 2 * n2 + 1), pa, 4 * (mt * KV + kk), kb[2], kb[3])
+            cuda.syncthreads()  # every warp is done with buffer j % 2 before it is refilled
+        # Epilogue: ℓ over the quad; O = acc/ℓ packed to f16 into the warp's own rows of the Q
+        # tile (only this warp read them), then copied out 16 bytes per thread.
+        for mt in range(MT):
+            l_0, l_1 = tc.quad_sum2(ll[2 * mt], ll[2 * mt + 1])
+            inv_0 = float32(1.0) / l_0 if l_0 > 0 else float32(0.0)
+            inv_1 = float32(1.0) / l_1 if l_1 > 0 else float32(0.0)
+            rl = 16 * (NW * mt + warp) + g
+            for nt in range(NO):
+                x = 4 * (mt * NO + nt)
+                w0 = (QOFF + rl * S + 8 * nt + 2 * t) // 2
+                smw[w0] = tc.pack_f16x2(acc[x] * inv_0, acc[x + 1] * inv_0)
+                smw[w0 + 4 * S] = tc.pack_f16x2(acc[x + 2] * inv_1, acc[x + 3] * inv_1)
+            if t == 0:
+                row_0 = r0 + rl
+                if row_0 < nq:
+                    lse[b, h, row_0] = m[2 * mt] * scale + math.log(l_0) if l_0 > 0 else NEG_INF
+                if row_0 + 8 < nq:
+                    lse[b, h, row_0 + 8] = m[2 * mt + 1] * scale + math.log(l_1) if l_1 > 0 else NEG_INF
+        cuda.syncthreads()  # the whole O tile is in shared memory
+        for e in range(tid, BR * ch, NT):
+            r = e // ch
+            c = (e % ch) * 8
+            if r0 + r < nq:
+                tc.st_global16_a(o, qbase + (r0 + r) * d + c, sm, sbase, QOFF + r * S + c)
+
+    return fwd, NT, BR
+
+
+@cache
+def kernel(d: int, bc: int, nw: int, mt: int, causal: bool, qreg: bool):
+    fn, nt, br = _source(d, bc, nw, mt, causal, qreg)
+    return tc.jit_kernel(fn, nt), nt, br
+
+
+def signature():
+    a4 = types.Array(types.float16, 4, "C")
+    return types.void(a4, a4, a4, a4, types.Array(float32, 3, "C"), float32, float32)
+
+
+def default_config(d: int) -> dict:
+    """Block shape per head dim: Bc, warps, m-tiles per warp, Q fragments held in registers."""
+    if d <= 64:
+        return dict(bc=64, nw=4, mt=2, qreg=True)
+    return dict(bc=64, nw=4, mt=2, qreg=False)
+
+
+def supports(dtype, d: int) -> bool:
+    return np.dtype(dtype) == np.float16 and d % 8 == 0 and 8 <= d <= 256
+
+
+def forward(q, k, v, *, causal=False, scale=None, return_lse=False, **config):
+    """O (and L) for fp16 (B, H, N, d) inputs; ``config`` overrides :func:`default_config`."""
+    from ._launch import launch_forward
+
+    return launch_forward(__name__, kernel, smem_bytes, default_config, supports, q, k, v, causal=causal,
+                          scale=scale, return_lse=return_lse, config=config)
