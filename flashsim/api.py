@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .algorithms import get_algorithm
-from .config import Tiling, Workload
+from .config import Tiling, Workload, _check_positive_int
 from .traffic import IOCount, Schedule, Traffic, from_elements, walk
 
 PASSES = ("fwd", "bwd", "fwd+bwd")
@@ -27,9 +27,23 @@ class SimResult:
         return self.io.elements_by_key() == self.closed_form.elements_by_key()
 
 
+def takes_sram(algo: str) -> bool:
+    """Whether ``algo`` sizes its own tiles from M (``smallcache``: s x s tiles with 3s² + 2s <= M).
+
+    Such an algorithm lists ``sram_elems`` among its ``OPTIONS``; :func:`simulate` hands it the
+    M it was given, exactly, instead of turning M into FlashAttention's Br x Bc tiling (which
+    would round M up to a multiple of 4d and refuse M < 4d).
+    """
+    return "sram_elems" in getattr(get_algorithm(algo), "OPTIONS", {})
+
+
 def resolve_tiling(workload: Workload, algo: str, tiling: Tiling | None = None,
                    sram_elems: int | None = None) -> Tiling | None:
-    """The tiling an algorithm runs with: given explicitly, or from M by the paper's rule."""
+    """The tiling an algorithm runs with: given explicitly, or from M by the paper's rule.
+
+    None for an algorithm that takes no block sizes (standard attention), and for one that sizes
+    its tiles from M itself (:func:`takes_sram`) when M rather than a tiling is given.
+    """
     mod = get_algorithm(algo)
     if not mod.NEEDS_TILING:
         return None
@@ -39,7 +53,19 @@ def resolve_tiling(workload: Workload, algo: str, tiling: Tiling | None = None,
         return tiling
     if sram_elems is None:
         raise ValueError(f"sram_elems=None: algorithm {algo!r} needs an SRAM size M or explicit block sizes")
+    if takes_sram(algo):
+        _check_positive_int("sram_elems", sram_elems)
+        return None
     return Tiling.from_sram(sram_elems, workload.head_dim)
+
+
+def _resolve(workload: Workload, algo: str, tiling: Tiling | None, sram_elems: int | None,
+             options: dict) -> tuple[Tiling | None, dict]:
+    """(tiling, options) the algorithm's ``schedule`` and ``closed_form`` are called with."""
+    tl = resolve_tiling(workload, algo, tiling, sram_elems)
+    if tl is None and sram_elems is not None and takes_sram(algo) and "tile" not in options:
+        options = {**options, "sram_elems": int(sram_elems)}
+    return tl, options
 
 
 def _passes(pass_: str) -> tuple[str, ...]:
@@ -51,7 +77,7 @@ def _passes(pass_: str) -> tuple[str, ...]:
 def build_schedule(workload: Workload, algo: str, pass_: str = "fwd", tiling: Tiling | None = None,
                    sram_elems: int | None = None, **options) -> Schedule:
     mod = get_algorithm(algo)
-    tl = resolve_tiling(workload, algo, tiling, sram_elems)
+    tl, options = _resolve(workload, algo, tiling, sram_elems, options)
     scheds = []
     for p in _passes(pass_):
         if p not in mod.PASSES:
@@ -69,7 +95,7 @@ def build_schedule(workload: Workload, algo: str, pass_: str = "fwd", tiling: Ti
 def closed_form_elements(workload: Workload, algo: str, pass_: str = "fwd", tiling: Tiling | None = None,
                          sram_elems: int | None = None, **options) -> dict[tuple[str, str], int]:
     mod = get_algorithm(algo)
-    tl = resolve_tiling(workload, algo, tiling, sram_elems)
+    tl, options = _resolve(workload, algo, tiling, sram_elems, options)
     out: dict[tuple[str, str], int] = {}
     for p in _passes(pass_):
         if p not in mod.PASSES:
@@ -81,14 +107,18 @@ def closed_form_elements(workload: Workload, algo: str, pass_: str = "fwd", tili
 
 def simulate(workload: Workload, algo: str, pass_: str = "fwd", tiling: Tiling | None = None,
              sram_elems: int | None = None, **options) -> SimResult:
-    """Walk the schedule and evaluate the closed form; both are returned."""
-    tl = resolve_tiling(workload, algo, tiling, sram_elems)
-    sched = build_schedule(workload, algo, pass_, tl, **options)
+    """Walk the schedule and evaluate the closed form; both are returned.
+
+    ``SimResult.options`` are the options the algorithm ran with (for ``smallcache`` given M, M
+    itself as ``sram_elems``).
+    """
+    tl, run_options = _resolve(workload, algo, tiling, sram_elems, options)
+    sched = build_schedule(workload, algo, pass_, tiling, sram_elems, **options)
     io = walk(sched)
-    cf_el = closed_form_elements(workload, algo, pass_, tl, **options)
+    cf_el = closed_form_elements(workload, algo, pass_, tiling, sram_elems, **options)
     cf = from_elements(cf_el, sched.tensors)
-    return SimResult(algo, pass_, workload, tl, io, cf, dict(options))
+    return SimResult(algo, pass_, workload, tl, io, cf, run_options)
 
 
-__all__ = ["SimResult", "simulate", "build_schedule", "closed_form_elements", "resolve_tiling",
+__all__ = ["SimResult", "simulate", "build_schedule", "closed_form_elements", "resolve_tiling", "takes_sram",
            "IOCount", "Traffic", "PASSES"]

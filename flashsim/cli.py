@@ -206,10 +206,10 @@ def _cmd_simulate(a: argparse.Namespace) -> int:
     gpu = get_gpu(a.gpu)
     tiling, m = _tiling_args(a, a.algo, w, gpu)
     opts = _chosen_options(a, a.algo)
-    if a.algo == "smallcache" and tiling is None and "tile" not in opts:
-        # its tile side from the exact M (the tiling would round M up to a multiple of 4d)
-        opts["tile"] = _load_algorithm(a.algo).tile_for_sram(m)
     try:
+        if a.algo == "smallcache" and tiling is None and "tile" not in opts:
+            # its tile side from the exact M, shown as the option it runs with
+            opts["tile"] = _load_algorithm(a.algo).tile_for_sram(m)
         res = simulate(w, a.algo, a.pass_, tiling=tiling, sram_elems=None if tiling else m, **opts)
     except ValueError as e:
         raise _with_sram_bytes(e, a, w, m) from None

@@ -226,10 +226,17 @@ class Hardware:
     def __post_init__(self) -> None:
         for name in ("sram_bytes_per_sm", "max_shared_bytes_per_block", "num_sms", "l2_bytes"):
             _check_positive_int(name, getattr(self, name))
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"name={self.name!r}: must be a non-empty string")
         for name in ("hbm_bytes_per_s", "nonmatmul_flops"):
             v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+            if isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise ValueError(f"{name}={v!r}: must be a positive finite number")
+        if not isinstance(self.matmul_flops, dict):
+            raise ValueError(f"matmul_flops={self.matmul_flops!r}: must be a dict of precision -> FLOP/s")
+        for key, v in self.matmul_flops.items():
+            if isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"matmul_flops[{key!r}]={v!r}: must be a positive finite number")
 
     def sram_elems(self, elem_bytes: int) -> int:
         """M in elements: the shared memory one thread block can use."""

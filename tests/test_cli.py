@@ -108,13 +108,20 @@ def test_algorithm_options_pass_through(capsys):
     (["simulate", "--algo", "standard", "--block-m", "64", "--block-n", "64"], ["standard", "block"]),
     (["simulate", "--algo", "standard", "--fuse", "most"], ["fuse"]),
     (["simulate", "--algo", "standard", "--dropout", "1.5"], ["dropout"]),
+    (["simulate", "--algo", "smallcache", "--sram-bytes", "8"], ["sram_bytes=8", "--sram-bytes", "M >= 5"]),
+    (["simulate", "--algo", "smallcache", "--causal"], ["causal"]),
+    (["simulate", "--algo", "smallcache", "--pass", "bwd"], ["pass", "fwd"]),
+    (["simulate", "--algo", "flash1", "--sram-bytes", "200"], ["sram_bytes=200", "M >= 4*d"]),
+    (["bounds", "--gpu", "v100"], ["gpu", "v100"]),
+    (["bounds", "--sram-bytes", "-1"], ["sram_bytes"]),
+    (["bounds", "--kv-heads", "3"], ["kv_heads", "--kv-heads"]),
     (["nonsense"], ["nonsense"]),
     (["report", "--out"], ["--out"]),
 ])
 def test_bad_input_one_line_exit_2(argv, words, capsys):
     if "standard" in argv:
         pytest.importorskip("flashsim.algorithms.standard")
-    rc, out, err = run([argv[0], *SMALL, *argv[1:]] if argv[0] == "simulate" else argv, capsys)
+    rc, out, err = run([argv[0], *SMALL, *argv[1:]] if argv[0] in ("simulate", "bounds") else argv, capsys)
     assert rc == 2
     assert out == ""
     lines = err.splitlines()
@@ -124,7 +131,7 @@ def test_bad_input_one_line_exit_2(argv, words, capsys):
         assert w in lines[0], (w, lines[0])
 
 
-@pytest.mark.parametrize("argv", [[], ["simulate"], ["report"]])
+@pytest.mark.parametrize("argv", [[], ["simulate"], ["sweep"], ["bounds"], ["report"], ["measure"], ["compare"]])
 def test_help(argv, capsys):
     rc, out, _ = run([*argv, "--help"], capsys)
     assert rc == 0
@@ -239,6 +246,22 @@ def test_smallcache_tile_from_exact_m(capsys):
     s = json.loads(out)
     assert s["block_m"] == s["block_n"] == s["options"]["tile"] == tile_for_sram(1500)
     assert s["closed_form_agrees"] and s["bounds"]["regime"] == "large-cache"  # M = 1500 >= d² = 1024
+
+
+def test_smallcache_below_4d(capsys):
+    """M = 50 elements < 4d = 128: FlashAttention's tiling does not exist, the small-cache algorithm
+    runs with s = 3 (3·9 + 6 = 33 <= 50 < 3·16 + 8), and bounds counts it at the same M."""
+    rc, out, err = run(["simulate", "--algo", "smallcache", *SMALL, "--sram-bytes", "100", "--json"], capsys)
+    assert rc == 0, err
+    s = json.loads(out)
+    assert s["sram_elems"] == 50 and s["block_m"] == s["options"]["tile"] == 3 and s["closed_form_agrees"]
+    w = Workload(batch=2, heads=4, seq_len_q=256, head_dim=32)
+    assert s["hbm_bytes"] == simulate(w, "smallcache", sram_elems=50).io.bytes
+    rc, out, err = run(["bounds", *SMALL, "--sram-bytes", "100", "--json"], capsys)
+    assert rc == 0, err
+    algos = {r["algo"]: r for r in json.loads(out)["algorithms"]}
+    assert algos["smallcache"]["simulated"] == simulate(w, "smallcache", sram_elems=50).io.elements
+    assert algos["flash2"]["simulated"] is None and "M >= 4*d" in algos["flash2"]["error"]
 
 
 def test_public_api():

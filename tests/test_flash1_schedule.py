@@ -3,6 +3,7 @@ Proposition 4."""
 
 import numpy as np
 import pytest
+from _space import label
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -38,19 +39,21 @@ def configs(draw):
     return w, tiling, draw(st.booleans())
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(configs())
 def test_forward_walker_equals_closed_form(cfg):
     w, t, o_fp32 = cfg
+    label(w, t.block_m, t.block_n)
     r = simulate(w, "flash1", "fwd", tiling=t, o_fp32=o_fp32)
     assert r.io.elements_by_key() == r.closed_form.elements_by_key()
     assert r.io.bytes_by_key() == r.closed_form.bytes_by_key()
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(configs())
 def test_backward_walker_equals_closed_form(cfg):
     w, t, o_fp32 = cfg
+    label(w, t.block_m, t.block_n)
     r = simulate(w, "flash1", "bwd", tiling=t, o_fp32=o_fp32)
     assert r.io.elements_by_key() == r.closed_form.elements_by_key()
     assert r.io.bytes_by_key() == r.closed_form.bytes_by_key()

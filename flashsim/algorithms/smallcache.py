@@ -33,8 +33,10 @@ Per head, with Tq = ⌈Nq/s⌉, Tk = ⌈Nk/s⌉, Td = ⌈d/s⌉ (the closed form
 
 i.e. ≈ 4·Nq·Nk·d/s + 2·Nq·Nk = Θ(N²d/√M).  Masks are not modelled (the schedule computes the
 dense S); a causal or block-sparse workload raises ValueError.  The algorithm needs only M (no
-Br, Bc): :func:`tile_side` turns the tiling's SRAM size into s; pass ``sram_elems`` to
-:func:`flashsim.api.simulate`, or an explicit ``tile=s`` option.
+Br, Bc), any M >= 5, including M < 4d where FlashAttention's tiling does not exist:
+:func:`flashsim.api.simulate` given ``sram_elems`` passes M through exactly (as this module's
+``sram_elems`` option), and :func:`tile_side` turns it into s; an explicit ``tile=s`` option
+overrides it.  Given a Br x Bc tiling instead, M is recovered from it as 4·d·Bc.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ from ..traffic import Launch, Schedule, read, write
 from ._common import block_rows, layouts, per_query_head_slices
 
 PASSES = ("fwd",)
-#: Takes a tiling only to recover M (see :func:`tile_side`); an explicit ``tile`` option overrides it.
+#: Takes a tiling only to recover M from it (see :func:`tile_side`); M itself (``sram_elems``) or an
+#: explicit ``tile`` is exact.
 NEEDS_TILING = True
 DESCRIPTION = "Saha & Ye small-cache attention: √M-tiled matmuls QKᵀ and PV, S written to HBM"
 OPTIONS: dict[str, tuple[object, str]] = {
