@@ -1,19 +1,32 @@
-"""The committed notebooks match their sources in notebooks/src/ (without executing anything).
+"""The notebooks: the committed ones match their sources in notebooks/src/, and every one runs.
 
-Executing them is CI's ``pytest --nbmake notebooks/``; this only checks that nobody edited a
-source without rebuilding (``python notebooks/build.py``), that every placeholder of a takeaway
-was filled, and that every figure has a takeaway right under it.
+``test_notebook_runs`` executes each source top to bottom the way ``python notebooks/build.py``
+does (a kernel of this interpreter, with ``notebooks/`` as working directory, matplotlib's
+inline backend, the takeaways' placeholders filled, every figure's axes checked for labels),
+but in memory: nothing is written.  All notebooks together get ``NOTEBOOK_BUDGET_S`` seconds.
+The result must match the committed notebook up to the digits of its numbers (which may move
+in the last place from one machine to another): the same prose, figures in the same cells.  So
+a notebook that fails, or whose committed outputs are stale (say, measurements landed and
+nobody ran the builder), fails here.
+
+The other tests only read the committed notebooks: nobody edited a source without rebuilding,
+every placeholder was filled, and every figure has a takeaway right under it.
 """
 
 import importlib.util
 import re
+import time
 from pathlib import Path
 
+import nbformat
 import pytest
 
 NB_DIR = Path(__file__).resolve().parent.parent / "notebooks"
-nbformat = pytest.importorskip("nbformat")
-pytest.importorskip("nbclient")
+SOURCES = sorted((NB_DIR / "src").glob("*.py"))
+#: seconds for executing all the notebooks together (about 30 s on two cores in 2025)
+NOTEBOOK_BUDGET_S = 180.0
+_spent = {"s": 0.0}
+NUMBER = re.compile(r"[-+−]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")
 
 
 def _builder():
@@ -23,7 +36,16 @@ def _builder():
     return mod
 
 
-SOURCES = sorted((NB_DIR / "src").glob("*.py"))
+def _figure_cells(nb) -> list[int]:
+    return [i for i, c in enumerate(nb.cells)
+            if c.cell_type == "code" and any("image/png" in o.get("data", {}) for o in c.outputs)]
+
+
+def _check_takeaways(nb) -> None:
+    for i in _figure_cells(nb):
+        nxt = nb.cells[i + 1] if i + 1 < len(nb.cells) else None
+        assert nxt is not None and nxt.cell_type == "markdown" and nxt.source.startswith("**Takeaway:**"), \
+            f"cell {i}: a figure without a takeaway under it"
 
 
 def test_every_source_has_a_notebook():
@@ -53,11 +75,40 @@ def test_notebook_matches_source(src):
 
 @pytest.mark.parametrize("src", SOURCES, ids=lambda p: p.stem)
 def test_every_figure_has_a_takeaway(src):
-    nb = nbformat.read(NB_DIR / f"{src.stem}.ipynb", as_version=4)
-    for i, cell in enumerate(nb.cells):
-        if cell.cell_type != "code":
-            continue
-        if any("image/png" in o.get("data", {}) for o in cell.outputs):
-            nxt = nb.cells[i + 1] if i + 1 < len(nb.cells) else None
-            assert nxt is not None and nxt.cell_type == "markdown" and nxt.source.startswith("**Takeaway:**"), \
-                f"cell {i}: a figure without a takeaway under it"
+    _check_takeaways(nbformat.read(NB_DIR / f"{src.stem}.ipynb", as_version=4))
+
+
+@pytest.mark.parametrize("src", SOURCES, ids=lambda p: p.stem)
+def test_notebook_runs(src):
+    build = _builder()
+    left = NOTEBOOK_BUDGET_S - _spent["s"]
+    if left <= 0:
+        pytest.fail(f"the notebooks before {src.stem} took {_spent['s']:.0f} s of the {NOTEBOOK_BUDGET_S:.0f} s "
+                    "allowed for all of them")
+    nb = build.make_notebook(src)
+    t0 = time.monotonic()
+    try:
+        build.execute(nb, timeout=left)  # raises on any error, with the cell and its traceback
+    finally:
+        _spent["s"] += time.monotonic() - t0
+    _check_takeaways(nb)
+
+    committed = nbformat.read(NB_DIR / f"{src.stem}.ipynb", as_version=4)
+    assert len(nb.cells) == len(committed.cells)
+    stale = f"{src.stem}.ipynb is stale: run python notebooks/build.py {src.stem[:2]} and commit it"
+    for i, (new, old) in enumerate(zip(nb.cells, committed.cells)):
+        if new.cell_type == "markdown":
+            assert NUMBER.sub("#", new.source) == NUMBER.sub("#", old.source), \
+                f"cell {i}: {stale}; it now reads\n{new.source}"
+    assert _figure_cells(nb) == _figure_cells(committed), f"figures in other cells than committed: {stale}"
+
+
+def test_unlabelled_axes_are_refused():
+    build = _builder()
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = build.KERNEL
+    nb.cells = [nbformat.v4.new_code_cell(
+        "import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.plot([1, 2])\nax.set_xlabel('x (s)')\nplt.show()"
+    )]
+    with pytest.raises(Exception, match="y axis without a label"):
+        build.execute(nb, timeout=60)

@@ -105,7 +105,7 @@ for a in algos:
 ax.loglog(ds, [b["flash"] for b in bnd_d], "k-.", lw=0.8, label="Theorem 2")
 ax.loglog(ds, [b["lower_bound"] for b in bnd_d], "k:", lw=1.2, label="lower bound (Prop. 3, c = 1)")
 ax.set_xscale("log", base=2)
-ax.set_xlabel("head dimension d")
+ax.set_xlabel("head dimension d (elements per row of Q, K, V)")
 ax.set_ylabel("HBM accesses per head (elements)")
 ax.set_title(f"forward, N = 4096, M = {M_A100:,} elements")
 ax.legend()
@@ -208,6 +208,7 @@ for y, a in enumerate(parts):
                 ax.text(left + v / 2, y, k.replace(" read", " r").replace(" write", " w"), ha="center", va="center", fontsize=7)
             left += v
 ax.set_yticks([0, 1], list(parts))
+ax.set_ylabel("algorithm")
 ax.set_xlabel("HBM accesses per head (units of N·d elements)")
 ax.set_title(f"forward, N = 4096, d = 64, Br = {t_b.block_m}, Bc = {t_b.block_n} (Tc = {tc}, Tr = {tr})")
 ax.legend(ncol=4, fontsize=7, loc="lower right")

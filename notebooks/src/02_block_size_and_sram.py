@@ -57,7 +57,7 @@ for ax in (ax1, ax2):
     ax.axvspan(max_bc["A100"], max_bc["H100"], color="grey", alpha=0.12)
     ax.axvspan(max_bc["H100"], blocks[-1] * 1.2, color="grey", alpha=0.3)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("block size (flash1: Bc, Br = min(Bc, d); flash2: Br, Bc = 64)")
+    ax.set_xlabel("block size (rows; flash1: Bc, Br = min(Bc, d); flash2: Br, Bc = 64)")
 for a, st in (("flash1", "o-"), ("flash2", "s--")):
     ax1.plot(blocks, gb[a], st, label=a)
     for g, c in (("A100", "C0"), ("H100", "C3")):

@@ -67,6 +67,7 @@ for ax, (name, rec) in zip(axes, cal.items()):
     for k, (label, vals) in enumerate(bars):
         ax.bar(x + (k - 2) * 0.16, np.array(vals) / 2**20, 0.16, label=label)
     ax.set_xticks(x, ["read", "write"])
+    ax.set_xlabel("direction")
     ax.set_title(f"{name} ({rec['time_ns'] / 1e3:.1f} µs)")
 axes[0].set_ylabel("bytes (MiB)")
 axes[1].legend(fontsize=7, loc="upper right")
