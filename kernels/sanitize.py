@@ -23,8 +23,11 @@ def main() -> int:
             k = rng.standard_normal((1, 2, 130, 40)).astype(dt)
             v = rng.standard_normal((1, 2, 130, 40)).astype(dt)
             do = rng.standard_normal(q.shape).astype(dt)
-            o, lse = kernels.flash_attention(q, k, v, causal=causal, return_lse=True)
-            kernels.flash_attention_backward(q, k, v, o, lse, do, causal=causal)
+            # The readable FlashAttention-2 kernels, then the fast numbered variants where one
+            # applies (kernels/perf: fp16 forward and backward, fp32 forward).
+            for impl in ("reference", "auto"):
+                o, lse = kernels.flash_attention(q, k, v, causal=causal, return_lse=True, impl=impl)
+                kernels.flash_attention_backward(q, k, v, o, lse, do, causal=causal, impl=impl)
             kernels.flash1_attention(q, k, v, causal=causal, sram_bytes=16 * 1024)
             o2 = kernels.standard_attention(q, k, v, causal=causal)
             kernels.standard_attention_backward(q, k, v, o2, do, causal=causal)

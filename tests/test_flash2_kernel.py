@@ -7,6 +7,7 @@ exist.  ``TestOnGPU`` repeats the checks at realistic sizes on a real GPU
 """
 
 import dataclasses
+import functools
 import os
 import subprocess
 import sys
@@ -17,10 +18,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+import kernels
 from flashsim.algorithms import flash2 as sim_flash2
 from flashsim.config import BlockMask, Tiling, Workload
 from flashsim.traffic import walk
-from kernels import flash_attention, flash_attention_backward
 from kernels.counters import new_counters, to_elements
 from kernels.reference import (
     attention_backward,
@@ -29,6 +30,12 @@ from kernels.reference import (
     judge_low_precision_backward,
     rel_error,
 )
+
+# This file is about the readable kernels of kernels/flash2.py, so it pins impl="reference"
+# (the public API's default, "auto", would run the fast variants, which tests/test_perf_kernels.py
+# covers); the GPU class below runs both.
+flash_attention = functools.partial(kernels.flash_attention, impl="reference")
+flash_attention_backward = functools.partial(kernels.flash_attention_backward, impl="reference")
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
                 derandomize=True)
