@@ -238,11 +238,27 @@ def summarize(records: list[dict]) -> dict:
             "dram_max_abs_err": float(dram.max()) if dram.size else math.nan}
 
 
-def run(data: str | Path, out_dir: str | Path | None = None, gpu: str = "h100", plots: bool = True) -> int:
+def preset_of(meta: dict) -> str | None:
+    """The flashsim GPU preset of a measurement's provenance ("NVIDIA H200" -> "h200"), or None."""
+    name = str(meta.get("gpu") or "").lower()
+    for key in ("h200", "h100", "a100"):
+        if key in name:
+            return "a100-80gb" if key == "a100" and "80" in name else key
+    return None
+
+
+def run(data: str | Path, out_dir: str | Path | None = None, gpu: str | None = None, plots: bool = True) -> int:
     """Compare a measured CSV with the simulator; print the table, the summary and the fits;
-    write comparison CSVs (and plots) to ``out_dir``.  Returns 1 if any launch's LSU-level error
-    exceeds the 1 % tolerance, else 0."""
+    write comparison CSVs (and plots) to ``out_dir``.  ``gpu``: the preset whose L2 models the
+    DRAM level; by default the one named in the data's provenance.  Returns 1 if any launch's
+    LSU-level error exceeds the 1 % tolerance, else 0."""
     rows, meta = read_measured(data)
+    if gpu is None:
+        gpu = preset_of(meta)
+        if gpu is None:
+            raise ValueError(f"gpu=None: the data's provenance names GPU {meta.get('gpu')!r}, which matches no "
+                             "preset; pass gpu= (--gpu) explicitly")
+        print(f"GPU preset {gpu} (from the data's provenance)")
     records = compare(rows, gpu)
     print(f"measured on {meta.get('gpu')} (driver {meta.get('driver')}, {meta.get('ncu')}), "
           f"{meta.get('date')}, commit {str(meta.get('git_commit'))[:10]}, cache control {meta.get('cache_control')}")

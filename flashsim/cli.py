@@ -504,7 +504,10 @@ def _cmd_compare(a: argparse.Namespace) -> int:
 
     if not Path(a.data).is_file():
         raise UsageError(f"DATA={a.data!r}: no such file (a measured CSV, e.g. analysis/data/h100/h100.csv)")
-    return run(a.data, a.out, gpu=a.gpu, plots=not a.no_plots)
+    try:
+        return run(a.data, a.out, gpu=a.gpu, plots=not a.no_plots)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -604,7 +607,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "LSU-level error exceeds the tolerance.")
     c.add_argument("data", metavar="DATA", help="measured CSV, e.g. analysis/data/h100/h100.csv")
     c.add_argument("--out", "-o", default=None, metavar="DIR", help="write comparison CSVs, JSON and plots here")
-    c.add_argument("--gpu", default="h100", help="GPU preset of the measurement (default h100)")
+    c.add_argument("--gpu", default=None, help="GPU preset of the measurement (default: the one the data's "
+                                                "provenance names)")
     c.add_argument("--no-plots", action="store_true", help="skip the plots")
     c.set_defaults(func=_cmd_compare)
     return p

@@ -59,3 +59,22 @@ def test_split_requires_trailing_marker():
     launches = parse_raw_csv(DATA.read_text())
     with pytest.raises(ValueError, match="after the last marker"):
         split_by_marker(launches[:3])
+
+
+@pytest.mark.parametrize("gpu,preset", [("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100"),
+                                        ("NVIDIA A100-SXM4-80GB", "a100-80gb"), ("NVIDIA A100-SXM4-40GB", "a100"),
+                                        ("NVIDIA L4", None), (None, None)])
+def test_compare_takes_the_preset_from_the_provenance(gpu, preset):
+    from analysis.compare import preset_of
+
+    assert preset_of({"gpu": gpu}) == preset
+
+
+def test_committed_h200_record_meets_the_lsu_tolerance_with_its_own_preset(capsys):
+    """`flashsim compare` on the committed H200 data, preset from its provenance: every launch
+    within 1% at the LSU level (exit status 0) and the DRAM median printed."""
+    from analysis.compare import run
+
+    assert run(Path(__file__).parents[1] / "analysis/data/h200/h200.csv", plots=False) == 0
+    out = capsys.readouterr().out
+    assert "GPU preset h200" in out and "104/104 launches within 1%" in out and "median |err|" in out
