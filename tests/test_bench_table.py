@@ -1,0 +1,57 @@
+"""The README's performance table is generated from the committed benchmark CSV."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kernels import bench_table
+
+ROOT = Path(__file__).parents[1]
+CSV = ROOT / "kernels" / "data" / "bench_h200.csv"
+
+TINY = """variant,pass,dtype,d,causal,n,tflops,x_naive,x_sdpa_flash,x_sdpa_cudnn,error
+naive,fwd,fp16,64,False,4096,60.0,1.0,0.2,0.125,
+sdpa_flash,fwd,fp16,64,False,4096,300.0,5.0,1.0,0.625,
+sdpa_cudnn,fwd,fp16,64,False,4096,480.0,8.0,1.6,1.0,
+ours_fwd_fp16_v3,fwd,fp16,64,False,4096,200.0,3.333,0.667,0.417,
+ours_fwd_fp16_v4,fwd,fp16,64,False,4096,210.0,3.5,0.7,0.4375,
+ours_fwd_fp16_v9,fwd,fp16,64,False,4096,,,,,failed the check
+naive,bwd,fp32,64,False,4096,34.4,1.0,,,
+"""
+
+
+def test_render_picks_our_fastest_passing_variant_and_the_runs_own_ratios(tmp_path):
+    p = tmp_path / "b.csv"
+    p.write_text(TINY)
+    table = bench_table.render(bench_table.load(p))
+    print(table)
+    lines = [ln for ln in table.splitlines() if ln.startswith("| fwd")]
+    assert lines == ["| fwd | fp16 | 64 | no | 4,096 | 60 | 300 | 480 | - | 210 | `fwd_fp16_v4` | 3.50 | 0.70 | 0.44 |"]
+    assert "| bwd | fp32 | 64 | no | 4,096 | 34 | - | - | - | - | - | - | - | - |" in table
+
+
+def test_merge_keeps_every_row_and_each_parts_provenance(tmp_path):
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    a.write_text(TINY)
+    b.write_text("variant,pass,dtype,d,causal,n,tflops\nnaive,bwd,fp16,64,False,4096,120.0\n")
+    a.with_name("a.meta.json").write_text(json.dumps({"gpu": "G", "git_commit": "1", "date": "d1"}))
+    b.with_name("b.meta.json").write_text(json.dumps({"gpu": "G", "git_commit": "2", "date": "d2"}))
+    bench_table.merge(tmp_path / "m.csv", [a, b])
+    assert len(bench_table.load(tmp_path / "m.csv")) == 8
+    meta = json.loads((tmp_path / "m.meta.json").read_text())
+    assert meta["gpu"] == "G" and [x["git_commit"] for x in meta["parts"]] == ["1", "2"]
+
+
+def test_replace_block_needs_the_markers():
+    with pytest.raises(ValueError, match="markers"):
+        bench_table.replace_block("no markers here", "x")
+    text = f"a\n{bench_table.START}\nold\n{bench_table.END}\nb"
+    assert bench_table.replace_block(text, "new\n") == f"a\n{bench_table.START}\nnew\n{bench_table.END}\nb"
+
+
+def test_readme_table_is_the_committed_csvs():
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split(bench_table.START, 1)[1].split(bench_table.END, 1)[0]
+    fix = "python -m kernels.bench_table kernels/data/bench_h200.csv --readme README.md"
+    assert block == "\n" + bench_table.render_file(CSV), f"README's performance table is stale: run {fix}"
