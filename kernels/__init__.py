@@ -14,11 +14,45 @@ tile transfer, in elements, per tensor and direction (host arrays are filled in 
 
 from __future__ import annotations
 
+import numpy as np
+
 from . import flash2 as _flash2
 
 
+def _dtype_and_dim(q):
+    dt = getattr(q, "dtype", None)
+    try:
+        return np.dtype(str(dt).replace("torch.", "")), int(q.shape[-1])
+    except (TypeError, ValueError, IndexError, AttributeError):
+        return None, None
+
+
+def _fast(pass_, q, impl, **fixed):
+    """The fast variant's module to run, or None for the reference kernels.
+
+    ``impl="auto"`` takes the fast one when it applies: its dtype and head dim are supported and
+    nothing asks for the reference kernel's own tiling (block sizes, a block mask) or its
+    traffic counters.  ``impl="fast"`` insists (ValueError if it does not apply)."""
+    if impl not in ("auto", "fast", "reference"):
+        raise ValueError(f"impl={impl!r}: must be 'auto', 'fast' or 'reference'")
+    if impl == "reference":
+        return None
+    from . import perf
+
+    dt, d = _dtype_and_dim(q)
+    mod = perf.best(pass_, dt, d) if dt is not None and len(q.shape) == 4 else None
+    given = sorted(k for k, v in fixed.items() if v is not None)
+    if impl == "fast":
+        if mod is None:
+            raise ValueError(f"impl='fast': no fast {pass_} kernel for dtype={dt}, head_dim={d}")
+        if given:
+            raise ValueError(f"impl='fast': {', '.join(given)} are options of the reference kernel only")
+        return mod
+    return None if given else mod
+
+
 def flash_attention(q, k, v, *, causal=False, scale=None, block_m=None, block_n=None, block_mask=None,
-                    return_lse=False, counters=None):
+                    return_lse=False, counters=None, impl="auto"):
     """FlashAttention-2 forward: O = softmax(τ Q Kᵀ + mask) V, and L = logsumexp of each row.
 
     ``q`` is (B, H, Nq, d), ``k`` and ``v`` are (B, Hkv, Nk, d) with Hkv dividing H (query head h
@@ -49,13 +83,22 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_m=None, block_n=
 
     Returns O (the input dtype), and with ``return_lse=True`` also L (float32, (B, H, Nq)),
     which :func:`flash_attention_backward` needs.  Extra device memory: O and L only, O(N·d).
+
+    ``impl``: "reference" runs the readable kernel of ``kernels/flash2.py`` (the one whose
+    traffic counters equal the simulator's); "fast" the fastest numbered variant of
+    ``kernels/perf`` (fp16 on the tensor cores; head dim a multiple of 8); "auto" (default) the
+    fast one where it applies (fp16, d % 8 == 0, no block sizes, block mask or counters given),
+    else the reference.  Both compute the same function to within the stated tolerances.
     """
+    mod = _fast("fwd", q, impl, block_m=block_m, block_n=block_n, block_mask=block_mask, counters=counters)
+    if mod is not None:
+        return mod.forward(q, k, v, causal=causal, scale=scale, return_lse=return_lse)
     return _flash2.forward(q, k, v, causal=causal, scale=scale, block_m=block_m, block_n=block_n,
                            block_mask=block_mask, return_lse=return_lse, counters=counters)
 
 
 def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, block_m=None, block_n=None,
-                             block_mask=None, counters=None):
+                             block_mask=None, counters=None, impl="auto"):
     """FlashAttention-2 backward: (dQ, dK, dV) of Σ O ∘ dO, recomputing P from Q, K and L.
 
     ``o`` and ``lse`` are the forward's outputs (O in the input dtype, L float32 (B, H, Nq), on
@@ -66,7 +109,11 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, b
     sizes may be smaller than the forward's (the backward keeps more tiles on chip) unless a
     block mask fixes them.  Fully masked rows (L = -inf) contribute nothing: their dQ row is 0
     and they add nothing to dK, dV.  NaN propagates to the gradients computed from it.
+    ``impl`` as in :func:`flash_attention` (the fast backward: fp16 on the tensor cores).
     """
+    mod = _fast("bwd", q, impl, block_m=block_m, block_n=block_n, block_mask=block_mask, counters=counters)
+    if mod is not None:
+        return mod.backward(q, k, v, o, lse, do, causal=causal, scale=scale)
     return _flash2.backward(q, k, v, o, lse, do, causal=causal, scale=scale, block_m=block_m, block_n=block_n,
                             block_mask=block_mask, counters=counters)
 

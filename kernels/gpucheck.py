@@ -1,6 +1,7 @@
 """Exactness of every kernel at realistic sizes on a real GPU, recorded as data.
 
-    python -m kernels.gpucheck --out kernels/data/h100_exactness.json [--quick]
+    python -m kernels.gpucheck --out kernels/data/h200_exactness.json [--quick]
+    python -m kernels.gpucheck --impl fast --out kernels/data/h200_exactness_fast.json
 
 Runs each kernel on random inputs and compares with the float64 reference of
 ``kernels.reference``: fp32 by ‖out − ref‖/‖ref‖ (must be < 1e-5), fp16 by the ratio of that
@@ -103,19 +104,19 @@ def check_forward(rng, kernel, b, h, hkv, n, d, dtype, causal, sample=True, **kw
     return rec
 
 
-def check_backward(rng, kernel, b, h, hkv, n, d, dtype, causal):
+def check_backward(rng, kernel, b, h, hkv, n, d, dtype, causal, impl="reference"):
     import kernels
 
     q, k, v = _inputs(rng, b, h, hkv, n, n, d, dtype)
     do = rng.standard_normal(q.shape).astype(dtype)
     if kernel == "flash2":
-        o, lse = kernels.flash_attention(q, k, v, causal=causal, return_lse=True)
-        grads = kernels.flash_attention_backward(q, k, v, o, lse, do, causal=causal)
+        o, lse = kernels.flash_attention(q, k, v, causal=causal, return_lse=True, impl=impl)
+        grads = kernels.flash_attention_backward(q, k, v, o, lse, do, causal=causal, impl=impl)
     else:
         o = kernels.standard_attention(q, k, v, causal=causal)
         grads = kernels.standard_attention_backward(q, k, v, o, do, causal=causal)
     rec = {"kernel": kernel, "pass": "bwd", "batch": b, "heads": h, "kv_heads": hkv, "n": n, "d": d,
-           "dtype": np.dtype(dtype).name, "causal": causal, "rows_checked": "all"}
+           "dtype": np.dtype(dtype).name, "causal": causal, "rows_checked": "all", "impl": impl}
     if dtype == np.float16:
         # The forward's rule for gradients: each within 2x of plain fp16 autograd's error.
         verdicts = ref.judge_low_precision_backward(grads, q, k, v, do, causal=causal)
@@ -138,7 +139,7 @@ def check_backward(rng, kernel, b, h, hkv, n, d, dtype, causal):
     return rec
 
 
-def long_sequence(rng, n=131072, bh=16, d=64):
+def long_sequence(rng, n=131072, bh=16, d=64, impl="auto"):
     """The O(N) memory claim: N = 131,072 forward, B·H = 16, fp16."""
     import kernels
 
@@ -147,7 +148,7 @@ def long_sequence(rng, n=131072, bh=16, d=64):
     inputs_bytes = 3 * q.nbytes
     free0, total = cuda.current_context().get_memory_info()
     t0 = time.perf_counter()
-    o, lse = kernels.flash_attention(dq, dk, dv, return_lse=True)
+    o, lse = kernels.flash_attention(dq, dk, dv, return_lse=True, impl=impl)
     cuda.synchronize()
     wall = time.perf_counter() - t0
     free1, _ = cuda.current_context().get_memory_info()
@@ -155,7 +156,7 @@ def long_sequence(rng, n=131072, bh=16, d=64):
     rows = np.sort(rng.choice(n, size=16, replace=False))
     rec = _judge(out, q, k, v, False, rows)
     rec.update({"kernel": "flash2", "pass": "fwd", "batch": 1, "heads": bh, "kv_heads": bh, "n": n, "d": d,
-                "dtype": "float16", "causal": False, "rows_checked": len(rows), "wall_s": wall,
+                "dtype": "float16", "causal": False, "rows_checked": len(rows), "wall_s": wall, "impl": impl,
                 "inputs_bytes": inputs_bytes, "outputs_bytes": int(out.nbytes + 4 * bh * n),
                 "device_bytes_allocated_by_call": int(free0 - free1),
                 "S_would_need_bytes": int(bh * n * n * 2)})
@@ -204,10 +205,22 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--skip-long", action="store_true")
+    ap.add_argument("--impl", default="reference", choices=["reference", "fast"],
+                    help="which FlashAttention-2 kernels: the readable reference ones (with flash1 and "
+                         "standard attention) or the fast variants of kernels/perf alone")
     args = ap.parse_args(argv)
     rng = np.random.default_rng(2026)
     records = []
     f2, f1, st, bwd = plan(args.quick)
+    if args.impl == "fast":  # the FlashAttention-2 cases the fast variants take, through the public API
+        from . import perf
+
+        def fast(case):
+            kern, dt, d, pass_ = case[0], case[6], case[5], "bwd" if case in bwd else "fwd"
+            return kern == "flash2" and perf.best(pass_, dt, d) is not None
+
+        f2, bwd = [c for c in f2 if fast(c)], [c for c in bwd if fast(c)]
+        f1, st = [], []
 
     def log(rec):
         records.append(rec)
@@ -219,7 +232,8 @@ def main(argv=None) -> int:
 
     for kern, b, h, hkv, n, d, dt, c in f2 + st:
         try:
-            log(check_forward(rng, kern, b, h, hkv, n, d, dt, c))
+            kw = {"impl": args.impl} if kern == "flash2" else {}
+            log(check_forward(rng, kern, b, h, hkv, n, d, dt, c, **kw))
         except Exception as e:  # record and go on: one failure must not hide the others
             records.append({"kernel": kern, "pass": "fwd", "n": n, "d": d, "error": repr(e), "ok": False})
             print("ERROR", kern, n, d, repr(e), flush=True)
@@ -232,13 +246,13 @@ def main(argv=None) -> int:
             print("ERROR", kern, n, d, kb, repr(e), flush=True)
     for kern, b, h, hkv, n, d, dt, c in bwd:
         try:
-            log(check_backward(rng, kern, b, h, hkv, n, d, dt, c))
+            log(check_backward(rng, kern, b, h, hkv, n, d, dt, c, impl=args.impl if kern == "flash2" else "reference"))
         except Exception as e:
             records.append({"kernel": kern, "pass": "bwd", "n": n, "d": d, "error": repr(e), "ok": False})
             print("ERROR bwd", kern, n, d, repr(e), flush=True)
     if not args.skip_long:
         try:
-            rec = long_sequence(rng)
+            rec = long_sequence(rng, impl="fast" if args.impl == "fast" else "reference")
             log(rec)
             alloc = rec["device_bytes_allocated_by_call"] / 2**20
             print(f"N=131072: {rec['wall_s']:.2f} s, call allocated {alloc:.0f} MiB on the device; "
@@ -247,7 +261,7 @@ def main(argv=None) -> int:
             records.append({"kernel": "flash2", "pass": "fwd", "n": 131072, "error": repr(e), "ok": False})
             print("ERROR long", repr(e), flush=True)
     passed = sum(bool(r.get("ok")) for r in records)
-    summary = {"provenance": provenance(), "passed": passed, "total": len(records),
+    summary = {"provenance": provenance(), "impl": args.impl, "passed": passed, "total": len(records),
                "fp32_tolerance": FP32_TOL, "fp16_rule": "rel err <= 2x plain fp16 attention's rel err",
                "records": records}
     print(f"{passed} passed, {len(records) - passed} failed")

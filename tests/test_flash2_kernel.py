@@ -388,21 +388,27 @@ def reference_rows(q, k, v, bh_rows, causal, scale=None):
     return np.array(out_o), np.array(out_l)
 
 
+#: "reference": the readable kernels of kernels/flash2.py; "auto": the fast numbered variant where
+#: one applies (kernels/perf: fp16 forward and backward, fp32 forward), else the reference.
+IMPLS = ["reference", "auto"]
+
+
 @pytest.mark.gpu
 class TestOnGPU:
     @pytest.mark.parametrize("n", [1024, 4096, 16384])
     @pytest.mark.parametrize("d", [64, 128])
     @pytest.mark.parametrize("dtype", [np.float32, np.float16])
     @pytest.mark.parametrize("causal", [False, True])
-    def test_forward_sampled_rows(self, n, d, dtype, causal):
+    @pytest.mark.parametrize("impl", IMPLS)
+    def test_forward_sampled_rows(self, n, d, dtype, causal, impl):
         rng = np.random.default_rng(n + d)
         q, k, v, _ = make(rng, 2, 4, 2, n, n, d, dtype)
-        o, lse = flash_attention(q, k, v, causal=causal, return_lse=True)
+        o, lse = flash_attention(q, k, v, causal=causal, return_lse=True, impl=impl)
         picks = [(int(rng.integers(2)), int(rng.integers(4)), int(rng.integers(n))) for _ in range(64)]
         ref_o, ref_l = reference_rows(q, k, v, picks, causal)
         got_o = np.array([o[b, h, r] for b, h, r in picks])
         got_l = np.array([lse[b, h, r] for b, h, r in picks])
-        err = report(f"gpu fwd n={n} d={d} {np.dtype(dtype).name} causal={causal}", got_o, ref_o)
+        err = report(f"gpu fwd {impl} n={n} d={d} {np.dtype(dtype).name} causal={causal}", got_o, ref_o)
         # fp32: sums over N keys in float32 (round-off grows ~ sqrt(N)): 1e-5 at N = 1,024, scaled
         # up from there.  fp16: O is rounded to fp16 (relative 4.9e-4 per entry).
         assert err <= (1e-5 * max(1.0, np.sqrt(n / 1024)) if dtype == np.float32 else 2e-3)
@@ -411,21 +417,22 @@ class TestOnGPU:
     @pytest.mark.parametrize("n", [512, 2048])
     @pytest.mark.parametrize("d", [64, 128])
     @pytest.mark.parametrize("dtype", [np.float32, np.float16])
-    def test_backward(self, n, d, dtype):
+    @pytest.mark.parametrize("impl", IMPLS)
+    def test_backward(self, n, d, dtype, impl):
         rng = np.random.default_rng(n * d)
         q, k, v, do = make(rng, 1, 4, 2, n, n, d, dtype)
         for causal in (False, True):
-            o, lse = flash_attention(q, k, v, causal=causal, return_lse=True)
-            grads = flash_attention_backward(q, k, v, o, lse, do, causal=causal)
+            o, lse = flash_attention(q, k, v, causal=causal, return_lse=True, impl=impl)
+            grads = flash_attention_backward(q, k, v, o, lse, do, causal=causal, impl=impl)
             if dtype == np.float16:
                 verdicts = judge_low_precision_backward(grads, q, k, v, do, causal=causal)
                 for name, j in verdicts.items():
-                    print(f"gpu bwd {name} n={n} d={d} float16 causal={causal}: {j}")
+                    print(f"gpu bwd {impl} {name} n={n} d={d} float16 causal={causal}: {j}")
                 assert all(j.ok for j in verdicts.values())
                 continue
             refs = attention_backward(q, k, v, do, causal=causal)
             for name, g, r in zip(("dQ", "dK", "dV"), grads, refs):
-                err = report(f"gpu bwd {name} n={n} d={d} float32 causal={causal}", g, r)
+                err = report(f"gpu bwd {impl} {name} n={n} d={d} float32 causal={causal}", g, r)
                 assert err <= 1e-5 * max(1.0, np.sqrt(n / 1024))
 
     def test_counters_match_walker(self):

@@ -1,0 +1,38 @@
+"""Registers, local memory (spills) and shared memory of a fast variant's compiled kernel.
+
+    python scripts/device/regs.py fwd_fp32_v1 64 '{"rm": 2}'
+
+Runs the variant once on small random inputs (so Numba compiles it for this GPU), then prints
+what the driver reports for every kernel that module has compiled.  GPU only.
+"""
+
+import importlib
+import json
+import sys
+
+import numpy as np
+
+
+def main():
+    name, d = sys.argv[1], int(sys.argv[2])
+    cfgs = [json.loads(c) for c in sys.argv[3:]] or [{}]
+    mod = importlib.import_module(f"kernels.perf.{name}")
+    dt = np.float32 if "fp32" in name else np.float16
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 2, 256, d)).astype(dt) for _ in range(3))
+    for cfg in cfgs:
+        for causal in (False, True):
+            mod.forward(q, k, v, causal=causal, **cfg)
+    print(f"{name} d={d}:")
+    for cfg in cfgs:
+        full = dict(mod.default_config(d), **cfg)
+        for causal in (False, True):
+            args = dict(full)
+            kern = mod.kernel(d, args.pop("bc"), args.pop("nw"), args.pop("rm"), causal, **args)[0]
+            regs = kern.get_regs_per_thread()
+            lmem = kern.get_local_mem_per_thread()
+            print(f"  {json.dumps(full)} causal={causal}: regs {list(regs.values())} local bytes {list(lmem.values())}")
+
+
+if __name__ == "__main__":
+    main()
