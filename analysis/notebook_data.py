@@ -49,6 +49,16 @@ def load_json(name: str) -> dict | None:
     return None if p is None else json.loads(p.read_text())
 
 
+def preset_of(gpu_name: str) -> str:
+    """The flashsim GPU preset (``flashsim.config.GPUS``) of a GPU as a data file's provenance
+    names it, e.g. "NVIDIA H200" -> "h200", "NVIDIA A100-SXM4-80GB" -> "a100-80gb"."""
+    name = gpu_name.lower()
+    for model in ("h200", "h100", "a100"):
+        if model in name:
+            return "a100-80gb" if model == "a100" and "80gb" in name else model
+    raise ValueError(f"{gpu_name!r}: no flashsim GPU preset for this GPU")
+
+
 def load_meta(name: str) -> dict:
     """The provenance recorded beside a data file (``NAME.meta.json`` next to ``NAME.csv``), or
     the JSON file's own ``provenance`` entry; {} if there is none."""
@@ -59,4 +69,4 @@ def load_meta(name: str) -> dict:
     return json.loads(meta.read_text()) if meta.exists() else {}
 
 
-__all__ = ["ROOT", "DATA", "data_path", "find", "load_json", "load_meta"]
+__all__ = ["ROOT", "DATA", "data_path", "find", "load_json", "load_meta", "preset_of"]
