@@ -1,7 +1,12 @@
 """Where the notebooks find committed measurements, and whether they have landed yet.
 
 Every path can be overridden by an environment variable, so a notebook can be run against a
-scratch copy of the data before it is committed (``FLASHSIM_H100_CSV=/tmp/h100.csv``).
+scratch copy of the data before it is committed (``FLASHSIM_H200_CSV=/tmp/h200.csv``).
+
+The H200 files are the primary record: the Nsight Compute measurement of the current kernels
+(``h200``), the kernels' exactness at realistic sizes (``exactness``) and their timings beside
+torch's attention (``bench``).  ``h100`` is an earlier measurement at an older commit, kept for
+its DRAM level on a GPU with a smaller L2 (analysis/data/README.md says what differs).
 """
 
 from __future__ import annotations
@@ -14,8 +19,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: name -> (environment variable, path relative to the repository root)
 DATA = {
+    "h200": ("FLASHSIM_H200_CSV", "analysis/data/h200/h200.csv"),
     "h100": ("FLASHSIM_H100_CSV", "analysis/data/h100/h100.csv"),
-    "exactness": ("FLASHSIM_EXACTNESS_JSON", "kernels/data/h100_exactness.json"),
+    "exactness": ("FLASHSIM_EXACTNESS_JSON", "kernels/data/h200_exactness.json"),
+    "bench": ("FLASHSIM_BENCH_CSV", "kernels/data/bench_h200.csv"),
     "calibration": ("FLASHSIM_CALIBRATION_CSV", "tests/data/ncu_raw_calibrate.csv"),
 }
 
@@ -42,4 +49,24 @@ def load_json(name: str) -> dict | None:
     return None if p is None else json.loads(p.read_text())
 
 
-__all__ = ["ROOT", "DATA", "data_path", "find", "load_json"]
+def preset_of(gpu_name: str) -> str:
+    """The flashsim GPU preset (``flashsim.config.GPUS``) of a GPU as a data file's provenance
+    names it, e.g. "NVIDIA H200" -> "h200", "NVIDIA A100-SXM4-80GB" -> "a100-80gb"."""
+    name = gpu_name.lower()
+    for model in ("h200", "h100", "a100"):
+        if model in name:
+            return "a100-80gb" if model == "a100" and "80gb" in name else model
+    raise ValueError(f"{gpu_name!r}: no flashsim GPU preset for this GPU")
+
+
+def load_meta(name: str) -> dict:
+    """The provenance recorded beside a data file (``NAME.meta.json`` next to ``NAME.csv``), or
+    the JSON file's own ``provenance`` entry; {} if there is none."""
+    p = data_path(name)
+    if p.suffix == ".json":
+        return json.loads(p.read_text()).get("provenance", {}) if p.exists() else {}
+    meta = p.with_name(p.stem + ".meta.json")
+    return json.loads(meta.read_text()) if meta.exists() else {}
+
+
+__all__ = ["ROOT", "DATA", "data_path", "find", "load_json", "load_meta", "preset_of"]

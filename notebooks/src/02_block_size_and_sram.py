@@ -93,28 +93,30 @@ print(f"A100, Bc = 256: compute {1e3 * r256['compute_s']:.3f} ms, memory {1e3 * 
 # model if the kernel reaches at most {{100*f256|.0f}} % of peak arithmetic rate.
 
 # %% [markdown]
-# ## The same sweep in SRAM size M, measured on the H100
+# ## The same sweep in SRAM size M, measured on a GPU
 #
-# `analysis/data/h100/h100.csv` holds the FlashAttention-1 kernel (kernels/flash1.py) measured
-# with Nsight Compute on an H100 at N = 2048, d = 64, 16 heads, batch 1, fp16, with the SRAM
+# `analysis/data/h200/h200.csv` holds the FlashAttention-1 kernel (kernels/flash1.py) measured
+# with Nsight Compute (on the GPU that `h200.meta.json` names, printed below; the IO counts do not
+# depend on the GPU, the time does) at N = 2048, d = 64, 16 heads, batch 1, fp16, with the SRAM
 # budget M (shared memory per thread block, bytes) from 8 to 192 KiB and the tiling from the
 # paper's rule. Below: the measured global-memory bytes (ncu's LSU level, what the IO model
 # counts) against the walker's 32-byte sectors for the same tiling (with O stored in float32
-# in HBM, as the kernel does for fp16 inputs), and the measured kernel time. The cell draws nothing and says so until the data is committed.
+# in HBM, as the kernel does for fp16 inputs), and the measured kernel time. The cell draws
+# nothing and says so if the data is absent.
 
 # %%
 from analysis.compare import compare, per_config, read_measured
 from analysis.configs import sim_options, workload_of
-from analysis.notebook_data import find
+from analysis.notebook_data import find, preset_of
 
-csv_path = find("h100")
+csv_path = find("h200")
 measured_takeaway = (
-    "No measured points yet: `analysis/data/h100/h100.csv` has not been committed, so the figure "
+    "No measured points yet: `analysis/data/h200/h200.csv` is absent, so the figure "
     "above is not drawn; re-run `python notebooks/build.py 02` once it lands."
 )
 if csv_path is not None:
     rows, meta = read_measured(csv_path)
-    configs = per_config(compare(rows, "h100"))
+    configs = per_config(compare(rows, preset_of(meta["gpu"])))
     pts = sorted((c for c in configs if c["kernel"] == "flash1" and c["pass"] == "fwd" and not c["causal"]
                   and c["dtype"] == "fp16" and c["seq_len_q"] == 2048 and c["head_dim"] == 64),
                  key=lambda c: c["sram_bytes"])
@@ -145,7 +147,7 @@ if csv_path is not None:
         err = max(abs(c["lsu_err"]) for c in pts)
         fastest = pts[int(np.argmin(t_ms))]["sram_bytes"] // 1024
         measured_takeaway = (
-            f"Measured LSU bytes follow the simulated curve within {100 * err:.2f} % at every one of the "
+            f"On the {meta.get('gpu')}, measured LSU bytes follow the simulated curve within {100 * err:.2f} % at every one of the "
             f"{len(pts)} SRAM sizes, falling {lsu[0] / lsu[-1]:.1f}× from {mx[0]:.0f} to {mx[-1]:.0f} KiB; "
             f"the kernel time falls {t_ms[0] / t_ms.min():.1f}× and is lowest at M = {fastest} KiB."
         )

@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 04 · Simulated against measured traffic on the H100
+# # 04 · Simulated against measured traffic
 #
 # The simulator counts tile transfers between HBM and SRAM. A GPU reports traffic at three
 # levels (Nsight Compute metrics, `analysis/ncu.py`):
@@ -8,13 +8,15 @@
 #   counts, whether L2 or DRAM serves them. Prediction: the walker's sectors × 32.
 # * **L2** — sectors the SMs ask of the L2 (after the L1, which may serve some re-reads).
 #   Prediction: the same as the LSU level.
-# * **DRAM** — bytes that reach HBM after the 50 MB L2. Prediction: `analysis.compare`'s
+# * **DRAM** — bytes that reach HBM after the L2. Prediction: `analysis.compare`'s
 #   deliberately simple L2 model (a launch whose data fits in L2 reads each distinct byte once
 #   and leaves most writes dirty in L2), reported with its error rather than tuned.
 #
 # First the measurement chain itself, on kernels whose traffic is known exactly; then the
-# H100 measurements of the attention kernels (`analysis/data/h100/h100.csv`, recorded with
-# `python -m analysis.measure --set h100`).
+# measurements of the attention kernels (`analysis/data/h200/h200.csv`, recorded with
+# `python -m analysis.measure --set h200` on the GPU that its `h200.meta.json` names, printed
+# below; the L2 model takes that GPU's preset, L2 size included). `analysis/data/h100/` holds an
+# earlier run on another GPU, at an older commit (`analysis/data/README.md`).
 
 # %%
 import sys
@@ -32,7 +34,7 @@ from analysis.calibrate import N as CAL_N
 from analysis.compare import LSU_TOLERANCE, compare, per_config, read_measured, summarize, theorem2_fits
 from analysis.configs import workload_of
 from analysis.ncu import parse_raw_csv, split_by_marker
-from analysis.notebook_data import find
+from analysis.notebook_data import find, preset_of
 from flashsim.bounds import bounds
 from flashsim.config import DTYPE_BYTES
 
@@ -91,17 +93,18 @@ for name, rec in cal.items():
 # %% [markdown]
 # ## The attention kernels: every configuration at three levels
 #
-# One point per measured configuration (a backward pass adds its launches). Until
-# `analysis/data/h100/h100.csv` is committed the cells below print that the data is not yet
-# recorded and draw nothing; run `python notebooks/build.py 04` after it lands.
+# One point per measured configuration (a backward pass adds its launches). If
+# `analysis/data/h200/h200.csv` is absent the cells below print that the data is not yet
+# recorded and draw nothing.
 
 # %%
-csv_path = find("h100")
+csv_path = find("h200")
 have_data = csv_path is not None
-t_levels = t_fit = "No measurements yet (`analysis/data/h100/h100.csv` is absent): nothing is drawn above."
+t_levels = t_fit = "No measurements yet (`analysis/data/h200/h200.csv` is absent): nothing is drawn above."
 if have_data:
     rows, meta = read_measured(csv_path)
-    records = compare(rows, "h100")
+    gpu_name = meta.get("gpu", "GPU")
+    records = compare(rows, preset_of(gpu_name))  # the DRAM level's L2 model takes that GPU's L2 size
     configs = per_config(records)
     summary = summarize(records)
     # the L2 level per configuration: measured sectors summed over the configuration's launches
@@ -126,17 +129,18 @@ if have_data:
         ax.loglog([min(vals), max(vals)], [min(vals), max(vals)], "k--", lw=0.8, label="measured = simulated")
         ax.set_xlabel(f"simulated {'DRAM (L2 model)' if lv == 'DRAM' else 'LSU'} (GB)")
         ax.set_ylabel(f"measured {lv} (GB)")
-        ax.set_title(f"{lv} level")
+        ax.set_title(f"{lv} level, {gpu_name}")
         ax.legend()
     fig.tight_layout()
     plt.show()
     med = {lv: float(np.median([abs(c[f"{lv}_err"]) for c in configs if np.isfinite(c[f"{lv}_err"])]))
            for lv in ("lsu", "l2", "dram")}
     t_levels = (
-        f"{summary['lsu_within_tolerance']} of {summary['launches']} launches match the simulator within "
+        f"On the {gpu_name}, {summary['lsu_within_tolerance']} of {summary['launches']} launches match the simulator within "
         f"{100 * LSU_TOLERANCE:.0f} % at the LSU level (largest error {100 * summary['lsu_max_abs_err']:.2f} %); "
         f"per configuration the median |error| is {100 * med['lsu']:.2f} % (LSU), {100 * med['l2']:.1f} % (L2) "
-        f"and {100 * med['dram']:.1f} % (DRAM, simple L2 model; largest {100 * summary['dram_max_abs_err']:.0f} %)."
+        f"and {100 * med['dram']:.1f} % (DRAM, simple L2 model; per launch, as `flashsim compare` reports it, "
+        f"median {100 * summary['dram_median_abs_err']:.1f} %, largest {100 * summary['dram_max_abs_err']:.0f} %)."
     )
 print(t_levels)
 
@@ -161,11 +165,9 @@ print(t_levels)
 # %%
 if have_data:
     fits = theorem2_fits(configs)
-    print(f"{'fit':34s} " + " ".join(f"{x:>16s}" for x in ("seq_len_q", "head_dim", "M")) + "      R²   n")
     for name, fit in fits.items():
-        ex = " ".join(f"{fit['exponents'].get(x, float('nan')):+8.3f} ± {fit['stderr'].get(x, float('nan')):.3f}"
-                      for x in ("seq_len_q", "head_dim", "M"))
-        print(f"{name:34s} {ex} {fit['r2']:7.4f} {fit['n']:3d}")
+        ex = ", ".join(f"{x} {fit['exponents'][x]:+.3f} ± {fit['stderr'][x]:.3f}" for x in fit["exponents"])
+        print(f"{name:30s} {ex}  (R² {fit['r2']:.4f}, n = {fit['n']})")
     f1 = [c for c in configs if c["kernel"] == "flash1" and c["pass"] == "fwd" and not c["causal"] and c["dtype"] == "fp16"]
     if "flash1_fwd_measured" in fits and f1:
         thm = np.array([bounds(workload_of(c), c["sram_bytes"] // DTYPE_BYTES[c["dtype"]])["flash"]
@@ -177,7 +179,7 @@ if have_data:
                   label="measured = Theorem 2")
         ax.set_xlabel("Theorem 2 expression, 2Nd + 12N²d²/M + 16N²d/M (GB)")
         ax.set_ylabel("measured LSU bytes (GB)")
-        ax.set_title("FlashAttention-1 forward, fp16, H100")
+        ax.set_title(f"FlashAttention-1 forward, fp16, {gpu_name}")
         fig.colorbar(sc, label="log₂ M (KiB)")
         ax.legend()
         plt.show()
