@@ -39,9 +39,12 @@ assert bench_csv is not None, "no timings: run python -m kernels.bench --out ker
 rows = read_bench(bench_csv)
 meta = load_meta("bench")
 cuda = re.search(r"cuda_(\d+\.\d+)", meta.get("cuda") or "")
+# A record merged from several runs (kernels.bench_table --merge) lists each run's date and commit.
+runs = meta.get("parts") or [meta]
 print(f"{meta.get('gpu')}, driver {meta.get('driver')}, CUDA {cuda.group(1) if cuda else meta.get('cuda')}, "
-      f"torch {meta.get('torch')}, numba-cuda {meta.get('numba_cuda')}, TF32 {meta.get('tf32')}, "
-      f"{str(meta.get('date'))[:10]}, commit {meta.get('git_commit')}")
+      f"torch {meta.get('torch')}, numba-cuda {meta.get('numba_cuda')}, TF32 {meta.get('tf32')}; "
+      + "; ".join(f"{r.get('part', 'run')}: {str(r.get('date'))[:10]}, commit {str(r.get('git_commit'))[:10]}"
+                  for r in runs))
 timed, failed = split_failed(rows)
 print(f"{len(rows)} rows: {len(timed)} timed, {len(failed)} failed")
 batches = {}
