@@ -449,13 +449,13 @@ def _source(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, UNROLL: int = 2, VR
                             dk[b, hk, key, col] = acck[(m * TC2 + u) * 4 + f]
                             dv[b, hk, key, col] = accv[(m * TC2 + u) * 4 + f]
 
-    return bwd, NT
+    return bwd, NT, BC
 
 
 @cache
 def kernel(d: int, causal: bool, bc: int, br: int, nw: int, unroll: int = 2, minb: int = 1, vred: bool = True):
     """The compiled kernel and its threads per block."""
-    fn, nt = _source(d, bc, br, nw, causal, unroll, vred)
+    fn, nt, _ = _source(d, bc, br, nw, causal, unroll, vred)
     return tc.jit_kernel(fn, nt, minb), nt
 
 
