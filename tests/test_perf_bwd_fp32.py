@@ -93,7 +93,7 @@ def test_backward_fp32_scalar_atomics_and_rows_that_see_nothing():
 def test_config_checks():
     q, k, v, do = inputs(6, 1, 1, 8, 8, 16)
     o, lse = (x.astype(np.float32) for x in attention_forward(q, k, v))
-    for bad in (dict(bc=24), dict(br=0), dict(tile=2)):
+    for bad in (dict(bc=24), dict(br=0), dict(tile=2), dict(nw=16), dict(bc=16, br=16, nw=8)):
         try:
             bwd_fp32_v1.backward(q, k, v, o, lse, do, **bad)
         except ValueError as e:
@@ -101,6 +101,9 @@ def test_config_checks():
         else:
             raise AssertionError(f"{bad} accepted")
     assert not bwd_fp32_v1.supports(np.float16, 64) and not bwd_fp32_v1.supports(np.float32, 130)
-    t = bwd_fp32_v1.tiling(64, 64, 64, 8)
-    print(t)  # the default tiling at d = 64: 4 x 4 micro-tiles of Sᵀ, 16 keys x 4 columns of dK/dV
-    assert (t["tk"], t["tq"], t["tk2"], t["tc2"], t["tq3"], t["tc3"]) == (4, 4, 4, 1, 1, 1)
+    t = bwd_fp32_v1.tiling(64, 64, 64, 4)
+    print(t)  # the default tiling at d = 64: 8 x 4 micro-tiles in all three products
+    assert (t["tk"], t["tq"], t["tk2"], t["tc2"], t["tq3"], t["tc3"]) == (8, 4, 8, 1, 2, 1)
+    for d in range(4, 129, 4):  # every supported head dim has a default its warps can tile
+        cfg = bwd_fp32_v1.default_config(d)
+        bwd_fp32_v1.tiling(d, cfg["bc"], cfg["br"], cfg["nw"])

@@ -60,11 +60,30 @@ Shared memory: 640 one-wavefront loads per 5,120 FFMA cycles per warp, with 2 wa
 scheduler in a block: the LSU ~50% busy, not the limit but not idle.  Against the forward
 (which reaches 30-37 TFLOP/s at 85% FFMA share with 12 warps per SM) this has 8-16 warps per SM
 (one or two blocks of 104 KB), 3 barriers per 5,120 FFMA instead of 2 per 4,096, and a lower
-FFMA:load ratio (8 vs 10.7), so I expect ~50% of the FMA peak: ~33 TFLOP/s of real products,
-i.e. 33 x 5/5 counted ... in flash-attention's convention the count is 2.5 x forward = 5
-products' worth exactly, so ~30-35 TFLOP/s counted, 0.9-1.0x naive at d = 64.  It is close.
+FFMA:load ratio (8 vs 10.7), so I expect ~50% of the FMA peak, ~30-35 TFLOP/s.  Flash-attention's
+count (2.5 x the forward's 4·N²·d = five products of 2·N²·d) is exactly the five products done
+here, so that is also the counted rate: 0.9-1.0x naive at d = 64.  It is close.
 
-Measured: (see kernels/perf/NOTES.md, "fp32 backward"; filled in after the H200 run).
+Measured (H200, ``kernels.perf.tune``, naive timed in the same run; FLOPs 2.5 x 4·B·H·N²·d,
+halved for causal; relative error of the worst gradient against float64 autograd on the saved
+forward of fwd_fp32_v1, 1.3e-6 at N = 4,096 and 2.4e-6 at N = 16,384):
+
+* the predicted shape (NW = 8, 222 registers: one block per SM), d = 64, N = 4,096, B·H = 64:
+  28.9 TFLOP/s, 0.81x naive (35.5); with minb = 2 (128 registers, 108 bytes spilled, two
+  blocks) 31.4, 0.89x.  Inside the predicted range, at its bottom.
+* NW = 4 (254 registers, two blocks of 4 warps per SM; micro-tiles of 8 x 4 in all three
+  products: 10.7 FFMA per load), now the default at d <= 64: N = 4,096 (B·H 64)
+  34.9 TFLOP/s, 0.98x naive; N = 16,384 (B·H 16) 36.2, **1.03x**; causal 30.1 at N = 4,096
+  (NW = 8, minb 2: 2.15x naive, whose causal backward does the full N² work) and 36.3 at
+  N = 16,384 (2.61x).
+* d = 128, N = 4,096, B·H = 64: NW = 8, Br = 64 (the default) 34.1 TFLOP/s, 0.72x naive (47.4);
+  Br = 32 26.6 (0.56x); causal (Br = 32) 25.4-26.5, 1.27-1.32x.
+* scalar atomics for dQ instead of 16-byte reductions: -5%; UNROLL = 1: -7 to -13%; Bc = 32: -24%;
+  NW = 8 with Bc = 128: 34.2 / 35.8 (0.97x / 1.02x), the same as NW = 4.
+
+So the products run at ~54% of the FFMA peak, as the forward's do; an FFMA backward with five
+products only ties torch's four cuBLAS SGEMMs at d = 64 and loses at d = 128, where naive's
+GEMMs are larger and its N² elementwise passes relatively cheaper.
 """
 
 from __future__ import annotations
@@ -471,10 +490,20 @@ SOURCES = {"bwd": (_source, signature)}
 
 def default_config(d: int) -> dict:
     """Bc keys per block, Br queries per step, nw warps, loop unrolling, blocks per SM promised to
-    ptxas (launch bounds), dQ reduced by 16-byte vector atomics (sm_90) or scalar ones."""
+    ptxas (launch bounds), dQ reduced by 16-byte vector atomics (sm_90) or scalar ones.
+
+    Measured on the H200 (kernels/perf/NOTES.md): d <= 64 four warps (254 registers, two blocks
+    per SM: larger micro-tiles, 10.7 FFMA per load) beat eight (222 registers, one block) by 10-20%;
+    d = 128 eight warps with Br = 64 beat Br = 32 by 28%.  Head dims whose columns (d rounded up
+    to 32) the eight warps cannot tile (68..96) take four."""
     if d <= 64:
-        return dict(bc=64, br=64, nw=8, unroll=2, minb=1, vred=True)
-    return dict(bc=64, br=32, nw=8, unroll=2, minb=1, vred=True)
+        return dict(bc=64, br=64, nw=4, unroll=2, minb=1, vred=True)
+    cfg = dict(bc=64, br=64, nw=8, unroll=2, minb=1, vred=True)
+    try:
+        tiling(d, cfg["bc"], cfg["br"], cfg["nw"])
+    except ValueError:
+        cfg["nw"] = 4
+    return cfg
 
 
 def supports(dtype, d: int) -> bool:
@@ -529,6 +558,9 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
     for key in ("bc", "br"):
         if cfg[key] <= 0 or cfg[key] % 16:
             raise ValueError(f"{key}={cfg[key]}: must be a positive multiple of 16")
+    if not 1 <= cfg["nw"] <= tc.MAX_WARPS:
+        raise ValueError(f"nw={cfg['nw']}: must be 1..{tc.MAX_WARPS}")
+    tiling(d, cfg["bc"], cfg["br"], cfg["nw"])  # ValueError if the warps cannot tile the products
     sc = 1.0 / math.sqrt(d) if scale is None else float(scale)
     if not math.isfinite(sc):
         raise ValueError(f"scale={scale!r}: must be finite")
