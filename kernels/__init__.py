@@ -86,8 +86,9 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_m=None, block_n=
 
     ``impl``: "reference" runs the readable kernel of ``kernels/flash2.py`` (the one whose
     traffic counters equal the simulator's); "fast" the fastest numbered variant of
-    ``kernels/perf`` (fp16 on the tensor cores; head dim a multiple of 8); "auto" (default) the
-    fast one where it applies (fp16, d % 8 == 0, no block sizes, block mask or counters given),
+    ``kernels/perf`` (fp16 on the tensor cores, head dim a multiple of 8; fp32 on the CUDA cores,
+    d a multiple of 4); "auto" (default) the fast one where it applies (no block sizes, block
+    mask or counters given),
     else the reference.  Both compute the same function to within the stated tolerances.
     """
     mod = _fast("fwd", q, impl, block_m=block_m, block_n=block_n, block_mask=block_mask, counters=counters)
@@ -109,7 +110,9 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, b
     sizes may be smaller than the forward's (the backward keeps more tiles on chip) unless a
     block mask fixes them.  Fully masked rows (L = -inf) contribute nothing: their dQ row is 0
     and they add nothing to dK, dV.  NaN propagates to the gradients computed from it.
-    ``impl`` as in :func:`flash_attention` (the fast backward: fp16 on the tensor cores).
+    ``impl`` as in :func:`flash_attention`.  The fast backwards: fp16 on the tensor cores
+    (deterministic), fp32 on the CUDA cores (exact fp32 products; dQ is accumulated with atomic
+    adds across key blocks, so it can differ by ~1 ulp from run to run; dK, dV are deterministic).
     """
     mod = _fast("bwd", q, impl, block_m=block_m, block_n=block_n, block_mask=block_mask, counters=counters)
     if mod is not None:

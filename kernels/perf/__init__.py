@@ -13,7 +13,8 @@ import importlib
 import numpy as np
 
 #: (pass, dtype) -> the module of the fastest variant that passed the exactness suite.
-BEST = {("fwd", "float16"): "fwd_fp16_v4", ("bwd", "float16"): "bwd_fp16_v1", ("fwd", "float32"): "fwd_fp32_v1"}
+BEST = {("fwd", "float16"): "fwd_fp16_v4", ("bwd", "float16"): "bwd_fp16_v1", ("fwd", "float32"): "fwd_fp32_v1",
+        ("bwd", "float32"): "bwd_fp32_v1"}
 
 
 def best(pass_: str, dtype, d: int):
