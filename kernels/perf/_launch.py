@@ -1,11 +1,13 @@
-"""The launcher shared by the numbered forward variants: inputs, block shape, shared memory, grid."""
+"""What the numbered variants share: the forward launcher (inputs, block shape, shared memory,
+grid) and the backward's input checks and D = rowsum(dO ∘ O) preprocess."""
 
 from __future__ import annotations
 
 import math
+from functools import cache
 
 import numpy as np
-from numba import config, float32
+from numba import config, cuda, float32
 
 LOG2E = 1.4426950408889634
 
@@ -64,3 +66,53 @@ def launch_forward(name, kernel, smem_bytes, default_config, supports, q, k, v, 
     if return_lse:
         return inp.out(o), inp.out(lse)
     return inp.out(o)
+
+
+def prepare_backward(requirement, default_config, supports, q, k, v, o, lse, do, *, scale=None, config=None):
+    """The checks every fast backward makes before it launches anything.
+
+    Returns (inputs, arrays, (B, H, Hkv, Nq, Nk, d), L on the device, block-shape config, τ).
+    ``requirement`` ends the unsupported-input message ("bwd_fp16_v1 takes float16 with ...")."""
+    from .._arrays import check_attention_shapes, to_device
+
+    inp = to_device(q=q, k=k, v=v, o=o, do=do)
+    a = inp.arrays
+    nb, nh, nhk, nq, nk, d = dims = check_attention_shapes(a["q"], a["k"], a["v"], a["do"])
+    if not supports(inp.dtype, d):
+        raise ValueError(f"dtype={inp.dtype}, head_dim={d}: {requirement}")
+    if tuple(a["o"].shape) != tuple(a["q"].shape):
+        raise ValueError(f"o.shape={tuple(a['o'].shape)}: must equal q.shape={tuple(a['q'].shape)}")
+    st = to_device(lse=lse)
+    if (st.kind == "numpy") != (inp.kind == "numpy"):
+        raise ValueError("inputs mix host (numpy) and device arrays: pass all on the host or all on the device")
+    lse_d = st.arrays["lse"]
+    if np.dtype(lse_d.dtype) != np.float32 or tuple(lse_d.shape) != (nb, nh, nq):
+        raise ValueError(f"lse: must be float32 {(nb, nh, nq)}, got {lse_d.dtype} {tuple(lse_d.shape)}")
+    if nb * max(nh, nhk) > 65535:
+        raise ValueError(f"batch*heads={nb * nh}: at most 65535")
+    cfg = default_config(d)
+    unknown = set(config or {}) - set(cfg)
+    if unknown:
+        raise ValueError(f"config keys {sorted(unknown)}: {requirement.split()[0]} takes {sorted(cfg)}")
+    cfg.update(config or {})
+    sc = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    if not math.isfinite(sc):
+        raise ValueError(f"scale={scale!r}: must be finite")
+    return inp, a, dims, lse_d, cfg, sc
+
+
+@cache
+def _dummy_counters():
+    return cuda.device_array((1, 2), dtype=np.int64)
+
+
+def row_dots(inp, a, causal):
+    """D_i = rowsum(dO_i ∘ O_i) (float32, (B, H, Nq)) by the reference preprocess kernel of
+    ``kernels/flash2.py`` (memory-bound and coalesced; its traffic counters switched off)."""
+    from .. import flash2
+
+    nb, nh, nq, d = a["o"].shape
+    dvec = inp.empty((nb, nh, nq), np.float32)
+    pre, ntp = flash2.kernel("preprocess", inp.dtype, d, 64, 64, causal, False, False)
+    pre[(-(-nq // 64), nb * nh), ntp](a["o"], a["do"], dvec, _dummy_counters())
+    return dvec

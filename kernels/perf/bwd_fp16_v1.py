@@ -532,46 +532,16 @@ def saved_forward(q, k, v, *, causal=False, scale=None):
     return fwd_fp16_v3.forward(q, k, v, causal=causal, scale=scale, return_lse=True)
 
 
-@cache
-def _dummy_counters():
-    return cuda.device_array((1, 2), dtype=np.int64)
-
-
 def backward(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
     """(dQ, dK, dV) for fp16 (B, H, N, d) inputs, O and L from the forward; ``config`` overrides
     :func:`default_config`."""
-    from .. import flash2
-    from .._arrays import check_attention_shapes, to_device
-    from ._launch import raise_smem_limit
+    from ._launch import prepare_backward, raise_smem_limit, row_dots
 
-    inp = to_device(q=q, k=k, v=v, o=o, do=do)
-    a = inp.arrays
-    nb, nh, nhk, nq, nk, d = check_attention_shapes(a["q"], a["k"], a["v"], a["do"])
-    if not supports(inp.dtype, d):
-        raise ValueError(f"dtype={inp.dtype}, head_dim={d}: bwd_fp16_v1 takes float16 with head_dim % 8 == 0")
-    if tuple(a["o"].shape) != tuple(a["q"].shape):
-        raise ValueError(f"o.shape={tuple(a['o'].shape)}: must equal q.shape={tuple(a['q'].shape)}")
-    st = to_device(lse=lse)
-    if (st.kind == "numpy") != (inp.kind == "numpy"):
-        raise ValueError("inputs mix host (numpy) and device arrays: pass all on the host or all on the device")
-    lse_d = st.arrays["lse"]
-    if np.dtype(lse_d.dtype) != np.float32 or tuple(lse_d.shape) != (nb, nh, nq):
-        raise ValueError(f"lse: must be float32 {(nb, nh, nq)}, got {lse_d.dtype} {tuple(lse_d.shape)}")
-    if nb * max(nh, nhk) > 65535:
-        raise ValueError(f"batch*heads={nb * nh}: at most 65535")
-    cfg = default_config(d)
-    unknown = set(config) - set(cfg)
-    if unknown:
-        raise ValueError(f"config keys {sorted(unknown)}: bwd_fp16_v1 takes {sorted(cfg)}")
-    cfg.update(config)
-    sc = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    if not math.isfinite(sc):
-        raise ValueError(f"scale={scale!r}: must be finite")
+    inp, a, (nb, nh, nhk, nq, nk, d), lse_d, cfg, sc = prepare_backward(
+        "bwd_fp16_v1 takes float16 with head_dim % 8 == 0", default_config, supports, q, k, v, o, lse, do,
+        scale=scale, config=config)
     (kdkdv, nt1, bkey), (kdq, nt2, bqr) = kernels(d, bool(causal), **cfg)
-    dvec = inp.empty((nb, nh, nq), np.float32)
-    pre, ntp = flash2.kernel("preprocess", np.float16, d, 64, 64, causal, False, False)
-    dummy = _dummy_counters()
-    pre[(-(-nq // 64), nb * nh), ntp](a["o"], a["do"], dvec, dummy)
+    dvec = row_dots(inp, a, causal)
     dq = inp.empty((nb, nh, nq, d), np.float16)
     dk = inp.empty((nb, nhk, nk, d), np.float16)
     dv = inp.empty((nb, nhk, nk, d), np.float16)
