@@ -85,6 +85,13 @@ def attention_forward(q, k, v, *, causal: bool = False, scale: float | None = No
 def attention_backward(q, k, v, do, *, causal: bool = False, scale: float | None = None,
                        block_mask: BlockMask | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Float64 gradients (dQ, dK, dV) of Σ O ∘ dO; dK, dV have the kv heads' shape."""
+    return attention_backward_and_scales(q, k, v, do, causal=causal, scale=scale, block_mask=block_mask)[0]
+
+
+def attention_backward_and_scales(q, k, v, do, *, causal, scale, block_mask):
+    """(dQ, dK, dV) and the sizes ‖·‖ the gradients have before they cancel: dQ and dK computed
+    with dS = P∘(dP − D) replaced by P∘(|dP| + |D|), dV with |dO| (per query head, before the
+    kv group's sum).  The judge needs the latter where an exact gradient vanishes."""
     q, k, v, do = (np.asarray(x, dtype=np.float64) for x in (q, k, v, do))
     _check(q, k, v)
     heads, hkv = q.shape[1], k.shape[1]
@@ -101,11 +108,14 @@ def attention_backward(q, k, v, do, *, causal: bool = False, scale: float | None
     ds = p * (dp - d_row)
     dq = scale * (ds @ ke)
     dk = scale * (np.swapaxes(ds, -1, -2) @ q)
+    terms = p * (np.abs(dp) + np.abs(d_row))
+    mags = (scale * (terms @ np.abs(ke)), scale * (np.swapaxes(terms, -1, -2) @ np.abs(q)),
+            np.swapaxes(p, -1, -2) @ np.abs(do))
     g = heads // hkv
     b = q.shape[0]
     dk = dk.reshape(b, hkv, g, *dk.shape[2:]).sum(axis=2)
     dv = dv.reshape(b, hkv, g, *dv.shape[2:]).sum(axis=2)
-    return dq, dk, dv
+    return (dq, dk, dv), tuple(float(np.linalg.norm(x.ravel())) for x in mags)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -226,34 +236,15 @@ def judge_low_precision(out, q, k, v, *, dtype=np.float16, causal: bool = False,
                      float(np.nanmean(diff)) if diff.size else 0.0, ratio, tolerance_ratio)
 
 
-def _cancelled_gradient_scale(q, k, v, do, *, causal, scale, block_mask) -> tuple[float, float, float]:
-    """‖·‖ of dQ and dK computed with |dS| replaced by P∘(|dP| + |D|), the terms whose difference
-    dS is (and ‖dV‖'s own scale, P̃ᵀ|dO|): the size a gradient has before it cancels."""
-    q, k, v, do = (np.asarray(x, dtype=np.float64) for x in (q, k, v, do))
-    heads = q.shape[1]
-    scale = default_scale(q.shape[-1]) if scale is None else float(scale)
-    o, lse = attention_forward(q, k, v, causal=causal, scale=scale, block_mask=block_mask)
-    ke, ve = _expand_kv(k, heads), _expand_kv(v, heads)
-    allowed = attention_mask(q.shape[2], k.shape[2], causal, block_mask)
-    lse_safe = np.where(np.isfinite(lse), lse, 0.0)[..., None]
-    p = np.where(allowed & np.isfinite(lse)[..., None], np.exp(scale * (q @ np.swapaxes(ke, -1, -2)) - lse_safe), 0.0)
-    terms = p * (np.abs(do @ np.swapaxes(ve, -1, -2)) + np.abs((do * o).sum(axis=-1, keepdims=True)))
-    dq = scale * (terms @ np.abs(ke))
-    dk = scale * (np.swapaxes(terms, -1, -2) @ np.abs(q))
-    dv = np.swapaxes(p, -1, -2) @ np.abs(do)
-    return tuple(float(np.linalg.norm(x.ravel())) for x in (dq, dk, dv))
-
-
 def judge_low_precision_backward(grads, q, k, v, do, *, dtype=np.float16, causal: bool = False,
                                  scale: float | None = None, block_mask: BlockMask | None = None,
                                  tolerance_ratio: float = 2.0) -> dict[str, Judgement]:
     """:func:`judge_low_precision` for gradients: each of dQ, dK, dV against the float64 gradient
     of the rounded inputs, compared with the error of :func:`plain_attention_backward_lowp`."""
     qr, kr, vr, dor = (_round(x, dtype) for x in (q, k, v, do))
-    refs = attention_backward(qr, kr, vr, dor, causal=causal, scale=scale, block_mask=block_mask)
+    refs, mags = attention_backward_and_scales(qr, kr, vr, dor, causal=causal, scale=scale, block_mask=block_mask)
     bases = plain_attention_backward_lowp(qr, kr, vr, dor, dtype=dtype, causal=causal, scale=scale,
                                           block_mask=block_mask)
-    mags = _cancelled_gradient_scale(qr, kr, vr, dor, causal=causal, scale=scale, block_mask=block_mask)
     unit = float(np.finfo(dtype).eps) / 2
     out = {}
     for name, g, r, base, mag in zip(("dQ", "dK", "dV"), grads, refs, bases, mags):

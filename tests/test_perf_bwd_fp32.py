@@ -13,15 +13,14 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from kernels.perf import bwd_fp32_v1
-from kernels.reference import _cancelled_gradient_scale, attention_backward, attention_forward
+from kernels.reference import attention_backward_and_scales, attention_forward
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
                 derandomize=True)
 
 
 def gradient_errors(grads, q, k, v, do, causal, scale, label):
-    refs = attention_backward(q, k, v, do, causal=causal, scale=scale)
-    mags = _cancelled_gradient_scale(q, k, v, do, causal=causal, scale=scale, block_mask=None)
+    refs, mags = attention_backward_and_scales(q, k, v, do, causal=causal, scale=scale, block_mask=None)
     errs = {}
     for name, g, r, mag in zip(("dQ", "dK", "dV"), grads, refs, mags):
         assert g.dtype == np.float32 and g.shape == r.shape
