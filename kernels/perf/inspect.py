@@ -33,7 +33,7 @@ class _Hopper:
     compute_capability = CC
 
 
-def lto_ptx(module: str, *args) -> str:
+def lto_ptx(module: str, *args, min_blocks: int = 1) -> str:
     """PTX of ``kernels.perf.<module>._source(*args)`` after linking its CUDA C++ helpers with LTO;
     ``module:part`` picks ``SOURCES[part]`` of a module with several kernels."""
     import numba.cuda.dispatcher as dispatcher
@@ -47,7 +47,7 @@ def lto_ptx(module: str, *args) -> str:
     dispatcher.get_current_device = lambda: _Hopper()
     try:
         lib, _ = _compile_pyfunc_with_fixup(fn, signature(), device=False, cc=CC, abi="numba", lto=True,
-                                            launch_bounds=(nt, 1))
+                                            launch_bounds=(nt, min_blocks))
         lib._lto = True  # the library was built from LTO-IR; let it link and emit PTX
         return lib.get_lto_ptx(cc=CC).rstrip("\0")
     finally:
@@ -84,8 +84,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("variant")
     ap.add_argument("args", nargs="*", type=int, help="the variant's _source arguments (booleans as 0/1)")
+    ap.add_argument("--minb", type=int, default=1, help="blocks per SM promised to ptxas (launch bounds)")
     a = ap.parse_args(argv)
-    ptx = lto_ptx(a.variant, *a.args)
+    ptx = lto_ptx(a.variant, *a.args, min_blocks=a.minb)
     print(f"{a.variant}{tuple(a.args)}: PTX {len(ptx)} chars, {ptx.count('mma.sync')} mma.sync, "
           f"{'has' if '.local' in ptx else 'no'} .local")
     rep = sass_report(ptx)

@@ -242,6 +242,13 @@ if not SIM:
         _ldsm_t_a_raw(_ffi.from_buffer(r[ri:]), uint32(sbase + 2 * (base + row0 * stride + col0 + loff)))
 
     @cuda.jit(device=True, forceinline=True)
+    def ldsm_x4_trans_b_a(r, ri, smem, sbase, loffb, base, stride, row0, col0):
+        """An A operand (16 x 16) from a tile stored transposed, [k, m] (such as dS from dSᵀ
+        stored [key, query]): matrix i at (row0 + 8·(i >> 1), col0 + 8·(i & 1)) of the storage,
+        each transposed, which is a0..a3 in order.  ``loffb`` from :func:`lane_offset_b`."""
+        _ldsm_t_a_raw(_ffi.from_buffer(r[ri:]), uint32(sbase + 2 * (base + row0 * stride + col0 + loffb)))
+
+    @cuda.jit(device=True, forceinline=True)
     def cp_async16_a(smem, sbase, soff, gmem, goff, nvalid):
         _cp_a_raw(uint32(sbase + 2 * soff), _ffi.from_buffer(gmem), goff * 2, int32(nvalid * 2))
 
@@ -299,6 +306,11 @@ if not SIM:
             _wait0_raw()
         else:
             _wait1_raw()
+
+    @cuda.jit(device=True, forceinline=True)
+    def pair_swap2(x, y):
+        """(x, y) of the lane l ^ 1 (the other lane of this lane's pair)."""
+        return cuda.shfl_xor_sync(0xFFFFFFFF, x, 1), cuda.shfl_xor_sync(0xFFFFFFFF, y, 1)
 
     @cuda.jit(device=True, forceinline=True)
     def quad_max2(x, y):
@@ -421,6 +433,10 @@ else:
         _ldsm(r, ri, smem, base, stride, row0, col0, True)
 
     @cuda.jit(device=True)
+    def ldsm_x4_trans_b_a(r, ri, smem, sbase, loffb, base, stride, row0, col0):
+        _ldsm(r, ri, smem, base, stride, row0, col0, True, True)
+
+    @cuda.jit(device=True)
     def cp_async16_a(smem, sbase, soff, gmem, goff, nvalid):
         cp_async16(smem, soff, gmem, goff, nvalid)
 
@@ -463,6 +479,20 @@ else:
         return float32(rx), float32(ry)
 
     @cuda.jit(device=True)
+    def pair_swap2(x, y):
+        warp, lane = _lane()
+        tid = warp * 32 + lane
+        with _ALLOC_LOCK:
+            sx = cuda.shared.array(32 * MAX_WARPS, float32)
+            sy = cuda.shared.array(32 * MAX_WARPS, float32)
+        sx[tid] = x
+        sy[tid] = y
+        cuda.syncthreads()
+        rx, ry = sx[tid ^ 1], sy[tid ^ 1]
+        cuda.syncthreads()
+        return float32(rx), float32(ry)
+
+    @cuda.jit(device=True)
     def quad_max2(x, y):
         return _quad(x, y, np.max)
 
@@ -473,8 +503,8 @@ else:
 
 __all__ = ["SIM", "MAX_WARPS", "mma", "mma_z", "ldsm_x4", "ldsm_x4_trans", "cp_async16", "st_global16",
            "cp_async_commit", "cp_async_wait", "smem_u32", "lane_offset", "lane_offset_b", "ldsm_x4_a",
-           "ldsm_x4_b_a", "ldsm_x4_trans_a", "cp_async16_a", "st_global16_a", "ex2", "pack_f16x2", "quad_max2",
-           "quad_sum2", "jit_kernel", "int32"]
+           "ldsm_x4_b_a", "ldsm_x4_trans_a", "ldsm_x4_trans_b_a", "cp_async16_a", "st_global16_a", "ex2",
+           "pack_f16x2", "pair_swap2", "quad_max2", "quad_sum2", "jit_kernel", "int32"]
 
 
 # ---------------------------------------------------------------------------------------------
