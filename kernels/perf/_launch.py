@@ -1,5 +1,5 @@
 """What the numbered variants share: the forward launcher (inputs, block shape, shared memory,
-grid) and the backward's input checks and D = rowsum(dO ∘ O) preprocess."""
+grid) and the backward's input checks, D = rowsum(dO ∘ O) preprocess and the zeroed dQ buffer."""
 
 from __future__ import annotations
 
@@ -99,6 +99,25 @@ def prepare_backward(requirement, default_config, supports, q, k, v, o, lse, do,
     if not math.isfinite(sc):
         raise ValueError(f"scale={scale!r}: must be finite")
     return inp, a, dims, lse_d, cfg, sc
+
+
+def elementwise_grid(n: int) -> tuple:
+    """(blocks, threads) for a grid-stride loop over n elements; one warp under the simulator,
+    where one simulated thread per element would cost more than the kernel under test."""
+    if config.ENABLE_CUDASIM:
+        return 1, 32
+    return min(1024, -(-n // 256)), 256
+
+
+@cuda.jit
+def _zero(a):
+    for x in range(cuda.grid(1), a.shape[0], cuda.gridsize(1)):
+        a[x] = 0.0
+
+
+def zero_fill(flat) -> None:
+    """Zero a flat float32 device array (the buffer a backward's dQ atomics add into)."""
+    _zero[elementwise_grid(flat.shape[0])](flat)
 
 
 @cache

@@ -60,7 +60,6 @@ precomputed 32-bit shared addresses (v3's diet) and L, D read as pairs.
 from __future__ import annotations
 
 import math
-import threading
 from functools import cache
 
 import numpy as np
@@ -71,62 +70,6 @@ from . import tc
 LOG2E = 1.4426950408889634
 NEG_INF = float32(-math.inf)
 POS_INF = float32(math.inf)
-
-
-# ---------------------------------------------------------------------------------------------
-# dQ's 8-byte reduction into global memory (sm_90: red.global.v2.f32.add), and its twin.
-
-_CU_RED = r"""
-extern "C" __device__ int fsb2_red_v2_f32(int* ret, float* g, long long off, float a, float b) {
-    asm volatile("red.global.v2.f32.add [%0], {%1, %2};" :: "l"(g + off), "f"(a), "f"(b) : "memory");
-    return 0;
-}
-extern "C" __device__ int fsb2_red_v4_f32(int* ret, float* g, long long off, float a, float b, float c, float d) {
-    asm volatile("red.global.v4.f32.add [%0], {%1, %2, %3, %4};"
-                 :: "l"(g + off), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
-    return 0;
-}
-"""
-
-if not tc.SIM:
-    from cffi import FFI
-
-    _ffi = FFI()
-    _link = cuda.CUSource(_CU_RED)
-    _red_raw = cuda.declare_device("fsb2_red_v2_f32", "int32(CPointer(float32), int64, float32, float32)",
-                                   link=_link)
-    _red4_raw = cuda.declare_device("fsb2_red_v4_f32",
-                                    "int32(CPointer(float32), int64, float32, float32, float32, float32)",
-                                    link=_link)
-
-    @cuda.jit(device=True, forceinline=True)
-    def red_v2(g, off, a, b):
-        """g.flat[off:off+2] += (a, b), atomically per element (``off`` even)."""
-        _red_raw(_ffi.from_buffer(g), off, a, b)
-
-    @cuda.jit(device=True, forceinline=True)
-    def red_v4(g, off, a, b, c, d):
-        """g.flat[off:off+4] += (a, b, c, d), atomically per element (``off`` a multiple of 4)."""
-        _red4_raw(_ffi.from_buffer(g), off, a, b, c, d)
-
-else:
-    _RED_LOCK = threading.Lock()
-
-    @cuda.jit(device=True)
-    def red_v2(g, off, a, b):
-        flat = g.reshape(-1)
-        with _RED_LOCK:
-            flat[off] += a
-            flat[off + 1] += b
-
-    @cuda.jit(device=True)
-    def red_v4(g, off, a, b, c, d):
-        flat = g.reshape(-1)
-        with _RED_LOCK:
-            flat[off] += a
-            flat[off + 1] += b
-            flat[off + 2] += c
-            flat[off + 3] += d
 
 
 # ---------------------------------------------------------------------------------------------
@@ -435,14 +378,14 @@ def _source(D: int, BQ: int, BK: int, NW: int, WKV: int, WQ: int, CAUSAL: bool, 
                         y0, y1 = tc.pair_swap2(s0, s1)  # every lane, outside any branch
                         if col - 2 * odd < D:
                             if odd == 0 and row < nq:
-                                red_v4(dqa, (qrow + row) * D + col, a0, a1, y0, y1)
+                                tc.red_v4(dqa, (qrow + row) * D + col, a0, a1, y0, y1)
                             if odd == 1 and row + 8 < nq:
-                                red_v4(dqa, (qrow + row + 8) * D + col - 2, y0, y1, a2, a3)
+                                tc.red_v4(dqa, (qrow + row + 8) * D + col - 2, y0, y1, a2, a3)
                     elif col < D:
                         if row < nq:
-                            red_v2(dqa, (qrow + row) * D + col, acq[x], acq[x + 1])
+                            tc.red_v2(dqa, (qrow + row) * D + col, acq[x], acq[x + 1])
                         if row + 8 < nq:
-                            red_v2(dqa, (qrow + row + 8) * D + col, acq[x + 2], acq[x + 3])
+                            tc.red_v2(dqa, (qrow + row + 8) * D + col, acq[x + 2], acq[x + 3])
         tc.cp_async_wait(0)
         cuda.syncthreads()  # K_j, V_j landed even when no query block was visible
         # Epilogue: dK·τ and dV packed to f16 into the K and V tiles (phase B's layout), then 16
@@ -518,28 +461,16 @@ def saved_forward(q, k, v, *, causal=False, scale=None):
 
 
 @cuda.jit
-def _zero(a):
-    for x in range(cuda.grid(1), a.shape[0], cuda.gridsize(1)):
-        a[x] = 0.0
-
-
-@cuda.jit
 def _to_f16(src, dst, scale):
     for x in range(cuda.grid(1), src.shape[0], cuda.gridsize(1)):
         dst[x] = src[x] * scale
-
-
-def _grid(n: int) -> tuple:
-    if tc.SIM:  # one simulated thread per element would cost more than the kernel under test
-        return 1, 32
-    return min(4096, -(-n // 256)), 256
 
 
 def backward(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
     """(dQ, dK, dV) for fp16 (B, H, N, d) inputs, O and L from the forward; ``config`` overrides
     :func:`default_config`.  dQ is summed over key blocks by float32 atomics in no fixed order:
     it may differ from run to run in its last bits."""
-    from ._launch import prepare_backward, raise_smem_limit, row_dots
+    from ._launch import elementwise_grid, prepare_backward, raise_smem_limit, row_dots, zero_fill
 
     inp, a, (nb, nh, nhk, nq, nk, d), lse_d, cfg, sc = prepare_backward(
         "bwd_fp16_v2 takes float16 with head_dim % 8 == 0", default_config, supports, q, k, v, o, lse, do,
@@ -550,7 +481,7 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
     n = nb * nh * nq * d
     dqa = inp.empty((nb, nh, nq, d), np.float32)
     flat = dqa.reshape(n)
-    _zero[_grid(n)](flat)
+    zero_fill(flat)
     dk = inp.empty((nb, nhk, nk, d), np.float16)
     dv = inp.empty((nb, nhk, nk, d), np.float16)
     args = (a["q"], a["k"], a["v"], a["do"], lse_d, dvec, dqa, dk, dv, float32(sc * LOG2E), float32(sc))
@@ -558,5 +489,5 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
     raise_smem_limit(kern, args, smem)
     kern[(-(-nk // cfg["bk"]), nb * nhk), nt, 0, smem](*args)
     dq = inp.empty((nb, nh, nq, d), np.float16)
-    _to_f16[_grid(n)](flat, dq.reshape(n), float32(sc))
+    _to_f16[elementwise_grid(n)](flat, dq.reshape(n), float32(sc))
     return inp.out(dq), inp.out(dk), inp.out(dv)

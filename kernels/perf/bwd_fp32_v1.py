@@ -89,7 +89,6 @@ GEMMs are larger and its N² elementwise passes relatively cheaper.
 from __future__ import annotations
 
 import math
-import threading
 from functools import cache
 
 import numpy as np
@@ -102,44 +101,6 @@ NEG_INF = float32(-math.inf)
 POS_INF = float32(math.inf)
 #: Device functions are inlined into the kernel (the simulator's jit has no such option).
 _device = cuda.jit(device=True) if tc.SIM else cuda.jit(device=True, forceinline=True)
-
-
-# ---------------------------------------------------------------------------------------------
-# dQ's 16-byte reduction into global memory (sm_90: red.global.v4.f32.add), and its twin.
-
-_CU_RED = r"""
-extern "C" __device__ int fsb_red_v4_f32(int* ret, float* g, long long off, float a, float b, float c, float d) {
-    asm volatile("red.global.v4.f32.add [%0], {%1, %2, %3, %4};"
-                 :: "l"(g + off), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
-    return 0;
-}
-"""
-
-if not tc.SIM:
-    from cffi import FFI
-
-    _ffi = FFI()
-    _red_raw = cuda.declare_device("fsb_red_v4_f32",
-                                   "int32(CPointer(float32), int64, float32, float32, float32, float32)",
-                                   link=cuda.CUSource(_CU_RED))
-
-    @cuda.jit(device=True, forceinline=True)
-    def red_v4(g, off, a, b, c, d):
-        """g.flat[off:off+4] += (a, b, c, d), atomically per element (one 16-byte reduction;
-        ``off`` a multiple of 4)."""
-        _red_raw(_ffi.from_buffer(g), off, a, b, c, d)
-
-else:
-    _RED_LOCK = threading.Lock()
-
-    @cuda.jit(device=True)
-    def red_v4(g, off, a, b, c, d):
-        flat = g.reshape(-1)
-        with _RED_LOCK:
-            flat[off] += a
-            flat[off + 1] += b
-            flat[off + 2] += c
-            flat[off + 3] += d
 
 
 # ---------------------------------------------------------------------------------------------
@@ -452,7 +413,7 @@ def _source(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, UNROLL: int = 2, VR
                             if col < D:
                                 x = ((t * 4 + g) * TC3 + u) * 4
                                 if VRED:
-                                    red_v4(dq, (qrow + row) * D + col, acq[x], acq[x + 1], acq[x + 2], acq[x + 3])
+                                    tc.red_v4(dq, (qrow + row) * D + col, acq[x], acq[x + 1], acq[x + 2], acq[x + 3])
                                 else:
                                     for f in range(4):
                                         cuda.atomic.add(dq, (b, hq, row, col + f), acq[x + f])
@@ -517,16 +478,10 @@ def saved_forward(q, k, v, *, causal=False, scale=None):
     return fwd_fp32_v1.forward(q, k, v, causal=causal, scale=scale, return_lse=True)
 
 
-@cuda.jit
-def _zero(a):
-    for x in range(cuda.grid(1), a.shape[0], cuda.gridsize(1)):
-        a[x] = 0.0
-
-
 def backward(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
     """(dQ, dK, dV) for fp32 (B, H, N, d) inputs, O and L from the forward; ``config`` overrides
     :func:`default_config`.  dQ's summation order over key blocks is not fixed (atomics)."""
-    from ._launch import prepare_backward, raise_smem_limit, row_dots
+    from ._launch import prepare_backward, raise_smem_limit, row_dots, zero_fill
 
     inp, a, (nb, nh, nhk, nq, nk, d), lse_d, cfg, sc = prepare_backward(
         "bwd_fp32_v1 takes float32 with head_dim % 4 == 0, <= 128", default_config, supports, q, k, v, o, lse, do,
@@ -540,11 +495,7 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
     kern, nt = kernel(d, bool(causal), **cfg)
     dvec = row_dots(inp, a, causal)
     dq = inp.empty((nb, nh, nq, d), np.float32)
-    flat = dq.reshape(nb * nh * nq * d)
-    if tc.SIM:  # one simulated thread per element would cost more than the kernel under test
-        _zero[1, 32](flat)
-    else:
-        _zero[min(1024, -(-flat.shape[0] // 256)), 256](flat)
+    zero_fill(dq.reshape(nb * nh * nq * d))
     dk = inp.empty((nb, nhk, nk, d), np.float32)
     dv = inp.empty((nb, nhk, nk, d), np.float32)
     args = (a["q"], a["k"], a["v"], a["do"], lse_d, dvec, dq, dk, dv, float32(sc * LOG2E), float32(sc))

@@ -177,6 +177,18 @@ extern "C" __device__ int fs_pack_f16x2(unsigned* ret, float lo, float hi) {
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(*ret) : "f"(hi), "f"(lo));
     return 0;
 }
+
+// Vector reductions into global f32 (sm_90): g[off..] += (a, b[, c, d]), atomic per element.
+extern "C" __device__ int fs_red_v2_f32(int* ret, float* g, long long off, float a, float b) {
+    asm volatile("red.global.v2.f32.add [%0], {%1, %2};" :: "l"(g + off), "f"(a), "f"(b) : "memory");
+    return 0;
+}
+
+extern "C" __device__ int fs_red_v4_f32(int* ret, float* g, long long off, float a, float b, float c, float d) {
+    asm volatile("red.global.v4.f32.add [%0], {%1, %2, %3, %4};"
+                 :: "l"(g + off), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+    return 0;
+}
 """
 
 if not SIM:
@@ -204,6 +216,22 @@ if not SIM:
     _stg_a_raw = cuda.declare_device("fs_st_global16_a", "int32(CPointer(float16), int64, uint32)", link=_link)
     _mma_z_raw = cuda.declare_device("fs_mma16816_z", "int32(CPointer(float32), CPointer(uint32), uint32, uint32)",
                                      link=_link)
+    _red2_raw = cuda.declare_device("fs_red_v2_f32", "int32(CPointer(float32), int64, float32, float32)",
+                                    link=_link)
+    _red4_raw = cuda.declare_device("fs_red_v4_f32",
+                                    "int32(CPointer(float32), int64, float32, float32, float32, float32)",
+                                    link=_link)
+
+    @cuda.jit(device=True, forceinline=True)
+    def red_v2(g, off, a, b):
+        """g.flat[off:off+2] += (a, b), atomically per element (one 8-byte reduction; ``off`` even)."""
+        _red2_raw(_ffi.from_buffer(g), off, a, b)
+
+    @cuda.jit(device=True, forceinline=True)
+    def red_v4(g, off, a, b, c, d):
+        """g.flat[off:off+4] += (a, b, c, d), atomically per element (one 16-byte reduction;
+        ``off`` a multiple of 4)."""
+        _red4_raw(_ffi.from_buffer(g), off, a, b, c, d)
 
     @cuda.jit(device=True, forceinline=True)
     def smem_u32(smem):
@@ -478,6 +506,24 @@ else:
         cuda.syncthreads()
         return float32(rx), float32(ry)
 
+    _RED_LOCK = threading.Lock()
+
+    @cuda.jit(device=True)
+    def red_v2(g, off, a, b):
+        flat = g.reshape(-1)
+        with _RED_LOCK:
+            flat[off] += a
+            flat[off + 1] += b
+
+    @cuda.jit(device=True)
+    def red_v4(g, off, a, b, c, d):
+        flat = g.reshape(-1)
+        with _RED_LOCK:
+            flat[off] += a
+            flat[off + 1] += b
+            flat[off + 2] += c
+            flat[off + 3] += d
+
     @cuda.jit(device=True)
     def pair_swap2(x, y):
         warp, lane = _lane()
@@ -504,7 +550,7 @@ else:
 __all__ = ["SIM", "MAX_WARPS", "mma", "mma_z", "ldsm_x4", "ldsm_x4_trans", "cp_async16", "st_global16",
            "cp_async_commit", "cp_async_wait", "smem_u32", "lane_offset", "lane_offset_b", "ldsm_x4_a",
            "ldsm_x4_b_a", "ldsm_x4_trans_a", "ldsm_x4_trans_b_a", "cp_async16_a", "st_global16_a", "ex2",
-           "pack_f16x2", "pair_swap2", "quad_max2", "quad_sum2", "jit_kernel", "int32"]
+           "pack_f16x2", "pair_swap2", "red_v2", "red_v4", "quad_max2", "quad_sum2", "jit_kernel", "int32"]
 
 
 # ---------------------------------------------------------------------------------------------
