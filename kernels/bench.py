@@ -2,13 +2,17 @@
 
     python -m kernels.bench [--quick] [--out kernels/data/bench_h100.csv]
 
-For every configuration it first checks each variant against the float64 reference (on a
-sample of query rows for the forward; variants that fail are reported and not timed), then
-times it with CUDA events: 3 warm-up calls, then the median of ``--repeat`` calls, each on one of
-three rotating input sets and after a 256 MiB write that flushes the 50 MB L2.  It prints one
-aligned line per (variant, configuration) with ms, TFLOP/s and the ratios to torch's naive
-attention and to SDPA's flash backend measured in the same run, and writes a CSV with the
-provenance (GPU, driver, versions, date, commit) in a ``.meta.json`` beside it.
+For every configuration it first checks each variant against the float64 reference (the
+forward on a sample of query rows, the backward's dQ, dK, dV on the first head against autograd
+through float64 attention; variants that fail are reported and not timed), then times it with
+CUDA events: 3 warm-up calls, then the median of ``--repeat`` calls, each on one of three
+rotating input sets and after a 256 MiB write that flushes the L2.  A backward peer keeps one
+autograd graph (with its N x N P) per input set; where three do not fit in the GPU's memory it
+rotates fewer (the ``inputs`` column).  It prints one aligned line per (variant, configuration)
+with ms, TFLOP/s and the ratios to torch's naive attention and to SDPA's flash backend measured
+in the same run, and rewrites the CSV, with the provenance (GPU, driver, versions, date, commit)
+in a ``.meta.json`` beside it, after every configuration, so that a run stopped early keeps
+what it measured.
 
 FLOPs: forward 4·B·H·Nq·Nk·d (the two matrix products), halved for causal; backward 2.5× the
 forward (five products instead of two), the convention of flash-attention's benchmarks.  Our
@@ -22,6 +26,7 @@ import csv
 import json
 import os
 import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -148,6 +153,67 @@ def _check_fwd(out, q, k, v, causal, rng):
     return ref.rel_error(np.concatenate(outs, 2), np.concatenate(refs, 2))
 
 
+def bwd_error(torch, grads, q, k, v, do, causal) -> float:
+    """Worst relative error of (dQ, dK, dV) against autograd through float64 attention, on the
+    first head of the first batch (heads are independent; one keeps the float64 S small)."""
+    grads = [torch.as_tensor(g, device=q.device)[:1, :1] for g in grads]
+    q, k, v, do = (x.detach()[:1, :1] for x in (q, k, v, do))
+    leaf = [x.double().requires_grad_(True) for x in (q, k, v)]
+    s = (leaf[0] @ leaf[1].transpose(-1, -2)) * q.shape[-1] ** -0.5
+    if causal:
+        n, m = s.shape[-2], s.shape[-1]
+        s = s.masked_fill(~torch.ones(n, m, dtype=torch.bool, device=q.device).tril(m - n), float("-inf"))
+    (torch.softmax(s, -1) @ leaf[2]).backward(do.double())
+    return max(float((g.double() - x.grad).norm() / x.grad.norm()) for g, x in zip(grads, leaf))
+
+
+def _graph(torch, fwd, inp, causal):
+    q, k, v, do = inp
+    leaf = [x.clone().requires_grad_(True) for x in (q, k, v)]
+    return fwd(*leaf, causal), do, leaf
+
+
+def time_peer_backward(torch, fwd, inputs, causal, repeat, flush, check):
+    """(ms, std, rel err, input sets rotated) of autograd's backward through a torch peer.
+
+    One graph (the forward's saved tensors, N x N P among them for the naive code) per input set,
+    as many as leave room for the backward's own N x N temporaries: on the first check only the
+    first, then more until one does not fit, dropping one again if the timed calls run out of
+    memory.  ``check(grads)`` gives the error of the first graph's gradients."""
+    graphs = [_graph(torch, fwd, inputs[0], causal)]
+    o, do, leaf = graphs[0]
+    o.backward(do, retain_graph=True)
+    err = check([x.grad for x in leaf])
+    del o, do, leaf
+    for inp in inputs[1:]:
+        try:
+            graphs.append(_graph(torch, fwd, inp, causal))
+        except torch.cuda.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            break
+    while True:
+        try:
+            fn = lambda o, do: o.backward(do, retain_graph=True)  # noqa: E731
+            ms, sd = _time(torch, fn, [(o, do) for o, do, _ in graphs], repeat, flush)
+            return ms, sd, err, len(graphs)
+        except torch.cuda.OutOfMemoryError:
+            if len(graphs) == 1:
+                raise
+            graphs.pop()
+            torch.cuda.empty_cache()
+
+
+def _checked_bwd_error(torch, inp, causal, tol, grads) -> float:
+    err = bwd_error(torch, grads, *inp[:4], causal)
+    if not err < tol:
+        raise AssertionError(f"failed the check against float64: rel err {err:.2e}")
+    return err
+
+
+def _tolerance(dtype: str) -> float:
+    return 1e-4 if dtype == "fp32" else 1e-2
+
+
 def configs(quick: bool, ns=None):
     out = []
     ns = ns or ((1024, 4096, 16384) if quick else (1024, 2048, 4096, 8192, 16384, 32768))
@@ -187,6 +253,11 @@ def main(argv=None) -> int:
     peers = _torch_fns(torch)
     flush = torch.empty(256 * 2**20 // 4, dtype=torch.float32, device="cuda")
     rows = []
+    meta = {}
+    if args.out:
+        from .gpucheck import provenance
+
+        meta = dict(provenance(), torch=torch.__version__, method=__doc__, tf32="off")
     for cfg in configs(args.quick, args.ns):
         tag = f"{cfg['pass']}-{cfg['dtype']}-d{cfg['d']}-{'causal' if cfg['causal'] else 'full'}-n{cfg['n']}"
         if args.only and args.only not in tag:
@@ -213,28 +284,31 @@ def main(argv=None) -> int:
                 if cfg["pass"] == "fwd":
                     q, k, v, _ = inputs[0]
                     rec["rel_err"] = _check_fwd(fwd(q, k, v, causal), q, k, v, causal, rng)
-                    if not rec["rel_err"] < (1e-4 if tdt == torch.float32 else 1e-2):
+                    if not rec["rel_err"] < _tolerance(cfg["dtype"]):
                         raise AssertionError(f"failed the check against float64: rel err {rec['rel_err']:.2e}")
                     fn = lambda q, k, v, do, f=fwd, c=causal: f(q, k, v, c)  # noqa: E731
                     ms, sd = _time(torch, fn, inputs, args.repeat, flush)
+                    rec["inputs"] = len(inputs)
                 else:
                     if var.startswith("ours"):
                         saved = [save(q, k, v, causal) for q, k, v, _ in inputs]
                         fn_inputs = [(q, k, v, do, s) for (q, k, v, do), s in zip(inputs, saved)]
                         fn = lambda q, k, v, do, s, f=bwd, c=causal: f(q, k, v, do, c, s)  # noqa: E731
+                        rec["rel_err"] = _checked_bwd_error(torch, inputs[0], causal, _tolerance(cfg["dtype"]),
+                                                            fn(*fn_inputs[0]))
+                        ms, sd = _time(torch, fn, fn_inputs, args.repeat, flush)
+                        rec["inputs"] = len(fn_inputs)
                     else:
-                        leaf = [tuple(x.clone().requires_grad_(True) for x in (q, k, v)) + (do,)
-                                for q, k, v, do in inputs]
-                        outs = [fwd(q, k, v, causal) for q, k, v, _ in leaf]
-                        fn_inputs = [(o, do) for o, (_, _, _, do) in zip(outs, leaf)]
-                        fn = lambda o, do: o.backward(do, retain_graph=True)  # noqa: E731
-                    ms, sd = _time(torch, fn, fn_inputs, args.repeat, flush)
+                        check = partial(_checked_bwd_error, torch, inputs[0], causal, _tolerance(cfg["dtype"]))
+                        ms, sd, rec["rel_err"], rec["inputs"] = time_peer_backward(
+                            torch, fwd, inputs, causal, args.repeat, flush, check)
                 rec.update(ms=ms, ms_std=sd, tflops=flops(b, h, n, d, causal, cfg["pass"]) / ms / 1e9)
             except torch.cuda.OutOfMemoryError:
                 rec["error"] = "out of memory"
-                torch.cuda.empty_cache()
             except Exception as e:  # one variant's failure must not stop the table
                 rec["error"] = repr(e)[:200]
+            fn_inputs = saved = fn = None  # free this variant's tensors before the next
+            torch.cuda.empty_cache()
             results[var] = rec
         for rec in results.values():
             if "ms" in rec:
@@ -243,7 +317,8 @@ def main(argv=None) -> int:
                         rec[f"x_{peer}"] = results[peer]["ms"] / rec["ms"]
             if "ms" in rec:
                 xn, xf = rec.get("x_naive", float("nan")), rec.get("x_sdpa_flash", float("nan"))
-                body = f"{rec['ms']:9.3f} ms {rec['tflops']:7.1f} TFLOP/s  x naive {xn:5.2f}  x flash {xf:5.2f}"
+                body = (f"{rec['ms']:9.3f} ms {rec['tflops']:7.1f} TFLOP/s  x naive {xn:5.2f}  x flash {xf:5.2f}"
+                        f"  err {rec['rel_err']:.1e}")
             else:
                 body = rec.get("error", "")
             line = f"{rec['variant']:14s} {tag:32s} B={b:<2d} {body}"
@@ -251,21 +326,23 @@ def main(argv=None) -> int:
             rows.append(rec)
         del inputs
         torch.cuda.empty_cache()
+        if args.out:
+            write(args.out, rows, meta)
     if args.out:
-        path = Path(args.out)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fields = sorted({k for r in rows for k in r})
-        with open(path, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=fields)
-            w.writeheader()
-            w.writerows(rows)
-        from .gpucheck import provenance
-
-        meta = provenance()
-        meta.update(torch=torch.__version__, method=__doc__, tf32="off")
-        path.with_name(path.stem + ".meta.json").write_text(json.dumps(meta, indent=1))
-        print(f"wrote {path}")
+        print(f"wrote {args.out}")
     return 0
+
+
+def write(out, rows: list[dict], meta: dict) -> None:
+    """The CSV (every row so far) and its ``.meta.json``."""
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fields = sorted({k for r in rows for k in r})
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows)
+    path.with_name(path.stem + ".meta.json").write_text(json.dumps(meta, indent=1))
 
 
 if __name__ == "__main__":

@@ -3,13 +3,13 @@
     python -m kernels.perf.tune fwd_fp16_v2 --d 64 --n 4096 16384 \
         --configs '{"bc": 64, "mt": 2}' '{"bc": 32, "mt": 2}' [--causal] [--out DIR]
 
-Each configuration is checked against the float64 reference on sampled rows first (the same
-check as ``kernels.bench``), then timed with CUDA events (warm-up, median of ``--repeat``
-calls over rotating inputs, L2 flushed before each).  A backward variant (a module with
-``backward``) is timed on the saved forward's O and L and checked against autograd through
-float64 attention at the smallest N given; the peers' backward through autograd.  Prints one line per (configuration,
-shape) and writes ``DIR/tune_<variant>.csv``.  For finding a variant's defaults; the
-benchmark of record is ``kernels.bench``.
+Each configuration is checked against the float64 reference first (the same checks as
+``kernels.bench``: the forward on sampled rows, a backward variant's gradients on the first head
+against autograd through float64 attention), then timed with CUDA events (warm-up, median of
+``--repeat`` calls over rotating inputs, L2 flushed before each).  A backward variant (a module
+with ``backward``) is timed on the saved forward's O and L; the peers' backward through
+autograd.  Prints one line per (configuration, shape) and writes ``DIR/tune_<variant>.csv``.
+For finding a variant's defaults; the benchmark of record is ``kernels.bench``.
 """
 
 from __future__ import annotations
@@ -23,23 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..bench import _check_fwd, _time, _torch_fns, flops
-
-
-def _check_bwd(torch, fn, inputs, causal) -> float:
-    """Worst relative error of (dQ, dK, dV) against autograd through float64 attention, on the
-    first two heads of the first batch (heads are independent; this keeps S small)."""
-    q, k, v, o, lse, do = inputs
-    grads = [torch.as_tensor(g, device="cuda")[:1, :2] for g in fn(*inputs)]
-    q, k, v, do = (x[:1, :2] for x in (q, k, v, do))
-    leaf = [x.detach().double().requires_grad_(True) for x in (q, k, v)]
-    s = (leaf[0] @ leaf[1].transpose(-1, -2)) * q.shape[-1] ** -0.5
-    if causal:
-        n, m = s.shape[-2], s.shape[-1]
-        s = s.masked_fill(~torch.ones(n, m, dtype=torch.bool, device=q.device).tril(m - n), float("-inf"))
-    (torch.softmax(s, -1) @ leaf[2]).backward(do.double())
-    return max(float((g.double() - x.grad).norm() / x.grad.norm())
-               for g, x in zip(grads, leaf))
+from ..bench import _check_fwd, _time, _torch_fns, bwd_error, flops, time_peer_backward
 
 
 def main(argv=None) -> int:
@@ -74,13 +58,11 @@ def main(argv=None) -> int:
             for p in args.peers:
                 if p.startswith("sdpa") and args.dtype == "fp32":
                     continue
-                if bwd:  # autograd through the peer, as kernels.bench times it
-                    outs = []
-                    for q, k, v in inputs:
-                        leaf = [x.clone().requires_grad_(True) for x in (q, k, v)]
-                        outs.append((peers[p](*leaf, args.causal), torch.randn_like(q)))
-                    ms, _ = _time(torch, lambda o, do: o.backward(do, retain_graph=True), outs, args.repeat, flush)
-                    del outs
+                if bwd:  # autograd through the peer, as kernels.bench times it (unchecked here)
+                    sets = [(q, k, v, torch.randn_like(q)) for q, k, v in inputs]
+                    ms, _, _, _ = time_peer_backward(torch, peers[p], sets, args.causal, args.repeat, flush,
+                                                     lambda grads: float("nan"))
+                    del sets
                 else:
                     ms, _ = _time(torch, lambda q, k, v, f=peers[p]: f(q, k, v, args.causal), inputs, args.repeat,
                                   flush)
@@ -99,7 +81,8 @@ def main(argv=None) -> int:
                         def fn(q, k, v, o, lse, do, cfg=cfg):
                             return mod.backward(q, k, v, o, lse, do, causal=args.causal, **cfg)
 
-                        rec["rel_err"] = _check_bwd(torch, fn, sets[0], args.causal)
+                        q0, k0, v0, _, _, do0 = sets[0]
+                        rec["rel_err"] = bwd_error(torch, fn(*sets[0]), q0, k0, v0, do0, args.causal)
                         ms, sd = _time(torch, fn, sets, args.repeat, flush)
                     else:
                         def fn(q, k, v, cfg=cfg):
