@@ -48,6 +48,12 @@ SIM = bool(config.ENABLE_CUDASIM)
 MAX_WARPS = 8
 
 
+def device_inline(fn):
+    """A device function inlined into its caller on the GPU (a plain device function under the
+    simulator, which has no ``forceinline``)."""
+    return cuda.jit(device=True)(fn) if SIM else cuda.jit(device=True, forceinline=True)(fn)
+
+
 def jit_kernel(fn, threads: int, min_blocks: int = 1):
     """``cuda.jit`` with launch bounds (threads per block, blocks per SM) where the target takes
     them: ptxas then budgets registers for exactly that; the simulator has no such option."""
@@ -121,6 +127,13 @@ extern "C" __device__ int fs_st_global16(int* ret, char* gmem, long long gmem_of
     asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(x), "=r"(y), "=r"(z), "=r"(w) : "r"(a) : "memory");
     asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};" :: "l"(gmem + gmem_off), "r"(x), "r"(y), "r"(z), "r"(w)
                  : "memory");
+    return 0;
+}
+
+// The same value, hidden from the optimiser: a shared address computed from it inside a loop is
+// recomputed there (one register and immediate offsets) instead of hoisted into many registers.
+extern "C" __device__ int fs_opaque_u32(unsigned* ret, unsigned x) {
+    asm volatile("mov.b32 %0, %1;" : "=r"(*ret) : "r"(x));
     return 0;
 }
 
@@ -210,6 +223,7 @@ if not SIM:
     _wait1_raw = cuda.declare_device("fs_cp_async_wait1", "int32()", link=_link)
     ex2 = cuda.declare_device("fs_ex2", "float32(float32)", link=_link)
     _smem_u32_raw = cuda.declare_device("fs_smem_u32", "uint32(CPointer(float16))", link=_link)
+    _opaque_raw = cuda.declare_device("fs_opaque_u32", "uint32(uint32)", link=_link)
     _ldsm_a_raw = cuda.declare_device("fs_ldsm_x4_a", "int32(CPointer(uint32), uint32)", link=_link)
     _ldsm_t_a_raw = cuda.declare_device("fs_ldsm_x4_trans_a", "int32(CPointer(uint32), uint32)", link=_link)
     _cp_a_raw = cuda.declare_device("fs_cp_async16_a", "int32(uint32, CPointer(float16), int64, int32)", link=_link)
@@ -275,6 +289,32 @@ if not SIM:
         stored [key, query]): matrix i at (row0 + 8·(i >> 1), col0 + 8·(i & 1)) of the storage,
         each transposed, which is a0..a3 in order.  ``loffb`` from :func:`lane_offset_b`."""
         _ldsm_t_a_raw(_ffi.from_buffer(r[ri:]), uint32(sbase + 2 * (base + row0 * stride + col0 + loffb)))
+
+    @cuda.jit(device=True, forceinline=True)
+    def opaque_u32(x):
+        """``x`` as a uint32 the compiler cannot see through (it is not hoisted out of loops)."""
+        return _opaque_raw(uint32(x))
+
+    @cuda.jit(device=True, forceinline=True)
+    def ldsm_x4_at(r, ri, smem, addr, stride):
+        """:func:`ldsm_x4_a` at a precomputed byte address: the tile's first element plus the lane's
+        :func:`lane_offset` (``stride`` is for the simulator's twin, which gets the bare tile)."""
+        _ldsm_a_raw(_ffi.from_buffer(r[ri:]), uint32(addr))
+
+    @cuda.jit(device=True, forceinline=True)
+    def ldsm_x4_b_at(r, ri, smem, addr, stride):
+        """:func:`ldsm_x4_b_a` at a precomputed address (with the lane's :func:`lane_offset_b`)."""
+        _ldsm_a_raw(_ffi.from_buffer(r[ri:]), uint32(addr))
+
+    @cuda.jit(device=True, forceinline=True)
+    def ldsm_x4_trans_at(r, ri, smem, addr, stride):
+        """:func:`ldsm_x4_trans_a` at a precomputed address (with the lane's :func:`lane_offset`)."""
+        _ldsm_t_a_raw(_ffi.from_buffer(r[ri:]), uint32(addr))
+
+    @cuda.jit(device=True, forceinline=True)
+    def ldsm_x4_trans_b_at(r, ri, smem, addr, stride):
+        """:func:`ldsm_x4_trans_b_a` at a precomputed address (with :func:`lane_offset_b`)."""
+        _ldsm_t_a_raw(_ffi.from_buffer(r[ri:]), uint32(addr))
 
     @cuda.jit(device=True, forceinline=True)
     def cp_async16_a(smem, sbase, soff, gmem, goff, nvalid):
@@ -469,6 +509,28 @@ else:
         cp_async16(smem, soff, gmem, goff, nvalid)
 
     @cuda.jit(device=True)
+    def opaque_u32(x):
+        return x
+
+    # The simulator's shared window starts at 0 and its lane offsets are 0: ``addr`` is twice the
+    # element offset of the tile's first element.
+    @cuda.jit(device=True)
+    def ldsm_x4_at(r, ri, smem, addr, stride):
+        _ldsm(r, ri, smem, addr // 2, stride, 0, 0, False)
+
+    @cuda.jit(device=True)
+    def ldsm_x4_b_at(r, ri, smem, addr, stride):
+        _ldsm(r, ri, smem, addr // 2, stride, 0, 0, False, True)
+
+    @cuda.jit(device=True)
+    def ldsm_x4_trans_at(r, ri, smem, addr, stride):
+        _ldsm(r, ri, smem, addr // 2, stride, 0, 0, True)
+
+    @cuda.jit(device=True)
+    def ldsm_x4_trans_b_at(r, ri, smem, addr, stride):
+        _ldsm(r, ri, smem, addr // 2, stride, 0, 0, True, True)
+
+    @cuda.jit(device=True)
     def st_global16_a(gmem, goff, smem, sbase, soff):
         st_global16(gmem, goff, smem, soff)
 
@@ -550,6 +612,7 @@ else:
 __all__ = ["SIM", "MAX_WARPS", "mma", "mma_z", "ldsm_x4", "ldsm_x4_trans", "cp_async16", "st_global16",
            "cp_async_commit", "cp_async_wait", "smem_u32", "lane_offset", "lane_offset_b", "ldsm_x4_a",
            "ldsm_x4_b_a", "ldsm_x4_trans_a", "ldsm_x4_trans_b_a", "cp_async16_a", "st_global16_a", "ex2",
+           "opaque_u32", "ldsm_x4_at", "ldsm_x4_b_at", "ldsm_x4_trans_at", "ldsm_x4_trans_b_at", "device_inline",
            "pack_f16x2", "pair_swap2", "red_v2", "red_v4", "quad_max2", "quad_sum2", "jit_kernel", "int32"]
 
 
@@ -578,6 +641,16 @@ extern "C" __device__ int fs_sts32_f32(int* ret, unsigned a, float x) {
     return 0;
 }
 
+extern "C" __device__ int fs_sts32_u32(int* ret, unsigned a, unsigned x) {
+    asm volatile("st.shared.u32 [%0], %1;" :: "r"(a), "r"(x) : "memory");
+    return 0;
+}
+
+extern "C" __device__ int fs_lds64_f32(int* ret, float* r, unsigned a) {
+    asm volatile("ld.shared.v2.f32 {%0,%1}, [%2];" : "=f"(r[0]), "=f"(r[1]) : "r"(a) : "memory");
+    return 0;
+}
+
 // 4 floats global -> shared, asynchronously; src_bytes < 16 zero-fills the rest.
 extern "C" __device__ int fs_cp_async16_f32(int* ret, unsigned a, const float* gmem, long long goff, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
@@ -591,6 +664,8 @@ if not SIM:
     _smem_u32_f32_raw = cuda.declare_device("fs_smem_u32_f32", "uint32(CPointer(float32))", link=_link_f32)
     _lds128_f32_raw = cuda.declare_device("fs_lds128_f32", "int32(CPointer(float32), uint32)", link=_link_f32)
     _sts32_f32_raw = cuda.declare_device("fs_sts32_f32", "int32(uint32, float32)", link=_link_f32)
+    _sts32_u32_raw = cuda.declare_device("fs_sts32_u32", "int32(uint32, uint32)", link=_link_f32)
+    _lds64_f32_raw = cuda.declare_device("fs_lds64_f32", "int32(CPointer(float32), uint32)", link=_link_f32)
     _cp_f32_raw = cuda.declare_device("fs_cp_async16_f32", "int32(uint32, CPointer(float32), int64, int32)",
                                       link=_link_f32)
 
@@ -610,6 +685,17 @@ if not SIM:
     def sts32_f32_a(smem, a, off, x):
         """Store float ``x`` at shared byte address ``a`` + 4·``off``."""
         _sts32_f32_raw(uint32(a + 4 * off), float32(x))
+
+    @cuda.jit(device=True, forceinline=True)
+    def sts32_u32_a(smem, a, x):
+        """Store the 32-bit word ``x`` (two packed f16, say) at shared byte address ``a`` (4-byte
+        aligned).  ``smem`` is a uint32 view of the shared memory (written by the simulator's twin)."""
+        _sts32_u32_raw(uint32(a), uint32(x))
+
+    @cuda.jit(device=True, forceinline=True)
+    def lds64_f32_a(r, ri, smem, a):
+        """r[ri:ri+2] = the 2 floats at shared byte address ``a`` (8-byte aligned): one LDS.64."""
+        _lds64_f32_raw(_ffi.from_buffer(r[ri:]), uint32(a))
 
     @cuda.jit(device=True, forceinline=True)
     def cp_async16_f32_a(smem, a, gmem, goff, nvalid):
@@ -648,6 +734,15 @@ else:
         smem[a // 4 + off] = x
 
     @cuda.jit(device=True)
+    def sts32_u32_a(smem, a, x):
+        smem[a // 4] = x
+
+    @cuda.jit(device=True)
+    def lds64_f32_a(r, ri, smem, a):
+        r[ri] = smem[a // 4]
+        r[ri + 1] = smem[a // 4 + 1]
+
+    @cuda.jit(device=True)
     def cp_async16_f32_a(smem, a, gmem, goff, nvalid):
         flat = gmem.reshape(-1) if hasattr(gmem, "reshape") else gmem
         base = a // 4
@@ -681,4 +776,5 @@ else:
         return _oct(x, _tree_sum8)
 
 
-__all__ += ["smem_u32_f32", "lds128_f32_a", "sts32_f32_a", "cp_async16_f32_a", "oct_max", "oct_sum"]
+__all__ += ["smem_u32_f32", "lds128_f32_a", "sts32_f32_a", "sts32_u32_a", "lds64_f32_a", "cp_async16_f32_a",
+            "oct_max", "oct_sum"]
