@@ -110,9 +110,11 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, b
     sizes may be smaller than the forward's (the backward keeps more tiles on chip) unless a
     block mask fixes them.  Fully masked rows (L = -inf) contribute nothing: their dQ row is 0
     and they add nothing to dK, dV.  NaN propagates to the gradients computed from it.
-    ``impl`` as in :func:`flash_attention`.  The fast backwards: fp16 on the tensor cores
-    (deterministic), fp32 on the CUDA cores (exact fp32 products; dQ is accumulated with atomic
-    adds across key blocks, so it can differ by ~1 ulp from run to run; dK, dV are deterministic).
+    ``impl`` as in :func:`flash_attention`.  The fast backwards: fp16 on the tensor cores,
+    deterministic at d <= 64 (``bwd_fp16_v1``) and above that one kernel that accumulates dQ in
+    float32 with atomic adds across key blocks (``bwd_fp16_v3``); fp32 on the CUDA cores (exact
+    fp32 products, dQ by atomic adds).  Where dQ is summed by atomics its rounding can differ
+    from run to run in the last bits (~1 ulp of the float32 sum); dK, dV are deterministic.
     """
     mod = _fast("bwd", q, impl, block_m=block_m, block_n=block_n, block_mask=block_mask, counters=counters)
     if mod is not None:

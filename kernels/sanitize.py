@@ -4,7 +4,8 @@
     compute-sanitizer --tool racecheck python -m kernels.sanitize
 
 Sizes are ragged (N = 97 queries, 130 keys, d = 40) so that partial tiles, masked rows and
-the bounds checks all run; causal and grouped-query variants included; fp32 and fp16.
+the bounds checks all run; causal and grouped-query variants included; fp32 and fp16; the fp16
+backward of head dims above 64 (bwd_fp16_v3, which takes multiples of 16) at d = 64.
 """
 
 from __future__ import annotations
@@ -28,6 +29,14 @@ def main() -> int:
             for impl in ("reference", "auto"):
                 o, lse = kernels.flash_attention(q, k, v, causal=causal, return_lse=True, impl=impl)
                 kernels.flash_attention_backward(q, k, v, o, lse, do, causal=causal, impl=impl)
+            if dt == np.float16:
+                # The fp16 backward above d = 64 (bwd_fp16_v3 takes d % 16 == 0): its own call at
+                # d = 64, the same ragged N, so that its atomics and shared-memory phases are checked.
+                from kernels.perf import bwd_fp16_v3
+
+                q6, k6, v6, do6 = (x[..., :32].repeat(2, axis=-1) for x in (q, k, v, do))
+                o6, lse6 = kernels.flash_attention(q6, k6, v6, causal=causal, return_lse=True)
+                bwd_fp16_v3.backward(q6, k6, v6, o6, lse6, do6, causal=causal)
             kernels.flash1_attention(q, k, v, causal=causal, sram_bytes=16 * 1024)
             o2 = kernels.standard_attention(q, k, v, causal=causal)
             kernels.standard_attention_backward(q, k, v, o2, do, causal=causal)

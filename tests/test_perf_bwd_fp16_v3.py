@@ -1,9 +1,10 @@
 """bwd_fp16_v3 (one kernel, 2-D warp tiles in every product, dQ by atomics) against the float64
 reference, under the CUDA simulator, by the 2x rule against plain fp16 attention.
 
-Tiny shapes and at most four warps (one Python thread per simulated lane): GQA with causal
-Nq > Nk (rows that see no key), several m-tiles a warp in every phase (as the d = 128 default),
-ragged N in both directions, and a padded head dim (24 → 32 columns, three warps).
+Tiny shapes and two warps (one Python thread per simulated lane): GQA with causal Nq > Nk (rows
+that see no key) with two m-tiles a warp in every phase, as the d = 128 default has; and the
+warps split along the keys and the queries, with ragged N in both directions (two query blocks,
+two key blocks, both partial).
 """
 
 import numpy as np
@@ -21,17 +22,15 @@ def make(seed, b, h, hkv, nq, nk, d):
 
 
 CASES = [
-    # GQA, causal with Nq > Nk (the first 7 rows see no key); 2 x 2 warps, two m-tiles a warp in
-    # phases A and B
-    dict(seed=3, h=2, hkv=1, nq=37, nk=30, d=32, causal=True, cfg=dict(bq=32, bk=64, nw=4, ma=2, mb=2, mc=1)),
-    # d = 64, two key blocks and two query blocks, both ragged; two m-tiles a warp in every phase
-    dict(seed=5, h=1, hkv=1, nq=45, nk=70, d=64, causal=False, cfg=dict(bq=32, bk=64, nw=4, ma=2, mb=2, mc=2)),
-    # d = 24 padded to 32 columns, three warps (96 threads load whole rows of 3 chunks)
-    dict(seed=4, h=1, hkv=1, nq=21, nk=40, d=24, causal=False, cfg=dict(bq=96, bk=96, nw=3, ma=2, mb=2, mc=2)),
+    # GQA, causal with Nq > Nk (the first 7 rows see no key); two m-tiles a warp in every phase
+    dict(seed=3, h=2, hkv=1, nq=37, nk=30, d=32, causal=True, cfg=dict(bq=32, bk=32, nw=2, ma=2, mb=2, mc=2)),
+    # one m-tile a warp, the two warps along the keys (phases A, B) and the queries (phase C);
+    # two query blocks and two key blocks, the last of each partial
+    dict(seed=5, h=1, hkv=1, nq=45, nk=40, d=32, causal=False, cfg=dict(bq=32, bk=32, nw=2, ma=1, mb=1, mc=1)),
 ]
 
 
-@pytest.mark.parametrize("c", CASES, ids=["gqa-causal", "d64-ragged", "pad-3warps"])
+@pytest.mark.parametrize("c", CASES, ids=["gqa-causal-2x2x2", "ragged-2-blocks"])
 def test_backward_fp16_v3(c):
     q, k, v, do = make(c["seed"], 1, c["h"], c["hkv"], c["nq"], c["nk"], c["d"])
     o, lse = (x.astype(t) for x, t in zip(attention_forward(q, k, v, causal=c["causal"]), (np.float16, np.float32)))
@@ -54,7 +53,9 @@ def test_layout_rejects_what_the_warps_cannot_split():
             bwd_fp16_v3.layout(128, **(base | bad))
         print(bad, e.value)
     with pytest.raises(ValueError, match="whole rows"):
-        bwd_fp16_v3.layout(24, **base)  # 256 threads do not load whole rows of 3 chunks
+        bwd_fp16_v3.layout(48, **base)  # 256 threads do not load whole rows of 6 chunks
+    with pytest.raises(ValueError, match="multiple of 16"):
+        bwd_fp16_v3.layout(24, **(base | dict(nw=3, bq=96, bk=96)))
     assert bwd_fp16_v3.layout(128, **base) == dict(wak=4, na=4, wbk=4, nb=8, wcq=2, nc=4, rows=16)
     assert [d for d in range(8, 129, 8) if bwd_fp16_v3.supports(np.float16, d)] == [32, 64, 128]
     assert not bwd_fp16_v3.supports(np.float32, 64)

@@ -56,25 +56,22 @@ POS_INF = float32(math.inf)
 # Layout
 
 
-def _pad(d: int) -> int:
-    return -(-d // 16) * 16
-
-
 def layout(d: int, bq: int, bk: int, nw: int, ma: int, mb: int, mc: int) -> dict:
     """How the warps split each product; ValueError (naming the value) if they cannot.
 
     Phase A (Sᵀ, dPᵀ, keys x queries): wak = bk / (16·ma) warps along the keys, nw / wak along the
     queries, na n-tiles (8 queries) each.  Phase B (dV, dK, keys x columns): bk / (16·mb) warps along
-    the keys, the rest along the d16 columns, nb n-tiles each.  Phase C (dQ, queries x columns):
+    the keys, the rest along the d columns, nb n-tiles each.  Phase C (dQ, queries x columns):
     bq / (16·mc) warps along the queries, the rest along the columns, nc n-tiles each.  n-tiles come
     in pairs (one ``ldmatrix.x4`` feeds two), and a block's threads load whole rows of a tile at
-    a time (32·nw a multiple of d / 8)."""
+    a time (32·nw a multiple of d / 8).  d is a multiple of 16 (the k-steps of phase A): no
+    padded columns."""
     if not 1 <= nw <= tc.MAX_WARPS:
         raise ValueError(f"{nw=}: must be 1..{tc.MAX_WARPS}")
-    if d % 8 or (32 * nw) % (d // 8):
-        raise ValueError(f"{d=}: 32·nw = {32 * nw} threads must load whole rows of d / 8 16-byte chunks")
+    if d <= 0 or d % 16 or (32 * nw) % (d // 8):
+        raise ValueError(f"{d=}: must be a multiple of 16 whose d / 8 16-byte chunks a row 32·nw = {32 * nw} "
+                         "threads load in whole rows")
     rows = 32 * nw // (d // 8)  # rows of a tile the block loads per pass
-    d16 = _pad(d)
 
     def split(name, m, extent, other, what):
         if m <= 0 or extent % (16 * m):
@@ -92,26 +89,25 @@ def layout(d: int, bq: int, bk: int, nw: int, ma: int, mb: int, mc: int) -> dict
     if bq <= 0 or bq % 16 or bq % rows:
         raise ValueError(f"{bq=}: must be a positive multiple of 16 and of {rows} (rows loaded per pass)")
     wak, na = split("ma", ma, bk, bq, "bk")
-    wbk, nb = split("mb", mb, bk, d16, "bk")
-    wcq, nc = split("mc", mc, bq, d16, "bq")
+    wbk, nb = split("mb", mb, bk, d, "bk")
+    wcq, nc = split("mc", mc, bq, d, "bq")
     return dict(wak=wak, na=na, wbk=wbk, nb=nb, wcq=wcq, nc=nc, rows=rows)
 
 
 def smem_bytes(d: int, bq: int, bk: int) -> int:
     """K, V (bk rows); Q, dO double-buffered (bq rows); Pᵀ, dSᵀ (bk rows of bq + 8); L·log2e and D,
     double-buffered, in f32."""
-    s = _pad(d) + 8
+    s = d + 8
     return 2 * (2 * bk * s + 4 * bq * s + 2 * bk * (bq + 8)) + 4 * 4 * bq
 
 
 def _source(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAUSAL: bool):
     lay = layout(D, BQ, BK, NW, MA, MB, MC)
     WAK, NA, WBK, NB, WCQ, NC, RPU = (lay[k] for k in ("wak", "na", "wbk", "nb", "wcq", "nc", "rows"))
-    DP = _pad(D)
     NT = 32 * NW
-    S = DP + 8  # row stride (f16) of K, V, Q, dO: 16 bytes of padding keep ldmatrix conflict-free
+    S = D + 8  # row stride (f16) of K, V, Q, dO: 16 bytes of padding keep ldmatrix conflict-free
     SQ = BQ + 8  # row stride (f16) of Pᵀ, dSᵀ
-    KT = DP // 16  # phase A: k-steps over d
+    KT = D // 16  # phase A: k-steps over d
     KQ = BQ // 16  # phase B: k-steps over queries
     KK = BK // 16  # phase C: k-steps over keys
     CH = D // 8  # 16-byte chunks of a row
@@ -186,9 +182,6 @@ def _source(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAUSAL
         # This thread's row and column of every tile load (RPU rows a pass).
         lrow = tid // CH
         lcol = (tid % CH) * 8
-        if DP > D:
-            for e in range(tid, (2 * BK + 4 * BQ) * (DP - D), NT):
-                sm[(e // (DP - D)) * S + D + e % (DP - D)] = 0.0
         kbase = ((b * nhk + hk) * nk) * D
         for u in range(KU):
             r = lrow + u * RPU
@@ -372,11 +365,10 @@ def _source(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAUSAL
                 for nt in range(NC):
                     col = cc0 + 8 * nt + 2 * t
                     x = 4 * (mt * NC + nt)
-                    if DP == D or col < D:
-                        if full or row < nq:
-                            tc.red_v2(dqa, (qrow + 16 * mt) * D + col, acq[x], acq[x + 1])
-                        if full or row + 8 < nq:
-                            tc.red_v2(dqa, (qrow + 16 * mt + 8) * D + col, acq[x + 2], acq[x + 3])
+                    if full or row < nq:
+                        tc.red_v2(dqa, (qrow + 16 * mt) * D + col, acq[x], acq[x + 1])
+                    if full or row + 8 < nq:
+                        tc.red_v2(dqa, (qrow + 16 * mt + 8) * D + col, acq[x + 2], acq[x + 3])
         tc.cp_async_wait(0)
         cuda.syncthreads()  # K_j, V_j landed even when no query block was visible; phase C is done with K
         # Epilogue: dK·τ and dV packed to f16 into the K and V tiles (phase B's layout), then 16
@@ -421,18 +413,18 @@ def default_config(d: int) -> dict:
     """bq queries per step, bk keys per block, nw warps; ma, mb, mc: m-tiles a warp owns in phases
     A (keys), B (keys) and C (queries).  flash-attention's d = 128 shape (below 64 columns phase C
     gives each warp one m-tile, so that its column groups stay whole n-tile pairs)."""
-    return dict(bq=64, bk=128, nw=8, ma=2, mb=2, mc=2 if _pad(d) >= 64 else 1, minb=1)
+    return dict(bq=64, bk=128, nw=8, ma=2, mb=2, mc=2 if d >= 64 else 1, minb=1)
 
 
 def _accepts(dtype, d: int) -> bool:
-    """fp16, d % 8 == 0, d <= 128 (dK and dV take 4·d·bk / (32·nw) f32 registers a thread: 128 at
+    """fp16, d % 16 == 0, d <= 128 (dK and dV take 4·d·bk / (32·nw) f32 registers a thread: 128 at
     d = 128); :func:`layout` says whether a given block shape splits d."""
-    return np.dtype(dtype) == np.float16 and d % 8 == 0 and 8 <= d <= 128
+    return np.dtype(dtype) == np.float16 and d % 16 == 0 and 16 <= d <= 128
 
 
 def supports(dtype, d: int) -> bool:
     """What :func:`_accepts` and the default block shape can split: d in {32, 64, 128} (its 256
-    threads load whole rows of d / 8 16-byte chunks)."""
+    threads load whole rows of d / 8 16-byte chunks; other head dims take bwd_fp16_v1)."""
     if not _accepts(dtype, d):
         return False
     cfg = default_config(d)
@@ -463,7 +455,7 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
     from ._launch import elementwise_grid, prepare_backward, raise_smem_limit, row_dots, zero_fill
 
     inp, a, (nb, nh, nhk, nq, nk, d), lse_d, cfg, sc = prepare_backward(
-        "bwd_fp16_v3 takes float16 with head_dim % 8 == 0, at most 128", default_config, _accepts, q, k, v, o,
+        "bwd_fp16_v3 takes float16 with head_dim % 16 == 0, at most 128", default_config, _accepts, q, k, v, o,
         lse, do, scale=scale, config=config)
     layout(d, cfg["bq"], cfg["bk"], cfg["nw"], cfg["ma"], cfg["mb"], cfg["mc"])  # ValueError if the warps cannot
     kern, nt = kernel(d, bool(causal), **cfg)
