@@ -1,7 +1,7 @@
 """Every kernel once at a small, ragged size: the program compute-sanitizer runs.
 
     compute-sanitizer --tool memcheck  python -m kernels.sanitize
-    compute-sanitizer --tool racecheck python -m kernels.sanitize
+    compute-sanitizer --tool racecheck python -m kernels.sanitize [--only bwd_fp16_v3]
 
 Sizes are ragged (N = 97 queries, 130 keys, d = 40) so that partial tiles, masked rows and
 the bounds checks all run; causal and grouped-query variants included; fp32 and fp16; the fp16
@@ -14,9 +14,34 @@ import numpy as np
 from numba import cuda
 
 
-def main() -> int:
+def only(name: str) -> None:
+    """One fast variant's backward (kernels/perf/<name>, fp16, d = 64) at the ragged size, causal and
+    not, with grouped-query heads."""
+    import importlib
+
+    mod = importlib.import_module(f"kernels.perf.{name}")
+    rng = np.random.default_rng(7)
+    for causal in (False, True):
+        q = rng.standard_normal((1, 4, 97, 64)).astype(np.float16)
+        k, v = (rng.standard_normal((1, 2, 130, 64)).astype(np.float16) for _ in range(2))
+        do = rng.standard_normal(q.shape).astype(np.float16)
+        o, lse = mod.saved_forward(q, k, v, causal=causal)
+        mod.backward(q, k, v, o, lse, do, causal=causal)
+        cuda.synchronize()
+        print(f"ran {name}: causal={causal}", flush=True)
+
+
+def main(argv=None) -> int:
+    import argparse
+
     import kernels
 
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default=None, help="one fast backward variant of kernels/perf, e.g. bwd_fp16_v3")
+    args = ap.parse_args(argv)
+    if args.only:
+        only(args.only)
+        return 0
     rng = np.random.default_rng(7)
     for dt in (np.float32, np.float16):
         for causal in (False, True):

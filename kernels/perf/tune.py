@@ -90,7 +90,7 @@ def main(argv=None) -> int:
 
                         q, k, v = inputs[0]
                         out = torch.as_tensor(fn(q, k, v), device="cuda")
-                        rec["rel_err"] = _check_fwd(out, q, k, v, args.causal, rng)
+                        rec["rel_err"] = _check_fwd(torch, out, q, k, v, args.causal, rng)
                         ms, sd = _time(torch, fn, inputs, args.repeat, flush)
                     rec.update(ms=ms, ms_std=sd, tflops=fl / ms / 1e9, **{f"x_{p}": base[p] / ms for p in base})
                     ratios = "  ".join(f"x {p} {base[p] / ms:5.2f}" for p in base)
