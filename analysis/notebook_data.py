@@ -3,10 +3,12 @@
 Every path can be overridden by an environment variable, so a notebook can be run against a
 scratch copy of the data before it is committed (``FLASHSIM_H200_CSV=/tmp/h200.csv``).
 
-The H200 files are the primary record: the Nsight Compute measurement of the current kernels
-(``h200``), the kernels' exactness at realistic sizes (``exactness``) and their timings beside
-torch's attention (``bench``).  ``h100`` is an earlier measurement at an older commit, kept for
-its DRAM level on a GPU with a smaller L2 (analysis/data/README.md says what differs).
+The H200 files are the primary record of traffic and exactness: the Nsight Compute measurement
+of the current kernels (``h200``) and the kernels' exactness at realistic sizes
+(``exactness``).  ``h100`` is an earlier traffic measurement at an older commit, kept for its
+DRAM level on a GPU with a smaller L2 (analysis/data/README.md says what differs).  The timings
+beside torch's attention (``bench``) are the H100's, the GPU the performance targets name
+(``kernels/data/bench_h200.csv`` keeps an earlier run on an H200).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ DATA = {
     "h200": ("FLASHSIM_H200_CSV", "analysis/data/h200/h200.csv"),
     "h100": ("FLASHSIM_H100_CSV", "analysis/data/h100/h100.csv"),
     "exactness": ("FLASHSIM_EXACTNESS_JSON", "kernels/data/h200_exactness.json"),
-    "bench": ("FLASHSIM_BENCH_CSV", "kernels/data/bench_h200.csv"),
+    "bench": ("FLASHSIM_BENCH_CSV", "kernels/data/bench_h100.csv"),
     "calibration": ("FLASHSIM_CALIBRATION_CSV", "tests/data/ncu_raw_calibrate.csv"),
 }
 

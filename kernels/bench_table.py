@@ -1,7 +1,7 @@
 """The README's performance table, generated from the benchmark's CSV.
 
-    python -m kernels.bench_table kernels/data/bench_h200.csv            # print the table
-    python -m kernels.bench_table kernels/data/bench_h200.csv --readme README.md
+    python -m kernels.bench_table kernels/data/bench_h100.csv            # print the table
+    python -m kernels.bench_table kernels/data/bench_h100.csv --readme README.md
     python -m kernels.bench_table --merge OUT.csv PART.csv [PART.csv ...]
 
 The table has one line per configuration (pass, dtype, d, causal, N): the TFLOP/s of torch's
@@ -89,7 +89,17 @@ def render(rows: list[dict], meta: dict | None = None) -> str:
             cells += [_fmt(_num(o["tflops"]), 0), f"`{o['variant'][len('ours_'):]}`"]
             cells += [_fmt(_num(o.get(f"x_{v}")), 2) for v in PEERS]
         lines.append("| " + " | ".join(cells) + " |")
+    failed = sorted({(r["variant"], r.get("error")) + _key(r) for r in rows if r.get("error")},
+                    key=lambda x: (x[2] != "fwd", x[3] != "fp16", x[4:], x[0]))
+    if failed:
+        lines.append("")
+        lines.append("Not timed (\"-\" above): " + "; ".join(
+            f"{v} {p} {dt} d = {d}{' causal' if c else ''} N = {n:,} ({e})" for v, e, p, dt, d, c, n in failed) + ".")
     return "\n".join(lines) + "\n"
+
+
+def _key(r: dict) -> tuple:
+    return (r["pass"], r["dtype"], int(r["d"]), r["causal"] == "True", int(r["n"]))
 
 
 def render_file(path: str | Path) -> str:

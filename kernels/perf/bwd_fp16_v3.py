@@ -35,6 +35,29 @@ same bench run): per block step of 64 queries the 8 warps issue 2,560 mma and 1,
 (0.45 per mma; v1 0.63, v2 0.7) and no local memory; if shared-memory bandwidth is what bounds
 v1 (4 cycles an ldmatrix.x4 against ~1.5 a mma per SM) that is 1.3-1.4x v1's time per mma,
 and 5 products instead of v1's 7: 180-220 TFLOP/s, 1.05-1.3x naive.
+
+What the compiler made of it (``kernels.perf.inspect``, sm_90, no GPU needed): the first draft
+used 255 registers and spilled 428 bytes, most of it 41 shared addresses that the optimiser had
+hoisted out of the step loop, one register each, and a branch between every four mma (the
+``kk == 0`` test in loops it did not unroll).  Taking each phase's addresses through
+``tc.opaque_u32`` (one register plus immediate offsets) and peeling the first k-step left 255
+registers and 12 bytes of spills (52 causal; d = 64: 248 registers, none), 320 HMMA and 144
+LDSM a step, every loop unrolled.
+
+Measured (H100, ``kernels.bench``, naive and SDPA timed in the same run,
+``kernels/data/bench_h100.csv``; FLOPs 2.5 x 4·B·H·N²·d):
+
+* **d = 128: 221-243 TFLOP/s at N = 4,096-16,384, 1.28-1.32x naive, 0.80-0.82x SDPA's flash
+  backend, 0.47-0.48x cuDNN; bwd_fp16_v1 in the same run 141-159 (0.82-0.86x naive), so 1.53-1.57x
+  v1.**  Causal 173-223 TFLOP/s, 3.1-3.9x naive (which computes the masked half), 1.2-1.5x v1.
+  An earlier run (commit 7040685) gave 200 and 231 TFLOP/s at N = 4,096 and 16,384 (1.19x and
+  1.27x naive): ~10% run to run at N = 4,096.  The prediction held, at its top end.
+* d = 64: within run-to-run noise of v1 (N = 4,096: 126 against v1's 142; N = 16,384: 179
+  against 169; causal 108-165 against 116-161), so ``BEST`` keeps the deterministic v1 there.
+* Exactness: worst relative error of dQ, dK, dV against float64 autograd 3.0e-4 (N = 4,096) and
+  3.3e-4 (N = 16,384), v1's; ``FLASHSIM_GPU=1 pytest -m gpu`` 77 passed on the H100 with v3 as
+  the d = 128 backward (``kernels/data/h100_pytest_gpu.json``); compute-sanitizer memcheck 0
+  errors, racecheck 0 hazards (``kernels/data/sanitize-*-bwd_fp16_v3.log``).
 """
 
 from __future__ import annotations

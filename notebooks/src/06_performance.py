@@ -13,7 +13,7 @@
 #
 # Throughput counts the two matrix products of the forward, 4·B·H·N²·d FLOPs (halved for a
 # causal mask), and 2.5× that for the backward, the convention of flash-attention's benchmarks.
-# The data: `kernels/data/bench_h200.csv` with its provenance in `bench_h200.meta.json`
+# The data: `kernels/data/bench_h100.csv` with its provenance in `bench_h100.meta.json`
 # (`analysis.perf` reads it).
 
 # %%
@@ -35,7 +35,7 @@ from flashsim.config import get_gpu
 plt.rcParams.update({"figure.dpi": 80, "axes.grid": True, "grid.alpha": 0.3, "legend.fontsize": 8})
 
 bench_csv = find("bench")
-assert bench_csv is not None, "no timings: run python -m kernels.bench --out kernels/data/bench_h200.csv on a GPU"
+assert bench_csv is not None, "no timings: run python -m kernels.bench --out kernels/data/bench_h100.csv on a GPU"
 rows = read_bench(bench_csv)
 meta = load_meta("bench")
 cuda = re.search(r"cuda_(\d+\.\d+)", meta.get("cuda") or "")
@@ -67,7 +67,8 @@ for r in failed:
 N_MIN = 4096  # the takeaways quote N >= N_MIN, where launch overheads no longer dominate
 colour = {"naive": "0.45", "sdpa_flash": "C0", "sdpa_cudnn": "C1", "sdpa_mem_eff": "C2"}
 ours_names = [v for v in variants(timed) if v not in PEERS]
-colour |= {v: f"C{3 + i}" for i, v in enumerate(ours_names)}
+# ours in the cycle's colours after the peers', skipping C7 (grey, like naive's line)
+colour |= {v: c for v, c in zip(ours_names, ("C3", "C4", "C5", "C6", "C8", "C9", "k"))}
 pass_name = {"fwd": "forward", "bwd": "backward"}
 panels = cases(timed)
 ds = sorted({r["d"] for r in timed})
