@@ -15,6 +15,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from _fp16 import make
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -30,15 +31,6 @@ from kernels.reference import (
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
                 derandomize=True)
 FWD = {"v3": fwd_fp16_v3, "v4": fwd_fp16_v4}
-
-
-def make(seed, b, h, hkv, nq, nk, d, scale=1.0):
-    rng = np.random.default_rng(seed)
-    q = (rng.standard_normal((b, h, nq, d)) * scale).astype(np.float16)
-    k = (rng.standard_normal((b, hkv, nk, d)) * scale).astype(np.float16)
-    v = rng.standard_normal((b, hkv, nk, d)).astype(np.float16)
-    do = rng.standard_normal((b, h, nq, d)).astype(np.float16)
-    return q, k, v, do
 
 
 def check_forward(o, lse, q, k, v, causal, scale=None, label=""):

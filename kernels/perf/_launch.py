@@ -1,5 +1,6 @@
 """What the numbered variants share: the forward launcher (inputs, block shape, shared memory,
-grid) and the backward's input checks, D = rowsum(dO ∘ O) preprocess and the zeroed dQ buffer."""
+grid) and the backward's input checks, D = rowsum(dO ∘ O) preprocess, and the zeroed float32 dQ
+buffer of the one-kernel backwards with its rounding to fp16."""
 
 from __future__ import annotations
 
@@ -118,6 +119,28 @@ def _zero(a):
 def zero_fill(flat) -> None:
     """Zero a flat float32 device array (the buffer a backward's dQ atomics add into)."""
     _zero[elementwise_grid(flat.shape[0])](flat)
+
+
+def zeroed_dq(inp, shape):
+    """(B, H, Nq, d) float32 buffer, zeroed, that a one-kernel backward's dQ atomics add into, and
+    its flat view."""
+    dqa = inp.empty(shape, np.float32)
+    flat = dqa.reshape(int(np.prod(shape)))
+    zero_fill(flat)
+    return dqa, flat
+
+
+@cuda.jit
+def _scaled_to_f16(src, dst, scale):
+    for x in range(cuda.grid(1), src.shape[0], cuda.gridsize(1)):
+        dst[x] = src[x] * scale
+
+
+def dq_to_f16(inp, flat, shape, scale):
+    """dQ = τ · (the float32 buffer of :func:`zeroed_dq`), rounded to fp16, in the inputs' kind."""
+    dq = inp.empty(shape, np.float16)
+    _scaled_to_f16[elementwise_grid(flat.shape[0])](flat, dq.reshape(flat.shape[0]), np.float32(scale))
+    return inp.out(dq)
 
 
 @cache

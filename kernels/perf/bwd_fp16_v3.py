@@ -465,17 +465,11 @@ def saved_forward(q, k, v, *, causal=False, scale=None):
     return fwd_fp16_v4.forward(q, k, v, causal=causal, scale=scale, return_lse=True)
 
 
-@cuda.jit
-def _to_f16(src, dst, scale):
-    for x in range(cuda.grid(1), src.shape[0], cuda.gridsize(1)):
-        dst[x] = src[x] * scale
-
-
 def backward(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
     """(dQ, dK, dV) for fp16 (B, H, N, d) inputs, O and L from the forward; ``config`` overrides
     :func:`default_config`.  dQ is summed over key blocks by float32 atomics in no fixed order:
     it may differ from run to run in its last bits."""
-    from ._launch import elementwise_grid, prepare_backward, raise_smem_limit, row_dots, zero_fill
+    from ._launch import dq_to_f16, prepare_backward, raise_smem_limit, row_dots, zeroed_dq
 
     inp, a, (nb, nh, nhk, nq, nk, d), lse_d, cfg, sc = prepare_backward(
         "bwd_fp16_v3 takes float16 with head_dim % 16 == 0, at most 128", default_config, _accepts, q, k, v, o,
@@ -483,16 +477,11 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
     layout(d, cfg["bq"], cfg["bk"], cfg["nw"], cfg["ma"], cfg["mb"], cfg["mc"])  # ValueError if the warps cannot
     kern, nt = kernel(d, bool(causal), **cfg)
     dvec = row_dots(inp, a, causal)
-    n = nb * nh * nq * d
-    dqa = inp.empty((nb, nh, nq, d), np.float32)
-    flat = dqa.reshape(n)
-    zero_fill(flat)
+    dqa, flat = zeroed_dq(inp, (nb, nh, nq, d))
     dk = inp.empty((nb, nhk, nk, d), np.float16)
     dv = inp.empty((nb, nhk, nk, d), np.float16)
     args = (a["q"], a["k"], a["v"], a["do"], lse_d, dvec, dqa, dk, dv, float32(sc * LOG2E), float32(sc))
     smem = smem_bytes(d, cfg["bq"], cfg["bk"])
     raise_smem_limit(kern, args, smem)
     kern[(-(-nk // cfg["bk"]), nb * nhk), nt, 0, smem](*args)
-    dq = inp.empty((nb, nh, nq, d), np.float16)
-    _to_f16[elementwise_grid(n)](flat, dq.reshape(n), float32(sc))
-    return inp.out(dq), inp.out(dk), inp.out(dv)
+    return dq_to_f16(inp, flat, (nb, nh, nq, d), sc), inp.out(dk), inp.out(dv)

@@ -481,7 +481,7 @@ def saved_forward(q, k, v, *, causal=False, scale=None):
 def backward(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
     """(dQ, dK, dV) for fp32 (B, H, N, d) inputs, O and L from the forward; ``config`` overrides
     :func:`default_config`.  dQ's summation order over key blocks is not fixed (atomics)."""
-    from ._launch import prepare_backward, raise_smem_limit, row_dots, zero_fill
+    from ._launch import prepare_backward, raise_smem_limit, row_dots, zeroed_dq
 
     inp, a, (nb, nh, nhk, nq, nk, d), lse_d, cfg, sc = prepare_backward(
         "bwd_fp32_v1 takes float32 with head_dim % 4 == 0, <= 128", default_config, supports, q, k, v, o, lse, do,
@@ -494,8 +494,7 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
     tiling(d, cfg["bc"], cfg["br"], cfg["nw"])  # ValueError if the warps cannot tile the products
     kern, nt = kernel(d, bool(causal), **cfg)
     dvec = row_dots(inp, a, causal)
-    dq = inp.empty((nb, nh, nq, d), np.float32)
-    zero_fill(dq.reshape(nb * nh * nq * d))
+    dq, _ = zeroed_dq(inp, (nb, nh, nq, d))  # the atomics add into dQ itself (fp32: no rounding after)
     dk = inp.empty((nb, nhk, nk, d), np.float32)
     dv = inp.empty((nb, nhk, nk, d), np.float32)
     args = (a["q"], a["k"], a["v"], a["do"], lse_d, dvec, dq, dk, dv, float32(sc * LOG2E), float32(sc))

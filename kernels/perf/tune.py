@@ -8,14 +8,14 @@ Each configuration is checked against the float64 reference first (the same chec
 against autograd through float64 attention), then timed with CUDA events (warm-up, median of
 ``--repeat`` calls over rotating inputs, L2 flushed before each).  A backward variant (a module
 with ``backward``) is timed on the saved forward's O and L; the peers' backward through
-autograd.  Prints one line per (configuration, shape) and writes ``DIR/tune_<variant>.csv``.
-For finding a variant's defaults; the benchmark of record is ``kernels.bench``.
+autograd.  Prints one line per (configuration, shape) and writes ``DIR/tune_<variant>.csv`` and
+its ``.meta.json`` (provenance).  For finding a variant's defaults; the benchmark of record is
+``kernels.bench``.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import importlib
 import json
 import sys
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..bench import _check_fwd, _time, _torch_fns, bwd_error, flops, time_peer_backward
+from ..bench import _check_fwd, _time, _torch_fns, bwd_error, flops, time_peer_backward, write
 
 
 def main(argv=None) -> int:
@@ -102,13 +102,10 @@ def main(argv=None) -> int:
                 print(f"{cj:24s} d={d:<4d} N={n:<6d} {line}", flush=True)
             del inputs
     if args.out and rows:
-        path = Path(args.out) / f"tune_{args.variant}.csv"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fields = sorted({k for r in rows for k in r})
-        with open(path, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=fields)
-            w.writeheader()
-            w.writerows(rows)
+        from ..gpucheck import provenance
+
+        write(Path(args.out) / f"tune_{args.variant}.csv", rows,
+              dict(provenance(), torch=torch.__version__, method=__doc__, tf32="off"))
     return 0
 
 
