@@ -78,6 +78,9 @@ def test_every_figure_has_a_takeaway(src):
     _check_takeaways(nbformat.read(NB_DIR / f"{src.stem}.ipynb", as_version=4))
 
 
+# One worker runs them all when pytest runs in several processes (pytest-xdist, --dist
+# loadgroup), so that the budget above still counts every notebook.
+@pytest.mark.xdist_group("notebooks")
 @pytest.mark.parametrize("src", SOURCES, ids=lambda p: p.stem)
 def test_notebook_runs(src):
     build = _builder()
