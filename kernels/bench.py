@@ -38,7 +38,7 @@ from . import reference as ref
 #: (ours_fwd_fp16_v1, ...) run when named with --variants.
 VARIANTS_FWD = ("naive", "sdpa_flash", "sdpa_mem_eff", "sdpa_cudnn", "ours_fwd_fp16_v4", "ours_fwd_fp32_v1")
 VARIANTS_BWD = ("naive", "sdpa_flash", "sdpa_mem_eff", "sdpa_cudnn", "ours_bwd_fp16_v1", "ours_bwd_fp16_v3",
-                "ours_bwd_fp32_v1")
+                "ours_bwd_fp32_v1", "ours_bwd_fp32_v2")
 OTHERS = ("ours_flash2", "ours_standard", "ours_fwd_fp16_v1", "ours_fwd_fp16_v2", "ours_fwd_fp16_v3")
 
 

@@ -1,7 +1,7 @@
 """Every kernel once at a small, ragged size: the program compute-sanitizer runs.
 
     compute-sanitizer --tool memcheck  python -m kernels.sanitize
-    compute-sanitizer --tool racecheck python -m kernels.sanitize [--only bwd_fp16_v3]
+    compute-sanitizer --tool racecheck python -m kernels.sanitize [--only bwd_fp16_v3|bwd_fp32_v2]
 
 Sizes are ragged (N = 97 queries, 130 keys, d = 40) so that partial tiles, masked rows and
 the bounds checks all run; causal and grouped-query variants included; fp32 and fp16; the fp16
@@ -15,16 +15,17 @@ from numba import cuda
 
 
 def only(name: str) -> None:
-    """One fast variant's backward (kernels/perf/<name>, fp16, d = 64) at the ragged size, causal and
-    not, with grouped-query heads."""
+    """One fast variant's backward (kernels/perf/<name>, d = 64; fp32 for an *_fp32_* variant, else
+    fp16) at the ragged size, causal and not, with grouped-query heads."""
     import importlib
 
     mod = importlib.import_module(f"kernels.perf.{name}")
+    dt = np.float32 if "fp32" in name else np.float16
     rng = np.random.default_rng(7)
     for causal in (False, True):
-        q = rng.standard_normal((1, 4, 97, 64)).astype(np.float16)
-        k, v = (rng.standard_normal((1, 2, 130, 64)).astype(np.float16) for _ in range(2))
-        do = rng.standard_normal(q.shape).astype(np.float16)
+        q = rng.standard_normal((1, 4, 97, 64)).astype(dt)
+        k, v = (rng.standard_normal((1, 2, 130, 64)).astype(dt) for _ in range(2))
+        do = rng.standard_normal(q.shape).astype(dt)
         o, lse = mod.saved_forward(q, k, v, causal=causal)
         mod.backward(q, k, v, o, lse, do, causal=causal)
         cuda.synchronize()

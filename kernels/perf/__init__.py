@@ -16,11 +16,12 @@ import numpy as np
 #: largest d) in order of preference: the first whose range holds d and whose ``supports`` accepts
 #: it runs.  The fp16 backward takes bwd_fp16_v3 above d = 64, where it runs 1.4x bwd_fp16_v1 on
 #: the H100; at d <= 64 the two are within run-to-run noise and v1 is deterministic (v3's dQ is
-#: summed by atomics).
+#: summed by atomics).  The fp32 backward takes bwd_fp32_v2 (3xTF32 on the tensor cores, as
+#: accurate as v1's FFMA) at d = 32, 64 and 128, v1 (any d % 4 == 0) elsewhere.
 BEST = {("fwd", "float16"): (("fwd_fp16_v4", 1, 1 << 30),),
         ("bwd", "float16"): (("bwd_fp16_v3", 65, 128), ("bwd_fp16_v1", 1, 1 << 30)),
         ("fwd", "float32"): (("fwd_fp32_v1", 1, 1 << 30),),
-        ("bwd", "float32"): (("bwd_fp32_v1", 1, 1 << 30),)}
+        ("bwd", "float32"): (("bwd_fp32_v2", 32, 128), ("bwd_fp32_v1", 1, 1 << 30))}
 
 
 def best(pass_: str, dtype, d: int):

@@ -778,3 +778,140 @@ else:
 
 __all__ += ["smem_u32_f32", "lds128_f32_a", "sts32_f32_a", "sts32_u32_a", "lds64_f32_a", "cp_async16_f32_a",
             "oct_max", "oct_sum"]
+
+
+# ---------------------------------------------------------------------------------------------
+# TF32 tensor cores for exact-fp32 products (bwd_fp32_v2): ``mma.m16n8k8`` with tf32 operands and
+# f32 accumulators, and the rounding of an f32 to tf32 that splits it as x = hi + lo (3xTF32:
+# A·B ≈ A_lo·B_hi + A_hi·B_lo + A_hi·B_hi, the A_lo·B_lo term being below f32's rounding).
+#
+# Fragment layout (PTX ISA, m16n8k8 .tf32), lane l, g = l // 4, t = l % 4, one element a register:
+#   A (16 x 8, row major): a0 = A[g, t], a1 = A[g+8, t], a2 = A[g, t+4], a3 = A[g+8, t+4];
+#   B (8 x 8, "col"):      b0 = B[t, g], b1 = B[t+4, g];
+#   C, D (16 x 8, f32):    c0, c1 = C[g, 2t:2t+2], c2, c3 = C[g+8, 2t:2t+2].
+# The tensor core reads only the 19 high bits (sign, exponent, 10 mantissa bits) of a tf32
+# operand register, so ``lo`` = x − hi may be passed as it is: the 13 bits it loses are below
+# 2^-21 of x.
+
+_CU_TF32 = r"""
+extern "C" __device__ int fs_mma1688_tf32(int* ret, float* c, const float* a, const float* b) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(__float_as_uint(a[0])), "r"(__float_as_uint(a[1])), "r"(__float_as_uint(a[2])),
+          "r"(__float_as_uint(a[3])), "r"(__float_as_uint(b[0])), "r"(__float_as_uint(b[1])));
+    return 0;
+}
+
+// x rounded to the nearest tf32 (ties away from zero), as an f32 whose 13 low bits are 0: two
+// integer instructions (cvt.rna.tf32.f32 compiles to five on sm_90, with a test for inf/NaN
+// that this needs not: inf stays inf, a NaN stays a NaN, and a finite x that rounds past the
+// largest tf32 becomes inf, as rounding should make it).
+extern "C" __device__ int fs_tf32_hi(float* ret, float x) {
+    *ret = __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
+    return 0;
+}
+"""
+
+if not SIM:
+    _link_tf32 = cuda.CUSource(_CU_TF32)
+    _mma_tf32_raw = cuda.declare_device("fs_mma1688_tf32",
+                                        "int32(CPointer(float32), CPointer(float32), CPointer(float32))",
+                                        link=_link_tf32)
+    #: x rounded to the nearest tf32 value (an f32 with its 13 low mantissa bits 0).
+    tf32_hi = cuda.declare_device("fs_tf32_hi", "float32(float32)", link=_link_tf32)
+
+    @cuda.jit(device=True, forceinline=True)
+    def mma_tf32(c, ci, a, ai, b, bi):
+        """c[ci:ci+4] += A·B on the tensor cores: A the 16 x 8 tf32 fragment a[ai:ai+4] (a0..a3),
+        B the 8 x 8 fragment b[bi:bi+2]; every lane of the warp calls it together."""
+        _mma_tf32_raw(_ffi.from_buffer(c[ci:]), _ffi.from_buffer(a[ai:]), _ffi.from_buffer(b[bi:]))
+
+    @cuda.jit(device=True, forceinline=True)
+    def mma3_tf32(acc, ah, al, bh, bl, M, N):
+        """acc[4(mN + n):+4] += A_m·B_n for M A tiles (ah, al: hi and lo parts, 4 registers a tile)
+        and N B tiles (bh, bl: 2 a tile), as 3xTF32: A_lo·B_hi, A_hi·B_lo, A_hi·B_hi, small terms
+        first, each term over all M·N tiles before the next so that no mma waits on the last."""
+        for m in range(M):
+            for n in range(N):
+                mma_tf32(acc, 4 * (m * N + n), al, 4 * m, bh, 2 * n)
+        for m in range(M):
+            for n in range(N):
+                mma_tf32(acc, 4 * (m * N + n), ah, 4 * m, bl, 2 * n)
+        for m in range(M):
+            for n in range(N):
+                mma_tf32(acc, 4 * (m * N + n), ah, 4 * m, bh, 2 * n)
+
+else:
+
+    def _tf32_trunc(x) -> np.ndarray:
+        # what the tensor core reads of operand registers: their 19 high bits
+        u = np.array(x, dtype=np.float32).view(np.uint32) & np.uint32(0xFFFFE000)
+        return u.view(np.float32).astype(np.float64)
+
+    @cuda.jit(device=True)
+    def tf32_hi(x):
+        u = np.array([x], dtype=np.float32).view(np.uint32)
+        u = (u + np.uint32(0x1000)) & np.uint32(0xFFFFE000)  # round the magnitude, ties away
+        return float32(u.view(np.float32)[0])
+
+    @cuda.jit(device=True)
+    def mma_tf32(c, ci, a, ai, b, bi):
+        warp, lane = _lane()
+        g, t = lane // 4, lane % 4
+        with _ALLOC_LOCK:
+            sa = cuda.shared.array((MAX_WARPS, 16, 8), float32)
+        with _ALLOC_LOCK:
+            sb = cuda.shared.array((MAX_WARPS, 8, 8), float32)
+        sa[warp, g, t] = a[ai]
+        sa[warp, g + 8, t] = a[ai + 1]
+        sa[warp, g, t + 4] = a[ai + 2]
+        sa[warp, g + 8, t + 4] = a[ai + 3]
+        sb[warp, t, g] = b[bi]
+        sb[warp, t + 4, g] = b[bi + 1]
+        cuda.syncthreads()
+        A = _tf32_trunc(sa[warp])
+        B = _tf32_trunc(sb[warp])
+        cuda.syncthreads()
+        for e, (r, col) in enumerate(((g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1))):
+            c[ci + e] = np.float32(np.float32(c[ci + e]) + np.float32(np.dot(A[r, :], B[:, col])))
+
+    #: the most A and B tiles one mma3_tf32 call takes under the simulator
+    _M3, _N3 = 4, 8
+
+    @cuda.jit(device=True)
+    def mma3_tf32(acc, ah, al, bh, bl, M, N):
+        # One exchange for all M·N tiles and the three terms (a barrier per mma would make the
+        # simulator six times slower than the fp16 kernels' tests); the sum of the three terms is
+        # rounded to f32 once, where the tensor core rounds after each.
+        warp, lane = _lane()
+        g, t = lane // 4, lane % 4
+        with _ALLOC_LOCK:
+            sa = cuda.shared.array((MAX_WARPS, 2, _M3, 16, 8), float32)
+        with _ALLOC_LOCK:
+            sb = cuda.shared.array((MAX_WARPS, 2, _N3, 8, 8), float32)
+        for h, (a, b) in enumerate(((ah, bh), (al, bl))):
+            for m in range(M):
+                sa[warp, h, m, g, t] = a[4 * m]
+                sa[warp, h, m, g + 8, t] = a[4 * m + 1]
+                sa[warp, h, m, g, t + 4] = a[4 * m + 2]
+                sa[warp, h, m, g + 8, t + 4] = a[4 * m + 3]
+            for n in range(N):
+                sb[warp, h, n, t, g] = b[2 * n]
+                sb[warp, h, n, t + 4, g] = b[2 * n + 1]
+        cuda.syncthreads()
+        A = _tf32_trunc(sa[warp, :, :M])
+        B = _tf32_trunc(sb[warp, :, :N])
+        cuda.syncthreads()
+        rows = (g, g, g + 8, g + 8)
+        cols = (2 * t, 2 * t + 1, 2 * t, 2 * t + 1)
+        for m in range(M):
+            for n in range(N):
+                for e in range(4):
+                    a_h, a_l = A[0, m, rows[e]], A[1, m, rows[e]]
+                    b_h, b_l = B[0, n, :, cols[e]], B[1, n, :, cols[e]]
+                    x = np.dot(a_l, b_h) + np.dot(a_h, b_l) + np.dot(a_h, b_h)
+                    i = 4 * (m * N + n) + e
+                    acc[i] = np.float32(np.float32(acc[i]) + np.float32(x))
+
+
+__all__ += ["tf32_hi", "mma_tf32", "mma3_tf32"]

@@ -1,0 +1,85 @@
+"""bwd_fp32_v2 (fp32 backward as 3xTF32 on the tensor cores, dQ by atomics) against the float64
+reference, under the CUDA simulator (its mma twin reads each operand's 19 high bits, as the tensor
+core does), with the bar of the exact-FFMA bwd_fp32_v1: every gradient within 2e-6 of float64.
+
+Tiny shapes, one warp (one Python thread per simulated lane), d = 32 (phases B and C take the
+columns in groups of 32), blocks of 16 and 32 so that a key block sees several ragged query
+blocks and heads; one two-warp case (32 x 32 blocks, the d = 32 default) with GQA and causal
+Nq > Nk (rows that see no key).
+"""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+from test_perf_bwd_fp32 import gradient_errors, inputs
+
+from kernels.perf import bwd_fp32_v2, tc
+from kernels.reference import attention_forward
+
+
+@st.composite
+def cases(draw):
+    hkv = draw(st.sampled_from([1, 2]))
+    return dict(hkv=hkv, h=hkv * draw(st.sampled_from([1, 2])), nq=draw(st.integers(1, 40)),
+                nk=draw(st.integers(1, 40)), d=32, causal=draw(st.booleans()), bc=draw(st.sampled_from([16, 32])),
+                br=draw(st.sampled_from([16, 32])), nw=1, scale=draw(st.sampled_from([None, 0.05, 1.0])),
+                fwd=False, seed=draw(st.integers(0, 2**16)))
+
+
+# GQA causal Nq > Nk with two warps (the first 16 rows see no key); Nq < Nk causal on the saved
+# forward of fwd_fp32_v1 (the chain the benchmark runs); one query and one key (dQ = dK = 0
+# exactly: measured against the cancelling terms).
+@settings(max_examples=1, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(cases())
+@example(dict(hkv=1, h=2, nq=37, nk=21, d=32, causal=True, bc=32, br=32, nw=2, scale=None, fwd=False, seed=1))
+@example(dict(hkv=2, h=2, nq=11, nk=36, d=32, causal=True, bc=32, br=16, nw=1, scale=None, fwd=True, seed=2))
+@example(dict(hkv=1, h=1, nq=1, nk=1, d=32, causal=False, bc=16, br=16, nw=1, scale=1.0, fwd=False, seed=3))
+def test_backward_fp32_v2(c):
+    q, k, v, do = inputs(c["seed"], c["h"], c["hkv"], c["nq"], c["nk"], c["d"])
+    if c["fwd"]:
+        o, lse = bwd_fp32_v2.saved_forward(q, k, v, causal=c["causal"], scale=c["scale"])
+    else:
+        o, lse = (x.astype(np.float32) for x in attention_forward(q, k, v, causal=c["causal"], scale=c["scale"]))
+    cfg = {x: c[x] for x in ("bc", "br", "nw")}
+    print(c, bwd_fp32_v2.tiling(c["d"], c["bc"], c["br"], c["nw"]))
+    grads = bwd_fp32_v2.backward(q, k, v, o, lse, do, causal=c["causal"], scale=c["scale"], **cfg)
+    errs = gradient_errors(grads, q, k, v, do, c["causal"], c["scale"], str(c))
+    assert all(e <= 2e-6 for e in errs.values()), errs
+    if c["causal"] and c["nq"] > c["nk"]:
+        assert np.all(grads[0][:, :, : c["nq"] - c["nk"]] == 0)  # rows that see no key
+
+
+@pytest.mark.skipif(not tc.SIM, reason="the simulator's twin; on a GPU the tests above check the PTX")
+def test_split_is_round_to_nearest_tf32():
+    """hi = x rounded to 10 mantissa bits (ties away from zero) and x − hi exact: the split the
+    3xTF32 products rely on (the simulator's twin of cvt.rna.tf32.f32)."""
+    xs = np.array([1.0, 1.0 + 2**-11, 1.0 + 3 * 2**-12, -(1.0 + 2**-11), 3.14159265, 1e-30, -7.5e20], np.float32)
+    want = np.array([1.0, 1.0 + 2**-10, 1.0 + 2**-10, -(1.0 + 2**-10), 3.140625, 0.0, 0.0], np.float64)
+    for x, w in zip(xs, want):
+        hi = np.float32(tc.tf32_hi(x))
+        assert np.uint32(np.array([hi]).view(np.uint32)[0]) & np.uint32(0x1FFF) == 0
+        assert abs(float(hi) - float(x)) <= 2**-11 * abs(float(x))
+        if w:
+            assert float(hi) == w, (x, hi, w)
+        assert np.float64(hi) + np.float64(np.float32(x - hi)) == np.float64(x)
+
+
+def test_config_checks():
+    q, k, v, do = inputs(6, 1, 1, 8, 8, 32)
+    o, lse = (x.astype(np.float32) for x in attention_forward(q, k, v))
+    for bad in (dict(bc=24), dict(br=0), dict(tile=2), dict(nw=16), dict(bc=16, br=16, nw=2)):
+        with pytest.raises(ValueError) as e:
+            bwd_fp32_v2.backward(q, k, v, o, lse, do, **bad)
+        print(bad, e.value)
+    with pytest.raises(ValueError, match="head_dim 32, 64 or 128"):
+        bwd_fp32_v2.backward(*(x[..., :16] for x in (q, k, v, o)), lse, do[..., :16])
+    assert bwd_fp32_v2.supports(np.float32, 128) and bwd_fp32_v2.supports(np.float32, 64)
+    assert not bwd_fp32_v2.supports(np.float16, 64) and not bwd_fp32_v2.supports(np.float32, 96)
+    t = bwd_fp32_v2.tiling(128, 64, 64, 8)
+    print(t)  # the d = 128 default: A 32 keys x 16 queries, B and C 32 x 32 a warp
+    assert (t["ma"], t["na"], t["mb"], t["ub"], t["mc"], t["uc"]) == (2, 2, 2, 1, 2, 1)
+    for d in (32, 64, 128):  # every supported head dim has a default its warps can tile
+        cfg = bwd_fp32_v2.default_config(d)
+        bwd_fp32_v2.tiling(d, cfg["bc"], cfg["br"], cfg["nw"])
