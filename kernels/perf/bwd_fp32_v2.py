@@ -35,6 +35,37 @@ of 32 lanes x 4 registers, so that phases B and C read an A fragment with one ``
 Each product's warp tiles (16·m rows x 8·n or 32·u columns) are chosen by :func:`tiling` for
 the fewest shared-memory bytes per mma.  Barriers and the overlap of Q_{i+1}, dO_{i+1}'s copy
 with dQ_i are v1's; masking, GQA, causal (bottom-right aligned) and rows with L = -inf too.
+Shared memory at d = 128 (Bc = Br = 64): 188 KB, one block of 8 warps per SM; 253 registers,
+no spills (``kernels.perf.inspect bwd_fp32_v2 128 64 64 8 0 0 0 4``).
+
+Accumulation.  The tensor core's adds into its fp32 accumulator behave as if rounded toward
+zero, so a long chain of mma into one accumulator drifts one way: the first build, with dV and dK
+accumulated over all N/8 · 3 mma, was off by 3.1e-5 at N = 4,096.  So every product is summed in
+chunks in zeroed registers and the chunks are added in fp32 (round to nearest): dV, dK per query
+block (3·Br/8 = 24 mma), dQ per key block (then ``red.global``), Sᵀ and dPᵀ every 32 dims
+(``ak`` = d / 32 chunks, 12 mma each).
+
+Prediction (H100, d = 128, N = 4,096, B·H = 64; naive 43 TFLOP/s, bwd_fp32_v1 34): per 64 x 64
+block step a warp issues 960 mma, ~1,500 split instructions and ~290 shared loads; the tensor
+pipe needs ~7.7k cycles a step, the issue ~6.5k, shared memory ~6k: a bound near 100 TFLOP/s, so
+at 40-50% of it 45-60 TFLOP/s, 1.0-1.4x naive.
+
+Measured (H100, ``kernels.bench``, naive timed in the same run, ``kernels/data/bench_h100.csv``,
+fp32 backward rows at commit d58f3a9; FLOPs 2.5 x 4·B·H·N²·d):
+
+* **d = 128: 44.0 TFLOP/s at N = 4,096 (1.01x naive), 45.4 at 8,192 (1.03x), 46.4 at 16,384
+  (naive out of memory); bwd_fp32_v1 in the same run 33.5-34.7 (0.77x).**  Causal 2.3-2.4x.
+* d = 64: 37.5-39.5 TFLOP/s, 1.21-1.24x naive (v1 1.12-1.13x); causal 2.9-3.3x.
+* Worst relative error of dQ, dK, dV against float64 autograd: 9.6e-7 to 1.2e-6 at N = 4,096 to
+  16,384, against 1.3e-6 to 3.1e-6 for v1's FFMA in the same run.  ``FLASHSIM_GPU=1 pytest -m
+  gpu`` 77 passed on the H100 with v2 as the fp32 backward (``kernels/data/h100_pytest_gpu.json``);
+  compute-sanitizer memcheck 0 errors, racecheck 0 hazards.
+* The prediction held at its low end.  What mattered, in order (``kernels.perf.tune``, one run
+  each beside naive, NOTES.md has the table): the split as an integer add and mask (2
+  instructions; ``cvt.rna.tf32.f32`` compiles to 5 on sm_90) took 0.95x to 1.07x; the chunked
+  phase A (for the accuracy) cost back 4%; prefetching the next k-step's operands (``pipe``) and
+  Sᵀ, dPᵀ in one loop (``fuse``) were 8-9% slower.  Nsight Compute (first build): issue slots 46%
+  busy, 0.65 of 2 warps eligible a scheduler, the fragment-order shared stores 4-way conflicted.
 """
 
 from __future__ import annotations
