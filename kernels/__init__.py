@@ -112,8 +112,10 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, b
     and they add nothing to dK, dV.  NaN propagates to the gradients computed from it.
     ``impl`` as in :func:`flash_attention`.  The fast backwards: fp16 on the tensor cores,
     deterministic at d <= 64 (``bwd_fp16_v1``) and above that one kernel that accumulates dQ in
-    float32 with atomic adds across key blocks (``bwd_fp16_v3``); fp32 on the CUDA cores (exact
-    fp32 products, dQ by atomic adds).  Where dQ is summed by atomics its rounding can differ
+    float32 with atomic adds across key blocks (``bwd_fp16_v3``); fp32 at d = 32, 64, 128 on the
+    TF32 tensor cores with each product taken as three (3xTF32: x = hi + lo, as accurate as fp32
+    FFMA; ``bwd_fp32_v2``), at other d on the CUDA cores (``bwd_fp32_v1``), both with dQ by atomic
+    adds.  Where dQ is summed by atomics its rounding can differ
     from run to run in the last bits (~1 ulp of the float32 sum); dK, dV are deterministic.
     """
     mod = _fast("bwd", q, impl, block_m=block_m, block_n=block_n, block_mask=block_mask, counters=counters)
