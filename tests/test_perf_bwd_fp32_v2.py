@@ -51,6 +51,17 @@ def test_backward_fp32_v2(c):
         assert np.all(grads[0][:, :, : c["nq"] - c["nk"]] == 0)  # rows that see no key
 
 
+@pytest.mark.parametrize("cfg", [dict(pipe=True, ak=4), dict(fuse=True, ak=2)], ids=["pipe", "fuse"])
+def test_the_other_loop_shapes(cfg):
+    """The k-loop variants measured and not chosen: the next k-step's operands loaded before this
+    one's mma (pipe), Sᵀ and dPᵀ in one loop (fuse), and phase A in 4 or 2 chunks."""
+    q, k, v, do = inputs(7, 2, 1, 20, 18, 32)
+    o, lse = (x.astype(np.float32) for x in attention_forward(q, k, v, causal=True))
+    grads = bwd_fp32_v2.backward(q, k, v, o, lse, do, causal=True, bc=16, br=16, nw=1, **cfg)
+    errs = gradient_errors(grads, q, k, v, do, True, None, str(cfg))
+    assert all(e <= 2e-6 for e in errs.values()), errs
+
+
 @pytest.mark.skipif(not tc.SIM, reason="the simulator's twin; on a GPU the tests above check the PTX")
 def test_split_is_round_to_nearest_tf32():
     """hi = x rounded to 10 mantissa bits (ties away from zero) and x − hi exact: the split the
@@ -69,7 +80,7 @@ def test_split_is_round_to_nearest_tf32():
 def test_config_checks():
     q, k, v, do = inputs(6, 1, 1, 8, 8, 32)
     o, lse = (x.astype(np.float32) for x in attention_forward(q, k, v))
-    for bad in (dict(bc=24), dict(br=0), dict(tile=2), dict(nw=16), dict(bc=16, br=16, nw=2)):
+    for bad in (dict(bc=24), dict(br=0), dict(tile=2), dict(nw=16), dict(bc=16, br=16, nw=2), dict(ak=3)):
         with pytest.raises(ValueError) as e:
             bwd_fp32_v2.backward(q, k, v, o, lse, do, **bad)
         print(bad, e.value)
