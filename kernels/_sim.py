@@ -33,12 +33,12 @@ def lock_shared_arrays() -> bool:
     cls = kernelapi.FakeCUDAShared
     if getattr(cls, "_flashsim_locked", False):
         return True
-    if not hasattr(cls, "array"):
-        return False
+    if not hasattr(cls, "array") or not isinstance(getattr(cls(0), "_allocations", None), dict):
+        return False  # not the simulator this was written against: leave it alone
     original = cls.array
 
     def array(self, shape, dtype, alignment=None):
-        if shape == 0 or alignment is not None or not hasattr(self, "_allocations"):
+        if shape == 0 or alignment is not None:
             return original(self, shape, dtype, alignment)  # dynamic shared memory: no lookup
         frame = sys._getframe(1)
         caller = (frame.f_code.co_filename, frame.f_lineno)  # the simulator's own key

@@ -821,7 +821,7 @@ if not SIM:
     tf32_hi = cuda.declare_device("fs_tf32_hi", "float32(float32)", link=_link_tf32)
 
     @cuda.jit(device=True, forceinline=True)
-    def mma_tf32(c, ci, a, ai, b, bi):
+    def _mma_tf32(c, ci, a, ai, b, bi):
         """c[ci:ci+4] += A·B on the tensor cores: A the 16 x 8 tf32 fragment a[ai:ai+4] (a0..a3),
         B the 8 x 8 fragment b[bi:bi+2]; every lane of the warp calls it together."""
         _mma_tf32_raw(_ffi.from_buffer(c[ci:]), _ffi.from_buffer(a[ai:]), _ffi.from_buffer(b[bi:]))
@@ -833,13 +833,13 @@ if not SIM:
         first, each term over all M·N tiles before the next so that no mma waits on the last."""
         for m in range(M):
             for n in range(N):
-                mma_tf32(acc, 4 * (m * N + n), al, 4 * m, bh, 2 * n)
+                _mma_tf32(acc, 4 * (m * N + n), al, 4 * m, bh, 2 * n)
         for m in range(M):
             for n in range(N):
-                mma_tf32(acc, 4 * (m * N + n), ah, 4 * m, bl, 2 * n)
+                _mma_tf32(acc, 4 * (m * N + n), ah, 4 * m, bl, 2 * n)
         for m in range(M):
             for n in range(N):
-                mma_tf32(acc, 4 * (m * N + n), ah, 4 * m, bh, 2 * n)
+                _mma_tf32(acc, 4 * (m * N + n), ah, 4 * m, bh, 2 * n)
 
 else:
 
@@ -853,27 +853,6 @@ else:
         u = np.array([x], dtype=np.float32).view(np.uint32)
         u = (u + np.uint32(0x1000)) & np.uint32(0xFFFFE000)  # round the magnitude, ties away
         return float32(u.view(np.float32)[0])
-
-    @cuda.jit(device=True)
-    def mma_tf32(c, ci, a, ai, b, bi):
-        warp, lane = _lane()
-        g, t = lane // 4, lane % 4
-        with _ALLOC_LOCK:
-            sa = cuda.shared.array((MAX_WARPS, 16, 8), float32)
-        with _ALLOC_LOCK:
-            sb = cuda.shared.array((MAX_WARPS, 8, 8), float32)
-        sa[warp, g, t] = a[ai]
-        sa[warp, g + 8, t] = a[ai + 1]
-        sa[warp, g, t + 4] = a[ai + 2]
-        sa[warp, g + 8, t + 4] = a[ai + 3]
-        sb[warp, t, g] = b[bi]
-        sb[warp, t + 4, g] = b[bi + 1]
-        cuda.syncthreads()
-        A = _tf32_trunc(sa[warp])
-        B = _tf32_trunc(sb[warp])
-        cuda.syncthreads()
-        for e, (r, col) in enumerate(((g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1))):
-            c[ci + e] = np.float32(np.float32(c[ci + e]) + np.float32(np.dot(A[r, :], B[:, col])))
 
     #: the most A and B tiles one mma3_tf32 call takes under the simulator
     _M3, _N3 = 4, 8
@@ -914,4 +893,4 @@ else:
                     acc[i] = np.float32(np.float32(acc[i]) + np.float32(x))
 
 
-__all__ += ["tf32_hi", "mma_tf32", "mma3_tf32"]
+__all__ += ["tf32_hi", "mma3_tf32"]
