@@ -158,3 +158,33 @@ def row_dots(inp, a, causal):
     pre, ntp = flash2.kernel("preprocess", inp.dtype, d, 64, 64, causal, False, False)
     pre[(-(-nq // 64), nb * nh), ntp](a["o"], a["do"], dvec, _dummy_counters())
     return dvec
+
+
+def launch_fp32_backward(requirement, mod, q, k, v, o, lse, do, *, causal=False, scale=None, config=None,
+                         check=None):
+    """The one-kernel fp32 backwards' launcher (bwd_fp32_v1, bwd_fp32_v2): checks, D, the zeroed dQ,
+    one launch over (key blocks, B·Hkv).  ``mod`` gives ``default_config``, ``supports``,
+    ``tiling``, ``kernel`` and ``smem_bytes``; ``check(cfg, d)`` adds the variant's own config
+    checks (ValueError)."""
+    from .tc import MAX_WARPS
+
+    inp, a, (nb, nh, nhk, nq, nk, d), lse_d, cfg, sc = prepare_backward(
+        requirement, mod.default_config, mod.supports, q, k, v, o, lse, do, scale=scale, config=config)
+    for key in ("bc", "br"):
+        if cfg[key] <= 0 or cfg[key] % 16:
+            raise ValueError(f"{key}={cfg[key]}: must be a positive multiple of 16")
+    if not 1 <= cfg["nw"] <= MAX_WARPS:
+        raise ValueError(f"nw={cfg['nw']}: must be 1..{MAX_WARPS}")
+    if check is not None:
+        check(cfg, d)
+    mod.tiling(d, cfg["bc"], cfg["br"], cfg["nw"])  # ValueError if the warps cannot tile the products
+    kern, nt = mod.kernel(d, bool(causal), **cfg)
+    dvec = row_dots(inp, a, causal)
+    dq, _ = zeroed_dq(inp, (nb, nh, nq, d))  # the atomics add into dQ itself (fp32: no rounding after)
+    dk = inp.empty((nb, nhk, nk, d), np.float32)
+    dv = inp.empty((nb, nhk, nk, d), np.float32)
+    args = (a["q"], a["k"], a["v"], a["do"], lse_d, dvec, dq, dk, dv, float32(sc * LOG2E), float32(sc))
+    smem = mod.smem_bytes(d, cfg["bc"], cfg["br"])
+    raise_smem_limit(kern, args, smem)
+    kern[(-(-nk // cfg["bc"]), nb * nhk), nt, 0, smem](*args)
+    return inp.out(dq), inp.out(dk), inp.out(dv)

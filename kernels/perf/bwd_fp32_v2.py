@@ -494,30 +494,19 @@ def saved_forward(q, k, v, *, causal=False, scale=None):
     return fwd_fp32_v1.forward(q, k, v, causal=causal, scale=scale, return_lse=True)
 
 
+def _check(cfg, d):
+    if cfg["ak"] < 1 or (d // 8) % cfg["ak"]:
+        raise ValueError(f"ak={cfg['ak']}: must divide d / 8 = {d // 8}")
+
+
 def backward(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
     """(dQ, dK, dV) for fp32 (B, H, N, d) inputs (d = 32, 64 or 128), O and L from the
     forward; ``config`` overrides :func:`default_config`.  dQ is summed over key blocks by
     atomics, in no fixed order."""
-    from ._launch import prepare_backward, raise_smem_limit, row_dots, zeroed_dq
+    import sys
 
-    inp, a, (nb, nh, nhk, nq, nk, d), lse_d, cfg, sc = prepare_backward(
-        "bwd_fp32_v2 takes float32 with head_dim 32, 64 or 128", default_config, supports, q, k, v, o, lse, do,
-        scale=scale, config=config)
-    for key in ("bc", "br"):
-        if cfg[key] <= 0 or cfg[key] % 16:
-            raise ValueError(f"{key}={cfg[key]}: must be a positive multiple of 16")
-    if not 1 <= cfg["nw"] <= tc.MAX_WARPS:
-        raise ValueError(f"nw={cfg['nw']}: must be 1..{tc.MAX_WARPS}")
-    if cfg["ak"] < 1 or (d // 8) % cfg["ak"]:
-        raise ValueError(f"ak={cfg['ak']}: must divide d / 8 = {d // 8}")
-    tiling(d, cfg["bc"], cfg["br"], cfg["nw"])  # ValueError if the warps cannot tile the products
-    kern, nt = kernel(d, bool(causal), **cfg)
-    dvec = row_dots(inp, a, causal)
-    dq, _ = zeroed_dq(inp, (nb, nh, nq, d))
-    dk = inp.empty((nb, nhk, nk, d), np.float32)
-    dv = inp.empty((nb, nhk, nk, d), np.float32)
-    args = (a["q"], a["k"], a["v"], a["do"], lse_d, dvec, dq, dk, dv, float32(sc * LOG2E), float32(sc))
-    smem = smem_bytes(d, cfg["bc"], cfg["br"])
-    raise_smem_limit(kern, args, smem)
-    kern[(-(-nk // cfg["bc"]), nb * nhk), nt, 0, smem](*args)
-    return inp.out(dq), inp.out(dk), inp.out(dv)
+    from ._launch import launch_fp32_backward
+
+    return launch_fp32_backward("bwd_fp32_v2 takes float32 with head_dim 32, 64 or 128",
+                                sys.modules[__name__], q, k, v, o, lse, do, causal=causal, scale=scale,
+                                config=config, check=_check)
