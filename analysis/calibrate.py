@@ -12,23 +12,26 @@ L2 that one kernel effectively gets.
 
 Each call is profiled on its own and followed by the marker kernel, like the worker's.
 
-**The L2 microbenchmarks** (``l2``) run one kernel, ``l2_sweep``, over a window of W bytes of one
-float32 buffer, once per case of :func:`l2_plan`, each launch profiled on its own under Nsight
-Compute (``--cache-control all``: L2 flushed before every replay pass, so each launch starts
-from a clean L2; ``--clock-control none``) and followed by the marker kernel.  The grid is
-persistent (as many 256-thread blocks as the GPU holds at once, from the occupancy API), and
-each pass walks the window in grid-stride order, so the whole grid sweeps the window from its
-start to its end, and an element is touched again one whole window later.  Loads are
-``ld.global.cg`` (cached in L2, not in L1), so every load reaches the L2 and the LSU, L2 and
-DRAM levels count the same requests.  A pass either reads or writes every ``stride``-th float of
-the window (``mode``: read, write, or write in the first pass and read in the others); pass p
-starts each thread at a rotated place, so a re-read comes from another block.  The LSU bytes are
-exact (:func:`expected_lsu`: each warp touches whole sectors) and every row records whether the
-measurement equals them.  The patterns:
+**The L2 microbenchmarks** (``l2``) run one kernel, ``l2_sweep``, over a window of W bytes of
+one float32 buffer, once per case of :func:`l2_plan`, each launch profiled on its own under
+Nsight Compute (``--cache-control all``: L2 flushed before every replay pass, so each launch
+starts from a clean L2; ``--clock-control none``) and followed by the marker kernel.  The grid
+is persistent (as many 256-thread blocks as the GPU holds at once, from the occupancy API,
+unless a case names its number of blocks), and each pass walks the window in grid-stride
+order, so the whole grid sweeps the window from its start to its end, and an element is
+touched again one whole window later.  Loads are ``ld.global.cg`` (cached in L2, not in L1),
+so every load reaches the L2 and the LSU, L2 and DRAM levels count the same requests.  A pass
+either reads or writes every ``stride``-th float of the window (``mode``: read, write, or
+write in the first pass and read in the others); pass p starts each thread at a rotated
+place, so a re-read comes from another block.  The LSU bytes are exact (:func:`expected_lsu`:
+each warp touches whole sectors) and every row records whether the measurement equals them.
+The patterns:
 
 * ``reread``: W from 4 to 128 MiB read 2 times (and 4 times at a few W, once at 64 MiB): DRAM
   reads / W - 1 is the fraction of re-reads that missed, and where it rises is the capacity one
   kernel gets; a cliff means LRU-like replacement, a ramp something else.
+* ``reread_1sm``: the same with one block (one SM) for W from 8 to 64 MiB: does one SM see the
+  capacity the whole grid sees (H100 and H200 split their L2 in two partitions)?
 * ``stride``: one float per 8 to 256 bytes of a 64 MiB window, once (what DRAM fetches per
   touched sector: 32, 64 or 128 bytes), and one per 128-byte line re-read at a few W (does the
   capacity count lines or sectors?).
@@ -163,6 +166,9 @@ def _check_case(case: dict) -> None:
         raise ValueError(f"window_bytes={w}: must be a positive multiple of 128 * stride ({128 * s})")
     if p < 1 or (mode == WRITE_READ and p < 2):
         raise ValueError(f"passes={p}: must be >= 1 (>= 2 for write_read)")
+    blocks = case.get("blocks", 0)
+    if not isinstance(blocks, (int, np.integer)) or blocks < 0:
+        raise ValueError(f"{blocks=}: must be 0 (the persistent grid) or a number of blocks")
 
 
 def expected_lsu(case: dict) -> tuple[int, int]:
@@ -207,9 +213,9 @@ def l2_plan(quick: bool = False) -> list[dict]:
     """The cases, in the order they run (W in MiB below; strides in floats)."""
     cases = []
 
-    def add(pattern, mode, mib, stride=1, passes=1):
+    def add(pattern, mode, mib, stride=1, passes=1, blocks=0):
         cases.append({"pattern": pattern, "mode": mode, "window_bytes": int(mib * MiB), "stride": stride,
-                      "passes": passes})
+                      "passes": passes, "blocks": blocks})
 
     if quick:
         for w in (4, 32, 64):
@@ -225,6 +231,8 @@ def l2_plan(quick: bool = False) -> list[dict]:
     for w in (16, 32, 48, 64, 96):
         add("reread", READ, w, passes=4)
     add("reread", READ, 64, passes=1)
+    for w in (8, 16, 24, 32, 40, 48, 64):  # one block, so one SM: does it see the capacity the grid sees?
+        add("reread_1sm", READ, w, passes=2, blocks=1)
     for s in (2, 4, 8, 16, 32, 64):
         add("stride", READ, 64, stride=s)
     for w in (16, 32, 48, 64, 96):
@@ -240,6 +248,12 @@ def l2_plan(quick: bool = False) -> list[dict]:
     return cases
 
 
+def shift_of(blocks: int, threads: int = THREADS) -> int:
+    """Pass p starts thread g at g + p * shift: about half the grid and one block further on, so a
+    re-read comes from another block (and most likely another SM)."""
+    return (threads * (blocks // 2 + 1)) % (blocks * threads)
+
+
 def _grid(threads: int = THREADS) -> dict:
     """The persistent grid: blocks per SM from the occupancy API (``l2_sweep`` compiled first)."""
     dev = cuda.get_current_device()
@@ -252,7 +266,7 @@ def _grid(threads: int = THREADS) -> dict:
         per_sm, how = 2, f"fallback (occupancy API failed: {e})"
     per_sm = max(1, min(per_sm, 2048 // threads))
     blocks = sms * per_sm
-    shift = (threads * (blocks // 2 + 1)) % (blocks * threads)
+    shift = shift_of(blocks, threads)
     return {"sm_count": sms, "blocks_per_sm": per_sm, "blocks": blocks, "threads": threads, "shift": shift,
             "grid_from": how, "load": LOAD}
 
@@ -274,9 +288,10 @@ def l2_worker(plan_path: str, manifest_path: str) -> int:
     flashsim_marker[1, 1](mark, 0)  # compiled here too, outside the profiled ranges
     cuda.synchronize()
     for i, c in enumerate(cases):
+        nb = c.get("blocks") or grid["blocks"]
+        c["blocks_launched"] = nb
         cuda.profile_start()
-        l2_sweep[grid["blocks"], THREADS](buf, c["window_bytes"] // 4, c["stride"], c["passes"], c["mode"],
-                                          grid["shift"], 0, out)
+        l2_sweep[nb, THREADS](buf, c["window_bytes"] // 4, c["stride"], c["passes"], c["mode"], shift_of(nb), 0, out)
         cuda.synchronize()
         cuda.profile_stop()
         cuda.profile_start()
@@ -295,10 +310,10 @@ def case_label(c: dict) -> str:
 # ---------------------------------------------------------------------------------------------
 # Records: the ncu export to one row per case
 
-L2_FIELDS = ("pattern", "mode", "window_bytes", "stride_bytes", "passes", "lsu_ld_expected", "lsu_st_expected",
-             "lsu_exact", "lsu_ld_bytes", "lsu_st_bytes", "l2_read_sectors", "l2_write_sectors", "dram_read_bytes",
-             "dram_write_bytes", "time_ns", "kernel_name", "grid", "block")
-_INT_FIELDS = ("window_bytes", "stride_bytes", "passes", "lsu_ld_expected", "lsu_st_expected", "lsu_ld_bytes",
+L2_FIELDS = ("pattern", "mode", "window_bytes", "stride_bytes", "passes", "blocks", "lsu_ld_expected",
+             "lsu_st_expected", "lsu_exact", "lsu_ld_bytes", "lsu_st_bytes", "l2_read_sectors", "l2_write_sectors",
+             "dram_read_bytes", "dram_write_bytes", "time_ns", "kernel_name", "grid", "block")
+_INT_FIELDS = ("window_bytes", "stride_bytes", "passes", "blocks", "lsu_ld_expected", "lsu_st_expected", "lsu_ld_bytes",
                "lsu_st_bytes", "l2_read_sectors", "l2_write_sectors", "dram_read_bytes", "dram_write_bytes")
 
 
@@ -317,7 +332,8 @@ def l2_rows(cases: list[dict], launches: list[dict]) -> list[dict]:
         rec = g[0]
         ld, st = expected_lsu(c)
         row = {"pattern": c["pattern"], "mode": MODES[c["mode"]], "window_bytes": c["window_bytes"],
-               "stride_bytes": 4 * c["stride"], "passes": c["passes"], "lsu_ld_expected": ld, "lsu_st_expected": st,
+               "stride_bytes": 4 * c["stride"], "passes": c["passes"], "blocks": c.get("blocks_launched", ""),
+               "lsu_ld_expected": ld, "lsu_st_expected": st,
                "lsu_exact": rec["lsu_ld_bytes"] == ld and rec["lsu_st_bytes"] == st}
         for f in ("lsu_ld_bytes", "lsu_st_bytes", "l2_read_sectors", "l2_write_sectors", "dram_read_bytes",
                   "dram_write_bytes", "time_ns"):
@@ -422,11 +438,12 @@ def summarize(rows: list[dict]) -> dict:
     granularity (strided reads), dirty bytes left at a launch's end (writes), read-after-write
     hits, streaming."""
     s: dict = {"lsu_exact": f"{sum(bool(r['lsu_exact']) for r in rows)}/{len(rows)}"}
-    for passes in sorted({r["passes"] for r in _sel(rows, "reread", 4, mode="read")} - {1}):
-        pts = [(r["window_bytes"], (r["dram_read_bytes"] / r["window_bytes"] - 1) / (passes - 1))
-               for r in _sel(rows, "reread", 4, passes, "read")]
-        if len(pts) >= 2:
-            s[f"reread_x{passes}"] = transition(pts)
+    for pattern in ("reread", "reread_1sm"):
+        for passes in sorted({r["passes"] for r in _sel(rows, pattern, 4, mode="read")} - {1}):
+            pts = [(r["window_bytes"], (r["dram_read_bytes"] / r["window_bytes"] - 1) / (passes - 1))
+                   for r in _sel(rows, pattern, 4, passes, "read")]
+            if len(pts) >= 2:
+                s[f"{pattern}_x{passes}"] = transition(pts)
     g, err = fetch_granularity(rows)
     s["fetch_granularity_bytes"], s["fetch_granularity_max_rel_err"] = g, err
     line_rows = [r for r in _sel(rows, "stride", passes=2) if r["stride_bytes"] >= 32]
@@ -472,9 +489,10 @@ def format_summary(s: dict, rows: list[dict] | None = None, bandwidth: list[dict
                        f"{(t / 1e3 if isinstance(t, float) else float('nan')):>9.1f}")
         out.append("")
     out.append(f"LSU bytes equal to the expected: {s['lsu_exact']} cases")
-    for k in sorted(k for k in s if k.startswith("reread_x")):
-        t = s[k]
-        out.append(f"re-read {k[8:]}x, miss fraction of re-reads: 0.5 at W = {_mib(t['capacity_bytes'])} "
+    for k in sorted(k for k in s if k.startswith("reread")):
+        t, (what, x) = s[k], k.rsplit("_x", 1)
+        who = "one block" if what == "reread_1sm" else "the grid"
+        out.append(f"re-read {x}x by {who}, miss fraction of re-reads: 0.5 at W = {_mib(t['capacity_bytes'])} "
                    f"(0.1 at {_mib(t['w10_bytes'])}, 0.9 at {_mib(t['w90_bytes'])}; hits up to "
                    f"{_mib(t['last_hit_bytes'])}, misses from {_mib(t['first_miss_bytes'])}): {t['shape']}")
     if s.get("fetch_granularity_bytes"):

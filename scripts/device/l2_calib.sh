@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine (the device tool), from the repository root, with .whl carried: the L2
 # microbenchmarks of analysis/calibrate.py (re-read windows of 4-128 MiB, strided reads, a 512 MiB
-# stream, writes of 2-256 MiB, write then read back; 61 launches, each under Nsight Compute with
+# stream, writes of 2-256 MiB, write then read back; 68 launches, each under Nsight Compute with
 # --cache-control all --clock-control none) and the bandwidth ceiling (1 GiB device-to-device copy,
 # CUDA events).  Leaves under $OUT, as <gpu>_l2calib.*: .csv (one row per case), .meta.json
 # (provenance), .ncu-raw.csv (ncu's export), .bandwidth.csv, .summary.txt, .log; prints the
