@@ -287,6 +287,7 @@ def l2_worker(plan_path: str, manifest_path: str) -> int:
     l2_sweep[grid["blocks"], THREADS](buf, buf.size, 1, 1, WRITE, 0, 0, out)
     flashsim_marker[1, 1](mark, 0)  # compiled here too, outside the profiled ranges
     cuda.synchronize()
+    t0 = time.perf_counter()
     for i, c in enumerate(cases):
         nb = c.get("blocks") or grid["blocks"]
         c["blocks_launched"] = nb
@@ -298,7 +299,8 @@ def l2_worker(plan_path: str, manifest_path: str) -> int:
         flashsim_marker[1, 1](mark, i)
         cuda.synchronize()
         cuda.profile_stop()
-        print(f"[{i + 1}/{len(cases)}] {case_label(c)}", file=sys.stderr, flush=True)
+        print(f"[{i + 1}/{len(cases)}] {case_label(c)}, {nb} blocks ({time.perf_counter() - t0:.1f} s)",
+              file=sys.stderr, flush=True)
     Path(manifest_path).write_text(json.dumps({"grid": grid, "cases": cases}, indent=1))
     return 0
 
