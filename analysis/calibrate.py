@@ -248,6 +248,11 @@ def l2_plan(quick: bool = False) -> list[dict]:
     return cases
 
 
+def _sm_count() -> int:
+    """The GPU's SM count (2 under the CUDA simulator, which has no such attribute)."""
+    return int(getattr(cuda.get_current_device(), "MULTIPROCESSOR_COUNT", 2))
+
+
 def shift_of(blocks: int, threads: int = THREADS) -> int:
     """Pass p starts thread g at g + p * shift: about half the grid and one block further on, so a
     re-read comes from another block (and most likely another SM)."""
@@ -256,10 +261,9 @@ def shift_of(blocks: int, threads: int = THREADS) -> int:
 
 def _grid(threads: int = THREADS) -> dict:
     """The persistent grid: blocks per SM from the occupancy API (``l2_sweep`` compiled first)."""
-    dev = cuda.get_current_device()
-    sms = int(dev.MULTIPROCESSOR_COUNT)
-    kern = next(iter(l2_sweep.overloads.values()))
+    sms = _sm_count()
     try:
+        kern = next(iter(l2_sweep.overloads.values()))
         per_sm = int(kern.max_cooperative_grid_blocks(threads)) // sms
         how = "occupancy API"
     except Exception as e:  # keep measuring: 2 blocks of 256 threads always fit on an SM
@@ -278,7 +282,7 @@ def l2_worker(plan_path: str, manifest_path: str) -> int:
         _check_case(c)
     buf = cuda.device_array(max(c["window_bytes"] for c in cases) // 4, dtype=np.float32)
     mark = cuda.to_device(np.zeros(1, dtype=np.int32))
-    sms = cuda.get_current_device().MULTIPROCESSOR_COUNT
+    sms = _sm_count()
     out = cuda.device_array(sms * 2048, dtype=np.float32)
     # compile, then fill the buffer with non-negative values, outside the profiled ranges
     l2_sweep[sms, THREADS](buf, buf.size, 1, 1, WRITE, 0, 0, out)
@@ -528,7 +532,7 @@ def measure_bandwidth(nbytes: int = 1 << 30, reps: int = 5) -> list[dict]:
     n = nbytes // 4
     src = cuda.device_array(n, dtype=np.float32)
     dst = cuda.device_array(n, dtype=np.float32)
-    sms = cuda.get_current_device().MULTIPROCESSOR_COUNT
+    sms = _sm_count()
     out = cuda.device_array(sms * 2048, dtype=np.float32)
     l2_sweep[sms, THREADS](src, n, 1, 1, WRITE, 0, 0, out)
     cuda.synchronize()

@@ -343,3 +343,19 @@ def test_l2_run_end_to_end_with_a_stand_in_ncu(tmp_path, monkeypatch, capsys):
     before = (out / "fake.csv").read_text()
     assert cal.main(args) == 2 and (out / "fake.csv").read_text() == before
     assert cal.main(args + ["--force"]) == 0
+
+
+def test_worker_runs_a_tiny_plan_under_the_simulator(tmp_path, monkeypatch):
+    """The program ncu profiles, on windows of a few KiB (the simulator has no profiler calls)."""
+    monkeypatch.setattr(cal.cuda, "profile_start", lambda: None, raising=False)
+    monkeypatch.setattr(cal.cuda, "profile_stop", lambda: None, raising=False)
+    cases = [{"pattern": "reread", "mode": cal.READ, "window_bytes": 4096, "stride": 1, "passes": 2, "blocks": 0},
+             {"pattern": "write_read", "mode": cal.WRITE_READ, "window_bytes": 8192, "stride": 2, "passes": 2,
+              "blocks": 1}]
+    plan, man = tmp_path / "plan.json", tmp_path / "manifest.json"
+    plan.write_text(json.dumps(cases))
+    assert cal.main(["l2-worker", str(plan), str(man)]) == 0
+    manifest = json.loads(man.read_text())
+    assert [c["blocks_launched"] for c in manifest["cases"]] == [manifest["grid"]["blocks"], 1]
+    rows = cal.l2_rows(manifest["cases"], parse_raw_csv(_fake_export(manifest["cases"], _lru)))
+    assert [r["blocks"] for r in rows] == [manifest["grid"]["blocks"], 1] and all(r["lsu_exact"] for r in rows)
