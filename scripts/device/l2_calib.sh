@@ -12,7 +12,8 @@ set -euo pipefail
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 [ -n "${FLASHSIM_GIT_COMMIT:-}" ] || echo "l2_calib: FLASHSIM_GIT_COMMIT is not set; the record's git_commit will be empty" >&2
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($2)}')
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | awk 'NR == 1 {print tolower($2)}')
+gpu=${gpu:-gpu}
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv >&2
 ncu --version >&2
 python3 -m analysis.calibrate l2 --out "$OUT" --name "${gpu}_l2calib" "$@" 2>&1 | tee "$OUT/${gpu}_l2calib.log"
