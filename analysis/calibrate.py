@@ -1,6 +1,9 @@
-"""Calibration kernels whose global-memory traffic is known exactly, to check the metrics.
+"""Calibration kernels whose global-memory traffic is known exactly: the metrics' check, and the
+L2 that one kernel effectively gets.
 
-    ncu --profile-from-start off ... python -m analysis.calibrate
+    ncu --profile-from-start off ... python -m analysis.calibrate       # copy and gather8
+    python -m analysis.calibrate l2 --out DIR [--name NAME] [--force]  # the L2 microbenchmarks
+    python -m analysis.calibrate l2-summary DIR/NAME.csv               # their summary (CPU only)
 
 * ``copy``: n float32 values read and written once, coalesced: LSU load and store bytes are both
   exactly 4n, in 4n/32 sectors.
@@ -8,12 +11,59 @@
   the LSU moves 8x the useful bytes (n/8 sectors) and stores 4n/8 bytes coalesced.
 
 Each call is profiled on its own and followed by the marker kernel, like the worker's.
+
+**The L2 microbenchmarks** (``l2``) run one kernel, ``l2_sweep``, over a window of W bytes of
+one float32 buffer, once per case of :func:`l2_plan`, each launch profiled on its own under
+Nsight Compute (``--cache-control all``: L2 flushed before every replay pass, so each launch
+starts from a clean L2; ``--clock-control none``) and followed by the marker kernel.  The grid
+is persistent (as many 256-thread blocks as the GPU holds at once, from the occupancy API,
+unless a case names its number of blocks), and each pass walks the window in grid-stride
+order, so the whole grid sweeps the window from its start to its end, and an element is
+touched again one whole window later.  Loads are ``ld.global.cg`` (cached in L2, not in L1),
+so every load reaches the L2 and the LSU, L2 and DRAM levels count the same requests.  A pass
+either reads or writes every ``stride``-th float of the window (``mode``: read, write, or
+write in the first pass and read in the others); pass p starts each thread at a rotated
+place, so a re-read comes from another block.  The LSU bytes are exact (:func:`expected_lsu`:
+each warp touches whole sectors) and every row records whether the measurement equals them.
+The patterns:
+
+* ``reread``: W from 4 to 128 MiB read 2 times (and 4 times at a few W, once at 64 MiB): DRAM
+  reads / W - 1 is the fraction of re-reads that missed, and where it rises is the capacity one
+  kernel gets; a cliff means LRU-like replacement, a ramp something else.
+* ``reread_1sm``: the same with one block (one SM) for W from 8 to 64 MiB: does one SM see the
+  capacity the whole grid sees (H100 and H200 split their L2 in two partitions)?
+* ``stride``: one float per 8 to 256 bytes of a 64 MiB window, once (what DRAM fetches per
+  touched sector: 32, 64 or 128 bytes), and one per 128-byte line re-read at a few W (does the
+  capacity count lines or sectors?).
+* ``stream``: 512 MiB read once: should never hit.
+* ``write``: W from 2 to 256 MiB written once (twice at two W; one float per line at 64 MiB):
+  the DRAM writes inside the launch against W tell how much of what it wrote is left dirty in
+  L2 when it ends, and whether ncu's flush before a replay pass is counted.
+* ``write_read``: W written, then read back in the same launch one window later (a kernel's
+  output read by the next one, without a launch boundary in between).
+
+Beside them it times a 1 GiB device-to-device copy and the sweep's own read and write passes
+with CUDA events (no profiler): the bandwidth ceiling.  It writes ``NAME.csv`` (one row per
+case), ``NAME.meta.json`` (provenance), ``NAME.ncu-raw.csv``, ``NAME.bandwidth.csv`` and
+``NAME.summary.txt`` (:func:`summarize`), each under a temporary name first, then renamed; it
+refuses to overwrite without ``--force``.
 """
 
 from __future__ import annotations
 
+import argparse
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
 import numpy as np
-from numba import cuda
+from numba import config, cuda, float32
 
 from .worker import flashsim_marker
 
@@ -40,7 +90,8 @@ EXPECTED = {
 }
 
 
-def main() -> int:
+def run_basic() -> int:
+    """copy and gather8, each profiled on its own and followed by the marker kernel."""
     src = cuda.to_device(np.arange(N, dtype=np.float32))
     dst = cuda.device_array(N, dtype=np.float32)
     dst8 = cuda.device_array(N // 8, dtype=np.float32)
@@ -56,6 +107,584 @@ def main() -> int:
         cuda.synchronize()
         cuda.profile_stop()
     assert np.array_equal(dst8.copy_to_host(), np.arange(0, N, 8, dtype=np.float32))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The L2 microbenchmark kernel
+
+if config.ENABLE_CUDASIM:  # the simulator has no inline PTX: a plain load, same indices
+    def _load(a, i):
+        return a[i]
+
+    LOAD = "plain load (CUDA simulator)"
+else:
+    from numba.cuda.cache_hints import ldcg_intrinsic as _load
+
+    LOAD = "ld.global.cg"
+
+READ, WRITE, WRITE_READ = 0, 1, 2
+MODES = {READ: "read", WRITE: "write", WRITE_READ: "write_read"}
+THREADS = 256
+MiB = 1 << 20
+
+
+@cuda.jit
+def l2_sweep(buf, n, stride, passes, mode, shift, keep, out):
+    """Walk every ``stride``-th float32 of ``buf[:n]`` ``passes`` times in grid-stride order.
+
+    mode 0 reads in every pass, 1 writes in every pass, 2 writes in pass 0 and reads after.
+    Pass p starts thread g at (g + p * shift) mod gridsize.  The reads' sum is stored in
+    ``out[g]`` when ``keep`` (the tests) or if negative (never, on the non-negative data the
+    benchmark writes: the store keeps the loads alive without moving any bytes)."""
+    g = cuda.grid(1)
+    t = cuda.gridsize(1)
+    m = n // stride
+    acc = float32(0.0)
+    for p in range(passes):
+        gp = (g + p * shift) % t
+        write = mode == 1 or (mode == 2 and p == 0)
+        for k in range(gp, m, t):
+            if write:
+                buf[k * stride] = float32(k + p)
+            else:
+                acc += _load(buf, k * stride)
+    if keep != 0 or acc < 0:
+        out[g] = acc
+
+
+def _check_case(case: dict) -> None:
+    for f in ("pattern", "mode", "window_bytes", "stride", "passes"):
+        if f not in case:
+            raise ValueError(f"case {case!r}: field {f!r} missing")
+    s, w, p, mode = case["stride"], case["window_bytes"], case["passes"], case["mode"]
+    if mode not in MODES:
+        raise ValueError(f"{mode=}: must be one of {sorted(MODES)}")
+    if s < 1 or s & (s - 1):
+        raise ValueError(f"stride={s}: must be a power of two (floats)")
+    if w <= 0 or w % (4 * 32 * s):
+        raise ValueError(f"window_bytes={w}: must be a positive multiple of 128 * stride ({128 * s})")
+    if p < 1 or (mode == WRITE_READ and p < 2):
+        raise ValueError(f"passes={p}: must be >= 1 (>= 2 for write_read)")
+    blocks = case.get("blocks", 0)
+    if not isinstance(blocks, (int, np.integer)) or blocks < 0:
+        raise ValueError(f"{blocks=}: must be 0 (the persistent grid) or a number of blocks")
+
+
+def expected_lsu(case: dict) -> tuple[int, int]:
+    """(load bytes, store bytes) the LSU moves for ``case``: each pass touches n / stride floats,
+    a warp's 32 consecutive ones at once, so 4 * min(stride, 8) bytes of whole sectors each."""
+    _check_case(case)
+    s, p, mode = case["stride"], case["passes"], case["mode"]
+    per_pass = (case["window_bytes"] // 4 // s) * 4 * min(s, 8)
+    reads = {READ: p, WRITE: 0, WRITE_READ: p - 1}[mode]
+    writes = {READ: 0, WRITE: p, WRITE_READ: 1}[mode]
+    return reads * per_pass, writes * per_pass
+
+
+def sweep_indices(n: int, stride: int, passes: int, mode: int, shift: int, nthreads: int):
+    """Pure-Python twin of ``l2_sweep``: per pass, per thread, the indices it touches and
+    whether it writes them (for the tests)."""
+    out = []
+    for p in range(passes):
+        write = mode == WRITE or (mode == WRITE_READ and p == 0)
+        per = [[k * stride for k in range((g + p * shift) % nthreads, n // stride, nthreads)]
+               for g in range(nthreads)]
+        out.append((write, per))
+    return out
+
+
+def lsu_bytes_of_twin(n, stride, passes, mode, shift, nthreads, warp=32) -> tuple[int, int]:
+    """LSU bytes of the twin's accesses: per warp and loop iteration, 32 bytes per distinct sector."""
+    ld = st = 0
+    for write, per in sweep_indices(n, stride, passes, mode, shift, nthreads):
+        for w0 in range(0, nthreads, warp):
+            lanes = per[w0:w0 + warp]
+            for it in range(max(len(x) for x in lanes)):
+                sectors = {x[it] * 4 // 32 for x in lanes if it < len(x)}
+                if write:
+                    st += 32 * len(sectors)
+                else:
+                    ld += 32 * len(sectors)
+    return ld, st
+
+
+def l2_plan(quick: bool = False) -> list[dict]:
+    """The cases, in the order they run (W in MiB below; strides in floats)."""
+    cases = []
+
+    def add(pattern, mode, mib, stride=1, passes=1, blocks=0):
+        cases.append({"pattern": pattern, "mode": mode, "window_bytes": int(mib * MiB), "stride": stride,
+                      "passes": passes, "blocks": blocks})
+
+    if quick:
+        for w in (4, 32, 64):
+            add("reread", READ, w, passes=2)
+        add("stride", READ, 16, stride=32)
+        add("stream", READ, 64)
+        for w in (4, 64):
+            add("write", WRITE, w)
+        add("write_read", WRITE_READ, 16, passes=2)
+        return cases
+    for w in (4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60, 64, 72, 80, 96, 128):
+        add("reread", READ, w, passes=2)
+    for w in (16, 32, 48, 64, 96):
+        add("reread", READ, w, passes=4)
+    add("reread", READ, 64, passes=1)
+    for w in (8, 16, 24, 32, 40, 48, 64):  # one block, so one SM: does it see the capacity the grid sees?
+        add("reread_1sm", READ, w, passes=2, blocks=1)
+    for s in (2, 4, 8, 16, 32, 64):
+        add("stride", READ, 64, stride=s)
+    for w in (16, 32, 48, 64, 96):
+        add("stride", READ, w, stride=32, passes=2)
+    add("stream", READ, 512)
+    for w in (2, 4, 8, 16, 24, 32, 40, 48, 64, 96, 128, 256):
+        add("write", WRITE, w)
+    for w in (16, 64):
+        add("write", WRITE, w, passes=2)
+    add("write", WRITE, 64, stride=32)
+    for w in (8, 16, 24, 32, 40, 48, 64, 96):
+        add("write_read", WRITE_READ, w, passes=2)
+    return cases
+
+
+def _sm_count() -> int:
+    """The GPU's SM count (2 under the CUDA simulator, which has no such attribute)."""
+    return int(getattr(cuda.get_current_device(), "MULTIPROCESSOR_COUNT", 2))
+
+
+def shift_of(blocks: int, threads: int = THREADS) -> int:
+    """Pass p starts thread g at g + p * shift: about half the grid and one block further on, so a
+    re-read comes from another block (and most likely another SM)."""
+    return (threads * (blocks // 2 + 1)) % (blocks * threads)
+
+
+def _grid(threads: int = THREADS) -> dict:
+    """The persistent grid: blocks per SM from the occupancy API (``l2_sweep`` compiled first)."""
+    sms = _sm_count()
+    try:
+        kern = next(iter(l2_sweep.overloads.values()))
+        per_sm = int(kern.max_cooperative_grid_blocks(threads)) // sms
+        how = "occupancy API"
+    except Exception as e:  # keep measuring: 2 blocks of 256 threads always fit on an SM
+        per_sm, how = 2, f"fallback (occupancy API failed: {e})"
+    per_sm = max(1, min(per_sm, 2048 // threads))
+    blocks = sms * per_sm
+    shift = shift_of(blocks, threads)
+    return {"sm_count": sms, "blocks_per_sm": per_sm, "blocks": blocks, "threads": threads, "shift": shift,
+            "grid_from": how, "load": LOAD}
+
+
+def l2_worker(plan_path: str, manifest_path: str) -> int:
+    """The program ncu profiles: each case's launch, then the marker, each in its own range."""
+    cases = json.loads(Path(plan_path).read_text())
+    for c in cases:
+        _check_case(c)
+    buf = cuda.device_array(max(c["window_bytes"] for c in cases) // 4, dtype=np.float32)
+    mark = cuda.to_device(np.zeros(1, dtype=np.int32))
+    sms = _sm_count()
+    out = cuda.device_array(sms * 2048, dtype=np.float32)
+    # compile, then fill the buffer with non-negative values, outside the profiled ranges
+    l2_sweep[sms, THREADS](buf, buf.size, 1, 1, WRITE, 0, 0, out)
+    cuda.synchronize()
+    grid = _grid()
+    l2_sweep[grid["blocks"], THREADS](buf, buf.size, 1, 1, WRITE, 0, 0, out)
+    flashsim_marker[1, 1](mark, 0)  # compiled here too, outside the profiled ranges
+    cuda.synchronize()
+    t0 = time.perf_counter()
+    for i, c in enumerate(cases):
+        nb = c.get("blocks") or grid["blocks"]
+        c["blocks_launched"] = nb
+        cuda.profile_start()
+        l2_sweep[nb, THREADS](buf, c["window_bytes"] // 4, c["stride"], c["passes"], c["mode"], shift_of(nb), 0, out)
+        cuda.synchronize()
+        cuda.profile_stop()
+        cuda.profile_start()
+        flashsim_marker[1, 1](mark, i)
+        cuda.synchronize()
+        cuda.profile_stop()
+        print(f"[{i + 1}/{len(cases)}] {case_label(c)}, {nb} blocks ({time.perf_counter() - t0:.1f} s)",
+              file=sys.stderr, flush=True)
+    Path(manifest_path).write_text(json.dumps({"grid": grid, "cases": cases}, indent=1))
+    return 0
+
+
+def case_label(c: dict) -> str:
+    return f"{c['pattern']} W={c['window_bytes'] / MiB:g} MiB stride={4 * c['stride']} B passes={c['passes']}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Records: the ncu export to one row per case
+
+L2_FIELDS = ("pattern", "mode", "window_bytes", "stride_bytes", "passes", "blocks", "lsu_ld_expected",
+             "lsu_st_expected", "lsu_exact", "lsu_ld_bytes", "lsu_st_bytes", "l2_read_sectors", "l2_write_sectors",
+             "dram_read_bytes", "dram_write_bytes", "time_ns", "kernel_name", "grid", "block")
+_INT_FIELDS = ("window_bytes", "stride_bytes", "passes", "blocks", "lsu_ld_expected", "lsu_st_expected", "lsu_ld_bytes",
+               "lsu_st_bytes", "l2_read_sectors", "l2_write_sectors", "dram_read_bytes", "dram_write_bytes")
+
+
+def l2_rows(cases: list[dict], launches: list[dict]) -> list[dict]:
+    """One row per case from the parsed ncu launches (``analysis.ncu.parse_raw_csv``): the k-th
+    group before a marker is the k-th case, and it must be one ``l2_sweep`` launch."""
+    from .ncu import split_by_marker
+
+    groups = split_by_marker(launches)
+    if len(groups) != len(cases):
+        raise ValueError(f"{len(groups)} launch groups in the ncu data for {len(cases)} cases")
+    rows = []
+    for c, g in zip(cases, groups):
+        if len(g) != 1 or "l2_sweep" not in g[0]["kernel"]:
+            raise ValueError(f"case {case_label(c)}: expected one l2_sweep launch, got {[r['kernel'] for r in g]}")
+        rec = g[0]
+        ld, st = expected_lsu(c)
+        row = {"pattern": c["pattern"], "mode": MODES[c["mode"]], "window_bytes": c["window_bytes"],
+               "stride_bytes": 4 * c["stride"], "passes": c["passes"], "blocks": c.get("blocks_launched", ""),
+               "lsu_ld_expected": ld, "lsu_st_expected": st,
+               "lsu_exact": rec["lsu_ld_bytes"] == ld and rec["lsu_st_bytes"] == st}
+        for f in ("lsu_ld_bytes", "lsu_st_bytes", "l2_read_sectors", "l2_write_sectors", "dram_read_bytes",
+                  "dram_write_bytes", "time_ns"):
+            row[f] = rec[f]
+        row.update(kernel_name=rec["kernel"], grid=rec["grid"], block=rec["block"])
+        rows.append(row)
+    return rows
+
+
+def rows_to_csv(rows: list[dict]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(L2_FIELDS), lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+def read_l2_csv(path) -> list[dict]:
+    """The rows of an ``l2`` record (``NAME.csv``), numbers typed."""
+    return read_l2_csv_text(Path(path).read_text(), str(path))
+
+
+def read_l2_csv_text(text: str, path: str = "l2 record") -> list[dict]:
+    reader = csv.DictReader(io.StringIO(text))
+    need = ("pattern", "mode", "window_bytes", "stride_bytes", "passes", "dram_read_bytes", "dram_write_bytes")
+    missing = [f for f in need if f not in (reader.fieldnames or [])]
+    if missing:
+        raise ValueError(f"{path}: columns missing: {missing}")
+    rows = []
+    for r in reader:
+        for f in _INT_FIELDS:
+            if f in r and r[f] not in ("", None):
+                r[f] = int(float(r[f]))
+        if r.get("time_ns") not in ("", None):
+            r["time_ns"] = float(r["time_ns"])
+        r["lsu_exact"] = str(r.get("lsu_exact", "")).lower() == "true"
+        if r["window_bytes"] <= 0:
+            raise ValueError(f"{path}: window_bytes={r['window_bytes']}: must be positive")
+        rows.append(r)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# The fit: what the rows say about the L2
+
+def _crossing(points: list[tuple[float, float]], level: float):
+    """The first W where the piecewise-linear f(W) reaches ``level`` (None if it never does)."""
+    for (w0, f0), (w1, f1) in zip(points, points[1:]):
+        if f0 < level <= f1:
+            return w0 + (level - f0) * (w1 - w0) / (f1 - f0)
+    if points and points[0][1] >= level:
+        return points[0][0]
+    return None
+
+
+def transition(points: list[tuple[float, float]], cliff_width: float = 0.25) -> dict:
+    """Where a miss fraction f(W) (0 = every re-use hits, 1 = every one misses) rises: the W at
+    f = 0.5 (the effective capacity), at 0.1 and 0.9, and the shape: "cliff" when 0.1 to 0.9
+    spans at most ``cliff_width`` of the capacity or no sample lies inside the rise (LRU-like),
+    else "ramp"; and the samples that bracket the rise (last W that hits, first W that misses)."""
+    pts = sorted(points)
+    if len(pts) < 2:
+        raise ValueError(f"points={pts}: a transition needs at least two window sizes")
+    c, lo, hi = _crossing(pts, 0.5), _crossing(pts, 0.1), _crossing(pts, 0.9)
+    # the samples that bracket the rise: the last W with f <= 0.1 before it, the first with f >= 0.9
+    below = [w for w, f in pts if f <= 0.1 and (hi is None or w < hi)]
+    above = [w for w, f in pts if f >= 0.9 and (lo is None or w > lo)]
+    out = {"capacity_bytes": c, "w10_bytes": lo, "w90_bytes": hi, "last_hit_bytes": max(below, default=None),
+           "first_miss_bytes": min(above, default=None), "points": pts}
+    between = [f for w, f in pts if 0.1 < f < 0.9]
+    if c is None:
+        out["shape"] = f"no transition: f <= 0.5 up to W = {pts[-1][0] / MiB:g} MiB"
+    elif hi is None:
+        out["shape"] = f"ramp (f reaches {max(f for _, f in pts):.2f} at most)"
+    else:  # no sample inside the rise: as sharp as the sampling can tell
+        out["shape"] = "cliff" if not between or (hi - lo) <= cliff_width * c else "ramp"
+    return out
+
+
+def _sel(rows, pattern, stride_bytes=None, passes=None, mode=None):
+    return [r for r in rows if r["pattern"] == pattern and (stride_bytes is None or r["stride_bytes"] == stride_bytes)
+            and (passes is None or r["passes"] == passes) and (mode is None or r["mode"] == mode)]
+
+
+def fetch_granularity(rows: list[dict]):
+    """The DRAM fetch unit G (32, 64 or 128 bytes) that best predicts the single-pass strided
+    reads: a read of one float per ``s`` bytes fetches W / max(s, G) * G bytes."""
+    strided = [r for r in _sel(rows, "stride", passes=1) if r["stride_bytes"] >= 32]
+    if not strided:
+        return None, None
+    best = None
+    for g in (32, 64, 128):
+        err = max(abs(r["dram_read_bytes"] / (r["window_bytes"] // max(r["stride_bytes"], g) * g) - 1)
+                  for r in strided)
+        if best is None or err < best[1]:
+            best = (g, err)
+    return best
+
+
+def summarize(rows: list[dict]) -> dict:
+    """What an ``l2`` record says: effective capacity and replacement shape (re-reads), fetch
+    granularity (strided reads), dirty bytes left at a launch's end (writes), read-after-write
+    hits, streaming."""
+    s: dict = {"lsu_exact": f"{sum(bool(r['lsu_exact']) for r in rows)}/{len(rows)}"}
+    for pattern in ("reread", "reread_1sm"):
+        for passes in sorted({r["passes"] for r in _sel(rows, pattern, 4, mode="read")} - {1}):
+            pts = [(r["window_bytes"], (r["dram_read_bytes"] / r["window_bytes"] - 1) / (passes - 1))
+                   for r in _sel(rows, pattern, 4, passes, "read")]
+            if len(pts) >= 2:
+                s[f"{pattern}_x{passes}"] = transition(pts)
+    g, err = fetch_granularity(rows)
+    s["fetch_granularity_bytes"], s["fetch_granularity_max_rel_err"] = g, err
+    line_rows = [r for r in _sel(rows, "stride", passes=2) if r["stride_bytes"] >= 32]
+    if g and len(line_rows) >= 2:  # first pass fetches W / max(s, G) * G; the re-read the same if it misses
+        pts = []
+        for r in line_rows:
+            first = r["window_bytes"] // max(r["stride_bytes"], g) * g
+            pts.append((r["window_bytes"], (r["dram_read_bytes"] - first) / first))
+        s["stride_reread"] = transition(pts)
+    writes = sorted(_sel(rows, "write", 4, 1), key=lambda r: r["window_bytes"])
+    if writes:
+        dirty = [(r["window_bytes"], max(0, r["window_bytes"] - r["dram_write_bytes"])) for r in writes]
+        s["dirty_at_end"] = dirty
+        s["dirty_max_bytes"] = max(d for _, d in dirty)
+        small = writes[0]
+        s["flush_counted"] = small["dram_write_bytes"] > 0.5 * small["window_bytes"]
+        s["write_evict"] = transition([(w, r["dram_write_bytes"] / w) for (w, _), r in zip(dirty, writes)])
+    wr = _sel(rows, "write_read", 4, 2)
+    if len(wr) >= 2:
+        s["read_after_write"] = transition([(r["window_bytes"], r["dram_read_bytes"] / r["window_bytes"]) for r in wr])
+    st = _sel(rows, "stream")
+    if st:
+        s["stream_read_ratio"] = [(r["window_bytes"], r["dram_read_bytes"] / r["window_bytes"]) for r in st]
+    return s
+
+
+def _mib(x) -> str:
+    return "-" if x is None else f"{x / MiB:.1f} MiB"
+
+
+def format_summary(s: dict, rows: list[dict] | None = None, bandwidth: list[dict] | None = None) -> str:
+    """The summary as text: the per-case table (if ``rows``), then the derived numbers."""
+    out = []
+    if rows:
+        out.append(f"{'pattern':<11}{'W MiB':>8}{'stride':>7}{'pass':>5}{'DRAM rd/W':>10}{'DRAM wr/W':>10}"
+                   f"{'L2 rd sect':>12}{'lsu ok':>7}{'us':>9}")
+        for r in rows:
+            w = r["window_bytes"]
+            t = r.get("time_ns")
+            out.append(f"{r['pattern']:<11}{w / MiB:>8.1f}{r['stride_bytes']:>7}{r['passes']:>5}"
+                       f"{r['dram_read_bytes'] / w:>10.3f}{r['dram_write_bytes'] / w:>10.3f}"
+                       f"{r.get('l2_read_sectors', ''):>12}{'yes' if r['lsu_exact'] else 'NO':>7}"
+                       f"{(t / 1e3 if isinstance(t, float) else float('nan')):>9.1f}")
+        out.append("")
+    out.append(f"LSU bytes equal to the expected: {s['lsu_exact']} cases")
+    for k in sorted(k for k in s if k.startswith("reread")):
+        t, (what, x) = s[k], k.rsplit("_x", 1)
+        who = "one block" if what == "reread_1sm" else "the grid"
+        out.append(f"re-read {x}x by {who}, miss fraction of re-reads: 0.5 at W = {_mib(t['capacity_bytes'])} "
+                   f"(0.1 at {_mib(t['w10_bytes'])}, 0.9 at {_mib(t['w90_bytes'])}; hits up to "
+                   f"{_mib(t['last_hit_bytes'])}, misses from {_mib(t['first_miss_bytes'])}): {t['shape']}")
+    if s.get("fetch_granularity_bytes"):
+        out.append(f"DRAM fetch granularity (strided reads): {s['fetch_granularity_bytes']} B "
+                   f"(max rel. error {s['fetch_granularity_max_rel_err']:.3f})")
+    if "stride_reread" in s:
+        t = s["stride_reread"]
+        out.append(f"one sector per line re-read: 0.5 at W = {_mib(t['capacity_bytes'])}: {t['shape']}")
+    if "dirty_at_end" in s:
+        out.append("dirty at the launch's end (W - DRAM writes): "
+                   + ", ".join(f"{w / MiB:g}:{d / MiB:.1f}" for w, d in s["dirty_at_end"]) + " (MiB)")
+        out.append(f"most left dirty: {_mib(s['dirty_max_bytes'])}; ncu's flush counted in the launch: "
+                   f"{'yes' if s['flush_counted'] else 'no'}; write-backs reach half of W at "
+                   f"{_mib(s['write_evict']['capacity_bytes'])}")
+    if "read_after_write" in s:
+        t = s["read_after_write"]
+        out.append(f"read after write (same launch, one window later): misses reach half at "
+                   f"W = {_mib(t['capacity_bytes'])}: {t['shape']}")
+    for w, ratio in s.get("stream_read_ratio", []):
+        out.append(f"stream {w / MiB:g} MiB read once: DRAM reads / W = {ratio:.4f}")
+    for b in bandwidth or []:
+        out.append(f"bandwidth {b['what']}: {float(b['gb_per_s']):.0f} GB/s ({int(b['bytes_moved']) / 1e9:.2f} GB "
+                   f"in {float(b['ms']):.3f} ms)")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# The bandwidth ceiling (CUDA events, no profiler)
+
+def measure_bandwidth(nbytes: int = 1 << 30, reps: int = 5) -> list[dict]:
+    n = nbytes // 4
+    src = cuda.device_array(n, dtype=np.float32)
+    dst = cuda.device_array(n, dtype=np.float32)
+    sms = _sm_count()
+    out = cuda.device_array(sms * 2048, dtype=np.float32)
+    l2_sweep[sms, THREADS](src, n, 1, 1, WRITE, 0, 0, out)
+    cuda.synchronize()
+    grid = _grid()
+    b = grid["blocks"]
+    calls = (("d2d_copy", 2 * nbytes, lambda: dst.copy_to_device(src)),
+             ("sweep_read", nbytes, lambda: l2_sweep[b, THREADS](src, n, 1, 1, READ, 0, 0, out)),
+             ("sweep_write", nbytes, lambda: l2_sweep[b, THREADS](dst, n, 1, 1, WRITE, 0, 0, out)))
+    rows = []
+    for what, moved, fn in calls:
+        fn()
+        cuda.synchronize()
+        e0, e1 = cuda.event(), cuda.event()
+        e0.record()
+        for _ in range(reps):
+            fn()
+        e1.record()
+        e1.synchronize()
+        ms = cuda.event_elapsed_time(e0, e1) / reps
+        rows.append({"what": what, "bytes_moved": moved, "ms": ms, "gb_per_s": moved / ms / 1e6})
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# The run: ncu over the worker, then the records
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _git_dirty():
+    env = os.environ.get("FLASHSIM_GIT_DIRTY")
+    if env is not None:
+        return env.strip().lower() in ("1", "true", "yes")
+    try:
+        r = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
+                           timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return bool(r.stdout.strip()) if r.returncode == 0 else None
+
+
+SUFFIXES = (".csv", ".meta.json", ".ncu-raw.csv", ".bandwidth.csv", ".summary.txt")
+
+
+def run_l2(out_dir: Path, name: str, force: bool = False, quick: bool = False, bandwidth: bool = True,
+           timeout_s: float = 480) -> int:
+    from .measure import MissingTool, check_environment, provenance
+    from .ncu import METRICS, ncu_command, parse_raw_csv
+
+    paths = {sfx: out_dir / f"{name}{sfx}" for sfx in SUFFIXES}
+    there = [str(p) for p in paths.values() if p.exists()]
+    if there and not force:
+        print(f"flashsim: error: {there[0]} exists (use --force to overwrite)", file=sys.stderr)
+        return 2
+    try:
+        check_environment()
+    except MissingTool as e:
+        print(f"flashsim: error: {e}", file=sys.stderr)
+        return 2
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cases = l2_plan(quick)
+    raw_tmp = out_dir / f".{name}.ncu-raw.tmp.csv"
+    with tempfile.TemporaryDirectory() as tmp:
+        plan_path, man_path = Path(tmp, "plan.json"), Path(tmp, "manifest.json")
+        plan_path.write_text(json.dumps(cases))
+        cmd = ncu_command([sys.executable, "-m", "analysis.calibrate", "l2-worker", str(plan_path), str(man_path)],
+                          export=str(raw_tmp), profile_from_start=False)
+        print("running:", " ".join(cmd), file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        try:
+            proc = subprocess.run(cmd, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            print(f"flashsim: error: ncu still running after {timeout_s} s: stopped (its log: {raw_tmp})",
+                  file=sys.stderr)
+            return 1
+        print(f"ncu: exit status {proc.returncode} after {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+        if proc.returncode != 0 or not man_path.exists():
+            print(f"flashsim: error: ncu exited with status {proc.returncode} (its log: {raw_tmp})", file=sys.stderr)
+            return 1
+        manifest = json.loads(man_path.read_text())
+    raw = raw_tmp.read_text()
+    os.replace(raw_tmp, paths[".ncu-raw.csv"])  # kept whatever follows
+    try:
+        rows = l2_rows(manifest["cases"], parse_raw_csv(raw))
+    except ValueError as e:
+        print(f"flashsim: error: {paths['.ncu-raw.csv']}: {e}", file=sys.stderr)
+        return 1
+    _write_atomic(paths[".csv"], rows_to_csv(rows))
+    meta = provenance(cmd, "all")
+    meta.update(git_dirty=_git_dirty(), metrics=list(METRICS), grid=manifest["grid"], cases=len(rows),
+                plan="quick" if quick else "full", kernel="analysis.calibrate.l2_sweep")
+    bw = []
+    if bandwidth:
+        try:
+            bw = measure_bandwidth()
+        except Exception as e:  # the ncu records stand without it
+            meta["bandwidth_error"] = f"{type(e).__name__}: {e}"
+            print(f"bandwidth: failed ({meta['bandwidth_error']})", file=sys.stderr)
+    bw_buf = io.StringIO()
+    wr = csv.DictWriter(bw_buf, fieldnames=["what", "bytes_moved", "ms", "gb_per_s"], lineterminator="\n")
+    wr.writeheader()
+    wr.writerows(bw)
+    _write_atomic(paths[".bandwidth.csv"], bw_buf.getvalue())
+    summary = summarize(rows)
+    text = format_summary(summary, rows, bw)
+    meta["summary"] = {k: v for k, v in summary.items() if k != "dirty_at_end"}
+    meta["bandwidth"] = bw
+    _write_atomic(paths[".meta.json"], json.dumps(meta, indent=1, default=str))
+    _write_atomic(paths[".summary.txt"], text + "\n")
+    print(f"wrote {', '.join(str(p) for p in paths.values())}", file=sys.stderr, flush=True)
+    print(text, flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        return run_basic()
+    ap = argparse.ArgumentParser(prog="python -m analysis.calibrate", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("l2", help="run the L2 microbenchmarks under ncu and write the records")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--name", default="l2calib", help="file name stem (default l2calib)")
+    p.add_argument("--force", action="store_true", help="overwrite existing records")
+    p.add_argument("--quick", action="store_true", help="a few small cases (a dry run)")
+    p.add_argument("--no-bandwidth", action="store_true", help="skip the bandwidth timing")
+    p.add_argument("--timeout", type=float, default=480, help="stop ncu after this many seconds (default 480)")
+    w = sub.add_parser("l2-worker", help="(internal) the program ncu profiles")
+    w.add_argument("plan")
+    w.add_argument("manifest")
+    s = sub.add_parser("l2-summary", help="summarize an l2 record (CPU)")
+    s.add_argument("csv")
+    args = ap.parse_args(argv)
+    if args.cmd == "l2":
+        if not args.name or "/" in args.name:
+            print(f"flashsim: error: --name {args.name!r}: a file name stem without '/'", file=sys.stderr)
+            return 2
+        if not args.timeout > 0:
+            print(f"flashsim: error: --timeout {args.timeout}: must be positive", file=sys.stderr)
+            return 2
+        return run_l2(Path(args.out), args.name, args.force, args.quick, not args.no_bandwidth, args.timeout)
+    if args.cmd == "l2-worker":
+        return l2_worker(args.plan, args.manifest)
+    try:
+        rows = read_l2_csv(args.csv)
+        print(format_summary(summarize(rows), rows))
+    except (OSError, ValueError) as e:
+        print(f"flashsim: error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 
