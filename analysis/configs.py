@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from flashsim.config import DTYPE_BYTES, Tiling, Workload
 
+#: The kernels a configuration may name (the worker runs them, the simulator models them).
+KERNELS = ("flash2", "flash1", "standard")
+
 
 def workload_of(cfg: dict) -> Workload:
     return Workload(batch=cfg["batch"], heads=cfg["heads"], kv_heads=cfg.get("kv_heads"),

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from flashsim import Workload, get_gpu, simulate
-from flashsim.cli import main
+from analysis.cli import main
 
 SMALL = ["--batch", "2", "--heads", "4", "--seq-len", "256", "--head-dim", "32"]
 
