@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from flashsim import cli as _cli
 from flashsim.cli import UsageError, add_force
@@ -33,7 +32,7 @@ def _cmd_measure(a: argparse.Namespace) -> int:
         if not configs:
             raise UsageError(f"--only {a.only!r}: matches no configuration of set {a.set!r}")
     try:
-        measure(configs, Path(out), a.set, a.cache_control, force=a.force)
+        measure(configs, out, a.set, a.cache_control, force=a.force)
     except MeasureError as e:
         raise UsageError(str(e)) from None
     return 0

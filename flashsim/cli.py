@@ -557,6 +557,10 @@ def main(argv: Sequence[str] | None = None, commands: Sequence[Callable] = COMMA
     except OSError as e:
         print(f"{PROG}: error: {e.strerror or e}{': ' + str(e.filename) if e.filename else ''}", file=sys.stderr)
         return 2
+    except MemoryError as e:  # numpy's names the size it could not allocate
+        detail = f" ({' '.join(str(e).split())})" if str(e) else ""
+        print(f"{PROG}: error: out of memory: the workload is too large for this machine{detail}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
