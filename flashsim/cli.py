@@ -41,7 +41,7 @@ from .sweep import field_of, fit_exponent, sweep, workload_record, write_csv
 
 PROG = "flashsim"
 
-#: Workload fields and the flags that set them, to point error messages at the flag.
+#: Fields an error message may name, and the flags that set them (the message gets the flag added).
 _FIELD_FLAGS = {
     "batch": "--batch", "heads": "--heads", "kv_heads": "--kv-heads", "seq_len_q": "--seq-len",
     "seq_len_k": "--seq-len-k", "head_dim": "--head-dim", "dtype": "--dtype", "sram_bytes": "--sram-bytes",
