@@ -28,9 +28,12 @@ from pathlib import Path
 import numpy as np
 
 from flashsim.api import build_schedule
+from flashsim.config import DTYPE_BYTES, get_gpu
+from flashsim.output import check_overwrite, staged
 from flashsim.traffic import SECTOR_BYTES, walk
 
-from .configs import sim_options, tiling_of, workload_of
+from .configs import KERNELS, sim_options, tiling_of, workload_of
+from .measure import CONFIG_FIELDS, METRIC_FIELDS
 
 LSU_TOLERANCE = 0.01
 #: Dirty bytes an H100 launch can leave in L2 at its end (see the module docstring).
@@ -41,21 +44,93 @@ _INT = ("batch", "heads", "kv_heads", "seq_len_q", "seq_len_k", "head_dim", "blo
         "dram_read_bytes", "dram_write_bytes")
 
 
+#: Columns a measured CSV must have: those ``flashsim measure`` writes, but the kernel's name,
+#: grid and block, which nothing here reads.
+REQUIRED_COLUMNS = ("config_id", "launch_index", *CONFIG_FIELDS, *METRIC_FIELDS)
+
+
+def _bad(path: Path, what: str) -> ValueError:
+    return ValueError(f"data={str(path)!r}: {what}")
+
+
 def read_measured(path: str | Path) -> tuple[list[dict], dict]:
-    """Rows of a measured CSV (typed) and its provenance (the ``.meta.json`` beside it)."""
+    """Rows of a measured CSV (typed) and its provenance (the ``.meta.json`` beside it).
+
+    Anything that is not a measured CSV is refused with a ``ValueError`` that names the file, and
+    the row and column where it goes wrong: a missing file, a name not ending in ``.csv``, a
+    missing column, an empty or header-only file, a row of the wrong length, a number that does
+    not parse, an unknown kernel, pass or dtype, a launch without the tiling its kernel needs, a
+    provenance that is not JSON.
+    """
     path = Path(path)
+    if path.suffix != ".csv":
+        raise _bad(path, "not a .csv file (a measured CSV, e.g. analysis/data/h200/h200.csv)")
+    if not path.is_file():
+        raise _bad(path, "no such file (a measured CSV, e.g. analysis/data/h200/h200.csv)")
     rows = []
-    with open(path, newline="") as f:
-        for r in csv.DictReader(f):
-            for k in _INT:
-                if k in r:
-                    r[k] = int(r[k]) if r[k] not in ("", "None") else None
-            r["causal"] = r.get("causal") in ("True", "true", "1")
-            r["time_ns"] = float(r["time_ns"])
-            rows.append(r)
-    meta_path = path.with_name(path.name.replace(".csv", ".meta.json"))
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    try:
+        with open(path, newline="") as f:
+            reader = csv.reader(f)
+            header = next(reader, None)
+            if not header:
+                raise _bad(path, "the file is empty: no measured launch")
+            missing = [c for c in REQUIRED_COLUMNS if c not in header]
+            if missing:
+                more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+                raise _bad(path, f"column {missing[0]!r} missing{more}: not a measured CSV")
+            for fields in reader:
+                if not fields:  # a blank line, as csv.DictReader skips it
+                    continue
+                if len(fields) != len(header):
+                    raise _bad(path, f"line {reader.line_num} has {len(fields)} fields, the header {len(header)}")
+                rows.append(_typed(path, reader.line_num, dict(zip(header, fields))))
+    except UnicodeDecodeError as e:
+        raise _bad(path, f"not a text file ({e.reason})") from None
+    except csv.Error as e:
+        raise _bad(path, f"not a readable CSV ({e})") from None
+    if not rows:
+        raise _bad(path, "the header only: no measured launch")
+    meta_path = path.with_name(path.name[:-len(".csv")] + ".meta.json")
+    meta = {}
+    if meta_path.exists():
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (ValueError, UnicodeDecodeError) as e:
+            raise _bad(path, f"its provenance {meta_path.name} is not valid JSON ({e})") from None
+        if not isinstance(meta, dict):
+            raise _bad(path, f"its provenance {meta_path.name} is not a JSON object")
     return rows, meta
+
+
+def _typed(path: Path, line: int, r: dict) -> dict:
+    """One row with its numbers parsed and its kernel, pass, dtype and tiling checked."""
+    for k in _INT:
+        if k in r:
+            v = r[k].strip()
+            try:
+                r[k] = int(v) if v not in ("", "None") else None
+            except ValueError:
+                raise _bad(path, f"line {line}: {k}={r[k]!r} is not an integer") from None
+    r["causal"] = r.get("causal") in ("True", "true", "1")
+    try:
+        r["time_ns"] = float(r["time_ns"])
+    except ValueError:
+        raise _bad(path, f"line {line}: time_ns={r['time_ns']!r} is not a number") from None
+    for k in ("batch", "heads", "seq_len_q", "head_dim", "launch_index", *(f for f in METRIC_FIELDS if f != "time_ns")):
+        if r[k] is None:
+            raise _bad(path, f"line {line}: {k} is empty")
+    if r["kernel"] not in KERNELS:
+        raise _bad(path, f"line {line}: kernel={r['kernel']!r} is not one of {list(KERNELS)}")
+    if r["pass"] not in ("fwd", "bwd"):
+        raise _bad(path, f"line {line}: pass={r['pass']!r} is not 'fwd' or 'bwd'")
+    if r["dtype"] not in DTYPE_BYTES:
+        raise _bad(path, f"line {line}: dtype={r['dtype']!r} is not one of {list(DTYPE_BYTES)}")
+    if r["kernel"] == "standard":
+        if r["gemm_block"] is None:
+            raise _bad(path, f"line {line}: kernel 'standard' needs gemm_block")
+    elif not r["sram_bytes"] and (r["block_m"] is None or r["block_n"] is None):
+        raise _bad(path, f"line {line}: kernel {r['kernel']!r} needs sram_bytes or block_m and block_n")
+    return r
 
 
 def _algo(kernel: str) -> str:
@@ -247,11 +322,24 @@ def preset_of(meta: dict) -> str | None:
     return None
 
 
-def run(data: str | Path, out_dir: str | Path | None = None, gpu: str | None = None, plots: bool = True) -> int:
+#: The files ``run`` writes into ``out_dir``: the tables and summary, then the plots.
+COMPARE_FILES = ("compare_launches.csv", "compare_configs.csv", "compare_summary.json")
+COMPARE_PLOTS = ("theorem2_m_sweep.png", "n_sweep.png", "measured_vs_simulated.png")
+
+
+def run(data: str | Path, out_dir: str | Path | None = None, gpu: str | None = None, plots: bool = True,
+        force: bool = False) -> int:
     """Compare a measured CSV with the simulator; print the table, the summary and the fits;
-    write comparison CSVs (and plots) to ``out_dir``.  ``gpu``: the preset whose L2 models the
-    DRAM level; by default the one named in the data's provenance.  Returns 1 if any launch's
-    LSU-level error exceeds the 1 % tolerance, else 0."""
+    write comparison CSVs (and plots) to ``out_dir``, all of them or none, refusing to replace
+    an earlier comparison there unless ``force``.  ``gpu``: the preset whose L2 models the DRAM
+    level; by default the one named in the data's provenance.  Returns 1 if any launch's
+    LSU-level error exceeds the 1 % tolerance, else 0; bad input raises ``ValueError`` before
+    anything is written."""
+    if gpu is not None:
+        get_gpu(gpu)  # an unknown preset is refused first
+    names = COMPARE_FILES + (COMPARE_PLOTS if plots else ())
+    if out_dir is not None:
+        check_overwrite(out_dir, names, force, "an earlier comparison")
     rows, meta = read_measured(data)
     if gpu is None:
         gpu = preset_of(meta)
@@ -275,17 +363,21 @@ def run(data: str | Path, out_dir: str | Path | None = None, gpu: str | None = N
         print(f"fit {name}: {ex}  (R² {fit['r2']:.4f}, n = {fit['n']})")
     if out_dir is not None:
         out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        for name, recs in (("launches", records), ("configs", configs)):
-            with open(out / f"compare_{name}.csv", "w", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=list(recs[0]))
-                w.writeheader()
-                w.writerows(recs)
-        (out / "compare_summary.json").write_text(json.dumps({"summary": s, "fits": fits, "provenance": meta},
-                                                             indent=1))
-        if plots:
-            from .plots import plot_all
+        with staged(out, names, force, "an earlier comparison") as stage:
+            for name, recs in (("launches", records), ("configs", configs)):
+                with open(stage / f"compare_{name}.csv", "w", newline="") as f:
+                    w = csv.DictWriter(f, fieldnames=list(recs[0]))
+                    w.writeheader()
+                    w.writerows(recs)
+            (stage / "compare_summary.json").write_text(json.dumps({"summary": s, "fits": fits, "provenance": meta},
+                                                                   indent=1))
+            made = []
+            if plots:
+                # imported here: analysis.plots loads matplotlib (half a second), which a run without
+                # plots never needs
+                from .plots import plot_all
 
-            for p in plot_all(configs, out):
-                print(f"wrote {p}")
+                made = plot_all(configs, stage)
+        for p in made:
+            print(f"wrote {out / p.name}")
     return 0 if s["lsu_within_tolerance"] == s["launches"] else 1

@@ -9,7 +9,12 @@ can never disagree about what was run.
 
 from __future__ import annotations
 
+import numpy as np
+
 from flashsim.config import DTYPE_BYTES, Tiling, Workload
+
+#: The kernels a configuration may name (the worker runs them, the simulator models them).
+KERNELS = ("flash2", "flash1", "standard")
 
 
 def workload_of(cfg: dict) -> Workload:
@@ -60,8 +65,8 @@ def _cfg(kernel, pass_, n, d, dtype, causal=False, batch=1, heads=16, **tiling) 
 
 def _f2(pass_, n, d, dtype, causal=False, **kw) -> dict:
     """A FlashAttention-2 configuration with the kernel's default blocks for its pass."""
-    import numpy as np
-
+    # imported here, not at the top: kernels loads numba's CUDA target (most of a second), and
+    # the simulator-side readers of this module (compare, the notebooks, the CLI) never need it
     from kernels.flash2 import default_blocks
 
     br, bc = default_blocks("fwd" if pass_ == "fwd" else "bwd", np.float16 if dtype == "fp16" else np.float32, d)

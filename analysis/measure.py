@@ -1,16 +1,24 @@
 """Run a configuration set under Nsight Compute and record the data with its provenance.
 
-    python -m analysis.measure --set h100 --out analysis/data/h100
+    flashsim measure --set h200 --out DIR          (the same as: python -m analysis.measure ...)
 
-writes ``OUT/<set>.csv`` (one row per kernel launch: configuration, kernel, the ncu metrics)
-and ``OUT/<set>.meta.json`` (GPU, driver, CUDA, ncu, numba-cuda, numpy and torch versions,
-date, git commit, the exact ncu command and cache policy), plus the raw ncu CSV.  On a machine
-without a GPU or without ncu it stops with one line saying what is missing.
+writes a *record* of three files into ``DIR``: ``<set>.csv`` (one row per kernel launch:
+configuration, kernel, the ncu metrics), ``<set>.meta.json`` (GPU, driver, CUDA, ncu, numba-cuda,
+numpy and torch versions, date, the git commit of this package's repository and whether its
+tracked files had uncommitted changes, the exact ncu command and cache policy) and
+``<set>.ncu-raw.csv`` (ncu's own CSV).
+
+A record is never damaged.  ncu exports into a staging folder inside ``DIR`` and the three files
+are moved into place together only once the measurement is complete (:mod:`flashsim.output`):
+if ncu fails, or the worker, or the reader, ``DIR`` keeps the record it had, byte for byte.  A
+folder that already holds a record of the set is refused unless ``force``, and the default
+``DIR`` is ``out/measure-<set>`` (ignored by git), never the committed ``analysis/data/``.
+
+On a machine without a GPU or without ncu it stops with one line saying what is missing.
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 import datetime as _dt
 import json
@@ -22,7 +30,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .configs import SETS, config_id
+from flashsim.output import check_overwrite, staged
+
 from .ncu import METRICS, ncu_command, parse_raw_csv, split_by_marker
 
 CONFIG_FIELDS = ("kernel", "pass", "batch", "heads", "kv_heads", "seq_len_q", "seq_len_k", "head_dim", "dtype",
@@ -30,9 +39,26 @@ CONFIG_FIELDS = ("kernel", "pass", "batch", "heads", "kv_heads", "seq_len_q", "s
 METRIC_FIELDS = ("lsu_ld_bytes", "lsu_st_bytes", "l2_read_sectors", "l2_write_sectors", "dram_read_bytes",
                  "dram_write_bytes", "time_ns")
 
+#: Where a measurement goes unless told: a scratch folder that git ignores, never the record in
+#: analysis/data/ (copy a checked record there by hand).
+DEFAULT_OUT = "out/measure-{set}"
 
-class MissingTool(RuntimeError):
-    pass
+#: The root of the repository this package was loaded from: its commit is the code that ran,
+#: whatever the current folder is when ``measure`` runs.
+REPO = Path(__file__).resolve().parents[1]
+
+
+class MeasureError(RuntimeError):
+    """A measurement that could not be made or completed (nothing was written)."""
+
+
+class MissingTool(MeasureError):
+    """This machine cannot measure: no ncu, or no NVIDIA GPU."""
+
+
+def record_files(name: str) -> tuple[str, str, str]:
+    """The files of the record of set ``name``: the data, its provenance, ncu's raw export."""
+    return f"{name}.csv", f"{name}.meta.json", f"{name}.ncu-raw.csv"
 
 
 def check_environment() -> None:
@@ -54,7 +80,39 @@ def _run(cmd: list[str]) -> str:
         return ""
 
 
-def provenance(ncu_cmd: list[str], cache_control: str) -> dict:
+def _git(*args: str) -> str | None:
+    """``git -C REPO args`` (stdout), or None if git or the repository is not there."""
+    try:
+        p = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return p.stdout.strip() if p.returncode == 0 else None
+
+
+def git_state() -> dict:
+    """``{"git_commit", "git_dirty"}`` of the code that runs.
+
+    From ``git -C <this package's repository>``, so it holds when the command runs from another
+    folder; None (unknown) when the package is not in a git checkout of its own (an installed
+    copy).  ``git_dirty``: tracked files differ from the commit (staged or not; untracked files do
+    not count).  On a machine that has the code without its ``.git`` (a copy of the working tree),
+    the environment says: ``FLASHSIM_GIT_COMMIT`` and ``FLASHSIM_GIT_DIRTY`` (1 or 0).
+    """
+    commit = os.environ.get("FLASHSIM_GIT_COMMIT")
+    if commit:
+        flag = os.environ.get("FLASHSIM_GIT_DIRTY", "").strip().lower()
+        dirty = True if flag in ("1", "true", "yes") else False if flag in ("0", "false", "no") else None
+        return {"git_commit": commit, "git_dirty": dirty}
+    top = _git("rev-parse", "--show-toplevel")
+    if top is None or Path(top).resolve() != REPO:  # not a checkout of this package (e.g. a venv in one)
+        return {"git_commit": None, "git_dirty": None}
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return {"git_commit": _git("rev-parse", "HEAD"), "git_dirty": None if status is None else status != ""}
+
+
+def provenance(ncu_cmd: list[str], cache_control: str, git: dict | None = None) -> dict:
+    """The record's ``.meta.json``.  ``git``: :func:`git_state` as taken when the run began
+    (default: now)."""
     def version(mod):
         try:
             return __import__(mod).__version__
@@ -76,7 +134,7 @@ def provenance(ncu_cmd: list[str], cache_control: str) -> dict:
         "torch": version("torch"),
         "python": platform.python_version(),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": os.environ.get("FLASHSIM_GIT_COMMIT") or _run(["git", "rev-parse", "HEAD"]) or None,
+        **(git if git is not None else git_state()),
         "ncu_command": " ".join(ncu_cmd),
         "cache_control": cache_control,
         "clock_control": "none",
@@ -84,62 +142,74 @@ def provenance(ncu_cmd: list[str], cache_control: str) -> dict:
     }
 
 
-def measure(configs: list[dict], out_dir: Path, name: str, cache_control: str = "all") -> Path:
+def measure(configs: list[dict], out_dir: str | Path, name: str, cache_control: str = "all",
+            force: bool = False) -> Path:
+    """Measure ``configs`` under ncu and write the record of set ``name`` into ``out_dir`` (see the
+    module docstring); returns the path of its CSV.  Raises :class:`MissingTool` on a machine
+    that cannot measure, :class:`MeasureError` if the run fails, ``ValueError`` for bad
+    arguments or an existing record without ``force`` — in every case before writing anything."""
+    if not configs:
+        raise ValueError("configs=[]: nothing to measure")
+    if cache_control not in ("all", "none"):
+        raise ValueError(f"cache_control={cache_control!r}: must be 'all' or 'none'")
+    files = record_files(name)
+    csv_name, meta_name, raw_name = files
+    what = f"a measured record of set {name!r}"
+    out_dir = check_overwrite(out_dir, files, force, what)  # refused before the hour of measuring
     check_environment()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
+    git = git_state()
+    with tempfile.TemporaryDirectory() as tmp, staged(out_dir, files, force, what) as stage:
         cfg_path, man_path = Path(tmp, "configs.json"), Path(tmp, "manifest.json")
         cfg_path.write_text(json.dumps(configs))
-        raw_path = out_dir / f"{name}.ncu-raw.csv"
-        cmd = ncu_command([sys.executable, "-m", "analysis.worker", str(cfg_path), str(man_path)],
-                          export=str(raw_path), cache_control=cache_control, profile_from_start=False)
+        program = [sys.executable, "-m", "analysis.worker", str(cfg_path), str(man_path)]
+        cmd = ncu_command(program, export=str(stage / raw_name), cache_control=cache_control,
+                          profile_from_start=False)
         print("running:", " ".join(cmd), file=sys.stderr, flush=True)
         proc = subprocess.run(cmd)
         if proc.returncode != 0:
-            raise RuntimeError(f"ncu exited with status {proc.returncode}")
+            raise MeasureError(f"ncu exited with status {proc.returncode}; nothing written ({out_dir} unchanged)")
+        if not man_path.exists():
+            raise MeasureError(f"the worker wrote no manifest; nothing written ({out_dir} unchanged)")
         manifest = json.loads(man_path.read_text())
-    launches = parse_raw_csv(raw_path.read_text())
-    groups = split_by_marker(launches)
-    if len(groups) != len(manifest):
-        raise RuntimeError(f"{len(groups)} launch groups for {len(manifest)} configurations")
-    rows = []
-    for entry, group in zip(manifest, groups):
-        for k, rec in enumerate(group):
-            row = {"config_id": entry["id"], "launch_index": k}
-            row.update({f: entry["config"].get(f) for f in CONFIG_FIELDS})
-            row["kernel_name"] = rec["kernel"]
-            row["grid"], row["block"] = rec["grid"], rec["block"]
-            row.update({f: rec[f] for f in METRIC_FIELDS})
-            rows.append(row)
-    csv_path = out_dir / f"{name}.csv"
-    with open(csv_path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    meta = provenance(cmd, cache_control)
-    meta["configs"] = len(manifest)
-    meta["launches"] = len(rows)
-    (out_dir / f"{name}.meta.json").write_text(json.dumps(meta, indent=1))
+        try:
+            groups = split_by_marker(parse_raw_csv((stage / raw_name).read_text()))
+        except (OSError, ValueError) as e:
+            raise MeasureError(f"ncu's export could not be read ({e}); nothing written ({out_dir} unchanged)") from e
+        if len(groups) != len(manifest):
+            raise MeasureError(f"{len(groups)} launch groups for {len(manifest)} configurations; nothing written "
+                               f"({out_dir} unchanged)")
+        rows = []
+        for entry, group in zip(manifest, groups):
+            for k, rec in enumerate(group):
+                row = {"config_id": entry["id"], "launch_index": k}
+                row.update({f: entry["config"].get(f) for f in CONFIG_FIELDS})
+                row["kernel_name"] = rec["kernel"]
+                row["grid"], row["block"] = rec["grid"], rec["block"]
+                row.update({f: rec[f] for f in METRIC_FIELDS})
+                rows.append(row)
+        if not rows:
+            raise MeasureError(f"no kernel launch was profiled; nothing written ({out_dir} unchanged)")
+        with open(stage / csv_name, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+        # the command as recorded names the export where it ends up, not the staging folder
+        recorded = ncu_command(program, export=str(out_dir / raw_name), cache_control=cache_control,
+                               profile_from_start=False)
+        meta = provenance(recorded, cache_control, git)
+        meta["configs"] = len(manifest)
+        meta["launches"] = len(rows)
+        (stage / meta_name).write_text(json.dumps(meta, indent=1))
+    csv_path = out_dir / csv_name
     print(f"wrote {csv_path} ({len(manifest)} configurations, {len(rows)} launches)", file=sys.stderr)
     return csv_path
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m analysis.measure", description=__doc__.splitlines()[0])
-    ap.add_argument("--set", default="h100", choices=sorted(SETS))
-    ap.add_argument("--out", default="analysis/data/h100")
-    ap.add_argument("--cache-control", default="all", choices=["all", "none"])
-    ap.add_argument("--only", default=None, help="substring filter on configuration ids")
-    args = ap.parse_args(argv)
-    configs = SETS[args.set]()
-    if args.only:
-        configs = [c for c in configs if args.only in config_id(c)]
-    try:
-        measure(configs, Path(args.out), args.set, args.cache_control)
-    except MissingTool as e:
-        print(f"flashsim measure: {e}", file=sys.stderr)
-        return 2
-    return 0
+    """``python -m analysis.measure ARGS`` is ``flashsim measure ARGS``: one parser, one list of sets."""
+    from .cli import main as cli_main  # here, not at the top: analysis.cli imports this module
+
+    return cli_main(["measure", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -1,9 +1,24 @@
-"""The ``flashsim`` command line: simulate, sweep, bounds and report.
+"""The ``flashsim`` command line: its machinery and the simulator's commands (simulate, sweep,
+bounds, report).
 
-Every bad input ends in one line ``flashsim: error: <message>`` on standard error and exit
-status 2, never a traceback: the API raises ``ValueError`` naming the offending field, and
-argparse's own complaints are turned into the same one-line form.  ``main(argv)`` returns the
-exit status instead of exiting, so tests can call it in-process.
+**Layers.**  Layers only look down (``flashsim`` <- ``kernels`` <- ``analysis``), and this module,
+being part of ``flashsim``, imports nothing above it.  A command is a function that adds its
+subparser (:data:`COMMANDS`); the commands that need the GPU side, ``measure`` and ``compare``,
+are written in their own layer, :mod:`analysis.cli`, which appends them to these and whose
+``main`` is the whole program: the ``flashsim`` console script and ``python -m flashsim`` run it.
+We register from above rather than move the whole command line into a top layer so that each
+command lives beside the code it drives, the simulator's commands work with the simulator alone
+(``flashsim.cli.main``), and a new GPU-side command is added in the GPU side without the
+simulator knowing of it.  We do not discover commands through installed metadata (entry
+points): a source checkout that was never ``pip install``-ed would lose commands silently.
+
+**Errors.**  Every bad input ends in one line ``flashsim: error: <message>`` on standard error
+and exit status 2, never a traceback: the API raises ``ValueError`` naming the offending field,
+and argparse's own complaints are turned into the same one-line form.  ``main(argv)`` returns
+the exit status instead of exiting, so tests can call it in-process.
+
+**Files.**  Commands that write files refuse to replace an earlier result without ``--force``
+and write all of their files or none (:mod:`flashsim.output`).
 """
 
 from __future__ import annotations
@@ -12,22 +27,32 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
-from pathlib import Path
+import warnings
+from collections.abc import Callable, Sequence
+
+from .algorithms import ALGORITHMS, get_algorithm
+from .api import simulate
+from .bounds import bounds_table
+from .config import GPU_ALIASES, GPUS, Tiling, Workload, get_gpu
+from .output import OutputExists, check_overwrite, staged
+from .plot import plot_gpu_bars, plot_sweep
+from .report import fmt_exponent, fmt_num, format_table, run_report, simulate_summary
+from .sweep import field_of, fit_exponent, sweep, workload_record, write_csv
 
 PROG = "flashsim"
 
-#: Workload fields and the flags that set them, to point error messages at the flag.
+#: Fields an error message may name, and the flags that set them (the message gets the flag added).
 _FIELD_FLAGS = {
     "batch": "--batch", "heads": "--heads", "kv_heads": "--kv-heads", "seq_len_q": "--seq-len",
     "seq_len_k": "--seq-len-k", "head_dim": "--head-dim", "dtype": "--dtype", "sram_bytes": "--sram-bytes",
     "sram_elems": "--sram-bytes", "block_m": "--block-m", "block_n": "--block-n", "gpu": "--gpu",
-    "algo": "--algo", "pass_": "--pass",
+    "algo": "--algo", "pass_": "--pass", "out": "--out",
 }
 
 
 class UsageError(Exception):
-    """Bad command-line input: printed as one line, exit status 2."""
+    """A command that cannot run as asked (bad input, a missing tool, a result it may not
+    overwrite): printed as one line ``flashsim: error: ...``, exit status 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -55,15 +80,16 @@ def _add_workload(p: argparse.ArgumentParser, seq_len: bool = True) -> None:
 
 
 def _add_gpu(p: argparse.ArgumentParser) -> None:
-    from .config import GPU_ALIASES, GPUS
-
     p.add_argument("--gpu", default="h100", metavar="GPU",
                    help=f"GPU preset: {', '.join(sorted(GPUS) + sorted(GPU_ALIASES))} (default h100)")
 
 
-def _workload(a: argparse.Namespace, seq_len: int | None = None):
-    from .config import Workload
+def add_force(p: argparse.ArgumentParser, what: str) -> None:
+    """``--force``: replace an earlier result's files (refused without it)."""
+    p.add_argument("--force", action="store_true", help=f"overwrite {what} in the output folder (refused without it)")
 
+
+def _workload(a: argparse.Namespace, seq_len: int | None = None) -> Workload:
     return Workload(batch=a.batch, heads=a.heads, kv_heads=a.kv_heads,
                     seq_len_q=a.seq_len if seq_len is None else seq_len, seq_len_k=a.seq_len_k,
                     head_dim=a.head_dim, dtype=a.dtype, causal=a.causal)
@@ -91,16 +117,10 @@ _RESERVED_OPTIONS = ("sram_elems",)
 
 
 def _algorithm_options() -> dict[str, tuple[object, str, list[str]]]:
-    """option name -> (default, help, algorithms taking it), over the installed algorithms."""
-    from .algorithms import ALGORITHMS, get_algorithm
-
+    """option name -> (default, help, algorithms taking it), over every algorithm."""
     opts: dict[str, tuple[object, str, list[str]]] = {}
     for name in ALGORITHMS:
-        try:
-            mod = get_algorithm(name)
-        except ImportError:
-            continue
-        for opt, (default, text) in getattr(mod, "OPTIONS", {}).items():
+        for opt, (default, text) in get_algorithm(name).OPTIONS.items():
             if opt in _RESERVED_OPTIONS:
                 continue
             if opt in opts:
@@ -145,10 +165,8 @@ def _add_algorithm_options(p: argparse.ArgumentParser) -> list[str]:
 
 
 def _chosen_options(a: argparse.Namespace, algo: str) -> dict:
-    from .algorithms import get_algorithm
-
     given = {k[4:]: v for k, v in vars(a).items() if k.startswith("opt_")}
-    takes = getattr(get_algorithm(algo), "OPTIONS", {})
+    takes = get_algorithm(algo).OPTIONS
     for opt in given:
         if opt not in takes:
             has = ", ".join("--" + o.replace("_", "-") for o in takes) or "none"
@@ -160,31 +178,16 @@ def _chosen_options(a: argparse.Namespace, algo: str) -> dict:
 # simulate
 
 
-def _load_algorithm(algo: str):
-    from .algorithms import get_algorithm
-
-    try:
-        return get_algorithm(algo)
-    except ModuleNotFoundError as e:
-        raise ValueError(f"algo={algo!r}: not available in this installation ({e.name} is missing)") from None
-
-
-def _tiling_args(a: argparse.Namespace, algo: str, w, gpu):
-    """(tiling, sram_elems) from --block-m/--block-n or --sram-bytes."""
-    from .config import Tiling
-
-    mod = _load_algorithm(algo)
+def _given_tiling(a: argparse.Namespace, algo: str) -> Tiling | None:
+    """The tiling of --block-m/--block-n, or None; checks they are given together and not with M."""
     blocks = a.block_m is not None or a.block_n is not None
     if blocks and a.sram_bytes is not None:
         raise ValueError("--block-m/--block-n and --sram-bytes: give the block sizes or M, not both")
     if blocks and (a.block_m is None or a.block_n is None):
         raise ValueError("block_m/block_n: give both --block-m and --block-n")
-    if blocks and not mod.NEEDS_TILING:
+    if blocks and not get_algorithm(algo).NEEDS_TILING:
         raise ValueError(f"--block-m/--block-n: algorithm {algo!r} is not tiled and takes no block sizes")
-    m = _sram_elems(a, w, gpu)
-    if blocks:
-        return Tiling(a.block_m, a.block_n), m
-    return None, m
+    return Tiling(a.block_m, a.block_n) if blocks else None
 
 
 def _with_sram_bytes(e: ValueError, a: argparse.Namespace, w, m: int) -> ValueError:
@@ -198,23 +201,19 @@ def _with_sram_bytes(e: ValueError, a: argparse.Namespace, w, m: int) -> ValueEr
 
 
 def _cmd_simulate(a: argparse.Namespace) -> int:
-    from .api import simulate
-    from .config import get_gpu
-    from .report import simulate_summary
-
     w = _workload(a)
     gpu = get_gpu(a.gpu)
-    tiling, m = _tiling_args(a, a.algo, w, gpu)
+    given = _given_tiling(a, a.algo)
+    m = _sram_elems(a, w, gpu)
     opts = _chosen_options(a, a.algo)
     try:
-        if a.algo == "smallcache" and tiling is None and "tile" not in opts:
-            # its tile side from the exact M, shown as the option it runs with
-            opts["tile"] = _load_algorithm(a.algo).tile_for_sram(m)
-        res = simulate(w, a.algo, a.pass_, tiling=tiling, sram_elems=None if tiling else m, **opts)
+        # the algorithm's M rule: block sizes given are used as they are, else it sizes its tiles from M
+        tiling, opts = get_algorithm(a.algo).plan(w, None if given else m, given, **opts)
+        res = simulate(w, a.algo, a.pass_, tiling=tiling, **opts)
     except ValueError as e:
         raise _with_sram_bytes(e, a, w, m) from None
     summ = simulate_summary(res, gpu, m)
-    summ["tiling_given"] = tiling is not None
+    summ["tiling_given"] = given is not None
     if a.json:
         print(json.dumps(summ, indent=2))
     else:
@@ -223,18 +222,13 @@ def _cmd_simulate(a: argparse.Namespace) -> int:
 
 
 def _simulate_text(s: dict) -> str:
-    from .report import fmt_num, format_table
-
     w = s["workload"]
     lines = []
     opts = "".join(f" {k}={v}" for k, v in s["options"].items())
     lines.append(f"{s['algorithm']} {s['pass']}{opts}: batch {w['batch']}, heads {w['heads']} (kv {w['kv_heads']}), "
                  f"Nq {w['seq_len_q']}, Nk {w['seq_len_k']}, d {w['head_dim']}, {w['dtype']}"
                  f"{', causal' if w['causal'] else ''}")
-    if s["algorithm"] == "smallcache":
-        tile = f"tile side s = {s['block_m']}"
-    else:
-        tile = "not tiled" if s["block_m"] is None else f"Br = {s['block_m']}, Bc = {s['block_n']}"
+    tile = get_algorithm(s["algorithm"]).TILING_TEXT.format(block_m=s["block_m"], block_n=s["block_n"])
     m = f"M = {fmt_num(s['sram_bytes'])} bytes = {fmt_num(s['sram_elems'])} elements"
     if s["tiling_given"]:
         lines.append(f"GPU {s['gpu']}; {tile} (given); bounds at the GPU's {m}")
@@ -273,29 +267,27 @@ def _simulate_text(s: dict) -> str:
 
 
 def _bounds_line(b: dict) -> str:
-    from .report import fmt_num
-
     return ", ".join(f"{k} {fmt_num(v)}" for k, v in b.items())
 
 
 # --------------------------------------------------------------------------------------------
 # sweep
 
-#: --param choice -> (record field plotted on x, what a value is)
+#: --param choice -> what a value is (the record field it plots on x: flashsim.sweep.field_of)
 _SWEEP_PARAMS = {
-    "M": ("sram_elems", "on-chip memory M in elements (the paper's M; --sram-bytes is in bytes)"),
-    "N": ("seq_len_q", "sequence length (sets Nq and Nk)"),
-    "d": ("head_dim", "head dimension"),
-    "block_m": ("block_m", "Br, query rows per tile (with --block-n or the M rule's Bc)"),
-    "block_n": ("block_n", "Bc, key rows per tile"),
-    "gpu": ("gpu", "GPU preset name (M and the roofline from the preset)"),
+    "M": "on-chip memory M in elements (the paper's M; --sram-bytes is in bytes)",
+    "N": "sequence length (sets Nq and Nk)",
+    "d": "head dimension",
+    "block_m": "Br, query rows per tile (with --block-n or the M rule's Bc)",
+    "block_n": "Bc, key rows per tile",
+    "gpu": "GPU preset name (M and the roofline from the preset)",
 }
+#: The files `flashsim sweep` writes into its folder.
+SWEEP_FILES = ("sweep.csv", "sweep.png")
 
 
 def _sweep_values(param: str, raw: list[str]) -> list:
     """--values: space- or comma-separated; GPU names, else positive integers."""
-    from .config import get_gpu
-
     vals = [v for r in raw for v in r.replace(",", " ").split()]
     if not vals:
         raise ValueError("values=[]: give at least one value")
@@ -319,17 +311,10 @@ def _sweep_values(param: str, raw: list[str]) -> list:
 
 
 def _cmd_sweep(a: argparse.Namespace) -> int:
-    import warnings
-    from pathlib import Path
-
-    from .config import Tiling, get_gpu
-    from .report import fmt_exponent, fmt_num, format_table
-
     values = _sweep_values(a.param, a.values)
     w = _workload(a)  # checks the base workload before any run
     gpu = get_gpu(a.gpu)
-    base = {"batch": w.batch, "heads": w.heads, "kv_heads": w.hkv, "seq_len_q": w.nq, "seq_len_k": w.nk,
-            "head_dim": w.d, "dtype": w.dtype, "causal": w.causal}
+    base = workload_record(w)
     if a.param == "N" and a.seq_len_k is not None:
         raise ValueError("--seq-len-k: a sweep over N sets Nq = Nk; leave --seq-len-k out")
     blocks = a.block_m is not None or a.block_n is not None
@@ -347,9 +332,7 @@ def _cmd_sweep(a: argparse.Namespace) -> int:
             rule = Tiling.from_sram(base.get("sram_elems", gpu.sram_elems(w.elem_bytes)), w.d)
             base[other] = getattr(rule, other)
     passes = a.passes
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    from .sweep import fit_exponent, sweep, write_csv
+    out = check_overwrite(a.out, SWEEP_FILES, a.force, "an earlier sweep")  # refused before the work
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -361,66 +344,39 @@ def _cmd_sweep(a: argparse.Namespace) -> int:
         raise ValueError(f"no run of the sweep succeeded ({len(caught)} skipped){first}")
     for c in caught:
         print(f"{PROG}: {c.message}", file=sys.stderr)
-    x = _SWEEP_PARAMS[a.param][0]
-    csv_path, png_path = out / "sweep.csv", out / "sweep.png"
-    write_csv(recs, csv_path)
-    rows = []
-    for r in recs:
-        rows.append([r[x], r["algo"], r["pass"],
-                     "-" if r["block_m"] is None else f"{r['block_m']}x{r['block_n']}",
-                     f"{r['hbm_read_bytes'] / 1e9:.4f}", f"{r['hbm_write_bytes'] / 1e9:.4f}",
-                     f"{r['hbm_bytes'] / 1e9:.4f}",
-                     "-" if not r.get("bound_lower") else f"{r['hbm_elements'] / r['bound_lower']:.2f}",
-                     f"{r['time_s'] * 1e3:.4g}", r["bound"]])
-    print(format_table([a.param, "algorithm", "pass", "Br x Bc", "read GB", "write GB", "total GB",
-                        "/ lower bound", "roofline ms", "bound"], rows,
-                       right=[a.param != "gpu", False, False] + [True] * 6 + [False]))
-    if a.param != "gpu":
-        print()
-        print(f"fitted exponent b of HBM bytes ∝ {a.param}^b (least squares in log-log):")
-        fits = []
-        for algo, p in dict.fromkeys((r["algo"], r["pass"]) for r in recs):
-            try:
-                b, _, r2 = fit_exponent(recs, x, "hbm_bytes", where={"algo": algo, "pass": p})
-                fits.append([algo, p, fmt_exponent(b), f"{r2:.4f}"])
-            except ValueError as e:
-                fits.append([algo, p, "-", str(e)])
-        print(format_table(["algorithm", "pass", "exponent", "r²"], fits, right=[False, False, True, True]))
-        from .plot import plot_sweep
-
-        plot_sweep(recs, x, "hbm_bytes", by="algo", path=png_path,
-                   title=f"HBM traffic against {a.param}: d = {w.d}, {w.dtype}, B·H = {w.bh}"
-                         f"{', causal' if w.causal else ''}")
-    else:
-        _plot_gpu_bars(recs, png_path)
+    x = field_of(a.param)
+    with staged(out, SWEEP_FILES, a.force, "an earlier sweep") as stage:
+        write_csv(recs, stage / "sweep.csv")
+        rows = []
+        for r in recs:
+            rows.append([r[x], r["algo"], r["pass"],
+                         "-" if r["block_m"] is None else f"{r['block_m']}x{r['block_n']}",
+                         f"{r['hbm_read_bytes'] / 1e9:.4f}", f"{r['hbm_write_bytes'] / 1e9:.4f}",
+                         f"{r['hbm_bytes'] / 1e9:.4f}",
+                         "-" if not r.get("bound_lower") else f"{r['hbm_elements'] / r['bound_lower']:.2f}",
+                         f"{r['time_s'] * 1e3:.4g}", r["bound"]])
+        print(format_table([a.param, "algorithm", "pass", "Br x Bc", "read GB", "write GB", "total GB",
+                            "/ lower bound", "roofline ms", "bound"], rows,
+                           right=[a.param != "gpu", False, False] + [True] * 6 + [False]))
+        if a.param != "gpu":
+            print()
+            print(f"fitted exponent b of HBM bytes ∝ {a.param}^b (least squares in log-log):")
+            fits = []
+            for algo, p in dict.fromkeys((r["algo"], r["pass"]) for r in recs):
+                try:
+                    b, _, r2 = fit_exponent(recs, x, "hbm_bytes", where={"algo": algo, "pass": p})
+                    fits.append([algo, p, fmt_exponent(b), f"{r2:.4f}"])
+                except ValueError as e:
+                    fits.append([algo, p, "-", str(e)])
+            print(format_table(["algorithm", "pass", "exponent", "r²"], fits, right=[False, False, True, True]))
+            plot_sweep(recs, x, "hbm_bytes", by="algo", path=stage / "sweep.png",
+                       title=f"HBM traffic against {a.param}: d = {w.d}, {w.dtype}, B·H = {w.bh}"
+                             f"{', causal' if w.causal else ''}")
+        else:
+            plot_gpu_bars(recs, stage / "sweep.png")
     print()
-    print(f"wrote {csv_path} and {png_path} ({fmt_num(len(recs))} runs)")
+    print(f"wrote {out / 'sweep.csv'} and {out / 'sweep.png'} ({fmt_num(len(recs))} runs)")
     return 0
-
-
-def _plot_gpu_bars(recs: list[dict], path) -> None:
-    """A sweep over GPU presets: roofline time per preset, one bar per algorithm and pass."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    gpus = list(dict.fromkeys(r["gpu"] for r in recs))
-    series = list(dict.fromkeys((r["algo"], r["pass"]) for r in recs))
-    t = {(r["gpu"], r["algo"], r["pass"]): r["time_s"] * 1e3 for r in recs}
-    fig, ax = plt.subplots(figsize=(7, 4))
-    width = 0.8 / len(series)
-    xs = np.arange(len(gpus))
-    for k, (algo, p) in enumerate(series):
-        ax.bar(xs + k * width, [t.get((g, algo, p), 0.0) for g in gpus], width, label=f"{algo} {p}")
-    ax.set_xticks(xs + width * (len(series) - 1) / 2, gpus)
-    ax.set_ylabel("roofline time (ms)")
-    ax.legend(fontsize=8)
-    ax.grid(True, axis="y", alpha=0.3)
-    fig.subplots_adjust(left=0.1, right=0.98, bottom=0.12, top=0.95)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 # --------------------------------------------------------------------------------------------
@@ -428,11 +384,6 @@ def _plot_gpu_bars(recs: list[dict], path) -> None:
 
 
 def _cmd_bounds(a: argparse.Namespace) -> int:
-    from .algorithms import ALGORITHMS
-    from .bounds import bounds_table
-    from .config import get_gpu
-    from .report import fmt_num, format_table
-
     w = _workload(a)
     gpu = get_gpu(a.gpu)
     m = _sram_elems(a, w, gpu)
@@ -470,57 +421,15 @@ def _cmd_bounds(a: argparse.Namespace) -> int:
 
 
 def _cmd_report(a: argparse.Namespace) -> int:
-    from .report import run_report
-
-    run_report(a.out)
+    run_report(a.out, force=a.force)
     return 0
-
-
-# --------------------------------------------------------------------------------------------
-# measure and compare: the front door to the analysis package.  These two commands import
-# ``analysis`` (which imports the kernels) lazily, when they run: the simulator itself never
-# depends on it.
-
-
-def _cmd_measure(a: argparse.Namespace) -> int:
-    from analysis.configs import SETS, config_id
-    from analysis.measure import MissingTool, measure
-
-    configs = SETS[a.set]()
-    if a.only:
-        configs = [c for c in configs if a.only in config_id(c)]
-        if not configs:
-            raise UsageError(f"--only {a.only!r}: matches no configuration of set {a.set!r}")
-    try:
-        measure(configs, Path(a.out), a.set, a.cache_control)
-    except MissingTool as e:
-        print(f"{PROG} measure: {e}", file=sys.stderr)
-        return 2
-    return 0
-
-
-def _cmd_compare(a: argparse.Namespace) -> int:
-    from analysis.compare import run
-
-    if not Path(a.data).is_file():
-        raise UsageError(f"DATA={a.data!r}: no such file (a measured CSV, e.g. analysis/data/h100/h100.csv)")
-    try:
-        return run(a.data, a.out, gpu=a.gpu, plots=not a.no_plots)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
 
 
 # --------------------------------------------------------------------------------------------
 # Parser and main
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from .algorithms import ALGORITHMS
-
-    p = _Parser(prog=PROG, description="FlashAttention's IO complexity: exact HBM traffic of attention algorithms.",
-                epilog="Run 'flashsim COMMAND --help' for a command's options.")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-
+def add_simulate(sub) -> None:
     s = sub.add_parser("simulate", help="HBM traffic of one algorithm on one workload",
                        description="Walk one algorithm's tile schedule and count every HBM transfer: "
                                    "elements, bytes and 32-byte sectors per tensor, with the closed form, "
@@ -540,11 +449,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_algorithm_options(s)
     s.set_defaults(func=_cmd_simulate)
 
+
+def add_sweep(sub) -> None:
     w = sub.add_parser("sweep", help="vary one parameter; CSV, plot, table and fitted exponents",
                        description="Simulate each algorithm and pass at each value of one parameter (the others "
                                    "from the workload options), write DIR/sweep.csv and DIR/sweep.png, print a "
                                    "table and the fitted exponent of HBM bytes in the parameter per algorithm.",
-                       epilog="Parameters: " + "; ".join(f"{k}: {v[1]}" for k, v in _SWEEP_PARAMS.items()))
+                       epilog="Parameters: " + "; ".join(f"{k}: {v}" for k, v in _SWEEP_PARAMS.items()))
     w.add_argument("--param", "-p", required=True, choices=tuple(_SWEEP_PARAMS), help="the parameter to vary")
     w.add_argument("--values", "-v", required=True, nargs="+", metavar="V",
                    help="its values, space- or comma-separated (M in elements)")
@@ -559,12 +470,15 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--block-m", type=int, default=None, metavar="Br", help="query rows per tile")
     t.add_argument("--block-n", type=int, default=None, metavar="Bc", help="key/value rows per tile")
     w.add_argument("--out", "-o", required=True, metavar="DIR", help="output folder for sweep.csv and sweep.png")
+    add_force(w, "an earlier sweep.csv or sweep.png")
     w.add_argument("--closed-form", action="store_true",
                    help="count with the closed forms only (fast; no sectors, no walker check)")
     w.add_argument("--quiet", "-q", action="store_true",
                    help="no progress bar (there is none when standard error is not a terminal)")
     w.set_defaults(func=_cmd_sweep)
 
+
+def add_bounds(sub) -> None:
     b = sub.add_parser("bounds", help="IO bounds at one M beside each algorithm's forward HBM traffic",
                        description="The IO bounds of exact attention at on-chip memory M (elements): standard "
                                    "attention, FlashAttention's Theorem 2, the lower bound, Saha & Ye's "
@@ -580,37 +494,29 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true", help="print one JSON object")
     b.set_defaults(func=_cmd_bounds)
 
+
+def add_report(sub) -> None:
     r = sub.add_parser("report", help="the IO analysis of standard vs FlashAttention-1 vs -2 (the main job)",
                        description="Standard attention vs FlashAttention-1 vs FlashAttention-2 on the paper's "
                                    "GPT-2-medium attention (N 1024, d 64, 16 heads, batch 64, fp16) on the A100 "
                                    "and H100 presets: a table, M and N sweeps, CSV and PNG files.")
     r.add_argument("--out", "-o", default="flashsim-report", metavar="DIR",
-                   help="output folder (default flashsim-report/)")
+                   help="output folder (default flashsim-report/; it may exist if it holds no earlier report)")
+    add_force(r, "an earlier report")
     r.set_defaults(func=_cmd_report)
 
-    m = sub.add_parser("measure", help="run the measured configurations under Nsight Compute (GPU machine)",
-                       description="Run a named set of kernel configurations under Nsight Compute (ncu) and write "
-                                   "one row per kernel launch (LSU, L2 and DRAM traffic, time) with its provenance. "
-                                   "Needs an NVIDIA GPU and ncu; elsewhere it says which is missing.")
-    m.add_argument("--set", default="h100", choices=("h100", "smoke"), help="configuration set (default h100)")
-    m.add_argument("--out", "-o", default="analysis/data/h100", metavar="DIR",
-                   help="output folder (default analysis/data/h100)")
-    m.add_argument("--cache-control", default="all", choices=("all", "none"),
-                   help="ncu --cache-control: flush caches before each replay pass (all, the default) or not")
-    m.add_argument("--only", default=None, metavar="TEXT", help="measure only configurations whose id contains TEXT")
-    m.set_defaults(func=_cmd_measure)
 
-    c = sub.add_parser("compare", help="measured traffic against the simulator (table, fits, plots)",
-                       description="Compare a measured CSV (from 'flashsim measure') with the simulator, launch by "
-                                   "launch, at the LSU level (tolerance 1%%) and the DRAM level (a simple L2 model, "
-                                   "errors reported), and fit Theorem 2's exponents.  Exit status 1 if any launch's "
-                                   "LSU-level error exceeds the tolerance.")
-    c.add_argument("data", metavar="DATA", help="measured CSV, e.g. analysis/data/h100/h100.csv")
-    c.add_argument("--out", "-o", default=None, metavar="DIR", help="write comparison CSVs, JSON and plots here")
-    c.add_argument("--gpu", default=None, help="GPU preset of the measurement (default: the one the data's "
-                                                "provenance names)")
-    c.add_argument("--no-plots", action="store_true", help="skip the plots")
-    c.set_defaults(func=_cmd_compare)
+#: The simulator's commands, in the order ``flashsim --help`` lists them.  Each adds its subparser
+#: (``func`` set to what runs it); :mod:`analysis.cli` appends the GPU side's commands.
+COMMANDS: tuple[Callable, ...] = (add_simulate, add_sweep, add_bounds, add_report)
+
+
+def build_parser(commands: Sequence[Callable] = COMMANDS) -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description="FlashAttention's IO complexity: exact HBM traffic of attention algorithms.",
+                epilog="Run 'flashsim COMMAND --help' for a command's options.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for add in commands:
+        add(sub)
     return p
 
 
@@ -623,10 +529,12 @@ def _explain(msg: str) -> str:
     return msg
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; returns the exit status (0 ok, 2 bad input)."""
+def main(argv: Sequence[str] | None = None, commands: Sequence[Callable] = COMMANDS) -> int:
+    """Run the command line with ``commands`` (default: the simulator's); returns the exit status
+    (0 ok, 2 bad input or a command that cannot run; a command may return 1 for a finding, as
+    ``compare`` does for launches outside its tolerance)."""
     try:
-        parser = build_parser()
+        parser = build_parser(commands)
         args = parser.parse_args(argv)
         if args.command is None:
             parser.print_help()
@@ -636,6 +544,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else 0
     except (UsageError, ValueError) as e:
         msg = " ".join(str(e).split())
+        if isinstance(e, OutputExists):
+            msg = msg.replace("force=True", "--force")
         print(f"{PROG}: error: {_explain(msg)}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `flashsim ... | head`: the reader left, which is not an error
@@ -647,10 +557,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as e:
         print(f"{PROG}: error: {e.strerror or e}{': ' + str(e.filename) if e.filename else ''}", file=sys.stderr)
         return 2
+    except MemoryError as e:  # numpy's names the size it could not allocate
+        detail = f" ({' '.join(str(e).split())})" if str(e) else ""
+        print(f"{PROG}: error: out of memory: the workload is too large for this machine{detail}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
 
-
-if __name__ == "__main__":
-    sys.exit(main())

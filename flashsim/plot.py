@@ -1,15 +1,29 @@
-"""Plots of sweeps and traffic breakdowns (matplotlib, Agg backend: files only, no display)."""
+"""Every plot the simulator draws: sweeps, the report's two-panel figures, a sweep over GPU
+presets, traffic breakdowns (matplotlib, Agg backend: files only, no display).
+
+matplotlib is imported on first use (:func:`_pyplot`), not with this module: it takes about half
+a second, and the commands that never plot (``flashsim simulate``, ``bounds``) should not pay it.
+"""
 
 from __future__ import annotations
 
-import matplotlib
+from collections.abc import Sequence
+from pathlib import Path
 
-matplotlib.use("Agg")
+import numpy as np
 
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+from .sweep import BOUND_KEYS, field_of, group_by
 
-from .sweep import BOUND_KEYS, group_by  # noqa: E402
+
+def _pyplot():
+    """matplotlib.pyplot on the Agg backend, imported on the first plot (see the module docstring)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
 
 #: axis labels with units for the usual record fields
 LABELS = {
@@ -31,7 +45,6 @@ LABELS = {
     "time_s": "roofline time (s)",
     "arithmetic_intensity": "arithmetic intensity (FLOP/byte)",
 }
-_ALIAS = {"M": "sram_elems", "N": "seq_len_q", "d": "head_dim", "Br": "block_m", "Bc": "block_n"}
 _BOUND_STYLE = {"bound_lower": ("k", "--", "lower bound"), "bound_flash": ("tab:gray", ":", "Theorem 2 (flash)"),
                 "bound_saha_ye": ("tab:purple", "-.", "Saha & Ye"), "bound_standard": ("tab:brown", ":", "Algorithm 0")}
 
@@ -50,7 +63,8 @@ def plot_sweep(records: list[dict], x: str, y: str = "hbm_bytes", by: str = "alg
     bound lines); they come from the first series, as the bounds do not depend on the
     algorithm.  Saves to ``path`` when given; returns the figure.
     """
-    xf = _ALIAS.get(x, x)
+    plt = _pyplot()
+    xf = field_of(x)
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     passes = {r.get("pass") for r in records}
     series = group_by(records, (lambda r: (r.get(by), r.get("pass"))) if len(passes) > 1 else by)
@@ -97,6 +111,7 @@ def plot_breakdown(sim_result, path=None, title: str | None = None, unit: str = 
     io = sim_result.io
     if unit not in ("bytes", "elements", "sectors"):
         raise ValueError(f"unit={unit!r}: must be 'bytes', 'elements' or 'sectors'")
+    plt = _pyplot()
     tensors = sorted({t for t, _ in io.breakdown})
     vals = {dr: np.array([getattr(io.breakdown[(t, dr)], unit) or 0 if (t, dr) in io.breakdown else 0
                           for t in tensors], dtype=float) for dr in ("read", "write")}
@@ -119,4 +134,68 @@ def plot_breakdown(sim_result, path=None, title: str | None = None, unit: str = 
     return fig
 
 
-__all__ = ["plot_sweep", "plot_breakdown", "LABELS"]
+#: Colours of the algorithms and line styles of the passes in the report's figures.
+COLORS = {"standard": "tab:red", "flash1": "tab:blue", "flash2": "tab:green", "smallcache": "tab:purple"}
+PASS_STYLE = {"fwd": "-", "bwd": "--", "fwd+bwd": ":"}
+
+
+def plot_two_panels(recs: Sequence[dict], x: str, path: Path, title: str, xlabel: str, gpu_for_bytes: str) -> None:
+    """The report's figures.  Left: HBM GB against ``x`` per algorithm and pass, with the forward
+    lower bound; right: the roofline time per GPU (marker per GPU)."""
+    plt = _pyplot()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    markers = ["o", "s", "^", "D"]
+    gpus = list(dict.fromkeys(r["gpu"] for r in recs))
+    series: dict[tuple, list[dict]] = {}
+    for r in recs:
+        series.setdefault((r["gpu"], r["algo"], r["pass"]), []).append(r)
+    for (g, a, p), rs in series.items():
+        rs = sorted(rs, key=lambda r: r[x])
+        xs = [r[x] for r in rs]
+        style = dict(color=COLORS.get(a), ls=PASS_STYLE.get(p, "-"))
+        if g == gpu_for_bytes:
+            ax1.plot(xs, [r["hbm_bytes"] / 1e9 for r in rs], marker="o", ms=3, label=f"{a} {p}", **style)
+        ax2.plot(xs, [r["time_s"] * 1e3 for r in rs], marker=markers[gpus.index(g) % 4], ms=3,
+                 label=f"{a} {p}, {g}", **style)
+    lb = sorted((r for r in series.get((gpu_for_bytes, recs[0]["algo"], recs[0]["pass"]), [])
+                 if r.get("bound_lower_bytes")), key=lambda r: r[x])
+    if lb:
+        ax1.plot([r[x] for r in lb], [r["bound_lower_bytes"] / 1e9 for r in lb], color="k", ls="-.", lw=1,
+                 label="lower bound (fwd)")
+    ax1.set_ylabel(f"HBM traffic (GB){'' if len(gpus) == 1 else f', M of {gpu_for_bytes}'}")
+    ax2.set_ylabel("roofline time (ms)")
+    for ax in (ax1, ax2):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel(xlabel)
+        ax.grid(True, which="major", alpha=0.3)
+    ax1.legend(fontsize=7, loc="best")
+    ax2.legend(fontsize=6, ncol=2, loc="best")
+    fig.suptitle(title, fontsize=10)
+    # fixed margins: tight_layout would draw the figure once more just to measure it
+    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.12, top=0.9, wspace=0.22)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_gpu_bars(recs: Sequence[dict], path: Path) -> None:
+    """A sweep over GPU presets: roofline time per preset, one bar per algorithm and pass."""
+    plt = _pyplot()
+    gpus = list(dict.fromkeys(r["gpu"] for r in recs))
+    series = list(dict.fromkeys((r["algo"], r["pass"]) for r in recs))
+    t = {(r["gpu"], r["algo"], r["pass"]): r["time_s"] * 1e3 for r in recs}
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.8 / len(series)
+    xs = np.arange(len(gpus))
+    for k, (algo, p) in enumerate(series):
+        ax.bar(xs + k * width, [t.get((g, algo, p), 0.0) for g in gpus], width, label=f"{algo} {p}")
+    ax.set_xticks(xs + width * (len(series) - 1) / 2, gpus)
+    ax.set_ylabel("roofline time (ms)")
+    ax.legend(fontsize=8)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.subplots_adjust(left=0.1, right=0.98, bottom=0.12, top=0.95)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+__all__ = ["plot_sweep", "plot_breakdown", "plot_two_panels", "plot_gpu_bars", "LABELS", "COLORS", "PASS_STYLE"]

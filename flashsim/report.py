@@ -12,21 +12,29 @@ writes, into one folder:
   exponent of N per algorithm (2 for all three at fixed M: standard moves Θ(N²) for S and P,
   the flash algorithms Θ(N²d²/M) for the K, V reloads).
 
-It also prints the table.  :func:`simulate_summary` is the JSON-ready summary of one simulation
-that ``flashsim simulate --json`` prints; :func:`format_table` is the plain-text table printer
-shared with the CLI.
+It also prints the table.  The files are written all or nothing, and a folder that holds an
+earlier report is refused unless ``force`` (:mod:`flashsim.output`).  :func:`simulate_summary`
+is the JSON-ready summary of one simulation that ``flashsim simulate --json`` prints;
+:func:`format_table` is the plain-text table printer shared with the CLI.
 """
 
 from __future__ import annotations
 
-import importlib
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+from .algorithms import get_algorithm
 from .api import SimResult
+from .bounds import bounds as compute_bounds
 from .config import Hardware, Workload, cdiv
+from .flops import flops as count_flops
+from .output import staged
+from .plot import plot_two_panels
+from .roofline import roofline
+from .sweep import fit_exponent, run_one, workload_record, write_csv
+from .sweep import sweep as sweep_records
 
 #: The paper's GPT-2-medium attention: seq. length 1024, head dim 64, 16 heads, batch 64, fp16.
 DEFAULT_WORKLOAD = Workload(batch=64, heads=16, seq_len_q=1024, head_dim=64, dtype="fp16")
@@ -34,16 +42,6 @@ DEFAULT_WORKLOAD = Workload(batch=64, heads=16, seq_len_q=1024, head_dim=64, dty
 DEFAULT_GPUS = ("a100", "h100")
 DEFAULT_ALGOS = ("standard", "flash1", "flash2")
 DEFAULT_PASSES = ("fwd", "bwd")
-
-
-def optional_module(name: str):
-    """``flashsim.<name>`` if it is installed, else None (the CLI works with what exists)."""
-    try:
-        return importlib.import_module(f"flashsim.{name}")
-    except ModuleNotFoundError as e:
-        if e.name != f"flashsim.{name}":
-            raise
-        return None
 
 
 def _plain(x):
@@ -63,30 +61,24 @@ def simulate_summary(res: SimResult, gpu: Hardware, sram_elems: int | None) -> d
 
     Bytes and sectors are the walker's (exact, per 32-byte sector); ``closed_form_agrees``
     says the algorithm's closed form gives the same element count for every tensor and
-    direction.  ``bounds`` (at M = ``sram_elems``), ``flops`` and ``roofline`` come from their
-    modules and are None where a module is not installed.
+    direction; ``block_m``/``block_n`` are the algorithm module's ``blocks`` for the run (for
+    ``smallcache`` both its tile side).  ``bounds`` (at M = ``sram_elems``; None without it),
+    ``flops`` and ``roofline`` come from their modules.
     """
     w = res.workload
     io = res.io
+    block_m, block_n = get_algorithm(res.algorithm).blocks(w, res.tiling, **res.options)
     out = {
         "algorithm": res.algorithm,
         "pass": res.pass_,
         "options": dict(res.options),
-        "workload": {
-            "batch": w.batch, "heads": w.heads, "kv_heads": w.hkv, "seq_len_q": w.nq, "seq_len_k": w.nk,
-            "head_dim": w.d, "dtype": w.dtype, "causal": w.causal,
-        },
+        "workload": workload_record(w),
         "gpu": gpu.name,
         "sram_elems": sram_elems,
         "sram_bytes": None if sram_elems is None else sram_elems * w.elem_bytes,
-        "block_m": None if res.tiling is None else res.tiling.block_m,
-        "block_n": None if res.tiling is None else res.tiling.block_n,
+        "block_m": block_m,
+        "block_n": block_n,
     }
-    if res.algorithm == "smallcache":  # one s x s tile; recorded as block_m = block_n = s, as sweeps do
-        from .algorithms import get_algorithm
-
-        extra = {k: res.options[k] for k in ("tile", "sram_elems") if k in res.options}
-        out["block_m"] = out["block_n"] = get_algorithm("smallcache").tile_side(w, res.tiling, **extra)
     out.update(io.to_dict())
     out["sectors"] = io.sectors
     out["hbm_read_sectors"], out["hbm_write_sectors"] = io.read_sectors, io.write_sectors
@@ -96,18 +88,9 @@ def simulate_summary(res: SimResult, gpu: Hardware, sram_elems: int | None) -> d
         for name, c in io.per_launch.items()
     }
     out["closed_form_agrees"] = res.agrees
-    out["flops"] = None
-    fl = optional_module("flops")
-    if fl is not None:
-        out["flops"] = fl.flops(w, res.pass_, res.algorithm, tiling=res.tiling, **res.options)
-    out["bounds"] = None
-    bd = optional_module("bounds")
-    if bd is not None and sram_elems is not None:
-        out["bounds"] = bd.bounds(w, sram_elems)
-    out["roofline"] = None
-    rf = optional_module("roofline")
-    if rf is not None:
-        out["roofline"] = rf.roofline(res, gpu)
+    out["flops"] = count_flops(w, res.pass_, res.algorithm, tiling=res.tiling, **res.options)
+    out["bounds"] = None if sram_elems is None else compute_bounds(w, sram_elems)
+    out["roofline"] = roofline(res, gpu)
     return _plain(out)
 
 
@@ -154,11 +137,6 @@ def format_table(headers: Sequence[str], rows: Iterable[Sequence], right: Sequen
 # The report
 
 
-def _base(w: Workload) -> dict:
-    return {"batch": w.batch, "heads": w.heads, "kv_heads": w.hkv, "seq_len_q": w.nq, "seq_len_k": w.nk,
-            "head_dim": w.d, "dtype": w.dtype, "causal": w.causal}
-
-
 def io_records(workload: Workload = DEFAULT_WORKLOAD, gpus: Sequence[str] = DEFAULT_GPUS,
                algos: Sequence[str] = DEFAULT_ALGOS, passes: Sequence[str] = DEFAULT_PASSES) -> list[dict]:
     """One :func:`flashsim.sweep.run_one` record per (GPU, algorithm, pass), walked (exact sectors,
@@ -167,9 +145,8 @@ def io_records(workload: Workload = DEFAULT_WORKLOAD, gpus: Sequence[str] = DEFA
     Tiled algorithms run with M = the GPU's shared memory per thread block (in elements of the
     workload's dtype) and the paper's block-size rule Bc = ⌈M/4d⌉, Br = min(Bc, d).
     """
-    from .sweep import run_one
-
-    return [run_one(_base(workload), a, p, gpu=g, walk=True) for g in gpus for a in algos for p in passes]
+    base = workload_record(workload)
+    return [run_one(base, a, p, gpu=g, walk=True) for g in gpus for a in algos for p in passes]
 
 
 def io_table(recs: Sequence[dict]) -> str:
@@ -187,19 +164,16 @@ def io_table(recs: Sequence[dict]) -> str:
 
 
 def _sweep(w: Workload, param: str, values, gpus, algos, passes) -> list[dict]:
-    from .sweep import sweep
-
     recs = []
     for g in gpus:
         # closed forms only: instant at every size, and the tests hold them equal to the walker
-        recs += sweep(_base(w), param, values, algos=algos, passes=passes, gpu=g, walk=False, on_error="raise")
+        recs += sweep_records(workload_record(w), param, values, algos=algos, passes=passes, gpu=g, walk=False,
+                              on_error="raise")
     return recs
 
 
 def exponents(recs: Sequence[dict], x: str, y: str = "hbm_bytes") -> list[dict]:
     """The fitted exponent b of y ∝ x^b per (GPU, algorithm, pass)."""
-    from .sweep import fit_exponent
-
     out = []
     keys = dict.fromkeys((r["gpu"], r["algo"], r["pass"]) for r in recs)
     for g, a, p in keys:
@@ -219,130 +193,89 @@ def _exponent_table(fits: Sequence[dict]) -> str:
                          for f in fits], right=[False, False, False, True, True])
 
 
-_COLORS = {"standard": "tab:red", "flash1": "tab:blue", "flash2": "tab:green", "smallcache": "tab:purple"}
-_PASS_STYLE = {"fwd": "-", "bwd": "--", "fwd+bwd": ":"}
-
-
-def plot_two_panels(recs: Sequence[dict], x: str, path: Path, title: str, xlabel: str, gpu_for_bytes: str) -> None:
-    """Left: HBM GB against ``x`` per algorithm and pass, with the forward lower bound; right: the
-    roofline time per GPU (marker per GPU)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    markers = ["o", "s", "^", "D"]
-    gpus = list(dict.fromkeys(r["gpu"] for r in recs))
-    series: dict[tuple, list[dict]] = {}
-    for r in recs:
-        series.setdefault((r["gpu"], r["algo"], r["pass"]), []).append(r)
-    for (g, a, p), rs in series.items():
-        rs = sorted(rs, key=lambda r: r[x])
-        xs = [r[x] for r in rs]
-        style = dict(color=_COLORS.get(a), ls=_PASS_STYLE.get(p, "-"))
-        if g == gpu_for_bytes:
-            ax1.plot(xs, [r["hbm_bytes"] / 1e9 for r in rs], marker="o", ms=3, label=f"{a} {p}", **style)
-        ax2.plot(xs, [r["time_s"] * 1e3 for r in rs], marker=markers[gpus.index(g) % 4], ms=3,
-                 label=f"{a} {p}, {g}", **style)
-    lb = sorted((r for r in series.get((gpu_for_bytes, recs[0]["algo"], recs[0]["pass"]), [])
-                 if r.get("bound_lower_bytes")), key=lambda r: r[x])
-    if lb:
-        ax1.plot([r[x] for r in lb], [r["bound_lower_bytes"] / 1e9 for r in lb], color="k", ls="-.", lw=1,
-                 label="lower bound (fwd)")
-    ax1.set_ylabel(f"HBM traffic (GB){'' if len(gpus) == 1 else f', M of {gpu_for_bytes}'}")
-    ax2.set_ylabel("roofline time (ms)")
-    for ax in (ax1, ax2):
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel(xlabel)
-        ax.grid(True, which="major", alpha=0.3)
-    ax1.legend(fontsize=7, loc="best")
-    ax2.legend(fontsize=6, ncol=2, loc="best")
-    fig.suptitle(title, fontsize=10)
-    # fixed margins: tight_layout would draw the figure once more just to measure it
-    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.12, top=0.9, wspace=0.22)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 #: The M sweep: Bc = ⌈M/4d⌉ from 16 to 512 rows at d = 64 (the paper's Figure 2 middle varies the
 #: block size of FlashAttention's forward on A100 at N = 1024, d = 64).
 M_SWEEP_BLOCKS = (16, 32, 64, 128, 256, 512)
 N_SWEEP = (256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
+#: The report's files, by the key :func:`run_report` returns them under.
+REPORT_FILES = {"io_table": "io_table.csv", "m_sweep": "m_sweep.csv", "n_sweep": "n_sweep.csv",
+                "m_sweep_png": "m_sweep.png", "n_sweep_png": "n_sweep.png"}
+
+
 def run_report(out: str | Path = "flashsim-report", workload: Workload = DEFAULT_WORKLOAD,
                gpus: Sequence[str] = DEFAULT_GPUS, algos: Sequence[str] = DEFAULT_ALGOS,
-               echo: Callable[[str], None] | None = print, plots: bool = True) -> dict:
+               echo: Callable[[str], None] | None = print, plots: bool = True, force: bool = False) -> dict:
     """Run the report, write its files into ``out`` and return what it computed:
     ``{"io": records, "m_sweep": records, "n_sweep": records, "m_exponents": fits,
     "n_exponents": fits, "files": {name: Path}}``.
 
-    ``echo`` receives the text the CLI prints (None: print nothing).
+    ``out`` may be absent or an empty folder; one that holds a file of an earlier report is
+    refused (``ValueError``, before any work) unless ``force``.  The files appear together at
+    the end, or not at all.  ``echo`` receives the text the CLI prints (None: print nothing).
     """
-    from .sweep import write_csv
-
     say = echo or (lambda s: None)
     t0 = time.perf_counter()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     w = workload
     files: dict[str, Path] = {}
-    say(f"flashsim report: attention with batch {w.batch}, {w.heads} heads, N = {w.nq}, d = {w.d}, {w.dtype}"
-        f"{', causal' if w.causal else ''} (the paper's GPT-2 medium)")
-    say("M = the GPU's shared memory per thread block; Bc = ⌈M/4d⌉, Br = min(Bc, d) (the paper's rule); "
-        "roofline = max(FLOPs at peak, bytes at HBM bandwidth)")
-    say("")
+    names = [n for k, n in REPORT_FILES.items() if plots or not k.endswith("_png")]
+    with staged(out, names, force, "a previous report") as stage:
+        out = Path(out)
 
-    io = io_records(w, gpus, algos, DEFAULT_PASSES)
-    say(io_table(io))
-    bad = [f"{r['gpu']} {r['algo']} {r['pass']}" for r in io if not r["agrees"]]
-    say(f"walker and closed form agree on every run: {'yes' if not bad else 'NO: ' + ', '.join(bad)}")
-    files["io_table"] = out / "io_table.csv"
-    write_csv(io, files["io_table"])
-    for g in dict.fromkeys(r["gpu"] for r in io):
-        t = {r["algo"]: r for r in io if r["gpu"] == g and r["pass"] == "fwd"}
-        notes = []
-        if "flash1" in t:
-            notes.append(f"flash1 re-streams Q, O, m, l once per key block, Tc = ⌈Nk/Bc⌉ = "
-                         f"{cdiv(w.nk, t['flash1']['block_n'])}")
-        if "flash2" in t:
-            notes.append(f"flash2 re-reads K, V once per query block, Tr = ⌈Nq/Br⌉ = "
-                         f"{cdiv(w.nq, t['flash2']['block_m'])} (Br = min(Bc, d))")
-        if notes:
-            say(f"{g}: " + "; ".join(notes))
+        def target(key: str) -> Path:
+            files[key] = out / REPORT_FILES[key]
+            return stage / REPORT_FILES[key]
 
-    # M sweep: forward traffic against on-chip memory
-    m_values = [4 * w.d * b for b in M_SWEEP_BLOCKS]
-    m_recs = _sweep(w, "M", m_values, gpus, algos, ("fwd",))
-    m_fits = exponents(m_recs, "M")
-    files["m_sweep"] = out / "m_sweep.csv"
-    write_csv(m_recs, files["m_sweep"])
-    say("")
-    say(f"M sweep (forward, M = {m_values[0]:,} .. {m_values[-1]:,} elements, Bc = {M_SWEEP_BLOCKS[0]} .. "
-        f"{M_SWEEP_BLOCKS[-1]}): HBM bytes ∝ M^exponent")
-    first = [f for f in m_fits if f["gpu"] == m_fits[0]["gpu"]]  # bytes do not depend on the GPU here
-    say(_exponent_table(first))
+        say(f"flashsim report: attention with batch {w.batch}, {w.heads} heads, N = {w.nq}, d = {w.d}, {w.dtype}"
+            f"{', causal' if w.causal else ''} (the paper's GPT-2 medium)")
+        say("M = the GPU's shared memory per thread block; Bc = ⌈M/4d⌉, Br = min(Bc, d) (the paper's rule); "
+            "roofline = max(FLOPs at peak, bytes at HBM bandwidth)")
+        say("")
 
-    # N sweep: traffic against sequence length
-    n_recs = _sweep(w, "N", N_SWEEP, gpus, algos, DEFAULT_PASSES)
-    n_fits = exponents(n_recs, "N")
-    files["n_sweep"] = out / "n_sweep.csv"
-    write_csv(n_recs, files["n_sweep"])
-    say("")
-    say(f"N sweep (N = {N_SWEEP[0]:,} .. {N_SWEEP[-1]:,}, M of each GPU): HBM bytes ∝ N^exponent")
-    say(_exponent_table(n_fits))
+        io = io_records(w, gpus, algos, DEFAULT_PASSES)
+        say(io_table(io))
+        bad = [f"{r['gpu']} {r['algo']} {r['pass']}" for r in io if not r["agrees"]]
+        say(f"walker and closed form agree on every run: {'yes' if not bad else 'NO: ' + ', '.join(bad)}")
+        write_csv(io, target("io_table"))
+        for g in dict.fromkeys(r["gpu"] for r in io):
+            t = {r["algo"]: r for r in io if r["gpu"] == g and r["pass"] == "fwd"}
+            notes = []
+            if "flash1" in t:
+                notes.append(f"flash1 re-streams Q, O, m, l once per key block, Tc = ⌈Nk/Bc⌉ = "
+                             f"{cdiv(w.nk, t['flash1']['block_n'])}")
+            if "flash2" in t:
+                notes.append(f"flash2 re-reads K, V once per query block, Tr = ⌈Nq/Br⌉ = "
+                             f"{cdiv(w.nq, t['flash2']['block_m'])} (Br = min(Bc, d))")
+            if notes:
+                say(f"{g}: " + "; ".join(notes))
 
-    if plots:
-        files["m_sweep_png"] = out / "m_sweep.png"
-        plot_two_panels(m_recs, "sram_elems", files["m_sweep_png"],
-                        f"forward, N = {w.nq}, d = {w.d}, {w.dtype}, B·H = {w.bh}: effect of the SRAM size M",
-                        "M (elements)", m_recs[0]["gpu"])
-        files["n_sweep_png"] = out / "n_sweep.png"
-        plot_two_panels(n_recs, "seq_len_q", files["n_sweep_png"],
-                        f"d = {w.d}, {w.dtype}, B·H = {w.bh}: effect of the sequence length N",
-                        "N (tokens)", n_recs[0]["gpu"])
+        # M sweep: forward traffic against on-chip memory
+        m_values = [4 * w.d * b for b in M_SWEEP_BLOCKS]
+        m_recs = _sweep(w, "M", m_values, gpus, algos, ("fwd",))
+        m_fits = exponents(m_recs, "M")
+        write_csv(m_recs, target("m_sweep"))
+        say("")
+        say(f"M sweep (forward, M = {m_values[0]:,} .. {m_values[-1]:,} elements, Bc = {M_SWEEP_BLOCKS[0]} .. "
+            f"{M_SWEEP_BLOCKS[-1]}): HBM bytes ∝ M^exponent")
+        first = [f for f in m_fits if f["gpu"] == m_fits[0]["gpu"]]  # bytes do not depend on the GPU here
+        say(_exponent_table(first))
+
+        # N sweep: traffic against sequence length
+        n_recs = _sweep(w, "N", N_SWEEP, gpus, algos, DEFAULT_PASSES)
+        n_fits = exponents(n_recs, "N")
+        write_csv(n_recs, target("n_sweep"))
+        say("")
+        say(f"N sweep (N = {N_SWEEP[0]:,} .. {N_SWEEP[-1]:,}, M of each GPU): HBM bytes ∝ N^exponent")
+        say(_exponent_table(n_fits))
+
+        if plots:
+            plot_two_panels(m_recs, "sram_elems", target("m_sweep_png"),
+                            f"forward, N = {w.nq}, d = {w.d}, {w.dtype}, B·H = {w.bh}: effect of the SRAM size M",
+                            "M (elements)", m_recs[0]["gpu"])
+            plot_two_panels(n_recs, "seq_len_q", target("n_sweep_png"),
+                            f"d = {w.d}, {w.dtype}, B·H = {w.bh}: effect of the sequence length N",
+                            "N (tokens)", n_recs[0]["gpu"])
     say("")
     say(f"wrote {len(files)} files to {out}/ in {time.perf_counter() - t0:.1f} s:")
     for p in files.values():

@@ -7,8 +7,8 @@ or :mod:`flashsim.plot`:
 
 * the workload: ``batch, heads, kv_heads, seq_len_q, seq_len_k, head_dim, dtype, causal,
   block_density`` (None without a block mask);
-* the run: ``algo, pass, block_m, block_n, sram_elems`` (for ``smallcache``, ``block_m`` =
-  ``block_n`` = its tile side s), ``param, value``;
+* the run: ``algo, pass, block_m, block_n, sram_elems`` (the block sizes as the algorithm
+  module's ``blocks`` gives them: for ``smallcache`` both are its tile side s), ``param, value``;
 * traffic: ``hbm_read_bytes, hbm_write_bytes, hbm_bytes, hbm_elements`` and, when walked,
   ``hbm_sectors`` and ``agrees`` (walker == closed form);
 * arithmetic: ``flops, matmul_flops, nonmatmul_flops`` (:mod:`flashsim.flops`);
@@ -34,28 +34,42 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
+from .algorithms import get_algorithm
 from .api import build_schedule, closed_form_elements, simulate
 from .bounds import bounds as compute_bounds
 from .config import Tiling, Workload, get_gpu
 from .flops import flops as count_flops
+from .output import atomic_write
 from .roofline import roofline_from_counts
 from .traffic import from_elements
 
 WORKLOAD_FIELDS = ("batch", "heads", "seq_len_q", "head_dim", "seq_len_k", "kv_heads", "dtype", "causal",
                    "block_mask")
-ALIASES = {"M": "sram_elems", "Br": "block_m", "Bc": "block_n", "d": "head_dim", "B": "batch", "H": "heads",
-           "Nq": "seq_len_q", "Nk": "seq_len_k"}
+#: The one table of parameter names -> record fields, for sweeps, fits, plots and the command line.
+#: ``N`` is the sequence length: swept, it sets both ``seq_len_q`` and ``seq_len_k``; as an axis or
+#: a filter it is ``seq_len_q``.
+ALIASES = {"M": "sram_elems", "N": "seq_len_q", "Br": "block_m", "Bc": "block_n", "d": "head_dim", "B": "batch",
+           "H": "heads", "Nq": "seq_len_q", "Nk": "seq_len_k"}
 BOUND_KEYS = {"standard": "bound_standard", "flash": "bound_flash", "lower_bound": "bound_lower",
               "saha_ye": "bound_saha_ye"}
 
 
-def _canonical(name: str) -> str:
+def field_of(name: str) -> str:
+    """The record field a parameter name stands for (``M`` -> ``sram_elems``, ``N`` -> ``seq_len_q``, ...)."""
     return ALIASES.get(name, name)
+
+
+def workload_record(w: Workload) -> dict:
+    """The workload's fields as a record (the one place a :class:`Workload` becomes a dict):
+    ``batch, heads, kv_heads, seq_len_q, seq_len_k, head_dim, dtype, causal``.  ``Workload(**it)``
+    gives the workload back (a block mask aside)."""
+    return {"batch": w.batch, "heads": w.heads, "kv_heads": w.hkv, "seq_len_q": w.nq, "seq_len_k": w.nk,
+            "head_dim": w.d, "dtype": w.dtype, "causal": bool(w.causal)}
 
 
 def _apply(cfg: dict, param: str, value) -> dict:
     cfg = dict(cfg)
-    p = _canonical(param)
+    p = "N" if param == "N" else field_of(param)
     if p == "N":
         cfg["seq_len_q"] = cfg["seq_len_k"] = value
     elif p == "sram_elems":
@@ -82,7 +96,7 @@ def normalise_base(base: dict) -> dict:
         if k == "N":
             out["seq_len_q"] = out["seq_len_k"] = v
         else:
-            out[_canonical(k)] = v
+            out[field_of(k)] = v
     return out
 
 
@@ -95,26 +109,13 @@ def _progress(i: int, n: int, label: str) -> None:
     sys.stderr.flush()
 
 
-def _tiling_for(cfg: dict, w: Workload, algo: str, m: int | None) -> tuple[Tiling, dict]:
-    """(tiling, options) for one run.  smallcache gets its tile side from M as an option."""
-    opts: dict = {}
-    if algo == "smallcache":
-        from .algorithms.smallcache import tile_for_sram
-
-        if m is not None:
-            s = tile_for_sram(int(m))
-        elif "block_n" in cfg:
-            s = tile_for_sram(4 * w.d * int(cfg["block_n"]))
-        else:
-            raise ValueError("sram_elems: smallcache needs M (or block sizes to recover it from)")
-        return Tiling(s, s), {"tile": s}
+def _given_tiling(cfg: dict) -> Tiling | None:
+    """Block sizes given in a configuration, or None."""
     if "block_m" in cfg or "block_n" in cfg:
         if not ("block_m" in cfg and "block_n" in cfg):
             raise ValueError("block_m/block_n: give both block sizes, or neither and sram_elems")
-        return Tiling(int(cfg["block_m"]), int(cfg["block_n"])), opts
-    if m is None:
-        raise ValueError("sram_elems: give M, block sizes, or a gpu")
-    return Tiling.from_sram(int(m), w.d), opts
+        return Tiling(int(cfg["block_m"]), int(cfg["block_n"]))
+    return None
 
 
 def run_one(cfg: dict, algo: str, pass_: str, gpu=None, walk: bool = True) -> dict:
@@ -127,13 +128,9 @@ def run_one(cfg: dict, algo: str, pass_: str, gpu=None, walk: bool = True) -> di
     m = cfg.get("sram_elems")
     if m is None and g is not None:
         m = g.sram_elems(w.elem_bytes)
-    from .algorithms import get_algorithm
-
     mod = get_algorithm(algo)
-    if mod.NEEDS_TILING:
-        tiling, opts = _tiling_for(cfg, w, algo, m)
-    else:
-        tiling, opts = None, {}
+    # the algorithm's own M rule decides what M and the given block sizes mean for it
+    tiling, opts = mod.plan(w, None if m is None else int(m), _given_tiling(cfg) if mod.NEEDS_TILING else None)
     if walk:
         res = simulate(w, algo, pass_, tiling=tiling, **opts)
         io = res.io
@@ -143,13 +140,11 @@ def run_one(cfg: dict, algo: str, pass_: str, gpu=None, walk: bool = True) -> di
         io = from_elements(el, build_schedule(w, algo, pass_, tiling=tiling, **opts).tensors)
         agrees = None
     f = count_flops(w, pass_, algo=algo, tiling=tiling)
+    block_m, block_n = mod.blocks(w, tiling, **opts)
     rec: dict = {
-        "batch": w.batch, "heads": w.heads, "kv_heads": w.hkv, "seq_len_q": w.nq, "seq_len_k": w.nk,
-        "head_dim": w.d, "dtype": w.dtype, "causal": bool(w.causal),
+        **workload_record(w),
         "block_density": w.block_mask.density if w.block_mask is not None else None,
-        "algo": algo, "pass": pass_,
-        "block_m": tiling.block_m if tiling else None, "block_n": tiling.block_n if tiling else None,
-        "sram_elems": m,
+        "algo": algo, "pass": pass_, "block_m": block_m, "block_n": block_n, "sram_elems": m,
         "hbm_read_bytes": io.read_bytes, "hbm_write_bytes": io.write_bytes, "hbm_bytes": io.bytes,
         "hbm_elements": io.elements, "hbm_sectors": io.sectors if walk else None, "agrees": agrees,
         "flops": f["total"], "matmul_flops": f["matmul"], "nonmatmul_flops": f["nonmatmul"],
@@ -215,11 +210,14 @@ def write_csv(records: list[dict], path) -> None:
     for r in records:
         for k in r:
             keys.setdefault(k, None)
-    with open(path, "w", newline="") as fh:
+
+    def write(fh):
         wr = csv.DictWriter(fh, fieldnames=list(keys))
         wr.writeheader()
         for r in records:
             wr.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in keys})
+
+    atomic_write(path, write, newline="")
 
 
 def _parse(s: str):
@@ -255,7 +253,7 @@ def _select(records: list[dict], where) -> list[dict]:
     if isinstance(where, dict):
         def ok(r):
             for k, v in where.items():
-                rv = r.get(_canonical(k) if _canonical(k) in r else k)
+                rv = r.get(field_of(k) if field_of(k) in r else k)
                 if callable(v):
                     if not v(rv):
                         return False
@@ -267,10 +265,6 @@ def _select(records: list[dict], where) -> list[dict]:
             return True
         return [r for r in records if ok(r)]
     raise ValueError(f"where={where!r}: must be None, a dict of field -> value, or a callable")
-
-
-def _xfield(x: str) -> str:
-    return "seq_len_q" if x == "N" else _canonical(x)
 
 
 def _loglog(records, xs, y):
@@ -305,7 +299,7 @@ def fit_exponent(records: list[dict], x: str, y: str = "hbm_bytes", where=None) 
     records: a dict of field -> value (or list of values, or predicate), or a predicate on the
     record.  The intercept is natural-log.
     """
-    xf = _xfield(x)
+    xf = field_of(x)
     X, Y = _loglog(_select(records, where), [xf], y)
     if len(np.unique(X[:, 0])) < 2:
         raise ValueError(f"x={x!r}: need at least two distinct positive values to fit ({len(Y)} records)")
@@ -330,7 +324,7 @@ def fit_exponents(records: list[dict], y: str = "hbm_bytes", xs=("M", "N", "d"),
         sel = [r for r in sel if r.get("algo") == algo]
     if pass_ is not None:
         sel = [r for r in sel if r.get("pass") == pass_]
-    fields = [_xfield(x) for x in xs]
+    fields = [field_of(x) for x in xs]
     exps = {x: float("nan") for x in xs}
     ses = {x: float("nan") for x in xs}
     if joint:
@@ -376,5 +370,5 @@ def group_by(records: list[dict], key: str | Callable) -> dict:
     return out
 
 
-__all__ = ["sweep", "run_one", "write_csv", "read_csv", "fit_exponent", "fit_exponents", "group_by",
-           "ALIASES", "BOUND_KEYS"]
+__all__ = ["sweep", "run_one", "workload_record", "field_of", "write_csv", "read_csv", "fit_exponent",
+           "fit_exponents", "group_by", "ALIASES", "BOUND_KEYS"]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from analysis.cli import main
 from flashsim import Workload, get_gpu, simulate
-from flashsim.cli import main
 
 SMALL = ["--batch", "2", "--heads", "4", "--seq-len", "256", "--head-dim", "32"]
 
@@ -149,7 +149,7 @@ def test_no_command_prints_help(capsys):
 
 def _console_script():
     exe = Path(sys.executable).parent / "flashsim"
-    return [str(exe)] if exe.exists() else [sys.executable, "-c", "import sys; from flashsim.cli import main; "
+    return [str(exe)] if exe.exists() else [sys.executable, "-c", "import sys; from analysis.cli import main; "
                                                                    "sys.exit(main())"]
 
 
@@ -276,3 +276,193 @@ def test_public_api():
     for mod in ("bounds", "flops", "roofline", "sweep", "plot", "report", "cli"):
         m = importlib.import_module(f"flashsim.{mod}")
         assert getattr(flashsim, mod, m) is m
+
+
+# --------------------------------------------------------------------------------------------
+# compare: bad data is one error line and exit 2 (exit 1 means only "outside the tolerance")
+
+ROOT = Path(__file__).resolve().parents[1]
+H200 = ROOT / "analysis/data/h200/h200.csv"
+
+
+def _measured(tmp_path, edit=None, name="m.csv", configs=("flash2-fwd-b1h16-n512-d64-fp16-br64bc32",)) -> Path:
+    """A small measured CSV (the committed H200 rows of ``configs``) with its provenance beside it;
+    ``edit(header, rows)`` may change them first."""
+    import csv
+
+    with open(H200, newline="") as f:
+        r = csv.reader(f)
+        header = next(r)
+        rows = [row for row in r if row[0] in configs]
+    if edit:
+        header, rows = edit(header, rows)
+    path = tmp_path / name
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        w.writerows(rows)
+    if name.endswith(".csv"):
+        (tmp_path / name.replace(".csv", ".meta.json")).write_bytes(H200.with_name("h200.meta.json").read_bytes())
+    return path
+
+
+def _set(col, value, line=0):
+    def edit(header, rows):
+        rows[line][header.index(col)] = value
+        return header, rows
+    return edit
+
+
+def _drop(col):
+    def edit(header, rows):
+        i = header.index(col)
+        return header[:i] + header[i + 1:], [r[:i] + r[i + 1:] for r in rows]
+    return edit
+
+
+def test_compare_small_record_within_tolerance_and_outside(tmp_path, capsys):
+    rc, out, err = run(["compare", str(_measured(tmp_path)), "--no-plots"], capsys)
+    assert rc == 0, err
+    assert "1/1 launches within 1%" in out
+    bad = _measured(tmp_path, _set("lsu_ld_bytes", "1"), name="off.csv")
+    rc, out, err = run(["compare", str(bad), "--no-plots"], capsys)
+    assert rc == 1 and err == ""  # a finding, not an error
+    assert "0/1 launches within 1%" in out
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda t: _measured(t, _drop("time_ns")), ["column 'time_ns' missing"]),
+    (lambda t: _measured(t, _drop("kernel")), ["column 'kernel' missing"]),
+    (lambda t: _measured(t, _set("kernel", "flash3")), ["kernel='flash3'", "line 2"]),
+    (lambda t: _measured(t, _set("pass", "sideways")), ["pass='sideways'"]),
+    (lambda t: _measured(t, _set("dtype", "fp8")), ["dtype='fp8'"]),
+    (lambda t: _measured(t, _set("batch", "abc")), ["batch='abc'", "integer"]),
+    (lambda t: _measured(t, _set("time_ns", "fast")), ["time_ns='fast'"]),
+    (lambda t: _measured(t, _set("block_m", "")), ["block_m"]),
+    (lambda t: _measured(t, lambda h, r: (h, [r[0][:5]])), ["line 2 has 5 fields"]),
+    (lambda t: _measured(t, lambda h, r: (h, [])), ["header only", "no measured launch"]),
+    (lambda t: _measured(t, lambda h, r: (["nonsense"], [["a"], ["b"]])), ["column 'config_id' missing"]),
+    (lambda t: _measured(t, name="m.txt"), ["not a .csv file"]),
+    (lambda t: t / "absent.csv", ["no such file"]),
+])
+def test_compare_bad_data_one_line_exit_2(make, words, tmp_path, capsys):
+    path = make(tmp_path)
+    out_dir = tmp_path / "cmp"
+    rc, out, err = run(["compare", str(path), "--out", str(out_dir)], capsys)
+    assert rc == 2 and out == ""
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("flashsim: error: data="), err
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+    assert not out_dir.exists()  # nothing half written
+
+
+def test_compare_empty_file_and_bad_provenance(tmp_path, capsys):
+    empty = tmp_path / "e.csv"
+    empty.write_text("")
+    rc, out, err = run(["compare", str(empty)], capsys)
+    assert rc == 2 and out == "" and "the file is empty" in err and len(err.splitlines()) == 1
+    path = _measured(tmp_path)
+    path.with_name("m.meta.json").write_text("{not json")
+    rc, out, err = run(["compare", str(path), "--no-plots"], capsys)
+    assert rc == 2 and out == "" and "m.meta.json is not valid JSON" in err and len(err.splitlines()) == 1
+
+
+def test_compare_out_refuses_an_earlier_comparison(tmp_path, capsys):
+    path = _measured(tmp_path)
+    out_dir = tmp_path / "cmp"
+    out_dir.mkdir()
+    (out_dir / "compare_summary.json").write_text("earlier")
+    rc, out, err = run(["compare", str(path), "--out", str(out_dir), "--no-plots"], capsys)
+    assert rc == 2 and out == "" and "--force" in err and "compare_summary.json" in err
+    assert [p.name for p in out_dir.iterdir()] == ["compare_summary.json"]
+    rc, out, err = run(["compare", str(path), "--out", str(out_dir), "--no-plots", "--force"], capsys)
+    assert rc == 0, err
+    assert sorted(p.name for p in out_dir.iterdir()) == ["compare_configs.csv", "compare_launches.csv",
+                                                         "compare_summary.json"]
+    assert json.loads((out_dir / "compare_summary.json").read_text())["summary"]["launches"] == 1
+
+
+# --------------------------------------------------------------------------------------------
+# The README's promise, for every command: bad input prints one line `flashsim: error: ...`
+# and exits with status 2 (a zero or negative size, an M too small for the algorithm, an unknown
+# GPU or algorithm, --kv-heads that does not divide --heads, block sizes given together with
+# --sram-bytes, an option the algorithm does not take, an output folder that is "" or holds an
+# earlier result, data that is not a measured CSV).
+
+_PROMISES = {
+    "a zero or negative size": ["--seq-len", "0"],
+    "an M too small for the algorithm": ["--sram-bytes", "100", "--algos", "flash2"],
+    "an unknown GPU": ["--gpu", "v100"],
+    "an unknown algorithm": ["--algos", "flash3"],
+    "--kv-heads that does not divide --heads": ["--kv-heads", "3"],
+    "block sizes given together with --sram-bytes": ["--block-m", "16", "--block-n", "16", "--sram-bytes", "8192"],
+    "an option the algorithm does not take": ["--fuse", "none", "--algos", "flash2"],
+}
+
+
+def _promise_argv(command, args, tmp_path):
+    args = list(args)
+    if command == "simulate":  # simulate names one algorithm with --algo
+        args = ["--algo" if a == "--algos" else a for a in args]
+    if command == "bounds" and "--block-m" in args:
+        return None  # bounds takes M only: --block-m is an unknown flag there, checked below
+    argv = [command, *SMALL, *args]
+    if command == "sweep":
+        argv += ["--param", "N", "--values", "128", "256", "--out", str(tmp_path / "s")]
+    return argv
+
+
+@pytest.mark.parametrize("command", ["simulate", "sweep", "bounds"])
+@pytest.mark.parametrize("promise", list(_PROMISES))
+def test_readme_error_promises_hold_for_every_workload_command(command, promise, tmp_path, capsys):
+    argv = _promise_argv(command, _PROMISES[promise], tmp_path)
+    if argv is None:
+        argv = [command, *SMALL, "--block-m", "16"]
+    if command == "bounds" and promise == "an M too small for the algorithm":
+        # bounds has no algorithm to refuse: it prints each one's count, "n/a" with the reason
+        rc, out, err = run(argv, capsys)
+        assert rc == 0 and "n/a: sram_elems=50" in out and "M >= 4*d" in out
+        return
+    rc, out, err = run(argv, capsys)
+    assert rc == 2, (promise, out, err)
+    assert out == ""
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("flashsim: error: "), err
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("argv", [
+    ["report", "--no-such-flag"],
+    ["report", "--out"],
+    ["measure", "--no-such-flag"],
+    ["compare"],
+    ["compare", "a.csv", "--gpu", "v100"],
+    ["compare", "a.csv", "b.csv"],
+])
+def test_readme_error_promises_hold_for_the_other_commands(argv, capsys):
+    rc, out, err = run(argv, capsys)
+    assert rc == 2 and out == ""
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("flashsim: error: "), err
+
+
+def test_python_m_flashsim_runs_every_command():
+    p = subprocess.run([sys.executable, "-m", "flashsim", "--help"], capture_output=True, text=True, timeout=120,
+                       cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    for command in ("simulate", "sweep", "bounds", "report", "measure", "compare"):
+        assert command in p.stdout
+
+
+def test_out_of_memory_is_one_line(capsys, monkeypatch):
+    import flashsim.cli
+
+    def too_big(*a, **k):
+        raise MemoryError("Unable to allocate 3.06 PiB for an array with shape (156250000, 22026432)")
+
+    monkeypatch.setattr(flashsim.cli, "simulate", too_big)
+    rc, out, err = run(["simulate", *SMALL], capsys)
+    assert rc == 2 and out == ""
+    assert err.splitlines() == ["flashsim: error: out of memory: the workload is too large for this machine "
+                                "(Unable to allocate 3.06 PiB for an array with shape (156250000, 22026432))"]

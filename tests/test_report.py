@@ -4,8 +4,8 @@ import time
 
 import pytest
 
+from analysis.cli import main
 from flashsim import get_gpu, simulate
-from flashsim.cli import main
 from flashsim.report import DEFAULT_WORKLOAD, fmt_num, format_table, run_report, simulate_summary
 from flashsim.sweep import read_csv
 

@@ -10,7 +10,17 @@ Each algorithm lives in its own module, which defines
 * ``closed_form(workload, tiling, pass_, **options) -> dict[(tensor, direction), int]``: the same
   element counts from formulas alone (no loop over tiles), which must equal the walker's exactly;
 * ``OPTIONS``: a dict of option name -> (default, help text) that ``schedule`` and
-  ``closed_form`` accept.
+  ``closed_form`` accept;
+* ``plan(workload, sram_elems=None, tiling=None, **options) -> (tiling, options)``: its M rule,
+  the tiling and options it runs with given the on-chip memory M (elements) and/or explicit
+  block sizes (FlashAttention: the given tiling, else the paper's Bc = ⌈M/4d⌉, Br = min(Bc, d);
+  standard attention: no tiling; smallcache: one s x s tile from M exactly);
+* ``blocks(workload, tiling, **options) -> (block_m, block_n)``: the block sizes a record shows
+  for a run (None for an algorithm that is not tiled).
+* ``TILING_TEXT``: how the command line shows the tiling, a format string of ``block_m`` and
+  ``block_n``.
+
+Code above this package asks the module, never the algorithm's name, what to do.
 """
 
 from __future__ import annotations

@@ -60,6 +60,22 @@ def block_rows(n: int, block: int) -> tuple[np.ndarray, np.ndarray]:
     return start, np.minimum(block, n - start)
 
 
+def paper_rule_plan(w: Workload, sram_elems: int | None = None, tiling: Tiling | None = None,
+                    **options) -> tuple[Tiling, dict]:
+    """The M rule of the FlashAttention algorithms (their ``plan``): an explicit tiling if given,
+    else the paper's Bc = ⌈M/4d⌉, Br = min(Bc, d) from ``sram_elems`` (M >= 4d)."""
+    if tiling is not None:
+        return tiling, dict(options)
+    if sram_elems is None:
+        raise ValueError("sram_elems=None: give an SRAM size M or explicit block sizes (block_m, block_n)")
+    return Tiling.from_sram(sram_elems, w.head_dim), dict(options)
+
+
+def tiling_blocks(w: Workload, tiling: Tiling | None, **options) -> tuple[int | None, int | None]:
+    """(block_m, block_n) a record shows for a run of a Br x Bc tiled algorithm (its ``blocks``)."""
+    return (None, None) if tiling is None else (tiling.block_m, tiling.block_n)
+
+
 def require_tiling(tiling: Tiling | None, algo: str) -> Tiling:
     if tiling is None:
         raise ValueError(f"tiling=None: {algo} needs block sizes (block_m, block_n) or an SRAM size")

@@ -75,10 +75,24 @@ import numpy as np
 from ..config import STAT_BYTES, Tiling, Workload
 from ..masking import visible_blocks
 from ..traffic import Launch, Schedule, TensorLayout, read, write
-from ._common import block_rows, layouts, per_kv_head_slices, per_query_head_slices, require_tiling
+from ._common import (
+    block_rows,
+    layouts,
+    paper_rule_plan,
+    per_kv_head_slices,
+    per_query_head_slices,
+    require_tiling,
+    tiling_blocks,
+)
 
 PASSES = ("fwd", "bwd")
 NEEDS_TILING = True
+#: The M rule: a given Br x Bc tiling, else the paper's Bc = ⌈M/4d⌉, Br = min(Bc, d).
+plan = paper_rule_plan
+#: A record's block_m, block_n: the tiling's.
+blocks = tiling_blocks
+#: How the command line shows the tiling.
+TILING_TEXT = "Br = {block_m}, Bc = {block_n}"
 DESCRIPTION = "FlashAttention (v1): outer loop over K/V blocks; O, ℓ, m re-read and re-written per block"
 OPTIONS: dict[str, tuple[object, str]] = {
     "o_fp32": (False, "store O in float32 in HBM instead of the input precision (bytes only)"),
@@ -249,4 +263,5 @@ def schedule(w: Workload, tiling: Tiling | None, pass_: str, **options) -> Sched
     raise ValueError(f"pass_={pass_!r}: must be one of {list(PASSES)}")
 
 
-__all__ = ["schedule", "closed_form", "visit_counts", "PASSES", "NEEDS_TILING", "DESCRIPTION", "OPTIONS"]
+__all__ = ["schedule", "closed_form", "plan", "blocks", "TILING_TEXT", "visit_counts", "PASSES", "NEEDS_TILING",
+           "DESCRIPTION", "OPTIONS"]

@@ -43,10 +43,24 @@ import numpy as np
 from ..config import Tiling, Workload, cdiv
 from ..masking import visible_blocks
 from ..traffic import Launch, Schedule, read, write
-from ._common import block_rows, layouts, per_kv_head_slices, per_query_head_slices, require_tiling
+from ._common import (
+    block_rows,
+    layouts,
+    paper_rule_plan,
+    per_kv_head_slices,
+    per_query_head_slices,
+    require_tiling,
+    tiling_blocks,
+)
 
 PASSES = ("fwd", "bwd")
 NEEDS_TILING = True
+#: The M rule: a given Br x Bc tiling, else the paper's Bc = ⌈M/4d⌉, Br = min(Bc, d).
+plan = paper_rule_plan
+#: A record's block_m, block_n: the tiling's.
+blocks = tiling_blocks
+#: How the command line shows the tiling.
+TILING_TEXT = "Br = {block_m}, Bc = {block_n}"
 DESCRIPTION = ("FlashAttention-2: outer loop over query blocks; O and L written once; "
                "backward split into D, dK/dV (per key block) and dQ (per query block)")
 OPTIONS: dict[str, tuple[object, str]] = {}
@@ -224,4 +238,5 @@ def schedule(w: Workload, tiling: Tiling | None, pass_: str, **options) -> Sched
     raise ValueError(f"pass_={pass_!r}: not modelled")
 
 
-__all__ = ["schedule", "closed_form", "PASSES", "NEEDS_TILING", "DESCRIPTION", "OPTIONS", "cdiv"]
+__all__ = ["schedule", "closed_form", "plan", "blocks", "TILING_TEXT", "PASSES", "NEEDS_TILING", "DESCRIPTION",
+           "OPTIONS", "cdiv"]

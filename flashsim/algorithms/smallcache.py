@@ -53,6 +53,8 @@ PASSES = ("fwd",)
 #: Takes a tiling only to recover M from it (see :func:`tile_side`); M itself (``sram_elems``) or an
 #: explicit ``tile`` is exact.
 NEEDS_TILING = True
+#: How the command line shows the tiling (``block_m`` = ``block_n`` = s, see :func:`blocks`).
+TILING_TEXT = "tile side s = {block_m}"
 DESCRIPTION = "Saha & Ye small-cache attention: √M-tiled matmuls QKᵀ and PV, S written to HBM"
 OPTIONS: dict[str, tuple[object, str]] = {
     "tile": (None, "tile side s (default: largest s with 3s² + 2s ≤ M, M recovered from the tiling)"),
@@ -89,6 +91,23 @@ def tile_side(w: Workload, tiling: Tiling | None, tile=None, sram_elems=None) ->
             raise ValueError("tiling=None: smallcache needs an SRAM size (sram_elems) or tile=s")
         sram_elems = 4 * w.d * tiling.block_n
     return tile_for_sram(int(sram_elems))
+
+
+def plan(w: Workload, sram_elems: int | None = None, tiling: Tiling | None = None,
+         **options) -> tuple[Tiling | None, dict]:
+    """The M rule: given M, one s x s tile with s from M exactly, run as the ``tile`` option (an
+    explicit ``tile`` wins); without M, the tiling as given, M recovered from it as 4·d·Bc."""
+    if sram_elems is None:
+        return tiling, dict(options)
+    s = tile_side(w, None, tile=options.get("tile"), sram_elems=sram_elems)
+    return Tiling(s, s), {**options, "tile": s}
+
+
+def blocks(w: Workload, tiling: Tiling | None, **options) -> tuple[int, int]:
+    """A record's block_m, block_n: both the tile side s (one s x s tile)."""
+    extra = {k: options[k] for k in ("tile", "sram_elems") if k in options}
+    s = tile_side(w, tiling, **extra)
+    return s, s
 
 
 def _check(w: Workload, pass_: str) -> None:
@@ -163,5 +182,5 @@ def closed_form(w: Workload, tiling: Tiling | None, pass_: str, **options) -> di
     }
 
 
-__all__ = ["schedule", "closed_form", "tile_for_sram", "tile_side", "PASSES", "NEEDS_TILING",
-           "DESCRIPTION", "OPTIONS"]
+__all__ = ["schedule", "closed_form", "plan", "blocks", "TILING_TEXT", "tile_for_sram", "tile_side", "PASSES",
+           "NEEDS_TILING", "DESCRIPTION", "OPTIONS"]

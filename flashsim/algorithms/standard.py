@@ -77,6 +77,8 @@ from ._common import block_rows, layouts, per_kv_head_slices, per_query_head_sli
 
 PASSES = ("fwd", "bwd")
 NEEDS_TILING = False
+#: How the command line shows the tiling.
+TILING_TEXT = "not tiled"
 DESCRIPTION = "standard attention (Algorithm 0): S and P materialised in HBM, tiled GEMMs, elementwise passes"
 FUSE_CHOICES = ("none", "softmax", "all")
 OPTIONS: dict[str, tuple[object, str]] = {
@@ -87,6 +89,18 @@ OPTIONS: dict[str, tuple[object, str]] = {
     "gemm_block": (128, "output tile BM = BN of the tiled GEMMs (whole head dim per tile); >= max(Nq, Nk) gives the "
                         "paper's idealised count with every operand read once"),
 }
+
+
+
+def plan(w: Workload, sram_elems: int | None = None, tiling: Tiling | None = None, **options) -> tuple[None, dict]:
+    """The M rule: none.  Standard attention takes no block sizes and its count does not depend on M."""
+    return None, dict(options)
+
+
+def blocks(w: Workload, tiling: Tiling | None, **options) -> tuple[None, None]:
+    """A record's block_m, block_n: none (not tiled)."""
+    return None, None
+
 
 _GEMM_S = ("Q", "K", "S")
 
@@ -348,4 +362,5 @@ def schedule(w: Workload, tiling: Tiling | None, pass_: str, **options) -> Sched
     raise ValueError(f"pass_={pass_!r}: must be one of {list(PASSES)}")
 
 
-__all__ = ["schedule", "closed_form", "PASSES", "NEEDS_TILING", "DESCRIPTION", "OPTIONS", "FUSE_CHOICES"]
+__all__ = ["schedule", "closed_form", "plan", "blocks", "TILING_TEXT", "PASSES", "NEEDS_TILING", "DESCRIPTION",
+           "OPTIONS", "FUSE_CHOICES"]
