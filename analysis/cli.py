@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from flashsim import cli as _cli
 from flashsim.cli import UsageError, add_force
 
+from .compare import DRAM_ERR_FLOOR, LSU_TOLERANCE
 from .compare import run as run_compare
 from .configs import SETS, config_id
 from .measure import DEFAULT_OUT, MeasureError, measure
@@ -44,7 +45,9 @@ def add_measure(sub) -> None:
                                    "one row per kernel launch (LSU, L2 and DRAM traffic, time) with its provenance: "
                                    "SET.csv, SET.meta.json and SET.ncu-raw.csv, all three or none. Needs an NVIDIA "
                                    "GPU and ncu; elsewhere it says which is missing.")
-    m.add_argument("--set", default="h100", choices=sorted(SETS), help="configuration set (default h100)")
+    m.add_argument("--set", default="h200", choices=sorted(SETS),
+                   help="configuration set (default h200, the committed record's GPU; h100, h200 and main are the "
+                        "same 54 configurations, named for the record they make; smoke is five small ones)")
     m.add_argument("--out", "-o", default=None, metavar="DIR",
                    help=f"output folder (default {DEFAULT_OUT.format(set='SET')}; the committed records in "
                         "analysis/data/ are copied there by hand)")
@@ -62,9 +65,13 @@ def _cmd_compare(a: argparse.Namespace) -> int:
 def add_compare(sub) -> None:
     c = sub.add_parser("compare", help="measured traffic against the simulator (table, fits, plots)",
                        description="Compare a measured CSV (from 'flashsim measure') with the simulator, launch by "
-                                   "launch, at the LSU level (tolerance 1%%) and the DRAM level (a simple L2 model, "
-                                   "errors reported), and fit Theorem 2's exponents.  Exit status 1 if any launch's "
-                                   "LSU-level error exceeds the tolerance, 2 if the data cannot be read.")
+                                   f"launch, at the LSU level (tolerance {100 * LSU_TOLERANCE:g}%) and the DRAM level "
+                                   "(a simple L2 model, errors reported), and fit Theorem 2's exponents.  A launch's "
+                                   "DRAM error is (measured - predicted) / max(predicted, "
+                                   f"{DRAM_ERR_FLOOR / 1e6:g} MB): a launch that moves a few kilobytes (the "
+                                   "FlashAttention-1 init kernel) would otherwise show a huge relative error for a "
+                                   "difference that means nothing.  Exit status 1 if any launch's LSU-level error "
+                                   "exceeds the tolerance, 2 if the data cannot be read.")
     c.add_argument("data", metavar="DATA", help="measured CSV, e.g. analysis/data/h100/h100.csv")
     c.add_argument("--out", "-o", default=None, metavar="DIR", help="write comparison CSVs, JSON and plots here")
     add_force(c, "an earlier comparison")

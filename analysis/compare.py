@@ -355,7 +355,8 @@ def run(data: str | Path, out_dir: str | Path | None = None, gpu: str | None = N
     print(f"\nLSU level: {s['lsu_within_tolerance']}/{s['launches']} launches within "
           f"{100 * LSU_TOLERANCE:.0f}% (max |err| {100 * s['lsu_max_abs_err']:.3f}%)")
     print(f"DRAM level (simple L2 model): median |err| {100 * s['dram_median_abs_err']:.1f}%, "
-          f"max {100 * s['dram_max_abs_err']:.1f}%")
+          f"max {100 * s['dram_max_abs_err']:.1f}% (each error relative to max(prediction, "
+          f"{DRAM_ERR_FLOOR / 1e6:g} MB))")
     configs = per_config(records)
     fits = theorem2_fits(configs)
     for name, fit in fits.items():

@@ -1,4 +1,5 @@
-"""Plots of measured traffic over the simulated curves and the bounds (matplotlib, Agg)."""
+"""Plots of measured traffic over the simulated curves and the bounds (matplotlib, Agg), in the
+palette of :data:`flashsim.plot.COLORS` (one colour per algorithm)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np  # noqa: E402
 from flashsim.api import simulate  # noqa: E402
 from flashsim.bounds import bounds  # noqa: E402
 from flashsim.config import DTYPE_BYTES, Tiling  # noqa: E402
+from flashsim.plot import COLORS, HANDLE_LENGTH, THEOREM2_LABEL  # noqa: E402
 
 from .configs import sim_options, workload_of  # noqa: E402
 
@@ -41,11 +43,11 @@ def plot_m_sweep(configs: list[dict], path: Path) -> Path | None:
         thm.append(b["flash"] * eb)
         low.append(b["lower_bound"] * eb)
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    ax.loglog(ms / 1024, np.array(sim) / 1e9, "-", label="simulated (walker, sectors)")
-    ax.loglog(ms / 1024, np.array(thm) / 1e9, "--", label="Theorem 2: Θ(N²d²/M)")
-    ax.loglog(ms / 1024, np.array(low) / 1e9, ":", label="Proposition 3 lower bound")
+    ax.loglog(ms / 1024, np.array(sim) / 1e9, "-", color=COLORS["flash1"], label="simulated (walker, sectors)")
+    ax.loglog(ms / 1024, np.array(thm) / 1e9, ":", color="tab:gray", label=THEOREM2_LABEL)
+    ax.loglog(ms / 1024, np.array(low) / 1e9, "-.", color="k", lw=1, label="Proposition 3 lower bound")
     ax.loglog([c["sram_bytes"] / 1024 for c in pts], [c["lsu_bytes"] / 1e9 for c in pts], "o",
-              label="measured (ncu, LSU)")
+              color=COLORS["flash1"], mec="k", label="measured (ncu, LSU)")
     ax.set_xlabel("SRAM budget M per thread block (KiB)")
     ax.set_ylabel("global-memory traffic (GB)")
     ax.set_title(f"FlashAttention-1 forward, N={base['seq_len_q']}, d={base['head_dim']}, "
@@ -62,7 +64,8 @@ def plot_n_sweep(configs: list[dict], path: Path) -> Path | None:
     """Measured LSU bytes against N for FlashAttention-2 and standard attention, with simulated curves."""
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     drawn = False
-    for kernel, d, style in (("flash2", 64, "C0"), ("flash2", 128, "C1"), ("standard", 64, "C2")):
+    # the palette's colour per algorithm; d = 64 solid with filled markers, d = 128 dashed with open ones
+    for kernel, d, ls, face in (("flash2", 64, "-", None), ("flash2", 128, "--", "none"), ("standard", 64, "-", None)):
         pts = [c for c in configs if c["kernel"] == kernel and c["pass"] == "fwd" and not c["causal"]
                and c["dtype"] == "fp16" and c["head_dim"] == d
                and (kernel != "flash2" or (c["block_m"], c["block_n"]) == (64, 64))]
@@ -70,8 +73,10 @@ def plot_n_sweep(configs: list[dict], path: Path) -> Path | None:
             continue
         pts.sort(key=lambda c: c["seq_len_q"])
         ns = [c["seq_len_q"] for c in pts]
-        ax.loglog(ns, [c["lsu_bytes"] / 1e9 for c in pts], "o", color=style, label=f"{kernel} d={d} measured")
-        ax.loglog(ns, [c["sim_lsu_bytes"] / 1e9 for c in pts], "-", color=style, label=f"{kernel} d={d} simulated")
+        ax.loglog(ns, [c["lsu_bytes"] / 1e9 for c in pts], "o", color=COLORS[kernel], mfc=face,
+                  label=f"{kernel} d={d} measured")
+        ax.loglog(ns, [c["sim_lsu_bytes"] / 1e9 for c in pts], ls, color=COLORS[kernel],
+                  label=f"{kernel} d={d} simulated")
         drawn = True
     if not drawn:
         plt.close(fig)
@@ -80,7 +85,7 @@ def plot_n_sweep(configs: list[dict], path: Path) -> Path | None:
     ax.set_ylabel("global-memory traffic (GB)")
     ax.set_title("Forward pass, B·H = 16, fp16: measured (ncu LSU) vs simulated")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, handlelength=HANDLE_LENGTH)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -92,11 +97,11 @@ def plot_scatter(configs: list[dict], path: Path) -> Path:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.4))
     for ax, lvl, title in ((axes[0], "lsu", "LSU (requested from global memory)"),
                            (axes[1], "dram", "DRAM (after the L2; simple model)")):
-        for k, kernel in enumerate(("flash2", "flash1", "standard")):
+        for kernel in ("flash2", "flash1", "standard"):
             pts = [c for c in configs if c["kernel"] == kernel]
             if pts:
                 ax.loglog([c[f"sim_{lvl}_bytes"] / 1e9 for c in pts], [c[f"{lvl}_bytes"] / 1e9 for c in pts],
-                          "o", color=f"C{k}", label=kernel, alpha=0.8)
+                          "o", color=COLORS[kernel], label=kernel, alpha=0.8)
         lo = min(min(c[f"sim_{lvl}_bytes"], c[f"{lvl}_bytes"]) for c in configs if c[f"{lvl}_bytes"] > 0) / 1e9
         hi = max(max(c[f"sim_{lvl}_bytes"], c[f"{lvl}_bytes"]) for c in configs) / 1e9
         ax.loglog([lo, hi], [lo, hi], "k--", lw=0.8, label="measured = simulated")

@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 import warnings
 from collections.abc import Callable, Sequence
 
@@ -247,6 +248,10 @@ def _simulate_text(s: dict) -> str:
                  s["sectors"]])
     lines.append(format_table(["tensor", "dir", "elements", "MB", "sectors"], rows,
                               right=[False, False, True, True, True]))
+    told = [t for t in s["breakdown"] if t in TENSORS]
+    if told:
+        lines.append(textwrap.fill("tensors: " + "; ".join(f"{t} = {TENSORS[t]}" for t in told), width=100,
+                                   subsequent_indent="  "))
     if len(s["per_launch"]) > 1:
         lines.append("")
         lines.append(format_table(["launch", "read MB", "write MB", "total MB"],
@@ -264,6 +269,21 @@ def _simulate_text(s: dict) -> str:
         r = s["roofline"]
         lines.append(f"roofline on {s['gpu']}: {r['time_s'] * 1e3:.4g} ms ({r['bound']}-bound)")
     return "\n".join(lines)
+
+
+#: What each tensor of a traffic breakdown is (shapes per head; ``simulate`` prints the lines of
+#: those its breakdown has).  N x d: Nq or Nk rows of d columns; N x N: Nq x Nk.
+TENSORS = {
+    "Q": "queries, N x d", "K": "keys, N x d", "V": "values, N x d", "O": "output, N x d",
+    "S": "scores QKᵀ (scaled), N x N", "P": "probabilities softmax(S), N x N",
+    "Pd": "P after dropout, Z∘P/(1-p), N x N (written by an unfused dropout kernel, read by the P·V and "
+          "Pᵀ·dO products)",
+    "Z": "dropout keep-mask, N x N, 1 byte (bool) per entry",
+    "m": "row maxima, N, fp32", "l": "row sums ℓ, N, fp32", "L": "logsumexp m + log ℓ, N, fp32",
+    "D": "rowsum(dO∘O), N, fp32",
+    "dO": "gradient of O, N x d", "dQ": "gradient of Q", "dK": "gradient of K", "dV": "gradient of V",
+    "dS": "gradient of S, N x N", "dP": "gradient of P, N x N",
+}
 
 
 def _bounds_line(b: dict) -> str:
@@ -411,8 +431,13 @@ def _cmd_bounds(a: argparse.Namespace) -> int:
             out.append([r["algo"], None, None, None, f"n/a: {r['error']}"])
         else:
             out.append([r["algo"], r["simulated"], r["ratio_lower"], r["ratio_flash"], ""])
-    print(format_table(["algorithm", "HBM elements", "/ lower bound", "/ flash bound", "note"], out,
-                       right=[False, True, True, True, False]))
+    headers = ["algorithm", "HBM elements", "/ lower bound", "/ flash bound", "note"]
+    right = [False, True, True, True, False]
+    if not any(o[-1] for o in out):  # the note says why an algorithm cannot run at this M; none here
+        headers, right, out = headers[:-1], right[:-1], [o[:-1] for o in out]
+    print(format_table(headers, out, right=right))
+    print("(each algorithm's forward HBM elements, and their ratio to the lower bound and to Theorem 2's count"
+          + (", or in 'note' why it cannot run at this M)" if len(headers) == 5 else ")"))
     return 0
 
 

@@ -21,6 +21,7 @@ is the JSON-ready summary of one simulation that ``flashsim simulate --json`` pr
 from __future__ import annotations
 
 import math
+import textwrap
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -182,6 +183,10 @@ def exponents(recs: Sequence[dict], x: str, y: str = "hbm_bytes") -> list[dict]:
     return out
 
 
+def _wrap(text: str, indent: str = "") -> str:
+    return textwrap.fill(text, width=110, initial_indent=indent, subsequent_indent=indent + "  ")
+
+
 def fmt_exponent(b: float) -> str:
     """A fitted exponent with sign, 3 decimals, and no "-0.000" for a slope of -1e-15."""
     return f"{round(b, 3) + 0.0:+.3f}"
@@ -191,6 +196,33 @@ def _exponent_table(fits: Sequence[dict]) -> str:
     return format_table(["gpu", "algorithm", "pass", "exponent", "r²"],
                         [[f["gpu"], f["algo"], f["pass"], fmt_exponent(f["exponent"]), f"{f['r2']:.4f}"]
                          for f in fits], right=[False, False, False, True, True])
+
+
+def m_sweep_notes(m_recs: Sequence[dict], w: Workload) -> list[str]:
+    """Why flash2's fitted exponent in M is far from −1, computed from the sweep: the paper's rule
+    Br = min(⌈M/4d⌉, d) stops growing at d, and flash2 reads K and V once per query block, so
+    its bytes fall as M^-1 up to M = 4d² and are flat after; one line through both parts fits
+    badly.  An empty list if the sweep shows no such cap."""
+    g0 = m_recs[0]["gpu"]
+    f2 = sorted((r for r in m_recs if r["gpu"] == g0 and r["algo"] == "flash2"), key=lambda r: r["sram_elems"])
+    capped = [r for r in f2 if r["block_m"] == w.d]
+    if len(f2) < 3 or not capped or len(capped) == len(f2):
+        return []
+    m_cap = capped[0]["sram_elems"]
+    below = [r for r in f2 if r["sram_elems"] <= m_cap]
+    above = capped
+    b_below = fit_exponent(below, "M", "hbm_bytes")[0] if len(below) >= 2 else float("nan")
+    b_above = fit_exponent(above, "M", "hbm_bytes")[0] if len(above) >= 2 else float("nan")
+    b_all, _, r2_all = fit_exponent(f2, "M", "hbm_bytes")
+    tr = cdiv(w.nq, w.d)
+    return [
+        f"why flash2 is not M^-1: the paper's rule gives Br = min(⌈M/4d⌉, d), which reaches d = {w.d} at "
+        f"M = 4d² = {m_cap:,} (Bc = {capped[0]['block_n']}); flash2 reads K and V once per query block, Tr = "
+        f"⌈N/Br⌉ times, so its bytes fall as M^{fmt_exponent(b_below)} up to there and stay flat after "
+        f"(Tr = {tr}; M^{fmt_exponent(b_above)}): one line through both parts gives {fmt_exponent(b_all)} "
+        f"with r² {r2_all:.2f}.  flash1's Br is capped too, but it re-streams Q and O once per key "
+        f"block, Tc = ⌈N/Bc⌉, which keeps shrinking with M.",
+    ]
 
 
 #: The M sweep: Bc = ⌈M/4d⌉ from 16 to 512 rows at d = 64 (the paper's Figure 2 middle varies the
@@ -249,6 +281,13 @@ def run_report(out: str | Path = "flashsim-report", workload: Workload = DEFAULT
                              f"{cdiv(w.nq, t['flash2']['block_m'])} (Br = min(Bc, d))")
             if notes:
                 say(f"{g}: " + "; ".join(notes))
+            if "flash1" in t and "flash2" in t and t["flash2"]["hbm_bytes"] > t["flash1"]["hbm_bytes"]:
+                f1, f2 = t["flash1"], t["flash2"]
+                tc, tr = cdiv(w.nk, f1["block_n"]), cdiv(w.nq, f2["block_m"])
+                say(_wrap(f"so flash2 moves {f2['hbm_bytes'] / f1['hbm_bytes']:.2f}x flash1's forward bytes: the "
+                          f"paper's rule caps its query block at Br = d = {f2['block_m']}, and reading K and V "
+                          f"Tr = {tr} times ({2 * tr} N·d) costs more than flash1's Q read and O read and write "
+                          f"Tc = {tc} times (about {3 * tc} N·d)", "  "))
 
         # M sweep: forward traffic against on-chip memory
         m_values = [4 * w.d * b for b in M_SWEEP_BLOCKS]
@@ -258,8 +297,9 @@ def run_report(out: str | Path = "flashsim-report", workload: Workload = DEFAULT
         say("")
         say(f"M sweep (forward, M = {m_values[0]:,} .. {m_values[-1]:,} elements, Bc = {M_SWEEP_BLOCKS[0]} .. "
             f"{M_SWEEP_BLOCKS[-1]}): HBM bytes ∝ M^exponent")
-        first = [f for f in m_fits if f["gpu"] == m_fits[0]["gpu"]]  # bytes do not depend on the GPU here
-        say(_exponent_table(first))
+        say(_exponent_table(m_fits))  # every GPU: at a given M the bytes are the same, the roofline time is not
+        for line in m_sweep_notes(m_recs, w):
+            say(_wrap(line))
 
         # N sweep: traffic against sequence length
         n_recs = _sweep(w, "N", N_SWEEP, gpus, algos, DEFAULT_PASSES)
@@ -272,10 +312,13 @@ def run_report(out: str | Path = "flashsim-report", workload: Workload = DEFAULT
         if plots:
             plot_two_panels(m_recs, "sram_elems", target("m_sweep_png"),
                             f"forward, N = {w.nq}, d = {w.d}, {w.dtype}, B·H = {w.bh}: effect of the SRAM size M",
-                            "M (elements)", m_recs[0]["gpu"])
+                            "M (elements)", m_recs[0]["gpu"],
+                            bytes_label="HBM traffic (GB), any GPU")
+            g0 = n_recs[0]["gpu"]
+            m0 = next(r["sram_elems"] for r in n_recs if r["gpu"] == g0 and r["sram_elems"])
             plot_two_panels(n_recs, "seq_len_q", target("n_sweep_png"),
                             f"d = {w.d}, {w.dtype}, B·H = {w.bh}: effect of the sequence length N",
-                            "N (tokens)", n_recs[0]["gpu"])
+                            "N (tokens)", g0, bytes_label=f"HBM traffic (GB) at M = {m0:,} ({g0})")
     say("")
     say(f"wrote {len(files)} files to {out}/ in {time.perf_counter() - t0:.1f} s:")
     for p in files.values():

@@ -82,6 +82,27 @@ def test_sweeps(report):
     for f in res["n_exponents"]:
         assert 1.6 < f["exponent"] < 2.05, f  # Θ(N²) at fixed M, d
     assert "HBM bytes ∝ M^exponent" in text and "HBM bytes ∝ N^exponent" in text
+    # the M table lists every GPU of the report (the plot shows them all), and says why flash2's
+    # exponent is not -1: Br = min(⌈M/4d⌉, d) reaches d = 64 at M = 4d² = 16,384, flat after
+    m_table = text.split("HBM bytes ∝ M^exponent")[1].split("HBM bytes ∝ N^exponent")[0]
+    assert "A100-SXM4-40GB  flash2" in m_table and "H100-SXM5-80GB  flash2" in m_table
+    assert "why flash2 is not M^-1" in m_table and "M = 4d² = 16,384" in m_table
+    assert "so flash2 moves" in text and "Tr = 16 times" in text
+
+
+def test_m_sweep_notes_from_the_records(report):
+    """The reason printed for flash2's exponent is computed: below the cap its bytes fall as
+    M^-1 (within the Θ(Nd) terms), above it they do not move."""
+    from flashsim.report import m_sweep_notes
+
+    _, res, _ = report
+    f2 = sorted((r for r in res["m_sweep"] if r["gpu"] == "A100-SXM4-40GB" and r["algo"] == "flash2"),
+                key=lambda r: r["sram_elems"])
+    capped = [r for r in f2 if r["block_m"] == 64]
+    assert capped[0]["sram_elems"] == 4 * 64 * 64
+    assert len({r["hbm_bytes"] for r in capped}) == 1  # flat once Br = d
+    note = " ".join(m_sweep_notes(res["m_sweep"], DEFAULT_WORKLOAD))
+    assert "M^+0.000" in note and "-0.358" in note
 
 
 def test_cli_report(tmp_path, capsys):

@@ -114,7 +114,7 @@ def test_progress_bar(capsys):
 def test_plots(tmp_path):
     from flashsim.api import simulate
     from flashsim.config import Workload
-    from flashsim.plot import plot_breakdown, plot_sweep
+    from flashsim.plot import COLORS, THEOREM2_LABEL, plot_breakdown, plot_sweep
 
     recs = sweep(dict(BASE, N=512), "M", [1024, 2048, 4096, 8192], algos=("flash2", "smallcache"), walk=False)
     p = tmp_path / "sweep.png"
@@ -124,7 +124,12 @@ def test_plots(tmp_path):
     assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
     assert "M" in ax.get_xlabel() and "bytes" in ax.get_ylabel()
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert {"flash2", "smallcache", "lower bound", "Theorem 2 (flash)"} <= set(labels)
+    assert {"flash2", "smallcache", "lower bound", THEOREM2_LABEL} <= set(labels)
+    assert "up to constants" in THEOREM2_LABEL and "not a bound" in THEOREM2_LABEL
+    # one colour per algorithm, the shared palette's
+    for line in ax.get_lines():
+        if line.get_label() in ("flash2", "smallcache"):
+            assert line.get_color() == COLORS[line.get_label()]
     fig = plot_sweep(recs, "M", y="time_s" if "time_s" in recs[0] else "flops")
     assert "lower bound" not in [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     res = simulate(Workload(batch=1, heads=2, seq_len_q=256, head_dim=32), "flash2", "fwd", sram_elems=2048)
