@@ -8,7 +8,8 @@ of the current kernels (``h200``) and the kernels' exactness at realistic sizes
 (``exactness``).  ``h100`` is an earlier traffic measurement at an older commit, kept for its
 DRAM level on a GPU with a smaller L2 (analysis/data/README.md says what differs).  The timings
 beside torch's attention (``bench``) are the H100's, the GPU the performance targets name
-(``kernels/data/bench_h200.csv`` keeps an earlier run on an H200).
+(``kernels/data/bench_h200.csv`` keeps an earlier run on an H200).  The GPT-2 end-to-end training
+record (``gpt2``, ``gpt2_losses``: ``benchmarks/gpt2_train.py``) is the H100's too.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ DATA = {
     "h100": ("FLASHSIM_H100_CSV", "analysis/data/h100/h100.csv"),
     "exactness": ("FLASHSIM_EXACTNESS_JSON", "kernels/data/h200_exactness.json"),
     "bench": ("FLASHSIM_BENCH_CSV", "kernels/data/bench_h100.csv"),
+    "gpt2": ("FLASHSIM_GPT2_CSV", "kernels/data/gpt2_train_h100.csv"),
+    "gpt2_losses": ("FLASHSIM_GPT2_LOSSES_CSV", "kernels/data/gpt2_train_h100_losses.csv"),
     "calibration": ("FLASHSIM_CALIBRATION_CSV", "tests/data/ncu_raw_calibrate.csv"),
 }
 
