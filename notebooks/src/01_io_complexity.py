@@ -24,6 +24,7 @@ import numpy as np
 from analysis.compare import fit_loglog
 from flashsim import Workload, closed_form_elements, get_gpu, simulate
 from flashsim.bounds import bounds
+from flashsim.plot import COLORS  # one colour per algorithm, as in flashsim report
 
 plt.rcParams.update({"figure.dpi": 80, "axes.grid": True, "grid.alpha": 0.3, "legend.fontsize": 8})
 M_A100 = get_gpu("a100").sram_elems(2)  # 164 KiB of shared memory per thread block, fp16 elements
@@ -62,7 +63,7 @@ bnd_n = [bounds(head(n, 64), M_A100) for n in Ns]
 
 fig, ax = plt.subplots(figsize=(6.4, 4.2))
 for a in algos:
-    ax.loglog(Ns, by_n[a], "o-", label=f"{a} (simulated)")
+    ax.loglog(Ns, by_n[a], "o-", color=COLORS[a], label=f"{a} (simulated)")
 ax.loglog(Ns, [b["standard"] for b in bnd_n], "k--", lw=0.8, label="Algorithm 0 count 4Nd + 4N²")
 ax.loglog(Ns, [b["flash"] for b in bnd_n], "k-.", lw=0.8, label="Theorem 2: 2Nd + 12N²d²/M + 16N²d/M")
 ax.loglog(Ns, [b["lower_bound"] for b in bnd_n], "k:", lw=1.2, label="lower bound (Prop. 3, c = 1)")
@@ -101,7 +102,7 @@ bnd_d = [bounds(head(4096, d), M_A100) for d in ds]
 
 fig, ax = plt.subplots(figsize=(6.4, 4.2))
 for a in algos:
-    ax.loglog(ds, by_d[a], "o-", label=f"{a} (simulated)")
+    ax.loglog(ds, by_d[a], "o-", color=COLORS[a], label=f"{a} (simulated)")
 ax.loglog(ds, [b["flash"] for b in bnd_d], "k-.", lw=0.8, label="Theorem 2")
 ax.loglog(ds, [b["lower_bound"] for b in bnd_d], "k:", lw=1.2, label="lower bound (Prop. 3, c = 1)")
 ax.set_xscale("log", base=2)
@@ -140,7 +141,7 @@ bnd_m = [bounds(head(n_m, d_m), m) for m in Ms]
 
 fig, ax = plt.subplots(figsize=(6.4, 4.4))
 for a in algos_m:
-    ax.loglog(Ms, by_m[a], "o-", label=f"{a} (simulated)")
+    ax.loglog(Ms, by_m[a], "o-", color=COLORS[a], label=f"{a} (simulated)")
 ax.loglog(Ms, [b["flash"] for b in bnd_m], "k-.", lw=0.8, label="Theorem 2")
 ax.loglog(Ms, [b["saha_ye"] for b in bnd_m], "k--", lw=0.8, label="Saha–Ye: N²·min(d²/M, d/√M)")
 ax.loglog(Ms, [b["lower_bound"] for b in bnd_m], "k:", lw=1.6, label="lower bound (max with I/O floor)")

@@ -20,6 +20,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from flashsim import Tiling, Workload, get_gpu, simulate
+from flashsim.plot import COLORS  # one colour per algorithm, as in flashsim report
 from flashsim.roofline import roofline
 
 plt.rcParams.update({"figure.dpi": 80, "axes.grid": True, "grid.alpha": 0.3, "legend.fontsize": 8})
@@ -59,9 +60,9 @@ for ax in (ax1, ax2):
     ax.set_xscale("log", base=2)
     ax.set_xlabel("block size (rows; flash1: Bc, Br = min(Bc, d); flash2: Br, Bc = 64)")
 for a, st in (("flash1", "o-"), ("flash2", "s--")):
-    ax1.plot(blocks, gb[a], st, label=a)
-    for g, c in (("A100", "C0"), ("H100", "C3")):
-        ax2.plot(blocks, ms[(a, g)], st, color=c, label=f"{a}, {g}")
+    ax1.plot(blocks, gb[a], st, color=COLORS[a], label=a)
+    for g, ls, face in (("A100", "-", None), ("H100", ":", "none")):  # the algorithm's colour, a style per GPU
+        ax2.plot(blocks, ms[(a, g)], marker=st[0], ls=ls, mfc=face, color=COLORS[a], label=f"{a}, {g}")
 ax1.set_yscale("log")
 ax1.set_ylabel("HBM traffic (GB)")
 ax1.set_title("forward, N = 1024, d = 64, 16 heads, batch 64, fp16")
@@ -132,13 +133,13 @@ if csv_path is not None:
         lsu = np.array([c["lsu_bytes"] / 1e9 for c in pts])
         t_ms = np.array([c["time_ns"] / 1e6 for c in pts])
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-        ax1.loglog(m_bytes / 1024, sim_gb, "-", label="simulated (walker, 32-byte sectors)")
-        ax1.loglog(mx, lsu, "o", label="measured (ncu, LSU bytes)")
+        ax1.loglog(m_bytes / 1024, sim_gb, "-", color=COLORS["flash1"], label="simulated (walker, 32-byte sectors)")
+        ax1.loglog(mx, lsu, "o", color=COLORS["flash1"], mec="k", label="measured (ncu, LSU bytes)")
         ax1.set_xlabel("SRAM budget M per thread block (KiB)")
         ax1.set_ylabel("global-memory traffic (GB)")
         ax1.set_title("FlashAttention-1 forward, N = 2048, d = 64, 16 heads, fp16")
         ax1.legend()
-        ax2.semilogx(mx, t_ms, "o-", color="C1")
+        ax2.semilogx(mx, t_ms, "o-", color=COLORS["flash1"], mec="k")
         ax2.set_xlabel("SRAM budget M per thread block (KiB)")
         ax2.set_ylabel("measured kernel time (ms)")
         ax2.set_ylim(0, None)

@@ -18,9 +18,11 @@ if str(ROOT) not in sys.path:
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.patches import Patch
 
 from flashsim import Tiling, Workload, get_gpu, simulate
 from flashsim.flops import flops
+from flashsim.plot import COLORS  # one colour per algorithm, as in flashsim report
 from flashsim.roofline import roofline
 
 plt.rcParams.update({"figure.dpi": 80, "axes.grid": True, "grid.alpha": 0.3, "legend.fontsize": 8})
@@ -65,12 +67,14 @@ x = np.arange(len(names))
 for ax, key, label in zip(axes, ("GB", "GFLOP", "ms"), ("HBM traffic (GB)", "FLOPs (GFLOP)", "roofline time on A100 (ms)")):
     fwd = np.array([res[n, "fwd"][key] for n in names])
     bwd = np.array([res[n, "bwd"][key] for n in names])
-    ax.bar(x, fwd, label="forward")
-    ax.bar(x, bwd, bottom=fwd, label="backward")
+    col = [COLORS[variants[n][0]] for n in names]  # one colour per algorithm; the backward hatched
+    ax.bar(x, fwd, color=col, label="forward")
+    ax.bar(x, bwd, bottom=fwd, color=col, hatch="//", edgecolor="white", label="backward")
     ax.set_xticks(x, names, rotation=20, fontsize=8)
     ax.set_xlabel("algorithm")
     ax.set_ylabel(label)
-axes[0].legend()
+axes[0].legend(handles=[Patch(facecolor="0.6", label="forward"),
+                        Patch(facecolor="0.6", hatch="//", edgecolor="white", label="backward")])
 fig.suptitle("one attention layer of GPT-2 medium: N = 1024, d = 64, 16 heads, batch 64, fp16, forward + backward")
 fig.tight_layout()
 plt.show()
@@ -145,9 +149,10 @@ fig, ax = plt.subplots(figsize=(9.5, 3.8))
 width = 0.2
 for k, (causal, p) in enumerate(cases):
     ax.bar(np.arange(3) + (k - 1.5) * width, [std[causal, p, f] for f in fuses], width,
+           color=plt.cm.Reds(0.35 + 0.18 * k),  # all standard attention: shades of its colour
            label=f"{'causal' if causal else 'no mask'}, dropout {p:g}")
 ax.axhline(paper["standard"]["GB"], color="k", ls="--", lw=0.8, label="paper's standard attention, 40.3 GB")
-ax.axhline(tot["flash1"]["GB"], color="C4", ls=":", lw=1.2, label=f"FlashAttention-1 (simulated), {tot['flash1']['GB']:.1f} GB")
+ax.axhline(tot["flash1"]["GB"], color=COLORS["flash1"], ls=":", lw=1.2, label=f"FlashAttention-1 (simulated), {tot['flash1']['GB']:.1f} GB")
 ax.set_xticks(range(3), [f'fuse="{f}"' for f in fuses])
 ax.set_xlabel("what is fused into one kernel (the fuse option)")
 ax.set_ylabel("HBM traffic, forward + backward (GB)")

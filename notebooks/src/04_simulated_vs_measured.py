@@ -37,6 +37,7 @@ from analysis.ncu import parse_raw_csv, split_by_marker
 from analysis.notebook_data import find, preset_of
 from flashsim.bounds import bounds
 from flashsim.config import DTYPE_BYTES
+from flashsim.plot import COLORS  # one colour per algorithm, as in flashsim report
 
 plt.rcParams.update({"figure.dpi": 80, "axes.grid": True, "grid.alpha": 0.3, "legend.fontsize": 8})
 
@@ -121,9 +122,9 @@ if have_data:
     fig, axes = plt.subplots(1, 3, figsize=(13, 4))
     for ax, (lv, sim_key, key) in zip(axes, (("LSU", "sim_lsu_bytes", "lsu_bytes"), ("L2", "sim_lsu_bytes", "l2_bytes"),
                                              ("DRAM", "sim_dram_bytes", "dram_bytes"))):
-        for k, kernel in enumerate(("flash2", "flash1", "standard")):
+        for kernel in ("flash2", "flash1", "standard"):
             pts = [c for c in configs if c["kernel"] == kernel and c[key] > 0 and c[sim_key] > 0]
-            ax.loglog([c[sim_key] / 1e9 for c in pts], [c[key] / 1e9 for c in pts], "o", color=f"C{k}",
+            ax.loglog([c[sim_key] / 1e9 for c in pts], [c[key] / 1e9 for c in pts], "o", color=COLORS[kernel],
                       alpha=0.8, label=kernel)
         vals = [v / 1e9 for c in configs for v in (c[sim_key], c[key]) if v > 0]
         ax.loglog([min(vals), max(vals)], [min(vals), max(vals)], "k--", lw=0.8, label="measured = simulated")

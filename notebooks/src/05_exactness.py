@@ -25,6 +25,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from analysis.exactness import tiled_attention
+from flashsim.plot import COLORS  # one colour per algorithm, as in flashsim report
 from kernels.reference import attention_forward, judge_low_precision, plain_attention_lowp, rel_error
 
 plt.rcParams.update({"figure.dpi": 80, "axes.grid": True, "grid.alpha": 0.3, "legend.fontsize": 8})
@@ -207,7 +208,7 @@ for (kern, pss, dt), rs in groups.items():
     print(f"{kern:9s} {pss:4s} {dt:8s} {sum(bool(r['ok']) for r in rs):3d}/{len(rs):<3d} {ns[0]:>6d}–{ns[-1]:<7d} "
           f"{max(r['rel_err'] for r in rs):12.2e} " + (f"{min(ratios):6.2f}–{max(ratios):.2f}" if ratios else ""))
 
-kern_style = {"flash2": "C0", "flash1": "C1", "standard": "C2"}
+kern_style = {k: COLORS[k] for k in ("flash2", "flash1", "standard")}  # flashsim.plot's palette
 out_marker = {"O": "o", "dQ": "^", "dK": "s", "dV": "D"}
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.4))
 pairs = [(r, name, e, b) for r in recs if r["dtype"] == "float16" for name, e, b in outputs(r)]

@@ -31,6 +31,7 @@ from matplotlib.lines import Line2D
 from analysis.notebook_data import find, load_meta, preset_of
 from analysis.perf import PEERS, cases, ratio_range, ratios, read_bench, series, split_failed, variants
 from flashsim.config import get_gpu
+from flashsim.plot import COLORS
 
 plt.rcParams.update({"figure.dpi": 80, "axes.grid": True, "grid.alpha": 0.3, "legend.fontsize": 8})
 
@@ -65,10 +66,10 @@ for r in failed:
 
 # %%
 N_MIN = 4096  # the takeaways quote N >= N_MIN, where launch overheads no longer dominate
-colour = {"naive": "0.45", "sdpa_flash": "C0", "sdpa_cudnn": "C1", "sdpa_mem_eff": "C2"}
+colour = {v: COLORS[v] for v in ("naive", "sdpa_flash", "sdpa_cudnn", "sdpa_mem_eff")}  # flashsim.plot's palette
 ours_names = [v for v in variants(timed) if v not in PEERS]
-# ours in the cycle's colours after the peers', skipping C7 (grey, like naive's line)
-colour |= {v: c for v, c in zip(ours_names, ("C3", "C4", "C5", "C6", "C8", "C9", "k"))}
+# ours: the palette's colour for the first variant, then colours the palette does not use
+colour |= {v: c for v, c in zip(ours_names, (COLORS["ours"], "tab:olive", "tab:gray", "k", "navy", "gold", "teal"))}
 pass_name = {"fwd": "forward", "bwd": "backward"}
 panels = cases(timed)
 ds = sorted({r["d"] for r in timed})
