@@ -95,7 +95,7 @@ def plot_sweep(records: list[dict], x: str, y: str = "hbm_bytes", by: str = "alg
     """
     plt = _pyplot()
     xf = field_of(x)
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    fig, ax = plt.subplots(figsize=(9.6, 4.4))
     passes = {r.get("pass") for r in records}
     series = group_by(records, (lambda r: (r.get(by), r.get("pass"))) if len(passes) > 1 else by)
     for key, rs in series.items():
@@ -129,7 +129,8 @@ def plot_sweep(records: list[dict], x: str, y: str = "hbm_bytes", by: str = "alg
     ax.set_xlabel(_label(xf))
     ax.set_ylabel(_label(y))
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, handlelength=HANDLE_LENGTH)
+    # beside the axes: a legend of eight lines would hide the curves it names
+    ax.legend(fontsize=8, handlelength=HANDLE_LENGTH, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     if title:
         ax.set_title(title)
     fig.tight_layout()
