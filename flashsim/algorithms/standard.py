@@ -71,9 +71,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..config import Tiling, Workload, cdiv
+from ..config import Tiling, Workload, as_size, cdiv
 from ..traffic import Access, Launch, Schedule, TensorLayout, read, write
-from ._common import block_rows, layouts, per_kv_head_slices, per_query_head_slices
+from ._common import block_rows, classes, head_classes, layouts, per_kv_head_slices, per_query_head_slices
 
 PASSES = ("fwd", "bwd")
 NEEDS_TILING = False
@@ -98,13 +98,12 @@ def _options(options: dict) -> tuple[str, float, int]:
     fuse = options.get("fuse", OPTIONS["fuse"][0])
     dropout = options.get("dropout", OPTIONS["dropout"][0])
     gb = options.get("gemm_block", OPTIONS["gemm_block"][0])
-    if fuse not in FUSE_CHOICES:
+    if not isinstance(fuse, str) or fuse not in FUSE_CHOICES:
         raise ValueError(f"fuse={fuse!r}: must be one of {list(FUSE_CHOICES)}")
-    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+    if (isinstance(dropout, (bool, np.bool_)) or not isinstance(dropout, (int, float, np.integer, np.floating))
+            or not 0.0 <= dropout < 1.0):
         raise ValueError(f"dropout={dropout!r}: must be a number in [0, 1)")
-    if isinstance(gb, bool) or not isinstance(gb, (int, np.integer)) or gb <= 0:
-        raise ValueError(f"gemm_block={gb!r}: must be a positive integer")
-    return fuse, float(dropout), int(gb)
+    return fuse, float(dropout), as_size("gemm_block", gb)
 
 
 def _tensors(w: Workload, names: list[str]) -> dict[str, TensorLayout]:
@@ -151,7 +150,16 @@ def _gemm_abt(w: Workload, b: int, name: str, a: str, bt: str, c: str) -> Launch
             yield read(bt, c0[j_idx], cn[j_idx])
             yield write(c, r0[i_idx], rn[i_idx], c0[j_idx], cn[j_idx])
 
-    return Launch(name, w.bh, per_query_head_slices(w, (a, bt, c)), accesses)
+    def counts():
+        # A_i once per output tile of row i (Tc times), B_j Tr times, each C_ij once: the tiles
+        # grouped into (row class) x (column class).
+        rc, cc = classes(r0, rn), classes(c0, cn)
+        yield read(a, rc[0], rc[1], repeat=rc[2] * tc)
+        yield read(bt, cc[0], cc[1], repeat=cc[2] * len(r0))
+        yield write(c, rc[0][:, None], rc[1][:, None], cc[0][None, :], cc[1][None, :],
+                    repeat=rc[2][:, None] * cc[2][None, :])
+
+    return Launch(name, w.bh, per_query_head_slices(w, (a, bt, c)), accesses, counts)
 
 
 def _gemm_rows(w: Workload, b: int, name: str, a: list[str], bfull: str, c: str) -> Launch:
@@ -167,7 +175,14 @@ def _gemm_rows(w: Workload, b: int, name: str, a: list[str], bfull: str, c: str)
             yield read(bfull, 0 * ii, w.nk)  # all of B, once per output block
             yield write(c, r0[ii], rn[ii])
 
-    return Launch(name, w.bh, per_query_head_slices(w, (*a, bfull, c)), accesses)
+    def counts():
+        rc = classes(r0, rn)
+        for t in a:
+            yield read(t, rc[0], rc[1], repeat=rc[2])
+        yield read(bfull, 0, w.nk, repeat=len(r0))
+        yield write(c, rc[0], rc[1], repeat=rc[2])
+
+    return Launch(name, w.bh, per_query_head_slices(w, (*a, bfull, c)), accesses, counts)
 
 
 def _gemm_cols_group(w: Workload, b: int, name: str, a: list[str], bq: str, c: str) -> Launch:
@@ -185,7 +200,15 @@ def _gemm_cols_group(w: Workload, b: int, name: str, a: list[str], bq: str, c: s
             yield read(bq, 0, w.nq, slice_offset=h_idx)
             yield write(c, c0[jj], cn[jj])
 
-    return Launch(name, w.batch * w.hkv, per_kv_head_slices(w, (*a, bq, c)), accesses)
+    def counts():
+        cc = classes(c0, cn)
+        hs, per_head = head_classes(w.group)
+        for t in a:
+            yield read(t, 0, w.nq, cc[0][None, :], cc[1][None, :], slice_offset=hs, repeat=per_head * cc[2][None, :])
+        yield read(bq, 0, w.nq, slice_offset=hs, repeat=per_head * len(c0))
+        yield write(c, cc[0], cc[1], repeat=cc[2])
+
+    return Launch(name, w.batch * w.hkv, per_kv_head_slices(w, (*a, bq, c)), accesses, counts)
 
 
 def _rowwise(w: Workload, name: str, reads: list[str], writes: list[str]) -> Launch:
