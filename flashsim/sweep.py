@@ -36,7 +36,7 @@ import numpy as np
 
 from .api import build_schedule, closed_form_elements, simulate
 from .bounds import bounds as compute_bounds
-from .config import Tiling, Workload, get_gpu
+from .config import Tiling, Workload, as_size, get_gpu
 from .flops import flops as count_flops
 from .roofline import roofline_from_counts
 from .traffic import from_elements
@@ -86,13 +86,14 @@ def normalise_base(base: dict) -> dict:
     return out
 
 
-def _progress(i: int, n: int, label: str) -> None:
-    width = 30
-    done = width * i // max(n, 1)
-    sys.stderr.write(f"\r[{'#' * done}{'.' * (width - done)}] {i}/{n} {label[:40]:<40}")
-    if i == n:
-        sys.stderr.write("\n")
-    sys.stderr.flush()
+def _progress_bar(total: int, enabled: bool):
+    """A tqdm progress bar on stderr, or None: only when asked for and stderr is a terminal (a
+    redirected stderr, a CI log or a notebook cell gets no bar)."""
+    if not enabled or not total or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, file=sys.stderr, unit="run", dynamic_ncols=True, leave=False)
 
 
 def _tiling_for(cfg: dict, w: Workload, algo: str, m: int | None) -> tuple[Tiling, dict]:
@@ -102,19 +103,19 @@ def _tiling_for(cfg: dict, w: Workload, algo: str, m: int | None) -> tuple[Tilin
         from .algorithms.smallcache import tile_for_sram
 
         if m is not None:
-            s = tile_for_sram(int(m))
+            s = tile_for_sram(m)
         elif "block_n" in cfg:
-            s = tile_for_sram(4 * w.d * int(cfg["block_n"]))
+            s = tile_for_sram(4 * w.d * as_size("block_n", cfg["block_n"]))
         else:
             raise ValueError("sram_elems: smallcache needs M (or block sizes to recover it from)")
         return Tiling(s, s), {"tile": s}
     if "block_m" in cfg or "block_n" in cfg:
         if not ("block_m" in cfg and "block_n" in cfg):
             raise ValueError("block_m/block_n: give both block sizes, or neither and sram_elems")
-        return Tiling(int(cfg["block_m"]), int(cfg["block_n"])), opts
+        return Tiling(cfg["block_m"], cfg["block_n"]), opts
     if m is None:
         raise ValueError("sram_elems: give M, block sizes, or a gpu")
-    return Tiling.from_sram(int(m), w.d), opts
+    return Tiling.from_sram(m, w.d), opts
 
 
 def run_one(cfg: dict, algo: str, pass_: str, gpu=None, walk: bool = True) -> dict:
@@ -186,22 +187,28 @@ def sweep(base: dict, param: str, values: Iterable, algos=("standard", "flash1",
     base = normalise_base(base)
     jobs = [(v, a, p) for v in values for a in algos for p in passes]
     out = []
-    for k, (v, a, p) in enumerate(jobs):
-        if progress:
-            _progress(k, len(jobs), f"{a} {p} {param}={v}")
-        cfg = _apply(base, param, v)
-        try:
-            rec = run_one(cfg, a, p, gpu=gpu, walk=walk)
-        except (ValueError, ImportError) as e:
-            if on_error == "raise":
-                raise
-            warnings.warn(f"skipped {a} {p} at {param}={v}: {e}", stacklevel=2)
-            continue
-        rec["param"] = param
-        rec["value"] = v
-        out.append(rec)
-    if progress:
-        _progress(len(jobs), len(jobs), "done")
+    bar = _progress_bar(len(jobs), progress)
+    try:
+        for v, a, p in jobs:
+            if bar is not None:
+                bar.set_description(f"{a} {p} {param}={v}"[:40], refresh=False)
+            cfg = _apply(base, param, v)
+            try:
+                rec = run_one(cfg, a, p, gpu=gpu, walk=walk)
+            except (ValueError, ImportError) as e:
+                if on_error == "raise":
+                    raise
+                warnings.warn(f"skipped {a} {p} at {param}={v}: {e}", stacklevel=2)
+                continue
+            finally:
+                if bar is not None:
+                    bar.update()
+            rec["param"] = param
+            rec["value"] = v
+            out.append(rec)
+    finally:
+        if bar is not None:
+            bar.close()
     return out
 
 
