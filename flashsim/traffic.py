@@ -280,10 +280,11 @@ def _total(a: np.ndarray, w: np.ndarray | int = 1) -> int:
 
 
 def _walk_launch(launch: Launch, tensors: dict[str, TensorLayout], bases: dict[str, int],
-                 ordered: bool = False) -> IOCount:
+                 ordered: bool = False, residues: dict | None = None) -> IOCount:
     acc_el: dict[tuple[str, Direction], int] = {}
     acc_sec: dict[tuple[str, Direction], int] = {}
     hists: dict[str, np.ndarray] = {}
+    residues = {} if residues is None else residues
     source = launch.accesses if ordered or launch.counts is None else launch.counts
     for a in source():
         t = tensors[a.tensor]
@@ -309,10 +310,16 @@ def _walk_launch(launch: Launch, tensors: dict[str, TensorLayout], bases: dict[s
             slices = np.asarray(launch.slice_of[a.tensor], dtype=np.int64)
             if slices.shape != (launch.programs,):
                 raise AssertionError(f"slice_of[{a.tensor!r}] has shape {slices.shape}, want ({launch.programs},)")
+            key_ = id(launch.slice_of[a.tensor])
+            if key_ not in residues:  # programs by slice index mod 32, and the slice range
+                residues[key_] = (launch.slice_of[a.tensor],
+                                  np.bincount(slices % SECTOR_BYTES, minlength=SECTOR_BYTES).astype(np.int64),
+                                  np.array([slices.min(), slices.max()]))
+            _, res, rng = residues[key_]
             base_phase = (bases[a.tensor] % SECTOR_BYTES
-                          + (slices % SECTOR_BYTES) * (t.slice_bytes % SECTOR_BYTES)) % SECTOR_BYTES
-            hists[a.tensor] = np.bincount(base_phase, minlength=SECTOR_BYTES).astype(np.int64)
-            hists[a.tensor + "/range"] = np.array([slices.min(), slices.max()])
+                          + np.arange(SECTOR_BYTES) * (t.slice_bytes % SECTOR_BYTES)) % SECTOR_BYTES
+            hists[a.tensor] = np.bincount(base_phase, weights=res, minlength=SECTOR_BYTES).astype(np.int64)
+            hists[a.tensor + "/range"] = rng
         lo, hi = hists[a.tensor + "/range"]
         if lo + soff.min() < 0 or hi + soff.max() >= t.slices:
             raise AssertionError(f"slice out of range for {a.tensor} in {launch.name}")
@@ -345,8 +352,9 @@ def walk(schedule: Schedule, ordered: bool = False) -> IOCount:
     bases = _tensor_bases(schedule.tensors)
     per_launch: dict[str, IOCount] = {}
     total: dict[tuple[str, Direction], Traffic] = {}
+    residues: dict = {}  # slice_of arrays shared by launches are histogrammed once
     for launch in schedule.launches:
-        c = _walk_launch(launch, schedule.tensors, bases, ordered)
+        c = _walk_launch(launch, schedule.tensors, bases, ordered, residues)
         name = launch.name
         k = 2
         while name in per_launch:
