@@ -99,3 +99,35 @@ def test_n_2_20_with_the_smallest_blocks(algo, pass_, causal):
     print(f"{algo} {pass_} causal={causal}: peak {peak / 2**20:.0f} MiB, {r.io.bytes:,} bytes")
     assert r.agrees and r.io.sectors > 0 and r.io.bytes == r.closed_form.bytes
     assert peak < 2**30
+
+
+@settings(max_examples=100, deadline=None)
+@given(n=st.integers(1, 3000), block=st.integers(1, 300), seed=st.integers(0, 2**32 - 1))
+def test_classes_group_blocks_by_what_a_count_sees(n, block, seed):
+    """classes() (both its paths: one size but the last, and the general sort) sums the weights
+    of the blocks with the same (start mod 32, size), and its representatives are real blocks."""
+    from flashsim.algorithms._common import block_rows, classes
+
+    start, size = block_rows(n, block)
+    weight = np.random.default_rng(seed).integers(0, 5, start.size)
+    want: dict = {}
+    for s0, sz, wt in zip(start.tolist(), size.tolist(), weight.tolist()):
+        want[(s0 % 32, sz)] = want.get((s0 % 32, sz), 0) + wt
+    for st_, sz_ in ((start, size), (start[::-1].copy(), size[::-1].copy())):  # reversed: the general path
+        wt_ = weight if st_[0] == start[0] else weight[::-1].copy()
+        rep, sizes, tot = classes(st_, sz_, wt_)
+        got: dict = {}
+        for s0, sz, t in zip(rep.tolist(), sizes.tolist(), tot.tolist()):
+            assert s0 in set(st_.tolist())
+            got[(s0 % 32, sz)] = got.get((s0 % 32, sz), 0) + t
+        assert got == {k: v for k, v in want.items() if v}
+
+
+@pytest.mark.parametrize("algo, pass_", RUNS)
+def test_grouped_counts_at_a_few_hundred_blocks(algo, pass_):
+    """Past the 64 blocks where classes() takes its fast path: grouped == loop order, ragged, GQA."""
+    causal = algo != "smallcache"
+    w = Workload(batch=1, heads=6, kv_heads=2, seq_len_q=601, seq_len_k=533, head_dim=37, causal=causal)
+    opts = {"standard": dict(gemm_block=3), "smallcache": dict(tile=7)}.get(algo, {})
+    sched = build_schedule(w, algo, pass_, Tiling(3, 2), **opts)
+    assert walk(sched) == walk(sched, ordered=True)
