@@ -64,10 +64,11 @@ _FWD_TENSORS = ("Q", "K", "V", "O", "L")
 _BWD_TENSORS = ("Q", "K", "V", "O", "L", "D", "dO", "dQ", "dK", "dV")
 
 
-#: Each program's loop is listed in at most _CHUNKS chunks of at least _MIN_CHUNK outer
-#: iterations: within a chunk, each tensor's transfers form one array, in loop order, so the
-#: walker makes a few dozen numpy calls whatever N is.  Only the interleaving of different
-#: tensors inside a chunk is not kept (it changes no count).
+#: The loop-order stream (``accesses()``, for iter_transfers) lists each program's loop in at
+#: most _CHUNKS chunks of at least _MIN_CHUNK outer iterations: within a chunk, each tensor's
+#: transfers form one array, in loop order; only the interleaving of different tensors inside
+#: a chunk is not kept (it changes no count).  The walker counts from the grouped ``counts()``
+#: (each distinct transfer once, with its multiplicity): O(Tr + Tc) whatever the mask.
 _CHUNKS = 16
 _MIN_CHUNK = 32
 

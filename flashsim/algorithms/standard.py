@@ -122,10 +122,11 @@ def _tensors(w: Workload, names: list[str]) -> dict[str, TensorLayout]:
 # a GQA group (dV, dK: one per (batch, kv head)); a program loops over its output tiles.
 
 
-#: A program's outer loop is listed in at most _CHUNKS chunks of at least _MIN_CHUNK iterations;
-#: within a chunk each tensor's transfers form one array in loop order (only the interleaving of
-#: different tensors inside a chunk is lost, which changes no count), so the walker makes a few
-#: dozen numpy calls per launch whatever N and gemm_block are.
+#: In the loop-order stream (``accesses()``, for iter_transfers) a program's outer loop is listed
+#: in at most _CHUNKS chunks of at least _MIN_CHUNK iterations; within a chunk each tensor's
+#: transfers form one array in loop order (only the interleaving of different tensors inside a
+#: chunk is lost, which changes no count).  The walker counts from the grouped ``counts()``: the
+#: GEMM output tiles as (row class) x (column class), O(Tr + Tc) whatever gemm_block is.
 _CHUNKS = 16
 _MIN_CHUNK = 32
 
