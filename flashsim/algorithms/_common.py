@@ -104,8 +104,10 @@ def classes(start: np.ndarray, size: np.ndarray, weight: np.ndarray | int = 1
         first = np.zeros(SECTOR_BYTES, dtype=np.int64)
         first[r[::-1]] = np.arange(n - 2, -1, -1, dtype=np.int64)  # the first block of each residue
         k = np.flatnonzero(tot)
-        return (np.append(start[first[k]], start[-1]), np.append(size[first[k]], size[-1]),
-                np.append(tot[k], weight[-1]))
+        rep, sz, tw = (np.append(start[first[k]], start[-1]), np.append(size[first[k]], size[-1]),
+                       np.append(tot[k], weight[-1]))
+        keep = tw > 0
+        return rep[keep], sz[keep], tw[keep]
     key = (start % SECTOR_BYTES) + SECTOR_BYTES * size
     uniq, first, inv = np.unique(key, return_index=True, return_inverse=True)
     # float64 sums are exact here: a weight total is at most Tr·Tc·group <= 2^53
@@ -126,3 +128,10 @@ def head_classes(group: int) -> tuple[np.ndarray, np.ndarray]:
     both shaped (k, 1) to broadcast against a row of block classes."""
     rep = np.arange(min(group, SECTOR_BYTES), dtype=np.int64)
     return rep[:, None], ((group - rep + SECTOR_BYTES - 1) // SECTOR_BYTES)[:, None]
+
+
+def chunks(n: int, parts: int = 16, least: int = 32) -> list[np.ndarray]:
+    """0 .. n-1 in at most ``parts`` consecutive chunks of at least ``least`` (the last may be
+    shorter): how the loop-order streams list an outer loop without holding all of it at once."""
+    size = max(least, -(-n // parts))
+    return [np.arange(s, min(s + size, n), dtype=np.int64) for s in range(0, n, size)]

@@ -80,6 +80,7 @@ from ..traffic import Launch, Schedule, TensorLayout, read, write
 from ._common import (
     block_rows,
     check_blocks,
+    chunks,
     classes,
     head_classes,
     layouts,
@@ -116,17 +117,6 @@ def _layouts(w: Workload, names, o_fp32: bool) -> dict[str, TensorLayout]:
     return out
 
 
-#: The loop-order streams (``accesses()``) list the key blocks j in at most _CHUNKS chunks of at
-#: least _MIN_CHUNK, so no Tr x Tc array is held at once.
-_CHUNKS = 16
-_MIN_CHUNK = 32
-
-
-def _chunks(n: int) -> list[np.ndarray]:
-    size = max(_MIN_CHUNK, -(-n // _CHUNKS))
-    return [np.arange(s, min(s + size, n), dtype=np.int64) for s in range(0, n, size)]
-
-
 def _forward(w: Workload, t: Tiling, o_fp32: bool) -> Schedule:
     q0, qn = block_rows(w.nq, t.block_m)
     k0, kn = block_rows(w.nk, t.block_n)
@@ -138,7 +128,7 @@ def _forward(w: Workload, t: Tiling, o_fp32: bool) -> Schedule:
 
     def main():
         # Every visible (i, j) pair in loop order: j outer, i inner, a chunk of j at a time.
-        for jj in _chunks(len(k0)):
+        for jj in chunks(len(k0)):
             sub = visible_cols(w, t, jj)
             j_idx, ii = np.nonzero(sub)
             kv_j = jj[sub.any(axis=1)]
@@ -183,7 +173,7 @@ def _backward(w: Workload, t: Tiling, o_fp32: bool) -> Schedule:
     def main():
         # Visible (j, h, i) triples in loop order: key block j, then query head h, then block i,
         # a chunk of j at a time.
-        for jj in _chunks(len(k0)):
+        for jj in chunks(len(k0)):
             sub = visible_cols(w, t, jj)
             rows, qi = np.nonzero(np.repeat(sub, g, axis=0))  # rows ordered (j, h)
             soff = rows % g
