@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .algorithms import get_algorithm
-from .config import Tiling, Workload, _check_positive_int
+from .config import Tiling, Workload, as_size
 from .traffic import IOCount, Schedule, Traffic, from_elements, walk
 
 PASSES = ("fwd", "bwd", "fwd+bwd")
@@ -45,6 +45,12 @@ def resolve_tiling(workload: Workload, algo: str, tiling: Tiling | None = None,
     its tiles from M itself (:func:`takes_sram`) when M rather than a tiling is given.
     """
     mod = get_algorithm(algo)
+    if not isinstance(workload, Workload):
+        raise ValueError(f"workload={type(workload).__name__}: must be a flashsim.Workload")
+    if tiling is not None and not isinstance(tiling, Tiling):
+        raise ValueError(f"tiling={tiling!r}: must be a flashsim.Tiling, e.g. Tiling(block_m=64, block_n=64), or None")
+    if sram_elems is not None:
+        sram_elems = as_size("sram_elems", sram_elems)  # checked even where unused (standard)
     if not mod.NEEDS_TILING:
         return None
     if tiling is not None and sram_elems is not None:
@@ -54,7 +60,6 @@ def resolve_tiling(workload: Workload, algo: str, tiling: Tiling | None = None,
     if sram_elems is None:
         raise ValueError(f"sram_elems=None: algorithm {algo!r} needs an SRAM size M or explicit block sizes")
     if takes_sram(algo):
-        _check_positive_int("sram_elems", sram_elems)
         return None
     return Tiling.from_sram(sram_elems, workload.head_dim)
 
@@ -64,12 +69,12 @@ def _resolve(workload: Workload, algo: str, tiling: Tiling | None, sram_elems: i
     """(tiling, options) the algorithm's ``schedule`` and ``closed_form`` are called with."""
     tl = resolve_tiling(workload, algo, tiling, sram_elems)
     if tl is None and sram_elems is not None and takes_sram(algo) and "tile" not in options:
-        options = {**options, "sram_elems": int(sram_elems)}
+        options = {**options, "sram_elems": as_size("sram_elems", sram_elems)}
     return tl, options
 
 
 def _passes(pass_: str) -> tuple[str, ...]:
-    if pass_ not in PASSES:
+    if not isinstance(pass_, str) or pass_ not in PASSES:
         raise ValueError(f"pass_={pass_!r}: must be one of {list(PASSES)}")
     return tuple(pass_.split("+"))
 
@@ -77,6 +82,7 @@ def _passes(pass_: str) -> tuple[str, ...]:
 def build_schedule(workload: Workload, algo: str, pass_: str = "fwd", tiling: Tiling | None = None,
                    sram_elems: int | None = None, **options) -> Schedule:
     mod = get_algorithm(algo)
+    _passes(pass_)
     tl, options = _resolve(workload, algo, tiling, sram_elems, options)
     scheds = []
     for p in _passes(pass_):
@@ -95,6 +101,7 @@ def build_schedule(workload: Workload, algo: str, pass_: str = "fwd", tiling: Ti
 def closed_form_elements(workload: Workload, algo: str, pass_: str = "fwd", tiling: Tiling | None = None,
                          sram_elems: int | None = None, **options) -> dict[tuple[str, str], int]:
     mod = get_algorithm(algo)
+    _passes(pass_)
     tl, options = _resolve(workload, algo, tiling, sram_elems, options)
     out: dict[tuple[str, str], int] = {}
     for p in _passes(pass_):
@@ -112,6 +119,8 @@ def simulate(workload: Workload, algo: str, pass_: str = "fwd", tiling: Tiling |
     ``SimResult.options`` are the options the algorithm ran with (for ``smallcache`` given M, M
     itself as ``sram_elems``).
     """
+    get_algorithm(algo)
+    _passes(pass_)
     tl, run_options = _resolve(workload, algo, tiling, sram_elems, options)
     sched = build_schedule(workload, algo, pass_, tiling, sram_elems, **options)
     io = walk(sched)

@@ -81,7 +81,7 @@ import math
 
 import numpy as np
 
-from .config import Workload
+from .config import Workload, as_size
 from .masking import causal_col_limit
 
 #: Constant of the N²d²/M term of Theorem 2 as counted from Algorithm 1 (Q read, O read, O write
@@ -103,7 +103,9 @@ def visible_pairs(w: Workload) -> int:
     if w.block_mask is None:
         if not w.causal:
             return w.nq * w.nk
-        return int(_row_limits(w).sum())
+        # row i sees clip(i + Nk - Nq + 1, 0, Nk) keys: the integers Nk - Nq + 1 .. Nk, floored at 0
+        lo = max(w.nk - w.nq + 1, 1)
+        return (w.nk * (w.nk + 1) - (lo - 1) * lo) // 2
     bm = w.block_mask
     mask = bm.array
     tc = mask.shape[1]
@@ -124,11 +126,12 @@ def visible_pairs(w: Workload) -> int:
 
 def needed_rows(w: Workload) -> tuple[int, int]:
     """(query rows, key rows) that take part in at least one visible pair."""
-    lim = _row_limits(w)
     if w.block_mask is None:
-        nq_needed = int((lim > 0).sum())
-        nk_needed = int(lim.max()) if w.nq else 0
-        return nq_needed, nk_needed
+        if not w.causal:
+            return w.nq, w.nk
+        # the last row sees every key; row i sees one at least iff i + Nk - Nq + 1 > 0
+        return w.nk - max(w.nk - w.nq + 1, 1) + 1, w.nk
+    lim = _row_limits(w)
     bm = w.block_mask
     mask = bm.array
     tr, tc = mask.shape
@@ -194,15 +197,16 @@ def bounds_table(workload: Workload, sram_elems: int, algos=None, pass_: str = "
     from .api import closed_form_elements, simulate
 
     algos = ALGORITHMS if algos is None else tuple(algos)
+    sram_elems = as_size("sram_elems", sram_elems)  # an exact M: a float is not truncated
     b = bounds(workload, sram_elems)
     rows = []
     for a in algos:
         row: dict = {"algo": a, "pass": pass_, "sram_elems": sram_elems, **b}
         try:
             if walk:
-                sim = simulate(workload, a, pass_, sram_elems=int(sram_elems)).io.elements
+                sim = simulate(workload, a, pass_, sram_elems=sram_elems).io.elements
             else:
-                sim = sum(closed_form_elements(workload, a, pass_, sram_elems=int(sram_elems)).values())
+                sim = sum(closed_form_elements(workload, a, pass_, sram_elems=sram_elems).values())
         except (ImportError, ValueError) as e:
             row.update(simulated=None, ratio_lower=None, ratio_saha_ye=None, ratio_flash=None, error=str(e))
             rows.append(row)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .config import DTYPE_BYTES, STAT_BYTES
+from .config import DTYPE_BYTES, MAX_SIZE, STAT_BYTES
 
 ALGOS = ("standard", "flash1", "flash2", "smallcache")
 #: the algorithms with a vectorised backward
@@ -55,9 +55,39 @@ def dense_backward(algo: str, nq, d, m, batch=1, heads=1, nk=None, kv_heads=None
     return dense(algo, "bwd", nq, d, m, batch, heads, nk, kv_heads, gemm_block)
 
 
+def _sizes(name: str, x) -> np.ndarray:
+    """``x`` as an int64 array of sizes in [1, MAX_SIZE]; floats (never truncated), bools and
+    non-numbers are refused with a ValueError naming ``name``."""
+    try:
+        a = np.asarray(x)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{name}: must be an integer or an integer array ({e})") from None
+    if a.dtype.kind not in "iu":
+        raise ValueError(f"{name}: must be an integer or an integer array, not dtype {a.dtype} (sizes are never "
+                         f"truncated)")
+    if a.size and (a.min() <= 0 or a.max() > MAX_SIZE):
+        bad = a.min() if a.min() <= 0 else a.max()
+        raise ValueError(f"{name}={bad}: sizes must be in [1, {MAX_SIZE:,}]")
+    return a.astype(np.int64)
+
+
 def dense(algo: str, pass_: str, nq, d, m, batch=1, heads=1, nk=None, kv_heads=None,
           gemm_block: int = 128) -> dict[tuple[str, str], np.ndarray]:
-    """Element counts per (tensor, direction) of ``algo``'s dense ``pass_`` ("fwd" or "bwd")."""
+    """Element counts per (tensor, direction) of ``algo``'s dense ``pass_`` ("fwd" or "bwd").
+
+    Sizes must be integers (Python, numpy or integer arrays; floats are refused, not truncated)
+    in [1, 2**31 - 1].  Configurations whose counts could exceed int64 (8·B·H·Nq·Nk·(d + 1) >=
+    2^63) are refused with a ValueError.
+    """
+    nq, d, m, batch, heads = (_sizes(n, x) for n, x in
+                              (("nq", nq), ("d", d), ("m", m), ("batch", batch), ("heads", heads)))
+    nk = None if nk is None else _sizes("nk", nk)
+    kv_heads = None if kv_heads is None else _sizes("kv_heads", kv_heads)
+    gemm_block = int(_sizes("gemm_block", gemm_block))
+    est = 8.0 * batch * heads * nq * (nq if nk is None else nk) * (d + 1.0)
+    if np.size(est) and np.max(est) >= 2.0**63:
+        raise ValueError("nq, nk, d, batch, heads: counts of these sizes could exceed int64 (8·B·H·Nq·Nk·(d + 1) "
+                         ">= 2**63); use flashsim.api.closed_form_elements (Python ints) instead")
     if pass_ == "fwd":
         out = _dense_forward(algo, nq, d, m, batch, heads, nk, kv_heads, gemm_block)
     elif pass_ == "bwd":

@@ -22,6 +22,7 @@ Conventions used throughout flashsim:
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,16 +33,71 @@ DTYPE_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2}
 STAT_BYTES = 4
 
 
+#: The largest size (batch, heads, sequence length, head dimension, block size, M) a description
+#: accepts: 2**31 - 1.  Products of such sizes stay exact (the simulator counts in Python ints or
+#: int64 with overflow checks); larger values are refused with a ValueError naming the field.
+MAX_SIZE = 2**31 - 1
+
+
+def as_size(name: str, value: object, limit: int = MAX_SIZE) -> int:
+    """``value`` as a Python int in [1, limit], or a ValueError naming ``name``.
+
+    Accepts Python and numpy integers (normalised with ``operator.index``, so np.int32 sizes
+    cannot overflow later).  Refuses bools, floats (even integral ones such as 64.0: a float
+    size is never silently truncated), strings, None and anything else.
+    """
+    if isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name}={value!r}: must be an integer, not a bool")
+    if isinstance(value, (float, np.floating)):
+        raise ValueError(f"{name}={value!r}: must be an integer, not a float (sizes are never truncated)")
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name}={value!r}: must be an integer") from None
+    if n <= 0:
+        raise ValueError(f"{name}={n}: must be a positive integer")
+    if n > limit:
+        raise ValueError(f"{name}={n}: must be at most {limit:,} (flashsim's size limit)")
+    return int(n)
+
+
 def _check_positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name}={value!r}: must be an integer")
-    if value <= 0:
-        raise ValueError(f"{name}={value!r}: must be a positive integer")
+    as_size(name, value, limit=2**62)
 
 
 def cdiv(a: int, b: int) -> int:
     """Ceiling division of non-negative integers."""
     return -(-a // b)
+
+
+def _bool_matrix(mask: object) -> np.ndarray:
+    """A 2-D boolean array from ``mask``, refusing what would not convert faithfully: entries
+    must be bools, or integers / floats equal to 0 or 1 (NaN, 0.5, 2 or a string are refused,
+    where ``bool(x)`` would have made them True)."""
+    if not isinstance(mask, np.ndarray):
+        try:
+            widths = sorted({len(r) for r in mask})  # type: ignore[union-attr]
+        except TypeError:
+            widths = []
+        if len(widths) > 1:
+            raise ValueError(f"mask row lengths={widths}: rows must have equal length")
+    try:
+        arr = np.asarray(mask)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"mask: must be a 2-D array of bools ({e})") from None
+    if arr.size == 0:
+        raise ValueError(f"mask shape={arr.shape}: must be non-empty")
+    if arr.ndim != 2:
+        raise ValueError(f"mask.ndim={arr.ndim}: must be 2 (query blocks x key blocks)")
+    if arr.dtype == bool:
+        return arr.copy()
+    if arr.dtype.kind not in "iuf":
+        raise ValueError(f"mask.dtype={arr.dtype}: entries must be bools (or 0/1 numbers)")
+    bad = ~((arr == 0) | (arr == 1))
+    if bad.any():
+        i, j = np.argwhere(bad)[0]
+        raise ValueError(f"mask[{i}][{j}]={arr[i, j]!r}: entries must be bools, 0 or 1")
+    return arr == 1
 
 
 @dataclass(frozen=True)
@@ -58,26 +114,21 @@ class BlockMask:
     mask: tuple[tuple[bool, ...], ...]
 
     def __post_init__(self) -> None:
-        _check_positive_int("block_m", self.block_m)
-        _check_positive_int("block_n", self.block_n)
-        rows = tuple(tuple(bool(x) for x in row) for row in self.mask)
-        if not rows or not rows[0]:
-            raise ValueError(f"mask shape=({len(rows)}, ...): must be non-empty")
-        widths = {len(r) for r in rows}
-        if len(widths) != 1:
-            raise ValueError(f"mask row lengths={sorted(widths)}: rows must have equal length")
-        object.__setattr__(self, "mask", rows)
+        object.__setattr__(self, "block_m", as_size("block_m", self.block_m))
+        object.__setattr__(self, "block_n", as_size("block_n", self.block_n))
+        arr = _bool_matrix(self.mask)
+        object.__setattr__(self, "mask", tuple(map(tuple, arr.tolist())))
+        arr.setflags(write=False)
+        object.__setattr__(self, "_array", arr)
 
     @classmethod
     def from_array(cls, mask: np.ndarray, block_m: int, block_n: int) -> BlockMask:
-        arr = np.asarray(mask, dtype=bool)
-        if arr.ndim != 2:
-            raise ValueError(f"mask.ndim={arr.ndim}: must be 2 (query blocks x key blocks)")
-        return cls(block_m, block_n, tuple(map(tuple, arr.tolist())))
+        return cls(block_m, block_n, mask)
 
     @property
     def array(self) -> np.ndarray:
-        return np.array(self.mask, dtype=bool)
+        """The mask as a (read-only) boolean numpy array."""
+        return self._array  # type: ignore[attr-defined]
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -113,15 +164,16 @@ class Workload:
         if self.kv_heads is None:
             object.__setattr__(self, "kv_heads", self.heads)
         for name in ("batch", "heads", "kv_heads", "seq_len_q", "seq_len_k", "head_dim"):
-            _check_positive_int(name, getattr(self, name))
+            object.__setattr__(self, name, as_size(name, getattr(self, name)))
         if self.heads % self.kv_heads:
             raise ValueError(
                 f"kv_heads={self.kv_heads}: must divide heads={self.heads} (grouped-query attention)"
             )
-        if self.dtype not in DTYPE_BYTES:
+        if not isinstance(self.dtype, str) or self.dtype not in DTYPE_BYTES:
             raise ValueError(f"dtype={self.dtype!r}: must be one of {sorted(DTYPE_BYTES)}")
         if not isinstance(self.causal, (bool, np.bool_)):
             raise ValueError(f"causal={self.causal!r}: must be a bool")
+        object.__setattr__(self, "causal", bool(self.causal))
         if self.block_mask is not None:
             if not isinstance(self.block_mask, BlockMask):
                 raise ValueError(f"block_mask={type(self.block_mask).__name__}: must be a BlockMask")
@@ -173,8 +225,8 @@ class Tiling:
     block_n: int
 
     def __post_init__(self) -> None:
-        _check_positive_int("block_m", self.block_m)
-        _check_positive_int("block_n", self.block_n)
+        object.__setattr__(self, "block_m", as_size("block_m", self.block_m))
+        object.__setattr__(self, "block_n", as_size("block_n", self.block_n))
 
     @classmethod
     def from_sram(cls, sram_elems: int, head_dim: int) -> Tiling:
@@ -183,8 +235,8 @@ class Tiling:
         ``sram_elems`` is M, the on-chip memory in *elements*.  The rule assumes M >= 4d, i.e. at
         least one row each of Q_i, K_j, V_j and O_i fits on chip; smaller M is rejected.
         """
-        _check_positive_int("head_dim", head_dim)
-        _check_positive_int("sram_elems", sram_elems)
+        head_dim = as_size("head_dim", head_dim)
+        sram_elems = as_size("sram_elems", sram_elems)
         if sram_elems < 4 * head_dim:
             raise ValueError(
                 f"sram_elems={sram_elems}: FlashAttention needs M >= 4*d = {4 * head_dim} elements "
@@ -195,7 +247,8 @@ class Tiling:
 
     @classmethod
     def from_sram_bytes(cls, sram_bytes: int, head_dim: int, elem_bytes: int) -> Tiling:
-        _check_positive_int("sram_bytes", sram_bytes)
+        sram_bytes = as_size("sram_bytes", sram_bytes, limit=2**62)
+        elem_bytes = as_size("elem_bytes", elem_bytes)
         return cls.from_sram(sram_bytes // elem_bytes, head_dim)
 
     def t_r(self, nq: int) -> int:
@@ -305,6 +358,8 @@ GPU_ALIASES = {"a100": "a100-40gb", "h100-sxm": "h100", "h100-80gb": "h100", "h2
 
 
 def get_gpu(name: str) -> Hardware:
+    if not isinstance(name, str):
+        raise ValueError(f"gpu={name!r}: must be a preset name; choose one of {sorted(GPUS)}")
     key = name.lower()
     key = GPU_ALIASES.get(key, key)
     if key not in GPUS:

@@ -48,9 +48,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from .algorithms._common import check_blocks
 from .bounds import visible_pairs
 from .config import Tiling, Workload
-from .masking import visible_blocks
+from .masking import causal_block_limit, visible_blocks
 
 #: matmul units (2·d FLOPs each) per computed entry, by algorithm and pass
 MATMULS_PER_ENTRY: dict[str | None, dict[str, int]] = {
@@ -74,6 +75,16 @@ _DENSE = ("standard", "smallcache")
 
 def block_entries(w: Workload, tiling: Tiling) -> int:
     """E_blk: entries of the visible (Br x Bc) blocks, masked ones inside them included."""
+    if w.block_mask is None:
+        # query block i sees a prefix of lim_i key blocks: min(lim_i·Bc, Nk) columns
+        tr = tiling.t_r(w.nq)
+        if not w.causal:
+            return w.nq * w.nk
+        check_blocks(w.nq, tiling.block_m, "seq_len_q")
+        i = np.arange(tr, dtype=np.int64)
+        rows = np.minimum(tiling.block_m, w.nq - i * tiling.block_m)
+        cols = np.minimum(causal_block_limit(w, tiling, i) * tiling.block_n, w.nk)
+        return int(np.dot(rows, cols))
     vis = visible_blocks(w, tiling)
     rows = np.minimum(tiling.block_m, w.nq - np.arange(vis.shape[0], dtype=np.int64) * tiling.block_m)
     cols = np.minimum(tiling.block_n, w.nk - np.arange(vis.shape[1], dtype=np.int64) * tiling.block_n)

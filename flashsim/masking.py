@@ -21,25 +21,75 @@ def causal_col_limit(workload: Workload, rows: np.ndarray | int) -> np.ndarray:
     return np.clip(r + (workload.nk - workload.nq) + 1, 0, workload.nk)
 
 
-def visible_blocks(workload: Workload, tiling: Tiling) -> np.ndarray:
-    """Boolean (Tr, Tc) array: True where block (i, j) has at least one unmasked entry."""
+def _check_mask_blocks(workload: Workload, tiling: Tiling) -> None:
+    bm = workload.block_mask
+    if bm is not None and (bm.block_m, bm.block_n) != (tiling.block_m, tiling.block_n):
+        raise ValueError(
+            f"block_mask blocks={(bm.block_m, bm.block_n)}: must equal the tiling "
+            f"(block_m, block_n)={(tiling.block_m, tiling.block_n)}"
+        )
+
+
+def causal_block_limit(workload: Workload, tiling: Tiling, rows: np.ndarray) -> np.ndarray:
+    """For query blocks ``rows``, the number of key blocks they see under the causal rule alone
+    (all Tc without causal masking): block i sees key blocks 0 .. limit_i - 1, a prefix."""
     br, bc = tiling.block_m, tiling.block_n
-    tr, tc = cdiv(workload.nq, br), cdiv(workload.nk, bc)
-    vis = np.ones((tr, tc), dtype=bool)
-    if workload.causal:
-        last_row = np.minimum((np.arange(tr) + 1) * br, workload.nq) - 1
-        limit = causal_col_limit(workload, last_row)  # columns [0, limit) visible to the last row
-        first_col = np.arange(tc) * bc
-        vis &= first_col[None, :] < limit[:, None]
+    i = np.asarray(rows, dtype=np.int64)
+    if not workload.causal:
+        return np.full(i.shape, cdiv(workload.nk, bc), dtype=np.int64)
+    last_row = np.minimum((i + 1) * br, workload.nq) - 1
+    return -(-causal_col_limit(workload, last_row) // bc)  # key blocks whose first column is visible
+
+
+def visible_rows(workload: Workload, tiling: Tiling, rows: np.ndarray) -> np.ndarray:
+    """Boolean (len(rows), Tc) array: the rows ``rows`` of :func:`visible_blocks` only (so a
+    schedule can list its loop in chunks of query blocks without the whole Tr x Tc array)."""
+    _check_mask_blocks(workload, tiling)
+    i = np.asarray(rows, dtype=np.int64)
+    tc = cdiv(workload.nk, tiling.block_n)
+    vis = np.arange(tc, dtype=np.int64)[None, :] < causal_block_limit(workload, tiling, i)[:, None]
     if workload.block_mask is not None:
-        bm = workload.block_mask
-        if (bm.block_m, bm.block_n) != (br, bc):
-            raise ValueError(
-                f"block_mask blocks={(bm.block_m, bm.block_n)}: must equal the tiling "
-                f"(block_m, block_n)={(br, bc)}"
-            )
-        vis &= bm.array
+        vis &= workload.block_mask.array[i]
     return vis
+
+
+def visible_cols(workload: Workload, tiling: Tiling, cols: np.ndarray) -> np.ndarray:
+    """Boolean (len(cols), Tr) array: the columns ``cols`` of :func:`visible_blocks`, transposed
+    (key block outer)."""
+    _check_mask_blocks(workload, tiling)
+    j = np.asarray(cols, dtype=np.int64)
+    tr = cdiv(workload.nq, tiling.block_m)
+    lim = causal_block_limit(workload, tiling, np.arange(tr, dtype=np.int64))
+    vis = j[:, None] < lim[None, :]
+    if workload.block_mask is not None:
+        vis &= workload.block_mask.array[:, j].T
+    return vis
+
+
+def visible_blocks(workload: Workload, tiling: Tiling) -> np.ndarray:
+    """Boolean (Tr, Tc) array: True where block (i, j) has at least one unmasked entry.
+
+    Tr x Tc booleans: at N = 2^20 with 1 x 1 blocks that is a terabyte.  The simulator itself
+    uses :func:`visible_counts` (O(Tr + Tc)) and :func:`visible_rows` (a chunk at a time).
+    """
+    tr = cdiv(workload.nq, tiling.block_m)
+    return visible_rows(workload, tiling, np.arange(tr, dtype=np.int64))
+
+
+def visible_counts(workload: Workload, tiling: Tiling) -> tuple[np.ndarray, np.ndarray]:
+    """(per query block i, the number of key blocks it sees; per key block j, the number of query
+    blocks that see it): the row and column sums of :func:`visible_blocks`, in O(Tr + Tc) memory
+    and time when there is no block mask (a causal block sees a prefix of the key blocks, so
+    column j is seen by the blocks whose prefix is longer than j)."""
+    _check_mask_blocks(workload, tiling)
+    tr, tc = cdiv(workload.nq, tiling.block_m), cdiv(workload.nk, tiling.block_n)
+    if workload.block_mask is not None:
+        vis = visible_blocks(workload, tiling)
+        return vis.sum(axis=1, dtype=np.int64), vis.sum(axis=0, dtype=np.int64)
+    lim = causal_block_limit(workload, tiling, np.arange(tr, dtype=np.int64))
+    # col_count[j] = #{i : lim_i > j} = Tr - #{i : lim_i <= j}
+    le = np.cumsum(np.bincount(lim, minlength=tc + 1))[:tc]
+    return lim, (tr - le).astype(np.int64)
 
 
 def fully_masked_rows(workload: Workload) -> int:

@@ -37,7 +37,7 @@ import numpy as np
 from .algorithms import get_algorithm
 from .api import build_schedule, closed_form_elements, simulate
 from .bounds import bounds as compute_bounds
-from .config import Tiling, Workload, get_gpu
+from .config import Tiling, Workload, as_size, get_gpu
 from .flops import flops as count_flops
 from .output import atomic_write
 from .roofline import roofline_from_counts
@@ -100,13 +100,14 @@ def normalise_base(base: dict) -> dict:
     return out
 
 
-def _progress(i: int, n: int, label: str) -> None:
-    width = 30
-    done = width * i // max(n, 1)
-    sys.stderr.write(f"\r[{'#' * done}{'.' * (width - done)}] {i}/{n} {label[:40]:<40}")
-    if i == n:
-        sys.stderr.write("\n")
-    sys.stderr.flush()
+def _progress_bar(total: int, enabled: bool):
+    """A tqdm progress bar on stderr, or None: only when asked for and stderr is a terminal (a
+    redirected stderr, a CI log or a notebook cell gets no bar)."""
+    if not enabled or not total or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, file=sys.stderr, unit="run", dynamic_ncols=True, leave=False)
 
 
 def _given_tiling(cfg: dict) -> Tiling | None:
@@ -114,7 +115,7 @@ def _given_tiling(cfg: dict) -> Tiling | None:
     if "block_m" in cfg or "block_n" in cfg:
         if not ("block_m" in cfg and "block_n" in cfg):
             raise ValueError("block_m/block_n: give both block sizes, or neither and sram_elems")
-        return Tiling(int(cfg["block_m"]), int(cfg["block_n"]))
+        return Tiling(cfg["block_m"], cfg["block_n"])
     return None
 
 
@@ -130,7 +131,8 @@ def run_one(cfg: dict, algo: str, pass_: str, gpu=None, walk: bool = True) -> di
         m = g.sram_elems(w.elem_bytes)
     mod = get_algorithm(algo)
     # the algorithm's own M rule decides what M and the given block sizes mean for it
-    tiling, opts = mod.plan(w, None if m is None else int(m), _given_tiling(cfg) if mod.NEEDS_TILING else None)
+    m = None if m is None else as_size("sram_elems", m)
+    tiling, opts = mod.plan(w, m, _given_tiling(cfg) if mod.NEEDS_TILING else None)
     if walk:
         res = simulate(w, algo, pass_, tiling=tiling, **opts)
         io = res.io
@@ -181,22 +183,28 @@ def sweep(base: dict, param: str, values: Iterable, algos=("standard", "flash1",
     base = normalise_base(base)
     jobs = [(v, a, p) for v in values for a in algos for p in passes]
     out = []
-    for k, (v, a, p) in enumerate(jobs):
-        if progress:
-            _progress(k, len(jobs), f"{a} {p} {param}={v}")
-        cfg = _apply(base, param, v)
-        try:
-            rec = run_one(cfg, a, p, gpu=gpu, walk=walk)
-        except (ValueError, ImportError) as e:
-            if on_error == "raise":
-                raise
-            warnings.warn(f"skipped {a} {p} at {param}={v}: {e}", stacklevel=2)
-            continue
-        rec["param"] = param
-        rec["value"] = v
-        out.append(rec)
-    if progress:
-        _progress(len(jobs), len(jobs), "done")
+    bar = _progress_bar(len(jobs), progress)
+    try:
+        for v, a, p in jobs:
+            if bar is not None:
+                bar.set_description(f"{a} {p} {param}={v}"[:40], refresh=False)
+            cfg = _apply(base, param, v)
+            try:
+                rec = run_one(cfg, a, p, gpu=gpu, walk=walk)
+            except (ValueError, ImportError) as e:
+                if on_error == "raise":
+                    raise
+                warnings.warn(f"skipped {a} {p} at {param}={v}: {e}", stacklevel=2)
+                continue
+            finally:
+                if bar is not None:
+                    bar.update()
+            rec["param"] = param
+            rec["value"] = v
+            out.append(rec)
+    finally:
+        if bar is not None:
+            bar.close()
     return out
 
 

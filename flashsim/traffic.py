@@ -5,9 +5,12 @@ An algorithm is described as a :class:`Schedule`: a list of kernel :class:`Launc
 (batch, kv head)).  A launch's ``accesses()`` yields, in loop order, the tile transfers of *one*
 program; every program of the launch makes the same transfers on its own slice of each tensor
 (``slice_of[tensor][p]`` says which).  Each :class:`Access` may carry numpy arrays in its
-row/column fields: then it stands for one transfer per array element, in array order (the
-walker vectorises the inner loop of a schedule this way, which is what lets it handle
-N = 65,536 in well under a second).
+row/column fields: then it stands for one transfer per array element, in array order, each
+made ``repeat`` times.  A launch may also have ``counts()``: the same transfers grouped, each
+distinct one (by size and start address mod 32) once with its multiplicity.  The walker uses
+``counts()`` where it exists, which makes its cost O(Tr + Tc) rather than O(Tr·Tc): any
+N <= 2^20 in well under a second, even with 1 x 1 blocks; ``walk(schedule, ordered=True)``
+walks the loop-order ``accesses()`` instead, with the same result.
 
 The walker (:func:`walk`) never uses a formula for a whole algorithm: it sums, transfer by
 transfer, the elements, bytes and 32-byte sectors of each access.  The closed forms live beside
@@ -78,6 +81,9 @@ class Access:
     col0: IntLike = 0
     ncols: IntLike | None = None
     slice_offset: IntLike = 0
+    #: how many times the transfer is made (broadcasts with the other fields; 0 allowed): lets a
+    #: launch's ``counts`` list a regular loop by distinct transfers with multiplicities.
+    repeat: IntLike = 1
 
     @property
     def direction(self) -> Direction:
@@ -85,23 +91,33 @@ class Access:
 
 
 def read(tensor: str, row0: IntLike, nrows: IntLike, col0: IntLike = 0, ncols: IntLike | None = None,
-         slice_offset: IntLike = 0) -> Access:
-    return Access(tensor, False, row0, nrows, col0, ncols, slice_offset)
+         slice_offset: IntLike = 0, repeat: IntLike = 1) -> Access:
+    return Access(tensor, False, row0, nrows, col0, ncols, slice_offset, repeat)
 
 
 def write(tensor: str, row0: IntLike, nrows: IntLike, col0: IntLike = 0, ncols: IntLike | None = None,
-          slice_offset: IntLike = 0) -> Access:
-    return Access(tensor, True, row0, nrows, col0, ncols, slice_offset)
+          slice_offset: IntLike = 0, repeat: IntLike = 1) -> Access:
+    return Access(tensor, True, row0, nrows, col0, ncols, slice_offset, repeat)
 
 
 @dataclass
 class Launch:
-    """One kernel launch: ``programs`` programs, each making the transfers ``accesses()`` yields."""
+    """One kernel launch: ``programs`` programs, each making the transfers ``accesses()`` yields.
+
+    ``counts``, when given, yields the same transfers as ``accesses()`` in any order and grouped:
+    each distinct transfer once, with its multiplicity in ``Access.repeat`` (and transfers that
+    differ only where no count can tell them apart, e.g. by a whole multiple of 32 bytes in
+    their start address, merged).  :func:`walk` uses it; ``accesses()`` stays the loop-order
+    stream for :func:`iter_transfers`.  It is what lets the walker count N = 2^20 with 1 x 1
+    blocks (10^12 block pairs) in milliseconds; ``walk(schedule, ordered=True)`` walks
+    ``accesses()`` instead, and the tests hold the two equal.
+    """
 
     name: str
     programs: int
     slice_of: dict[str, np.ndarray]
     accesses: Callable[[], Iterable[Access]]
+    counts: Callable[[], Iterable[Access]] | None = None
 
 
 @dataclass
@@ -254,54 +270,94 @@ def _sectors_of_rows(start_mod: np.ndarray, stride: int, nrows: np.ndarray, nbyt
     return np.where(nbytes > 0, total, 0)
 
 
-def _walk_launch(launch: Launch, tensors: dict[str, TensorLayout], bases: dict[str, int]) -> IOCount:
+#: The walker counts in int64 where that is exact; one transfer's bytes must stay below this.
+_MAX_SLICE_BYTES = 2**62
+
+
+def _total(a: np.ndarray, w: np.ndarray | int = 1) -> int:
+    """Σ a·w exactly (int64 where the result surely fits, Python ints otherwise)."""
+    a, w = np.broadcast_arrays(np.asarray(a, dtype=np.int64), np.asarray(w, dtype=np.int64))
+    if float(np.sum(a.astype(np.float64) * w)) < 2.0**62:
+        return int(np.sum(a * w))
+    return int(np.sum(a.astype(object) * w.astype(object)))
+
+
+def _walk_launch(launch: Launch, tensors: dict[str, TensorLayout], bases: dict[str, int],
+                 ordered: bool = False, residues: dict | None = None) -> IOCount:
     acc_el: dict[tuple[str, Direction], int] = {}
     acc_sec: dict[tuple[str, Direction], int] = {}
-    for a in launch.accesses():
+    hists: dict[str, np.ndarray] = {}
+    residues = {} if residues is None else residues
+    source = launch.accesses if ordered or launch.counts is None else launch.counts
+    for a in source():
         t = tensors[a.tensor]
+        if t.slice_bytes >= _MAX_SLICE_BYTES:
+            raise ValueError(f"tensor {a.tensor}: {t.rows:,} x {t.cols:,} elements per slice "
+                             f"({t.slice_bytes:,} bytes) is more than the walker counts (2**62 bytes)")
         ncols = t.cols if a.ncols is None else a.ncols
-        row0, nrows, col0, ncols, soff = (np.asarray(x, dtype=np.int64) for x in
-                                          np.broadcast_arrays(a.row0, a.nrows, a.col0, ncols, a.slice_offset))
-        if np.any(nrows < 0) or np.any(ncols < 0) or np.any(row0 < 0) or np.any(col0 < 0):
+        row0, nrows, col0, ncols, soff, rep = (
+            np.asarray(x, dtype=np.int64)
+            for x in np.broadcast_arrays(a.row0, a.nrows, a.col0, ncols, a.slice_offset, a.repeat))
+        if row0.size == 0:
+            continue
+        if nrows.min() < 0 or ncols.min() < 0 or row0.min() < 0 or col0.min() < 0 or rep.min() < 0:
             raise AssertionError(f"negative tile in {launch.name}: {a}")
         if np.any(row0 + nrows > t.rows) or np.any(col0 + ncols > t.cols):
             raise AssertionError(f"tile out of bounds of {a.tensor} {t.rows}x{t.cols} in {launch.name}: {a}")
         key = (a.tensor, a.direction)
-        elems = int((nrows * ncols).sum()) * launch.programs
-        acc_el[key] = acc_el.get(key, 0) + elems
-        # Sectors: group programs by the phase (mod 32) of their slice's base address.
-        slices = np.asarray(launch.slice_of[a.tensor], dtype=np.int64)
-        if slices.shape != (launch.programs,):
-            raise AssertionError(f"slice_of[{a.tensor!r}] has shape {slices.shape}, want ({launch.programs},)")
+        acc_el[key] = acc_el.get(key, 0) + _total(nrows * ncols, rep) * launch.programs
+        # Sectors.  Program p's slice starts at A_p = base + slice_p * slice_bytes; a transfer
+        # at slice offset so, row r0, column c0 starts (mod 32) at A_p + so*slice_bytes +
+        # r0*row_bytes + c0*elem_bytes.  Programs are grouped by A_p mod 32 (<= 32 groups).
+        if a.tensor not in hists:
+            slices = np.asarray(launch.slice_of[a.tensor], dtype=np.int64)
+            if slices.shape != (launch.programs,):
+                raise AssertionError(f"slice_of[{a.tensor!r}] has shape {slices.shape}, want ({launch.programs},)")
+            key_ = id(launch.slice_of[a.tensor])
+            if key_ not in residues:  # programs by slice index mod 32, and the slice range
+                residues[key_] = (launch.slice_of[a.tensor],
+                                  np.bincount(slices % SECTOR_BYTES, minlength=SECTOR_BYTES).astype(np.int64),
+                                  np.array([slices.min(), slices.max()]))
+            _, res, rng = residues[key_]
+            base_phase = (bases[a.tensor] % SECTOR_BYTES
+                          + np.arange(SECTOR_BYTES) * (t.slice_bytes % SECTOR_BYTES)) % SECTOR_BYTES
+            hists[a.tensor] = np.bincount(base_phase, weights=res, minlength=SECTOR_BYTES).astype(np.int64)
+            hists[a.tensor + "/range"] = rng
+        lo, hi = hists[a.tensor + "/range"]
+        if lo + soff.min() < 0 or hi + soff.max() >= t.slices:
+            raise AssertionError(f"slice out of range for {a.tensor} in {launch.name}")
+        off = ((soff % SECTOR_BYTES) * (t.slice_bytes % SECTOR_BYTES) + (row0 % SECTOR_BYTES)
+               * (t.row_bytes % SECTOR_BYTES) + (col0 % SECTOR_BYTES) * (t.elem_bytes % SECTOR_BYTES))
+        whole = ncols == t.cols
+        nbytes_whole = nrows * t.row_bytes
+        nbytes_part = ncols * t.elem_bytes
         sec = 0
-        # Distinct (slice_offset) values are few; handle each separately.
-        for so in np.unique(soff):
-            sel = soff == so
-            slice_ids = slices + int(so)
-            if np.any(slice_ids >= t.slices) or np.any(slice_ids < 0):
-                raise AssertionError(f"slice out of range for {a.tensor} in {launch.name}")
-            phase = (bases[a.tensor] + slice_ids * t.slice_bytes) % SECTOR_BYTES
-            phases, counts = np.unique(phase, return_counts=True)
-            r0, nr, c0, nc = row0[sel], nrows[sel], col0[sel], ncols[sel]
-            whole = nc == t.cols
-            for ph, cnt in zip(phases.tolist(), counts.tolist()):
-                start = (ph + r0 * t.row_bytes + c0 * t.elem_bytes) % SECTOR_BYTES
-                nbytes_whole = nr * t.row_bytes
-                s_whole = np.where(nbytes_whole > 0, (start + nbytes_whole + SECTOR_BYTES - 1) // SECTOR_BYTES, 0)
-                s_part = _sectors_of_rows(start, t.row_bytes, nr, nc * t.elem_bytes)
-                sec += int(np.where(whole, s_whole, s_part).sum()) * cnt
+        hist = hists[a.tensor]
+        for ph in np.flatnonzero(hist).tolist():
+            start = (ph + off) % SECTOR_BYTES
+            s_whole = np.where(nbytes_whole > 0, (start + nbytes_whole + SECTOR_BYTES - 1) // SECTOR_BYTES, 0)
+            if whole.all():
+                per = s_whole
+            else:
+                per = np.where(whole, s_whole, _sectors_of_rows(start, t.row_bytes, nrows, nbytes_part))
+            sec += _total(per, rep) * int(hist[ph])
         acc_sec[key] = acc_sec.get(key, 0) + sec
     bd = {k: Traffic(v, v * tensors[k[0]].elem_bytes, acc_sec[k]) for k, v in acc_el.items() if v}
     return IOCount(bd)
 
 
-def walk(schedule: Schedule) -> IOCount:
-    """Sum every transfer of every program of every launch of ``schedule``."""
+def walk(schedule: Schedule, ordered: bool = False) -> IOCount:
+    """Sum every transfer of every program of every launch of ``schedule``.
+
+    Each launch is walked through its grouped ``counts`` when it has them; ``ordered=True`` walks
+    the loop-order ``accesses()`` instead (slower; the same numbers).
+    """
     bases = _tensor_bases(schedule.tensors)
     per_launch: dict[str, IOCount] = {}
     total: dict[tuple[str, Direction], Traffic] = {}
+    residues: dict = {}  # slice_of arrays shared by launches are histogrammed once
     for launch in schedule.launches:
-        c = _walk_launch(launch, schedule.tensors, bases)
+        c = _walk_launch(launch, schedule.tensors, bases, ordered, residues)
         name = launch.name
         k = 2
         while name in per_launch:
@@ -314,7 +370,8 @@ def walk(schedule: Schedule) -> IOCount:
 
 def iter_transfers(schedule: Schedule) -> Iterator[tuple[str, Access]]:
     """Every access of one program of each launch, in order, with the launch name (for replaying
-    a schedule through a cache model)."""
+    a schedule through a cache model).  These are the ``accesses()`` streams (``repeat`` = 1),
+    never the grouped ``counts``."""
     for launch in schedule.launches:
         for a in launch.accesses():
             yield launch.name, a

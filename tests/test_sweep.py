@@ -105,10 +105,25 @@ def test_unsupported_runs_are_skipped(recwarn):
         sweep(dict(BASE, N=128, causal=True), "M", [4096], algos=("smallcache",), on_error="raise")
 
 
-def test_progress_bar(capsys):
+def test_progress_bar(capsys, monkeypatch):
+    """tqdm's bar on a terminal's stderr; nothing at all when stderr is not a terminal."""
+    import io
+    import sys
+
     sweep(dict(BASE, N=128), "M", [1024, 2048], algos=("flash2",), progress=True, walk=False)
-    err = capsys.readouterr().err
-    assert "2/2" in err and "[" in err
+    assert capsys.readouterr().err == ""
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    fake = Tty()
+    monkeypatch.setattr(sys, "stderr", fake)
+    recs = sweep(dict(BASE, N=128), "M", [1024, 2048], algos=("flash2",), progress=True, walk=False)
+    assert len(recs) == 2
+    out = fake.getvalue()
+    print(repr(out))
+    assert "/2" in out and "run" in out
 
 
 def test_plots(tmp_path):

@@ -40,6 +40,6 @@ ALGORITHMS = tuple(_MODULES)
 
 
 def get_algorithm(name: str) -> ModuleType:
-    if name not in _MODULES:
+    if not isinstance(name, str) or name not in _MODULES:
         raise ValueError(f"algo={name!r}: unknown algorithm; choose one of {list(_MODULES)}")
     return importlib.import_module(f".{_MODULES[name]}", __name__)

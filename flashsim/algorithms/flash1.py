@@ -57,11 +57,13 @@ Choices (the kernel in kernels/flash1.py makes the same ones):
   ``o_fp32=True`` stores it in float32 instead (the kernel offers this because re-rounding O to
   fp16 Tc times costs accuracy, see kernels/flash1.py); element counts are unchanged, bytes
   and sectors of O double for fp16.
-* **Transfer order.**  The walker receives each tensor's transfers as one array in loop order
-  (j outer, then query head, then i), but not interleaved across tensors: all K_j, then all
-  V_j, then all Q_i, ...  Counts are unaffected; a cache model replaying the schedule
-  (:func:`flashsim.traffic.iter_transfers`) sees each tensor's stream in the right order.  This
-  keeps the walk at a fixed number of array accesses per launch, fast at N = 65,536.
+* **Transfer order.**  The loop-order stream (``accesses()``, what
+  :func:`flashsim.traffic.iter_transfers` replays) lists the key blocks j in a few chunks; within
+  a chunk each tensor's transfers form one array in loop order (j outer, then query head, then
+  i), not interleaved across tensors: the chunk's K_j, then its V_j, then its Q_i, ...  Counts
+  are unaffected.  The walker counts from ``counts()`` instead: each distinct transfer once
+  with its multiplicity (query block i's Q_i, O_i, ℓ_i, m_i once per key block it sees), which
+  is O(Tr + Tc) work whatever the mask, fast at N = 2^20 with 1 x 1 blocks.
 
 Block-sparse FlashAttention (Proposition 4): with a block mask of nnz nonzero blocks, the Q, O,
 ℓ and m traffic is Σ over nonzero blocks (i, j) of the rows of Q_i, i.e. nnz·Br·d per tensor when
@@ -73,10 +75,14 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import STAT_BYTES, Tiling, Workload
-from ..masking import visible_blocks
+from ..masking import visible_blocks, visible_cols, visible_counts
 from ..traffic import Launch, Schedule, TensorLayout, read, write
 from ._common import (
     block_rows,
+    check_blocks,
+    chunks,
+    classes,
+    head_classes,
     layouts,
     paper_rule_plan,
     per_kv_head_slices,
@@ -122,28 +128,41 @@ def _layouts(w: Workload, names, o_fp32: bool) -> dict[str, TensorLayout]:
 def _forward(w: Workload, t: Tiling, o_fp32: bool) -> Schedule:
     q0, qn = block_rows(w.nq, t.block_m)
     k0, kn = block_rows(w.nk, t.block_n)
-    vis = visible_blocks(w, t)
 
     def init():
         yield write("O", 0, w.nq)
         yield write("l", 0, w.nq)
         yield write("m", 0, w.nq)
 
-    # Every visible (i, j) pair in loop order: j outer, i inner.
-    jj, ii = np.nonzero(vis.T)
-    kv_j = np.flatnonzero(vis.any(axis=0))
-
     def main():
-        yield read("K", k0[kv_j], kn[kv_j])
-        yield read("V", k0[kv_j], kn[kv_j])
-        r0, nr = q0[ii], qn[ii]
+        # Every visible (i, j) pair in loop order: j outer, i inner, a chunk of j at a time.
+        for jj in chunks(len(k0)):
+            sub = visible_cols(w, t, jj)
+            j_idx, ii = np.nonzero(sub)
+            kv_j = jj[sub.any(axis=1)]
+            yield read("K", k0[kv_j], kn[kv_j])
+            yield read("V", k0[kv_j], kn[kv_j])
+            r0, nr = q0[ii], qn[ii]
+            for name in ("Q", "O", "l", "m"):
+                yield read(name, r0, nr)
+            for name in ("O", "l", "m"):
+                yield write(name, r0, nr)
+
+    def main_counts():
+        # K_j, V_j once per key block some query block sees; Q_i, O_i, ℓ_i, m_i read and
+        # O_i, ℓ_i, m_i written once per key block that i sees.
+        sees, seen_by = visible_counts(w, t)
+        kc = classes(k0, kn, seen_by > 0)
+        qc = classes(q0, qn, sees)
+        yield read("K", kc[0], kc[1], repeat=kc[2])
+        yield read("V", kc[0], kc[1], repeat=kc[2])
         for name in ("Q", "O", "l", "m"):
-            yield read(name, r0, nr)
+            yield read(name, qc[0], qc[1], repeat=qc[2])
         for name in ("O", "l", "m"):
-            yield write(name, r0, nr)
+            yield write(name, qc[0], qc[1], repeat=qc[2])
 
     slices = per_query_head_slices(w, _FWD_TENSORS)
-    launches = [Launch("flash1_fwd_init", w.bh, slices, init), Launch("flash1_fwd", w.bh, slices, main)]
+    launches = [Launch("flash1_fwd_init", w.bh, slices, init), Launch("flash1_fwd", w.bh, slices, main, main_counts)]
     return Schedule("flash1", _layouts(w, _FWD_TENSORS, o_fp32), launches,
                     {"pass": "fwd", "block_m": t.block_m, "block_n": t.block_n, "o_fp32": o_fp32})
 
@@ -151,7 +170,6 @@ def _forward(w: Workload, t: Tiling, o_fp32: bool) -> Schedule:
 def _backward(w: Workload, t: Tiling, o_fp32: bool) -> Schedule:
     q0, qn = block_rows(w.nq, t.block_m)
     k0, kn = block_rows(w.nk, t.block_n)
-    vis = visible_blocks(w, t)
     g = w.group
     heads = np.arange(g, dtype=np.int64)
 
@@ -160,26 +178,41 @@ def _backward(w: Workload, t: Tiling, o_fp32: bool) -> Schedule:
         yield write("dK", 0, w.nk)
         yield write("dV", 0, w.nk)
 
-    # Visible (j, h, i) triples in loop order: key block j, then query head h, then block i.
-    jj, ii = np.nonzero(vis.T)
-    hh, tj, ti = np.repeat(heads, jj.size), np.tile(jj, g), np.tile(ii, g)
-    order = np.lexsort((ti, hh, tj))  # primary key j, then h, then i
-    soff, qi = hh[order], ti[order]
-    kv_j = np.flatnonzero(vis.any(axis=0))
-
     def main():
-        yield read("K", k0[kv_j], kn[kv_j])
-        yield read("V", k0[kv_j], kn[kv_j])
-        r0, nr = q0[qi], qn[qi]
+        # Visible (j, h, i) triples in loop order: key block j, then query head h, then block i,
+        # a chunk of j at a time.
+        for jj in chunks(len(k0)):
+            sub = visible_cols(w, t, jj)
+            rows, qi = np.nonzero(np.repeat(sub, g, axis=0))  # rows ordered (j, h)
+            soff = rows % g
+            kv_j = jj[sub.any(axis=1)]
+            yield read("K", k0[kv_j], kn[kv_j])
+            yield read("V", k0[kv_j], kn[kv_j])
+            r0, nr = q0[qi], qn[qi]
+            for name in ("Q", "O", "dO", "dQ", "l", "m"):
+                yield read(name, r0, nr, slice_offset=soff)
+            yield write("dQ", r0, nr, slice_offset=soff)
+            yield write("dK", k0[kv_j], kn[kv_j])
+            yield write("dV", k0[kv_j], kn[kv_j])
+
+    def main_counts():
+        sees, seen_by = visible_counts(w, t)
+        kc = classes(k0, kn, seen_by > 0)
+        qc = classes(q0, qn, sees)
+        hs, per_head = head_classes(g)
+        r0, nr, rep = qc[0][None, :], qc[1][None, :], per_head * qc[2][None, :]
+        yield read("K", kc[0], kc[1], repeat=kc[2])
+        yield read("V", kc[0], kc[1], repeat=kc[2])
         for name in ("Q", "O", "dO", "dQ", "l", "m"):
-            yield read(name, r0, nr, slice_offset=soff)
-        yield write("dQ", r0, nr, slice_offset=soff)
-        yield write("dK", k0[kv_j], kn[kv_j])
-        yield write("dV", k0[kv_j], kn[kv_j])
+            yield read(name, r0, nr, slice_offset=hs, repeat=rep)
+        yield write("dQ", r0, nr, slice_offset=hs, repeat=rep)
+        yield write("dK", kc[0], kc[1], repeat=kc[2])
+        yield write("dV", kc[0], kc[1], repeat=kc[2])
 
     slices = per_kv_head_slices(w, _BWD_TENSORS)
     progs = w.batch * w.hkv
-    launches = [Launch("flash1_bwd_init", progs, slices, init), Launch("flash1_bwd", progs, slices, main)]
+    launches = [Launch("flash1_bwd_init", progs, slices, init),
+                Launch("flash1_bwd", progs, slices, main, main_counts)]
     return Schedule("flash1", _layouts(w, _BWD_TENSORS, o_fp32), launches,
                     {"pass": "bwd", "block_m": t.block_m, "block_n": t.block_n, "o_fp32": o_fp32})
 
@@ -202,11 +235,12 @@ def visit_counts(w: Workload, t: Tiling) -> tuple[int, int]:
     """
     br, bc = t.block_m, t.block_n
     tr, tc = t.t_r(w.nq), t.t_c(w.nk)
+    if w.block_mask is None and not w.causal:
+        return tc * w.nq, w.nk
+    check_blocks(w.nq, br, "seq_len_q")
     rows_i = np.minimum(br, w.nq - np.arange(tr, dtype=np.int64) * br)
     rows_j = np.minimum(bc, w.nk - np.arange(tc, dtype=np.int64) * bc)
     if w.block_mask is None:
-        if not w.causal:
-            return tc * w.nq, w.nk
         last = np.minimum((np.arange(tr, dtype=np.int64) + 1) * br, w.nq) - 1
         c = np.clip(last + w.nk - w.nq + 1, 0, w.nk)
         blocks_i = -(-c // bc)

@@ -41,10 +41,13 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import Tiling, Workload, cdiv
-from ..masking import visible_blocks
+from ..masking import visible_blocks, visible_cols, visible_counts, visible_rows
 from ..traffic import Launch, Schedule, read, write
 from ._common import (
     block_rows,
+    check_blocks,
+    classes,
+    head_classes,
     layouts,
     paper_rule_plan,
     per_kv_head_slices,
@@ -69,10 +72,11 @@ _FWD_TENSORS = ("Q", "K", "V", "O", "L")
 _BWD_TENSORS = ("Q", "K", "V", "O", "L", "D", "dO", "dQ", "dK", "dV")
 
 
-#: Each program's loop is listed in at most _CHUNKS chunks of at least _MIN_CHUNK outer
-#: iterations: within a chunk, each tensor's transfers form one array, in loop order, so the
-#: walker makes a few dozen numpy calls whatever N is.  Only the interleaving of different
-#: tensors inside a chunk is not kept (it changes no count).
+#: The loop-order stream (``accesses()``, for iter_transfers) lists each program's loop in at
+#: most _CHUNKS chunks of at least _MIN_CHUNK outer iterations: within a chunk, each tensor's
+#: transfers form one array, in loop order; only the interleaving of different tensors inside
+#: a chunk is not kept (it changes no count).  The walker counts from the grouped ``counts()``
+#: (each distinct transfer once, with its multiplicity): O(Tr + Tc) whatever the mask.
 _CHUNKS = 16
 _MIN_CHUNK = 32
 
@@ -85,20 +89,30 @@ def _chunks(n: int) -> list[np.ndarray]:
 def _forward(w: Workload, t: Tiling) -> Schedule:
     q0, qn = block_rows(w.nq, t.block_m)
     k0, kn = block_rows(w.nk, t.block_n)
-    vis = visible_blocks(w, t)
 
     def accesses():
         # Query blocks i in chunks (see _CHUNKS): per chunk, Q_i of each i, then K_j and V_j of
         # each (i, visible j) pair with i outer, then O_i and L_i.
         for ii in _chunks(len(q0)):
-            _, j_idx = np.nonzero(vis[ii])
+            _, j_idx = np.nonzero(visible_rows(w, t, ii))
             yield read("Q", q0[ii], qn[ii])
             yield read("K", k0[j_idx], kn[j_idx])
             yield read("V", k0[j_idx], kn[j_idx])
             yield write("O", q0[ii], qn[ii])
             yield write("L", q0[ii], qn[ii])
 
-    launch = Launch("flash2_fwd", w.bh, per_query_head_slices(w, _FWD_TENSORS), accesses)
+    def counts():
+        # Q_i, O_i, L_i once per query block; K_j, V_j once per query block that sees j.
+        _, seen_by = visible_counts(w, t)
+        qc = classes(q0, qn)
+        kc = classes(k0, kn, seen_by)
+        yield read("Q", qc[0], qc[1], repeat=qc[2])
+        yield read("K", kc[0], kc[1], repeat=kc[2])
+        yield read("V", kc[0], kc[1], repeat=kc[2])
+        yield write("O", qc[0], qc[1], repeat=qc[2])
+        yield write("L", qc[0], qc[1], repeat=qc[2])
+
+    launch = Launch("flash2_fwd", w.bh, per_query_head_slices(w, _FWD_TENSORS), accesses, counts)
     return Schedule("flash2", layouts(w, _FWD_TENSORS), [launch],
                     {"pass": "fwd", "block_m": t.block_m, "block_n": t.block_n})
 
@@ -106,7 +120,7 @@ def _forward(w: Workload, t: Tiling) -> Schedule:
 def _backward(w: Workload, t: Tiling) -> Schedule:
     q0, qn = block_rows(w.nq, t.block_m)
     k0, kn = block_rows(w.nk, t.block_n)
-    vis = visible_blocks(w, t)
+    heads, per_head = head_classes(w.group)
 
     def preprocess():
         for ii in _chunks(len(q0)):  # per query block i: O_i, dO_i in, D_i out
@@ -114,11 +128,17 @@ def _backward(w: Workload, t: Tiling) -> Schedule:
             yield read("dO", q0[ii], qn[ii])
             yield write("D", q0[ii], qn[ii])
 
+    def preprocess_counts():
+        qc = classes(q0, qn)
+        yield read("O", qc[0], qc[1], repeat=qc[2])
+        yield read("dO", qc[0], qc[1], repeat=qc[2])
+        yield write("D", qc[0], qc[1], repeat=qc[2])
+
     def dkdv():
         for jj in _chunks(len(k0)):
             # Loop order: key block j outer; then query head g of the group, then the query
             # blocks i that see j.  (j, g, i) triples in that order:
-            sub = vis[:, jj].T  # (chunk, Tr): which i each j of the chunk loads
+            sub = visible_cols(w, t, jj)  # (chunk, Tr): which i each j of the chunk loads
             j_idx, i_idx = np.nonzero(np.repeat(sub, w.group, axis=0))  # rows ordered (j, g)
             g_idx = j_idx % w.group
             yield read("K", k0[jj], kn[jj])
@@ -128,21 +148,44 @@ def _backward(w: Workload, t: Tiling) -> Schedule:
             yield write("dK", k0[jj], kn[jj])
             yield write("dV", k0[jj], kn[jj])
 
+    def dkdv_counts():
+        # K_j, V_j in and dK_j, dV_j out once per key block; Q_i, dO_i, L_i, D_i once per key
+        # block that i sees, for each query head g of the group (slice offset g).
+        sees, _ = visible_counts(w, t)
+        kc = classes(k0, kn)
+        qc = classes(q0, qn, sees)
+        yield read("K", kc[0], kc[1], repeat=kc[2])
+        yield read("V", kc[0], kc[1], repeat=kc[2])
+        for name in ("Q", "dO", "L", "D"):
+            yield read(name, qc[0][None, :], qc[1][None, :], slice_offset=heads, repeat=per_head * qc[2][None, :])
+        yield write("dK", kc[0], kc[1], repeat=kc[2])
+        yield write("dV", kc[0], kc[1], repeat=kc[2])
+
     def dq():
         for ii in _chunks(len(q0)):
             for name in ("Q", "dO", "L", "D"):
                 yield read(name, q0[ii], qn[ii])
-            _, j_idx = np.nonzero(vis[ii])  # visible key blocks of each i, i outer
+            _, j_idx = np.nonzero(visible_rows(w, t, ii))  # visible key blocks of each i, i outer
             yield read("K", k0[j_idx], kn[j_idx])
             yield read("V", k0[j_idx], kn[j_idx])
             yield write("dQ", q0[ii], qn[ii])
 
+    def dq_counts():
+        _, seen_by = visible_counts(w, t)
+        qc = classes(q0, qn)
+        kc = classes(k0, kn, seen_by)
+        for name in ("Q", "dO", "L", "D"):
+            yield read(name, qc[0], qc[1], repeat=qc[2])
+        yield read("K", kc[0], kc[1], repeat=kc[2])
+        yield read("V", kc[0], kc[1], repeat=kc[2])
+        yield write("dQ", qc[0], qc[1], repeat=qc[2])
+
     qs = per_query_head_slices(w, _BWD_TENSORS)
     ks = per_kv_head_slices(w, _BWD_TENSORS)
     launches = [
-        Launch("flash2_bwd_preprocess", w.bh, qs, preprocess),
-        Launch("flash2_bwd_dkdv", w.batch * w.hkv, ks, dkdv),
-        Launch("flash2_bwd_dq", w.bh, qs, dq),
+        Launch("flash2_bwd_preprocess", w.bh, qs, preprocess, preprocess_counts),
+        Launch("flash2_bwd_dkdv", w.batch * w.hkv, ks, dkdv, dkdv_counts),
+        Launch("flash2_bwd_dq", w.bh, qs, dq, dq_counts),
     ]
     return Schedule("flash2", layouts(w, _BWD_TENSORS), launches,
                     {"pass": "bwd", "block_m": t.block_m, "block_n": t.block_n})
@@ -160,6 +203,7 @@ def _kv_rows_read_fwd(w: Workload, t: Tiling) -> int:
     if w.block_mask is None:
         if not w.causal:
             return tr * w.nk
+        check_blocks(w.nq, t.block_m, "seq_len_q")
         r = np.minimum((np.arange(tr, dtype=np.int64) + 1) * t.block_m, w.nq) - 1
         c = np.clip(r + w.nk - w.nq + 1, 0, w.nk)
         return int(np.minimum(w.nk, -(-c // t.block_n) * t.block_n).sum())
@@ -183,6 +227,7 @@ def _q_rows_read_dkdv(w: Workload, t: Tiling) -> int:
     if w.block_mask is None:
         if not w.causal:
             return tc * w.nq
+        check_blocks(w.nk, t.block_n, "seq_len_k")
         tau = np.arange(tc, dtype=np.int64) * t.block_n + w.nq - w.nk
         first = np.clip((tau // t.block_m) * t.block_m, 0, w.nq)
         return int(np.where(tau >= w.nq, 0, w.nq - first).sum())

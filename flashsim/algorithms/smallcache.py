@@ -45,9 +45,9 @@ import math
 
 import numpy as np
 
-from ..config import Tiling, Workload, cdiv
+from ..config import Tiling, Workload, as_size, cdiv
 from ..traffic import Launch, Schedule, read, write
-from ._common import block_rows, layouts, per_query_head_slices
+from ._common import block_rows, classes, layouts, per_query_head_slices
 
 PASSES = ("fwd",)
 #: Takes a tiling only to recover M from it (see :func:`tile_side`); M itself (``sram_elems``) or an
@@ -66,6 +66,7 @@ _TENSORS = ("Q", "K", "V", "S", "L", "O")
 
 def tile_for_sram(sram_elems: int) -> int:
     """Largest s with 3s² + 2s ≤ M: three s x s tiles and two s-vectors (m, ℓ) on chip."""
+    sram_elems = as_size("sram_elems", sram_elems)
     if sram_elems < 5:
         raise ValueError(f"sram_elems={sram_elems}: the small-cache schedule needs M >= 5 (s >= 1)")
     s = math.isqrt(sram_elems // 3)
@@ -83,14 +84,12 @@ def tile_side(w: Workload, tiling: Tiling | None, tile=None, sram_elems=None) ->
     as 4·d·Bc (equal to the M given when 4d divides it, and at most 4d - 1 more otherwise).
     """
     if tile is not None:
-        if isinstance(tile, bool) or not isinstance(tile, (int, np.integer)) or tile <= 0:
-            raise ValueError(f"tile={tile!r}: must be a positive integer")
-        return int(tile)
+        return as_size("tile", tile)
     if sram_elems is None:
         if tiling is None:
             raise ValueError("tiling=None: smallcache needs an SRAM size (sram_elems) or tile=s")
         sram_elems = 4 * w.d * tiling.block_n
-    return tile_for_sram(int(sram_elems))
+    return tile_for_sram(sram_elems)
 
 
 def plan(w: Workload, sram_elems: int | None = None, tiling: Tiling | None = None,
@@ -129,9 +128,9 @@ def _options(options: dict) -> dict:
 def schedule(w: Workload, tiling: Tiling | None, pass_: str, **options) -> Schedule:
     _check(w, pass_)
     s = tile_side(w, tiling, **_options(options))
-    q0, qn = block_rows(w.nq, s)
-    k0, kn = block_rows(w.nk, s)
-    c0, cn = block_rows(w.d, s)
+    q0, qn = block_rows(w.nq, s, "seq_len_q")
+    k0, kn = block_rows(w.nk, s, "seq_len_k")
+    c0, cn = block_rows(w.d, s, "head_dim")
     tq, tk, td = len(q0), len(k0), len(c0)
     slices = per_query_head_slices(w, _TENSORS)
 
@@ -160,8 +159,33 @@ def schedule(w: Workload, tiling: Tiling | None, pass_: str, **options) -> Sched
         yield read("V", k0[jj], kn[jj], c0[cc], cn[cc])
         yield write("O", q0[i2], qn[i2], c0[c2], cn[c2])
 
-    launches = [Launch(name, w.bh, slices, fn) for name, fn in
-                (("smallcache_qk", qk), ("smallcache_stats", stats), ("smallcache_pv", pv))]
+    # The same transfers grouped (see flashsim.traffic.Launch.counts): row blocks, key blocks
+    # and column chunks each in classes, a tile of two of them their outer product.
+    def outer(x, y, times=1):
+        return dict(row0=x[0][:, None], nrows=x[1][:, None], col0=y[0][None, :], ncols=y[1][None, :],
+                    repeat=x[2][:, None] * y[2][None, :] * times)
+
+    def qk_counts():
+        qc, kc, cc = classes(q0, qn), classes(k0, kn), classes(c0, cn)
+        yield read("Q", **outer(qc, cc, tk))
+        yield read("K", **outer(kc, cc, tq))
+        yield write("S", **outer(qc, kc))
+
+    def stats_counts():
+        qc, kc = classes(q0, qn), classes(k0, kn)
+        yield read("S", **outer(qc, kc))
+        yield write("L", qc[0], qc[1], repeat=qc[2])
+
+    def pv_counts():
+        qc, kc, cc = classes(q0, qn), classes(k0, kn), classes(c0, cn)
+        yield read("L", qc[0], qc[1], repeat=qc[2] * td)
+        yield read("S", **outer(qc, kc, td))
+        yield read("V", **outer(kc, cc, tq))
+        yield write("O", **outer(qc, cc))
+
+    launches = [Launch(name, w.bh, slices, fn, cnt) for name, fn, cnt in
+                (("smallcache_qk", qk, qk_counts), ("smallcache_stats", stats, stats_counts),
+                 ("smallcache_pv", pv, pv_counts))]
     return Schedule("smallcache", layouts(w, _TENSORS), launches, {"pass": "fwd", "tile": s})
 
 

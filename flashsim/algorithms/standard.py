@@ -71,9 +71,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..config import Tiling, Workload, cdiv
+from ..config import Tiling, Workload, as_size, cdiv
 from ..traffic import Access, Launch, Schedule, TensorLayout, read, write
-from ._common import block_rows, layouts, per_kv_head_slices, per_query_head_slices
+from ._common import block_rows, classes, head_classes, layouts, per_kv_head_slices, per_query_head_slices
 
 PASSES = ("fwd", "bwd")
 NEEDS_TILING = False
@@ -112,13 +112,12 @@ def _options(options: dict) -> tuple[str, float, int]:
     fuse = options.get("fuse", OPTIONS["fuse"][0])
     dropout = options.get("dropout", OPTIONS["dropout"][0])
     gb = options.get("gemm_block", OPTIONS["gemm_block"][0])
-    if fuse not in FUSE_CHOICES:
+    if not isinstance(fuse, str) or fuse not in FUSE_CHOICES:
         raise ValueError(f"fuse={fuse!r}: must be one of {list(FUSE_CHOICES)}")
-    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+    if (isinstance(dropout, (bool, np.bool_)) or not isinstance(dropout, (int, float, np.integer, np.floating))
+            or not 0.0 <= dropout < 1.0):
         raise ValueError(f"dropout={dropout!r}: must be a number in [0, 1)")
-    if isinstance(gb, bool) or not isinstance(gb, (int, np.integer)) or gb <= 0:
-        raise ValueError(f"gemm_block={gb!r}: must be a positive integer")
-    return fuse, float(dropout), int(gb)
+    return fuse, float(dropout), as_size("gemm_block", gb)
 
 
 def _tensors(w: Workload, names: list[str]) -> dict[str, TensorLayout]:
@@ -137,10 +136,11 @@ def _tensors(w: Workload, names: list[str]) -> dict[str, TensorLayout]:
 # a GQA group (dV, dK: one per (batch, kv head)); a program loops over its output tiles.
 
 
-#: A program's outer loop is listed in at most _CHUNKS chunks of at least _MIN_CHUNK iterations;
-#: within a chunk each tensor's transfers form one array in loop order (only the interleaving of
-#: different tensors inside a chunk is lost, which changes no count), so the walker makes a few
-#: dozen numpy calls per launch whatever N and gemm_block are.
+#: In the loop-order stream (``accesses()``, for iter_transfers) a program's outer loop is listed
+#: in at most _CHUNKS chunks of at least _MIN_CHUNK iterations; within a chunk each tensor's
+#: transfers form one array in loop order (only the interleaving of different tensors inside a
+#: chunk is lost, which changes no count).  The walker counts from the grouped ``counts()``: the
+#: GEMM output tiles as (row class) x (column class), O(Tr + Tc) whatever gemm_block is.
 _CHUNKS = 16
 _MIN_CHUNK = 32
 
@@ -165,7 +165,16 @@ def _gemm_abt(w: Workload, b: int, name: str, a: str, bt: str, c: str) -> Launch
             yield read(bt, c0[j_idx], cn[j_idx])
             yield write(c, r0[i_idx], rn[i_idx], c0[j_idx], cn[j_idx])
 
-    return Launch(name, w.bh, per_query_head_slices(w, (a, bt, c)), accesses)
+    def counts():
+        # A_i once per output tile of row i (Tc times), B_j Tr times, each C_ij once: the tiles
+        # grouped into (row class) x (column class).
+        rc, cc = classes(r0, rn), classes(c0, cn)
+        yield read(a, rc[0], rc[1], repeat=rc[2] * tc)
+        yield read(bt, cc[0], cc[1], repeat=cc[2] * len(r0))
+        yield write(c, rc[0][:, None], rc[1][:, None], cc[0][None, :], cc[1][None, :],
+                    repeat=rc[2][:, None] * cc[2][None, :])
+
+    return Launch(name, w.bh, per_query_head_slices(w, (a, bt, c)), accesses, counts)
 
 
 def _gemm_rows(w: Workload, b: int, name: str, a: list[str], bfull: str, c: str) -> Launch:
@@ -181,7 +190,14 @@ def _gemm_rows(w: Workload, b: int, name: str, a: list[str], bfull: str, c: str)
             yield read(bfull, 0 * ii, w.nk)  # all of B, once per output block
             yield write(c, r0[ii], rn[ii])
 
-    return Launch(name, w.bh, per_query_head_slices(w, (*a, bfull, c)), accesses)
+    def counts():
+        rc = classes(r0, rn)
+        for t in a:
+            yield read(t, rc[0], rc[1], repeat=rc[2])
+        yield read(bfull, 0, w.nk, repeat=len(r0))
+        yield write(c, rc[0], rc[1], repeat=rc[2])
+
+    return Launch(name, w.bh, per_query_head_slices(w, (*a, bfull, c)), accesses, counts)
 
 
 def _gemm_cols_group(w: Workload, b: int, name: str, a: list[str], bq: str, c: str) -> Launch:
@@ -199,7 +215,15 @@ def _gemm_cols_group(w: Workload, b: int, name: str, a: list[str], bq: str, c: s
             yield read(bq, 0, w.nq, slice_offset=h_idx)
             yield write(c, c0[jj], cn[jj])
 
-    return Launch(name, w.batch * w.hkv, per_kv_head_slices(w, (*a, bq, c)), accesses)
+    def counts():
+        cc = classes(c0, cn)
+        hs, per_head = head_classes(w.group)
+        for t in a:
+            yield read(t, 0, w.nq, cc[0][None, :], cc[1][None, :], slice_offset=hs, repeat=per_head * cc[2][None, :])
+        yield read(bq, 0, w.nq, slice_offset=hs, repeat=per_head * len(c0))
+        yield write(c, cc[0], cc[1], repeat=cc[2])
+
+    return Launch(name, w.batch * w.hkv, per_kv_head_slices(w, (*a, bq, c)), accesses, counts)
 
 
 def _rowwise(w: Workload, name: str, reads: list[str], writes: list[str]) -> Launch:
