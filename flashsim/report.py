@@ -12,7 +12,10 @@ writes, into one folder:
   exponent of N per algorithm (2 for all three at fixed M: standard moves Θ(N²) for S and P,
   the flash algorithms Θ(N²d²/M) for the K, V reloads).
 
-It also prints the table.  The files are written all or nothing, and a folder that holds an
+It also prints the table, and says why FlashAttention-2 fits M badly and moves more than
+FlashAttention-1 under the paper's rule, from the sweep's own numbers (:func:`m_sweep_notes`).
+The M table lists every GPU: at a given M the bytes are the same, the roofline times differ.
+The files are written all or nothing, and a folder that holds an
 earlier report is refused unless ``force`` (:mod:`flashsim.output`).  :func:`simulate_summary`
 is the JSON-ready summary of one simulation that ``flashsim simulate --json`` prints;
 :func:`format_table` is the plain-text table printer shared with the CLI.
