@@ -18,6 +18,10 @@ what we have, on one GPU, and nothing downloaded:
   P materialised), ``sdpa`` (``F.scaled_dot_product_attention``, torch's own backend choice) and
   ``ours`` (``kernels.torch_op.attention``: the fast fp16 kernels of ``kernels/perf``).
 
+The GradScaler's loss scale is recorded after every step: it halves after a step whose gradients
+held an inf or NaN (the step is skipped), so ``skipped_steps`` counts the steps an attention's
+backward overflowed or produced NaN under the scaled loss.
+
 Each run times every step with CUDA events (median and quartiles after the first 10 steps), reads
 the peak memory, and records every step's loss; a run that runs out of memory is recorded as
 such.  Then the attention alone, forward + backward, at the paper's GPT-2-medium shape (batch 64,
@@ -150,7 +154,7 @@ def train(model_name, n, impl, steps, device="cuda"):
         t1.record()
         torch.cuda.synchronize()
         times.append(t0.elapsed_time(t1))
-        losses.append(float(loss))
+        losses.append((float(loss), scaler.get_scale()))
     peak = torch.cuda.max_memory_allocated() / 2**30
     del model, opt
     torch.cuda.empty_cache()
@@ -158,7 +162,8 @@ def train(model_name, n, impl, steps, device="cuda"):
     return {"model": model_name, "seq_len": n, "batch": batch, "attention": impl, "steps": steps, "status": "ok",
             "step_ms_median": float(np.median(t)), "step_ms_q1": float(np.percentile(t, 25)),
             "step_ms_q3": float(np.percentile(t, 75)), "tokens_per_s": TOKENS_PER_STEP / (np.median(t) / 1e3),
-            "peak_mem_gib": peak, "loss_first": losses[0], "loss_last": losses[-1]}, losses
+            "peak_mem_gib": peak, "loss_first": losses[0][0], "loss_last": losses[-1][0],
+            "skipped_steps": sum(b[1] < a[1] for a, b in zip([(None, 65536.0)] + losses, losses))}, losses
 
 
 def attention_alone(impl, b=64, h=16, n=1024, d=64, reps=20):
@@ -244,8 +249,8 @@ def main(argv=None) -> int:
                                    "attention": impl, "steps": a.steps, "status": "out of memory"}, []
                 row["wall_s"] = round(time.time() - t, 1)
                 rows.append(row)
-                loss_rows += [{"model": model_name, "seq_len": n, "attention": impl, "step": i, "loss": x}
-                              for i, x in enumerate(losses)]
+                loss_rows += [{"model": model_name, "seq_len": n, "attention": impl, "step": i, "loss": x,
+                               "loss_scale": sc} for i, (x, sc) in enumerate(losses)]
                 print(row, flush=True)
                 _write_csv(out, rows)
                 _write_csv(loss_path, loss_rows)
