@@ -102,6 +102,10 @@ class Launch:
     programs: int
     slice_of: dict[str, np.ndarray]
     accesses: Callable[[], Iterable[Access]]
+    #: Optional: the launch's thread blocks as the GPU runs them (a flashsim.blocks.BlockSpec:
+    #: grid, threads, shared memory, each block's accesses in order), for the L2 model
+    #: (flashsim.l2).  The walker does not use it.
+    blocks: object | None = None
 
 
 @dataclass
