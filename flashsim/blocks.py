@@ -54,12 +54,13 @@ class Tiles:
     Block ``b - lo`` makes steps ``step_ptr[b - lo] .. step_ptr[b - lo + 1] - 1``; step ``s``
     transfers tiles ``tile_ptr[s] .. tile_ptr[s + 1] - 1``, in order.  Tile ``t`` is rows
     ``row0[t] .. row0[t] + nrows[t] - 1``, columns ``col0[t] .. col0[t] + ncols[t] - 1`` of slice
-    ``slice[t]`` of tensor ``tensor[t]`` (a name), a store if ``write[t]``.
+    ``slice[t]`` of tensor ``names[tensor[t]]``, a store if ``write[t]``.
     """
 
     step_ptr: np.ndarray
     tile_ptr: np.ndarray
-    tensor: np.ndarray  # object array of names
+    names: tuple[str, ...]
+    tensor: np.ndarray  # index into names
     slice: np.ndarray
     row0: np.ndarray
     nrows: np.ndarray
@@ -114,24 +115,29 @@ class _Parts:
         nb = self.hi - self.lo
         if not self.items:
             z = np.zeros(0, dtype=np.int64)
-            return Tiles(np.zeros(nb + 1, dtype=np.int64), np.zeros(1, dtype=np.int64), np.zeros(0, dtype=object),
-                         z, z, z, z, z, np.zeros(0, dtype=bool))
+            return Tiles(np.zeros(nb + 1, dtype=np.int64), np.zeros(1, dtype=np.int64), (), z, z, z, z, z, z,
+                         np.zeros(0, dtype=bool))
         cat = [np.concatenate([it[k] for it in self.items]) for k in range(2, 9)]
         block, key, slc, row0, nrows, col0, ncols = cat
-        names = np.concatenate([np.full(it[2].size, it[0], dtype=object) for it in self.items])
-        wr = np.concatenate([np.full(it[2].size, it[1], dtype=bool) for it in self.items])
-        seq = np.arange(block.size)
-        order = np.lexsort((seq, key, block))
-        block, key = block[order] - self.lo, key[order]
-        new_step = np.ones(block.size, dtype=bool)
-        new_step[1:] = (block[1:] != block[:-1]) | (key[1:] != key[:-1])
+        # one sort key: block (relative, < 2^22) above the step key (< 2^41); a stable sort keeps
+        # the insertion order inside a step
+        ck = ((block - self.lo) << 41) | key
+        order = np.argsort(ck, kind="stable")
+        ck = ck[order]
+        sizes = [it[2].size for it in self.items]
+        part = np.repeat(np.arange(len(self.items)), sizes)[order]
+        names = tuple(dict.fromkeys(it[0] for it in self.items))
+        tensor = np.array([names.index(it[0]) for it in self.items], dtype=np.int64)[part]
+        wr = np.array([it[1] for it in self.items], dtype=bool)[part]
+        new_step = np.ones(ck.size, dtype=bool)
+        new_step[1:] = ck[1:] != ck[:-1]
         starts = np.flatnonzero(new_step)
-        tile_ptr = np.append(starts, block.size).astype(np.int64)
-        steps_per_block = np.bincount(block[starts], minlength=nb)
+        tile_ptr = np.append(starts, ck.size).astype(np.int64)
+        steps_per_block = np.bincount(ck[starts] >> 41, minlength=nb)
         step_ptr = np.zeros(nb + 1, dtype=np.int64)
         np.cumsum(steps_per_block, out=step_ptr[1:])
-        return Tiles(step_ptr, tile_ptr, names[order], slc[order], row0[order], nrows[order], col0[order],
-                     ncols[order], wr[order])
+        return Tiles(step_ptr, tile_ptr, names, tensor, slc[order], row0[order], nrows[order], col0[order],
+                     ncols[order], wr)
 
 
 def _cols(schedule) -> dict[str, int]:
@@ -179,7 +185,7 @@ def _flash2(schedule, w: Workload, t: Tiling) -> None:
     vis = visible_blocks(w, t)
     cols = _cols(schedule)
     eb = w.elem_bytes
-    last = 1 << 40  # step key of a block's epilogue
+    last = 1 << 40  # step key of a block's epilogue (keys stay below 2^41)
 
     def fwd(lo, hi):
         P = _Parts(lo, hi, cols)

@@ -150,12 +150,32 @@ def _access(tags, stamp, valid, dirty, clock, nsets, ways, line, mask, wr, ctr):
         dirty[victim] = 0
 
 
+@njit(cache=True, inline="always")
+def _sampled(set_index, sample):
+    """Whether set ``set_index`` is simulated under set sampling: a multiplicative hash of the
+    index, so that the sample does not alias with the power-of-two strides of tensor rows."""
+    h = (np.uint64(set_index) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)
+    return h % np.uint64(sample) == 0
+
+
 @njit(cache=True)
-def _range(tags, stamp, valid, dirty, clock, nsets, ways, lshift, sshift, a, n, wr, ctr):
-    """Bytes [a, a + n) through the cache, line by line with their sector masks."""
+def _count_sampled(nsets, sample):
+    n = 0
+    for k in range(nsets):
+        if _sampled(k, sample):
+            n += 1
+    return n
+
+
+@njit(cache=True)
+def _range(tags, stamp, valid, dirty, clock, nsets, ways, lshift, sshift, a, n, wr, ctr, sample):
+    """Bytes [a, a + n) through the cache, line by line with their sector masks; only the lines
+    of the sampled sets (see :func:`_sampled`)."""
     first = a >> lshift
     last = (a + n - 1) >> lshift
     for line in range(first, last + 1):
+        if sample > 1 and not _sampled(line % nsets, sample):
+            continue
         lo = max(a, line << lshift) - (line << lshift)
         hi = min(a + n, (line + 1) << lshift) - (line << lshift)
         s0 = lo >> sshift
@@ -168,7 +188,7 @@ def _range(tags, stamp, valid, dirty, clock, nsets, ways, lshift, sshift, a, n, 
 
 @njit(cache=True)
 def _run(tags, stamp, valid, dirty, clock_arr, nsets, ways, lshift, sshift,
-         addr, nrows, stride, nbytes, wr, tile_ptr, step_ptr, slot_blk, slot_step, next_blk, final, ctr):
+         addr, nrows, stride, nbytes, wr, tile_ptr, step_ptr, slot_blk, slot_step, next_blk, final, ctr, sample):
     """Advance the resident blocks round-robin, one step each per round, refilling free slots
     from blocks next_blk.. of this chunk.  Returns (next_blk, done): done is False when a slot
     wants a block beyond the chunk (and the chunk is not the last)."""
@@ -199,7 +219,7 @@ def _run(tags, stamp, valid, dirty, clock_arr, nsets, ways, lshift, sshift,
                 a = addr[t]
                 for r in range(nrows[t]):
                     clock = _range(tags, stamp, valid, dirty, clock, nsets, ways, lshift, sshift,
-                                   a + r * stride[t], nbytes[t], wr[t], ctr)
+                                   a + r * stride[t], nbytes[t], wr[t], ctr, sample)
             slot_step[s] += 1
             if st + 1 == step_ptr[b + 1]:
                 slot_blk[s] = -1
@@ -220,7 +240,8 @@ def _dirty_sectors(tags, dirty):
 class L2:
     """An LRU, write-back, set-associative cache of ``capacity`` bytes (see the module docstring)."""
 
-    def __init__(self, capacity: int, line_bytes: int = 128, sector_bytes: int = 32, ways: int = 16):
+    def __init__(self, capacity: int, line_bytes: int = 128, sector_bytes: int = 32, ways: int = 16,
+                 sample: int = 1):
         for name, v in (("line_bytes", line_bytes), ("sector_bytes", sector_bytes)):
             if v <= 0 or v & (v - 1):
                 raise ValueError(f"{name}={v}: must be a power of two")
@@ -229,7 +250,14 @@ class L2:
         self.nsets = capacity // (line_bytes * ways)
         if self.nsets < 1:
             raise ValueError(f"capacity={capacity}: smaller than one set of {ways} lines of {line_bytes} bytes")
-        self.ways, self.line_bytes, self.sector_bytes = ways, line_bytes, sector_bytes
+        if isinstance(sample, bool) or not isinstance(sample, (int, np.integer)) or sample < 1:
+            raise ValueError(f"sample={sample!r}: must be a positive integer")
+        self.ways, self.line_bytes, self.sector_bytes, self.sample = ways, line_bytes, sector_bytes, int(sample)
+        sampled = _count_sampled(self.nsets, self.sample) if sample > 1 else self.nsets
+        if sampled == 0:
+            raise ValueError(f"sample={sample}: no set of the {self.nsets} is sampled; sample fewer")
+        #: counts of the sampled sets x scale = the estimate for the whole cache
+        self.scale = self.nsets / sampled
         self.lshift, self.sshift = line_bytes.bit_length() - 1, sector_bytes.bit_length() - 1
         self.reset()
 
@@ -246,33 +274,27 @@ class L2:
         self.clock = np.zeros(1, dtype=np.int64)
 
     def dirty_bytes(self) -> int:
-        return int(_dirty_sectors(self.tags, self.dirty)) * self.sector_bytes
+        """Dirty bytes held (with set sampling, scaled to the whole cache)."""
+        return round(int(_dirty_sectors(self.tags, self.dirty)) * self.scale) * self.sector_bytes
 
     def access(self, addr: int, nbytes: int, write: bool, ctr: np.ndarray | None = None) -> np.ndarray:
         """One byte range through the cache (for tests and small experiments); returns the
         counters [read sectors, written sectors, read misses, dirty sectors evicted]."""
         ctr = np.zeros(4, dtype=np.int64) if ctr is None else ctr
         self.clock[0] = _range(self.tags, self.stamp, self.valid, self.dirty, self.clock[0], self.nsets,
-                               self.ways, self.lshift, self.sshift, int(addr), int(nbytes), bool(write), ctr)
+                               self.ways, self.lshift, self.sshift, int(addr), int(nbytes), bool(write), ctr,
+                               self.sample)
         return ctr
 
 
 def _tile_arrays(tiles, tensors, bases):
     """Byte addresses of tiles: (start, rows, row stride, bytes per row, write); a tile of whole
     rows becomes one range."""
-    n = tiles.row0.size
-    addr = np.empty(n, dtype=np.int64)
-    stride = np.empty(n, dtype=np.int64)
-    eb = np.empty(n, dtype=np.int64)
-    cols = np.empty(n, dtype=np.int64)
-    sb = np.empty(n, dtype=np.int64)
-    base = np.empty(n, dtype=np.int64)
-    for name in np.unique(tiles.tensor):
-        sel = tiles.tensor == name
-        t = tensors[name]
-        stride[sel], eb[sel], cols[sel], sb[sel], base[sel] = t.row_bytes, t.elem_bytes, t.cols, t.slice_bytes, \
-            bases[name]
-    addr[:] = base + tiles.slice * sb + tiles.row0 * stride + tiles.col0 * eb
+    lay = [tensors[n] for n in tiles.names]
+    tab = np.array([[t.row_bytes, t.elem_bytes, t.cols, t.slice_bytes, bases[t.name]] for t in lay],
+                   dtype=np.int64).reshape(-1, 5)
+    stride, eb, cols, sb, base = (tab[:, k][tiles.tensor] for k in range(5))
+    addr = base + tiles.slice * sb + tiles.row0 * stride + tiles.col0 * eb
     nbytes = tiles.ncols * eb
     nrows = tiles.nrows.astype(np.int64)
     whole = tiles.ncols == cols
@@ -299,17 +321,21 @@ def _simulate_launch(cache: L2, launch, tensors, bases, gpu: Hardware, chunk_blo
         rel = np.where(slot_blk >= 0, slot_blk - lo, -1)
         nxt, done = _run(cache.tags, cache.stamp, cache.valid, cache.dirty, cache.clock, cache.nsets, cache.ways,
                          cache.lshift, cache.sshift, addr, nrows, stride, nbytes, wr, tiles.tile_ptr,
-                         tiles.step_ptr, rel, slot_step, next_abs - lo, hi == nblk, ctr)
+                         tiles.step_ptr, rel, slot_step, next_abs - lo, hi == nblk, ctr, cache.sample)
         slot_blk = np.where(rel >= 0, rel + lo, -1)
         next_abs = int(nxt) + lo
         if done:
-            return ctr
+            return np.round(ctr * cache.scale).astype(np.int64)
 
 
-def dram_traffic(schedule: Schedule, gpu: Hardware | str, *, cold_launches: bool = False,
+def dram_traffic(schedule: Schedule, gpu: Hardware | str, *, cold_launches: bool = False, sample: int = 1,
                  chunk_blocks: int | None = None) -> DRAMTraffic:
     """DRAM read and write bytes of every launch of ``schedule`` on ``gpu`` (a preset or its
-    name), the L2 starting empty (see the module docstring for the model and ``cold_launches``)."""
+    name), the L2 starting empty (see the module docstring for the model and ``cold_launches``).
+
+    ``sample`` > 1: set sampling.  About one set in ``sample`` is simulated (those whose index
+    hashes to 0 mod ``sample``), and every count is scaled by (sets / sets simulated).  Exact
+    counts need ``sample=1``; benchmarks/bench_l2.py measures the error of sampling."""
     if isinstance(gpu, str):
         gpu = get_gpu(gpu)
     if not isinstance(gpu, Hardware):
@@ -318,7 +344,7 @@ def dram_traffic(schedule: Schedule, gpu: Hardware | str, *, cold_launches: bool
     if missing:
         raise ValueError(f"schedule.launches={missing}: no thread-block model (Launch.blocks) for the L2 model; "
                          "it exists for standard, flash1 and flash2")
-    cache = L2(gpu.l2_effective_bytes, gpu.l2_line_bytes, gpu.l2_sector_bytes, gpu.l2_ways)
+    cache = L2(gpu.l2_effective_bytes, gpu.l2_line_bytes, gpu.l2_sector_bytes, gpu.l2_ways, sample)
     bases = _tensor_bases(schedule.tensors)
     sec = gpu.l2_sector_bytes
     out = []
@@ -339,13 +365,14 @@ def dram_traffic(schedule: Schedule, gpu: Hardware | str, *, cold_launches: bool
 
 
 def simulate_dram(workload, algo: str, pass_: str = "fwd", gpu: Hardware | str = "h100", tiling=None,
-                  sram_elems: int | None = None, *, cold_launches: bool = False, **options) -> DRAMTraffic:
+                  sram_elems: int | None = None, *, cold_launches: bool = False, sample: int = 1,
+                  **options) -> DRAMTraffic:
     """Build ``algo``'s schedule for ``workload`` (as :func:`flashsim.simulate` does) and run it
     through ``gpu``'s L2: the DRAM-level counterpart of the walker's LSU-level count."""
     from .api import build_schedule
 
     sched = build_schedule(workload, algo, pass_, tiling, sram_elems, **options)
-    return dram_traffic(sched, gpu, cold_launches=cold_launches)
+    return dram_traffic(sched, gpu, cold_launches=cold_launches, sample=sample)
 
 
 __all__ = ["L2", "LaunchDRAM", "DRAMTraffic", "dram_traffic", "simulate_dram"]
