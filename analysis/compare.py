@@ -5,16 +5,15 @@ Levels compared (see analysis/ncu.py for the metrics):
 * **LSU** (what the IO model counts): the walker's 32-byte sectors for the same launch, reads
   and writes, times 32.  A kernel that loads each tile once with coalesced accesses requests
   exactly these bytes; the tolerance is 1 %.
-* **DRAM** (what reaches HBM after the L2): a deliberately simple model, reported with its error
-  per launch rather than tuned to fit.  Reads: every distinct byte the launch reads is fetched
-  from DRAM exactly once (ncu flushes the caches before each replay pass, so a launch starts
-  cold; re-reads of a tile are assumed to hit in L2).  Writes: the L2 is write-back, so when a
-  launch ends up to ``L2_DIRTY_BYTES`` of what it wrote may still sit in L2 and never show up in
-  the launch's DRAM writes; we predict max(0, distinct bytes written - L2_DIRTY_BYTES).  The
-  25 MB (half the H100's 50 MB L2, which is two partitions) is the one constant of the model,
-  read off the calibration copy kernel (16 MiB written, 1.5 MB reached DRAM: tests/data), not
-  fitted to the measured set.  Launches whose footprint exceeds it are flagged ``l2_pressure``:
-  there re-reads start to miss and the read model is a lower bound.
+* **DRAM** (what reaches HBM after the L2): the trace-driven L2 model of :mod:`flashsim.l2` with
+  the GPU preset given (or the data's own, from its provenance), reported with its error per
+  launch rather than tuned to fit.  Every launch starts with an empty L2 (ncu flushes the caches
+  before each replay pass, ``--cache-control all``); a launch's DRAM reads are the sectors that
+  miss, its DRAM writes the dirty sectors evicted while it runs.  The dirty lines left at its end
+  are written back by ncu's next flush, outside the measured range, so they are not predicted as
+  the launch's writes (``sim_dirty_end_bytes`` reports them).  DRAM errors are relative to
+  max(prediction, DRAM_ERR_FLOOR).  Launches whose distinct footprint exceeds the preset's
+  effective L2 are flagged ``l2_pressure``.
 """
 
 from __future__ import annotations
