@@ -117,8 +117,8 @@ def _popcount(x):
 
 
 @njit(cache=True)
-def _access(tags, stamp, valid, dirty, clock, nsets, ways, line, mask, wr, ctr):
-    base = (line % nsets) * ways
+def _access(tags, stamp, valid, dirty, clock, set_index, ways, line, mask, wr, ctr):
+    base = set_index * ways
     victim = base
     oldest = stamp[base]
     for k in range(base, base + ways):
@@ -159,36 +159,55 @@ def _sampled(set_index, sample):
 
 
 @njit(cache=True)
-def _count_sampled(nsets, sample):
-    n = 0
-    for k in range(nsets):
-        if _sampled(k, sample):
-            n += 1
-    return n
+def _sampled_sets(nsets, sample):
+    """(gap, count): gap[s] = sets from s to the next sampled set, cyclically (0 if s is one)."""
+    gap = np.zeros(nsets, dtype=np.int64)
+    count = 0
+    last = -1
+    for k in range(2 * nsets - 1, -1, -1):  # twice round, so the gaps wrap
+        s = k % nsets
+        if sample == 1 or _sampled(s, sample):
+            last = k
+            if k < nsets:
+                count += 1
+        gap[s] = last - k if last >= 0 else 0
+    return gap, count
 
 
 @njit(cache=True)
-def _range(tags, stamp, valid, dirty, clock, nsets, ways, lshift, sshift, a, n, wr, ctr, sample):
+def _range(tags, stamp, valid, dirty, clock, nsets, ways, lshift, sshift, a, n, wr, ctr, gap):
     """Bytes [a, a + n) through the cache, line by line with their sector masks; only the lines
-    of the sampled sets (see :func:`_sampled`)."""
+    of the sampled sets (``gap[set]``: how many sets on the next sampled one is, 0 for a sampled
+    set; see :func:`_sampled`).  Set = line address mod sets, kept incrementally."""
     first = a >> lshift
     last = (a + n - 1) >> lshift
-    for line in range(first, last + 1):
-        if sample > 1 and not _sampled(line % nsets, sample):
+    si = first % nsets
+    line = first
+    while line <= last:
+        g = gap[si]
+        if g:  # jump to the next sampled set
+            line += g
+            si += g
+            if si >= nsets:
+                si -= nsets
             continue
         lo = max(a, line << lshift) - (line << lshift)
         hi = min(a + n, (line + 1) << lshift) - (line << lshift)
         s0 = lo >> sshift
         s1 = (hi - 1) >> sshift
         mask = ((1 << (s1 + 1)) - 1) ^ ((1 << s0) - 1)
-        _access(tags, stamp, valid, dirty, clock, nsets, ways, line, mask, wr, ctr)
+        _access(tags, stamp, valid, dirty, clock, si, ways, line, mask, wr, ctr)
         clock += 1
+        line += 1
+        si += 1
+        if si == nsets:
+            si = 0
     return clock
 
 
 @njit(cache=True)
 def _run(tags, stamp, valid, dirty, clock_arr, nsets, ways, lshift, sshift,
-         addr, nrows, stride, nbytes, wr, tile_ptr, step_ptr, slot_blk, slot_step, next_blk, final, ctr, sample):
+         addr, nrows, stride, nbytes, wr, tile_ptr, step_ptr, slot_blk, slot_step, next_blk, final, ctr, gap):
     """Advance the resident blocks round-robin, one step each per round, refilling free slots
     from blocks next_blk.. of this chunk.  Returns (next_blk, done): done is False when a slot
     wants a block beyond the chunk (and the chunk is not the last)."""
@@ -219,7 +238,7 @@ def _run(tags, stamp, valid, dirty, clock_arr, nsets, ways, lshift, sshift,
                 a = addr[t]
                 for r in range(nrows[t]):
                     clock = _range(tags, stamp, valid, dirty, clock, nsets, ways, lshift, sshift,
-                                   a + r * stride[t], nbytes[t], wr[t], ctr, sample)
+                                   a + r * stride[t], nbytes[t], wr[t], ctr, gap)
             slot_step[s] += 1
             if st + 1 == step_ptr[b + 1]:
                 slot_blk[s] = -1
@@ -253,7 +272,7 @@ class L2:
         if isinstance(sample, bool) or not isinstance(sample, (int, np.integer)) or sample < 1:
             raise ValueError(f"sample={sample!r}: must be a positive integer")
         self.ways, self.line_bytes, self.sector_bytes, self.sample = ways, line_bytes, sector_bytes, int(sample)
-        sampled = _count_sampled(self.nsets, self.sample) if sample > 1 else self.nsets
+        self.gap, sampled = _sampled_sets(self.nsets, self.sample)
         if sampled == 0:
             raise ValueError(f"sample={sample}: no set of the {self.nsets} is sampled; sample fewer")
         #: counts of the sampled sets x scale = the estimate for the whole cache
@@ -283,7 +302,7 @@ class L2:
         ctr = np.zeros(4, dtype=np.int64) if ctr is None else ctr
         self.clock[0] = _range(self.tags, self.stamp, self.valid, self.dirty, self.clock[0], self.nsets,
                                self.ways, self.lshift, self.sshift, int(addr), int(nbytes), bool(write), ctr,
-                               self.sample)
+                               self.gap)
         return ctr
 
 
@@ -321,7 +340,7 @@ def _simulate_launch(cache: L2, launch, tensors, bases, gpu: Hardware, chunk_blo
         rel = np.where(slot_blk >= 0, slot_blk - lo, -1)
         nxt, done = _run(cache.tags, cache.stamp, cache.valid, cache.dirty, cache.clock, cache.nsets, cache.ways,
                          cache.lshift, cache.sshift, addr, nrows, stride, nbytes, wr, tiles.tile_ptr,
-                         tiles.step_ptr, rel, slot_step, next_abs - lo, hi == nblk, ctr, cache.sample)
+                         tiles.step_ptr, rel, slot_step, next_abs - lo, hi == nblk, ctr, cache.gap)
         slot_blk = np.where(rel >= 0, rel + lo, -1)
         next_abs = int(nxt) + lo
         if done:
