@@ -394,4 +394,20 @@ def simulate_dram(workload, algo: str, pass_: str = "fwd", gpu: Hardware | str =
     return dram_traffic(sched, gpu, cold_launches=cold_launches, sample=sample)
 
 
-__all__ = ["L2", "LaunchDRAM", "DRAMTraffic", "dram_traffic", "simulate_dram"]
+def format_dram(d: DRAMTraffic) -> str:
+    """Plain-text table of a DRAM-level result, launch by launch, with the totals."""
+    mode = "each launch from a cold L2 (as ncu measures)" if d.cold_launches else "L2 carried between launches"
+    lines = [f"DRAM level on {d.gpu}: L2 model of {d.l2_effective_bytes / 2**20:.1f} MiB effective, {mode}",
+             f"{'launch':<28} {'grid':>16} {'blocks/SM':>9} {'L2 read MB':>11} {'L2 write MB':>11} "
+             f"{'DRAM read MB':>12} {'DRAM write MB':>13} {'dirty at end MB':>15}"]
+    for x in d.launches:
+        grid = "(" + ", ".join(map(str, x.grid)) + ")"
+        lines.append(f"{x.name:<28} {grid:>16} {x.blocks_per_sm:>9} {x.requested_read_bytes / 1e6:>11.2f} "
+                     f"{x.requested_write_bytes / 1e6:>11.2f} {x.read_bytes / 1e6:>12.2f} {x.write_bytes / 1e6:>13.2f} "
+                     f"{x.dirty_end_bytes / 1e6:>15.2f}")
+    lines.append(f"total: DRAM read {d.read_bytes / 1e6:.2f} MB, write {d.write_bytes / 1e6:.2f} MB (of which "
+                 f"{d.final_flush_bytes / 1e6:.2f} MB dirty lines written back after the launches)")
+    return "\n".join(lines)
+
+
+__all__ = ["L2", "LaunchDRAM", "DRAMTraffic", "dram_traffic", "simulate_dram", "format_dram"]

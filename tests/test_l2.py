@@ -185,3 +185,18 @@ def test_a_fit_over_a_parameter_that_does_not_vary_is_refused():
                    for e in (0.01, 0.02, 0.5)])
     assert s["dram_read_median_abs_err"] == 0.02 and s["dram_write_max_abs_err"] == 0.5
     assert 0.02 < s["dram_write_p95_abs_err"] < 0.5
+
+
+def test_the_dram_summary_is_json_ready_and_printable():
+    import json
+
+    from flashsim.l2 import format_dram
+
+    w = Workload(batch=1, heads=2, seq_len_q=128, head_dim=32)
+    d = simulate_dram(w, "flash2", "fwd+bwd", "h200", Tiling(32, 32))
+    doc = json.loads(json.dumps(d.to_dict()))
+    assert doc["dram_read_bytes"] == d.read_bytes and len(doc["launches"]) == 4
+    assert doc["dram_write_bytes"] == sum(x["write_bytes"] for x in doc["launches"]) + doc["final_flush_bytes"]
+    text = format_dram(d)
+    print(text)
+    assert "flash2_bwd_dkdv" in text and "total: DRAM read" in text
