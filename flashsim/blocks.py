@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 
@@ -182,7 +183,7 @@ def _flash2(schedule, w: Workload, t: Tiling) -> None:
     q0, qn = _rows(w.nq, br)
     k0, kn = _rows(w.nk, bc)
     tr, tc = len(q0), len(k0)
-    vis = visible_blocks(w, t)
+    vis_of = cache(lambda: visible_blocks(w, t))  # computed when a trace is first asked for
     cols = _cols(schedule)
     eb = w.elem_bytes
     last = 1 << 40  # step key of a block's epilogue (keys stay below 2^41)
@@ -191,7 +192,7 @@ def _flash2(schedule, w: Workload, t: Tiling) -> None:
         P = _Parts(lo, hi, cols)
         b, i, p, _ = _grid_index(lo, hi, tr)
         P.add("Q", False, b, 0, p, q0[i], qn[i])
-        bi, j = np.nonzero(vis[i])
+        bi, j = np.nonzero(vis_of()[i])
         P.add("K", False, b[bi], 1 + j, p[bi] // w.group, k0[j], kn[j])
         P.add("V", False, b[bi], 1 + j, p[bi] // w.group, k0[j], kn[j])
         P.add("O", True, b, last, p, q0[i], qn[i])
@@ -211,7 +212,7 @@ def _flash2(schedule, w: Workload, t: Tiling) -> None:
         b, j, pk, _ = _grid_index(lo, hi, tc)
         P.add("K", False, b, 0, pk, k0[j], kn[j])
         P.add("V", False, b, 0, pk, k0[j], kn[j])
-        sub = np.repeat(vis.T[j], w.group, axis=0)  # rows (block, g), columns i
+        sub = np.repeat(vis_of().T[j], w.group, axis=0)  # rows (block, g), columns i
         r, i = np.nonzero(sub)
         bl, g = r // w.group, r % w.group
         key = 1 + g * tr + i
@@ -226,7 +227,7 @@ def _flash2(schedule, w: Workload, t: Tiling) -> None:
         b, i, p, _ = _grid_index(lo, hi, tr)
         for name in ("Q", "dO", "L", "D"):
             P.add(name, False, b, 0, p, q0[i], qn[i])
-        bi, j = np.nonzero(vis[i])
+        bi, j = np.nonzero(vis_of()[i])
         P.add("K", False, b[bi], 1 + j, p[bi] // w.group, k0[j], kn[j])
         P.add("V", False, b[bi], 1 + j, p[bi] // w.group, k0[j], kn[j])
         P.add("dQ", True, b, last, p, q0[i], qn[i])
@@ -252,11 +253,9 @@ def _flash1(schedule, w: Workload, t: Tiling) -> None:
     q0, qn = _rows(w.nq, br)
     k0, kn = _rows(w.nk, bc)
     tr = len(q0)
-    vis = visible_blocks(w, t)
     cols = _cols(schedule)
     bwd = schedule.meta.get("pass") == "bwd"
     progs = w.batch * w.hkv if bwd else w.bh
-    kv_j = np.flatnonzero(vis.any(axis=0))
     smem = STAT_BYTES * 5 * br + w.elem_bytes * (2 * bc * w.d + br * w.d + br * bc)
 
     def init(lo, hi):
@@ -275,6 +274,8 @@ def _flash1(schedule, w: Workload, t: Tiling) -> None:
     def main(lo, hi):
         P = _Parts(lo, hi, cols)
         b = np.arange(lo, hi, dtype=np.int64)
+        vis = visible_blocks(w, t)
+        kv_j = np.flatnonzero(vis.any(axis=0))
         kvs = b if bwd else b // w.group
         heads = w.group if bwd else 1
         stride = 2 + heads * tr  # step keys per key block j
