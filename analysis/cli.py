@@ -66,7 +66,8 @@ def add_compare(sub) -> None:
     c = sub.add_parser("compare", help="measured traffic against the simulator (table, fits, plots)",
                        description="Compare a measured CSV (from 'flashsim measure') with the simulator, launch by "
                                    f"launch, at the LSU level (tolerance {100 * LSU_TOLERANCE:g}%) and the DRAM level "
-                                   "(a simple L2 model, errors reported), and fit Theorem 2's exponents.  A launch's "
+                                   "(the L2 model flashsim.l2, errors reported), and fit Theorem 2's exponents.  "
+                                   "A launch's "
                                    "DRAM error is (measured - predicted) / max(predicted, "
                                    f"{DRAM_ERR_FLOOR / 1e6:g} MB): a launch that moves a few kilobytes (the "
                                    "FlashAttention-1 init kernel) would otherwise show a huge relative error for a "

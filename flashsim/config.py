@@ -275,10 +275,29 @@ class Hardware:
     matmul_flops: dict[str, float] = field(default_factory=dict)
     nonmatmul_flops: float = 0.0  # fp32 CUDA-core rate (FMA counted as 2)
     source: str = ""
+    #: L2 geometry for the trace-driven DRAM model (flashsim.l2).  ``l2_partitions``: the L2 is
+    #: split into this many halves, each caching (and duplicating) the lines its own SMs use, so
+    #: one kernel whose data is shared by all SMs effectively sees ``l2_bytes / l2_partitions``
+    #: (:attr:`l2_effective_bytes`).  ``l2_ways``: associativity of the modelled cache.
+    l2_line_bytes: int = 128
+    l2_sector_bytes: int = 32
+    l2_ways: int = 16
+    l2_partitions: int = 1
+    #: occupancy limits of one SM (CUDA programming guide, compute capability table)
+    max_threads_per_sm: int = 2048
+    max_blocks_per_sm: int = 32
+    l2_source: str = ""
 
     def __post_init__(self) -> None:
-        for name in ("sram_bytes_per_sm", "max_shared_bytes_per_block", "num_sms", "l2_bytes"):
+        for name in ("sram_bytes_per_sm", "max_shared_bytes_per_block", "num_sms", "l2_bytes", "l2_line_bytes",
+                     "l2_sector_bytes", "l2_ways", "l2_partitions", "max_threads_per_sm", "max_blocks_per_sm"):
             _check_positive_int(name, getattr(self, name))
+        if self.l2_line_bytes % self.l2_sector_bytes or self.l2_line_bytes // self.l2_sector_bytes > 8:
+            raise ValueError(f"l2_line_bytes={self.l2_line_bytes}: must be 1 to 8 sectors of "
+                             f"l2_sector_bytes={self.l2_sector_bytes}")
+        if self.l2_effective_bytes < self.l2_line_bytes * self.l2_ways:
+            raise ValueError(f"l2_bytes={self.l2_bytes}: the effective L2 ({self.l2_effective_bytes} bytes over "
+                             f"{self.l2_partitions} partitions) must hold at least one set of {self.l2_ways} lines")
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"name={self.name!r}: must be a non-empty string")
         for name in ("hbm_bytes_per_s", "nonmatmul_flops"):
@@ -290,6 +309,11 @@ class Hardware:
         for key, v in self.matmul_flops.items():
             if isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise ValueError(f"matmul_flops[{key!r}]={v!r}: must be a positive finite number")
+
+    @property
+    def l2_effective_bytes(self) -> int:
+        """The L2 capacity one kernel sees: one partition's share (see ``l2_partitions``)."""
+        return self.l2_bytes // self.l2_partitions
 
     def sram_elems(self, elem_bytes: int) -> int:
         """M in elements: the shared memory one thread block can use."""
@@ -307,6 +331,13 @@ MIB = 1024 * 1024
 #: L1/shared per SM, up to 227 KB shared per block, 50 MB L2, 3.35 TB/s HBM3, 989.4 TFLOP/s
 #: fp16/bf16 dense tensor, 494.7 tf32, 66.9 fp32 non-tensor); H200 datasheet (same SM and compute
 #: as H100 SXM, 141 GB HBM3e at 4.8 TB/s).
+#: Where each preset's L2 geometry comes from (flashsim.l2 models it).  Until the calibration
+#: microbenchmarks (analysis/calibrate.py) measure them, these are datasheet and whitepaper facts.
+_L2_A100 = ("A100 whitepaper 2020: 40 MB L2 in two partitions, each caching the data of the SMs of its "
+            "GPCs; 128-byte lines of four 32-byte sectors; 16 ways assumed")
+_L2_HOPPER = ("H100 whitepaper 2022: L2 split in two partitions as on the A100, 128-byte lines of four "
+              "32-byte sectors; 16 ways assumed.  The H200 record shows the halving: a GEMM that streams "
+              "its output leaves about 27 MB dirty at its end, against 31.5 MB per partition")
 GPUS: dict[str, Hardware] = {
     "a100-40gb": Hardware(
         name="A100-SXM4-40GB",
@@ -318,6 +349,8 @@ GPUS: dict[str, Hardware] = {
         matmul_flops={"fp16": 312e12, "bf16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
         nonmatmul_flops=19.5e12,
         source="A100 whitepaper 2020; A100 40GB datasheet",
+        l2_partitions=2,
+        l2_source=_L2_A100,
     ),
     "a100-80gb": Hardware(
         name="A100-SXM4-80GB",
@@ -329,6 +362,8 @@ GPUS: dict[str, Hardware] = {
         matmul_flops={"fp16": 312e12, "bf16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
         nonmatmul_flops=19.5e12,
         source="A100 whitepaper 2020; A100 80GB datasheet",
+        l2_partitions=2,
+        l2_source=_L2_A100,
     ),
     "h100": Hardware(
         name="H100-SXM5-80GB",
@@ -340,6 +375,8 @@ GPUS: dict[str, Hardware] = {
         matmul_flops={"fp16": 989.4e12, "bf16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12},
         nonmatmul_flops=66.9e12,
         source="H100 whitepaper 2022; H100 SXM5 datasheet",
+        l2_partitions=2,
+        l2_source=_L2_HOPPER,
     ),
     "h200": Hardware(
         name="H200-SXM-141GB",
@@ -351,6 +388,8 @@ GPUS: dict[str, Hardware] = {
         matmul_flops={"fp16": 989.4e12, "bf16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12},
         nonmatmul_flops=66.9e12,
         source="H200 datasheet (H100 SXM compute, HBM3e)",
+        l2_partitions=2,
+        l2_source=_L2_HOPPER,
     ),
 }
 #: Aliases accepted by :func:`get_gpu`.

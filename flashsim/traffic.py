@@ -118,6 +118,10 @@ class Launch:
     slice_of: dict[str, np.ndarray]
     accesses: Callable[[], Iterable[Access]]
     counts: Callable[[], Iterable[Access]] | None = None
+    #: Optional: the launch's thread blocks as the GPU runs them (a flashsim.blocks.BlockSpec:
+    #: grid, threads, shared memory, each block's accesses in order), for the L2 model
+    #: (flashsim.l2).  The walker does not use it.
+    blocks: object | None = None
 
 
 @dataclass

@@ -74,6 +74,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..blocks import attach
 from ..config import STAT_BYTES, Tiling, Workload
 from ..masking import visible_blocks, visible_cols, visible_counts
 from ..traffic import Launch, Schedule, TensorLayout, read, write
@@ -291,9 +292,9 @@ def schedule(w: Workload, tiling: Tiling | None, pass_: str, **options) -> Sched
     t = require_tiling(tiling, "flash1")
     o_fp32 = _check_options(options)
     if pass_ == "fwd":
-        return _forward(w, t, o_fp32)
+        return attach(_forward(w, t, o_fp32), "flash1", w, t)
     if pass_ == "bwd":
-        return _backward(w, t, o_fp32)
+        return attach(_backward(w, t, o_fp32), "flash1", w, t)
     raise ValueError(f"pass_={pass_!r}: must be one of {list(PASSES)}")
 
 

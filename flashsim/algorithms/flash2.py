@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..blocks import attach
 from ..config import Tiling, Workload, cdiv
 from ..masking import visible_blocks, visible_cols, visible_counts, visible_rows
 from ..traffic import Launch, Schedule, read, write
@@ -277,9 +278,9 @@ def schedule(w: Workload, tiling: Tiling | None, pass_: str, **options) -> Sched
     if options:
         raise ValueError(f"options={sorted(options)}: flash2 takes none")
     if pass_ == "fwd":
-        return _forward(w, t)
+        return attach(_forward(w, t), "flash2", w, t)
     if pass_ == "bwd":
-        return _backward(w, t)
+        return attach(_backward(w, t), "flash2", w, t)
     raise ValueError(f"pass_={pass_!r}: not modelled")
 
 

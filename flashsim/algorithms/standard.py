@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..blocks import attach
 from ..config import Tiling, Workload, as_size, cdiv
 from ..traffic import Access, Launch, Schedule, TensorLayout, read, write
 from ._common import block_rows, classes, head_classes, layouts, per_kv_head_slices, per_query_head_slices
@@ -380,9 +381,9 @@ def schedule(w: Workload, tiling: Tiling | None, pass_: str, **options) -> Sched
     is the ``gemm_block`` option)."""
     fuse, p_drop, b = _options(options)
     if pass_ == "fwd":
-        return _forward(w, fuse, p_drop, b)
+        return attach(_forward(w, fuse, p_drop, b), "standard", w, None)
     if pass_ == "bwd":
-        return _backward(w, fuse, p_drop, b)
+        return attach(_backward(w, fuse, p_drop, b), "standard", w, None)
     raise ValueError(f"pass_={pass_!r}: must be one of {list(PASSES)}")
 
 

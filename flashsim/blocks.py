@@ -1,0 +1,401 @@
+"""Thread blocks: what each thread block of a launch reads and writes, in order, as the GPU runs it.
+
+The walker (:mod:`flashsim.traffic`) needs only one program's transfers per launch, in any
+order within a tensor.  An L2 model needs more: the launch's real grid (which thread blocks
+exist, in the order the hardware issues them: x fastest, then y, then z), how many of them one
+SM holds at once (threads and shared memory per block), and each block's global accesses as a
+sequence of *steps* (one step = the tiles a block loads or stores between two barriers of its
+main loop).  :class:`BlockSpec` carries that; :func:`attach` fills ``Launch.blocks`` of every
+launch of a schedule built by ``flashsim.algorithms`` (standard, flash1, flash2), from the same
+workload and tiling.
+
+The block programs follow the reference kernels (kernels/flash2.py, kernels/flash1.py,
+kernels/standard.py) launch by launch:
+
+* **flash2** forward: grid (Tr, B·H), block (i, p): step Q_i; one step per visible key block j
+  (K_j and V_j); step O_i, L_i.  Backward: preprocess grid (Tr, B·H), one step (O_i, dO_i, then
+  D_i); dK/dV grid (Tc, B·Hkv), block (j, p): step K_j, V_j; one step per (query head g of the
+  group, visible query block i): Q_i, dO_i, L_i, D_i; step dK_j, dV_j; dQ grid (Tr, B·H): step
+  Q_i, dO_i, L_i, D_i; one step per visible j (K_j, V_j); step dQ_i.  Threads min(128,
+  max(32, Br·Bc/4)) (preprocess 128); static shared memory as the kernels declare it.
+* **flash1**: one block per program (grid (B·H) forward, (B·Hkv) backward): the init block
+  writes its zeros in one step; the main block loads K_j, V_j (one step per key block with a
+  visible query block), then per visible (query head, i) one step that reads Q_i, O_i, ℓ_i, m_i
+  (backward: Q_i, O_i, dO_i, dQ_i, ℓ_i, m_i) and writes O_i, ℓ_i, m_i (backward dQ_i); the
+  backward writes dK_j, dV_j in a step after each j.
+* **standard**: C = A Bᵀ (S = Q Kᵀ, dP = dO Vᵀ) grid (Tc, Tr, B·H), block (j, i, p): one step
+  per b-wide slice of the head dimension (A[i, c0:c0+b] and B[j, c0:c0+b]), then the b x b tile
+  of C; C = A B (O = P V, dQ = dS K) grid (Tr, B·H): one step per key slice k0 (A[i, k0:k0+b],
+  B[k0:k0+b, :]), then C's b rows; C = Σ_h A_hᵀ B_h (dV, dK) grid (Tc, B·Hkv): one step per
+  (h, r0) (A_h[r0:r0+b, j], B_h[r0:r0+b, :]), then C's b rows; the row-wise kernels (softmax,
+  its backward, and the unfused elementwise passes) grid (Nq, B·H): one block per row, one
+  step that reads the row of each input and writes the row of each output.  GEMM blocks have
+  b/4 x b threads, row blocks 128.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
+
+from .config import STAT_BYTES, Tiling, Workload
+from .masking import visible_blocks
+
+#: Shared memory the CUDA runtime reserves per thread block (compute capability 8.x, 9.0).
+RESERVED_SMEM_BYTES = 1024
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """The tiles of thread blocks [lo, hi) in grid order.
+
+    Block ``b - lo`` makes steps ``step_ptr[b - lo] .. step_ptr[b - lo + 1] - 1``; step ``s``
+    transfers tiles ``tile_ptr[s] .. tile_ptr[s + 1] - 1``, in order.  Tile ``t`` is rows
+    ``row0[t] .. row0[t] + nrows[t] - 1``, columns ``col0[t] .. col0[t] + ncols[t] - 1`` of slice
+    ``slice[t]`` of tensor ``names[tensor[t]]``, a store if ``write[t]``.
+    """
+
+    step_ptr: np.ndarray
+    tile_ptr: np.ndarray
+    names: tuple[str, ...]
+    tensor: np.ndarray  # index into names
+    slice: np.ndarray
+    row0: np.ndarray
+    nrows: np.ndarray
+    col0: np.ndarray
+    ncols: np.ndarray
+    write: np.ndarray
+
+
+@dataclass(frozen=True)
+class BlockSpec:
+    """A launch as the GPU runs it: ``grid`` (x, y, z), ``threads`` and ``smem_bytes`` per block,
+    and ``tiles(lo, hi)``, the accesses of blocks lo..hi-1 in grid order (x fastest)."""
+
+    grid: tuple[int, int, int]
+    threads: int
+    smem_bytes: int
+    tiles: Callable[[int, int], Tiles]
+
+    @property
+    def num_blocks(self) -> int:
+        return self.grid[0] * self.grid[1] * self.grid[2]
+
+    def blocks_per_sm(self, gpu) -> int:
+        """Resident blocks per SM: the preset's block and thread limits and shared memory (each
+        block also reserves RESERVED_SMEM_BYTES).  Registers are not modelled (the schedule does
+        not know the kernels' register counts)."""
+        per_sm_smem = gpu.max_shared_bytes_per_block + RESERVED_SMEM_BYTES
+        by_smem = per_sm_smem // (self.smem_bytes + RESERVED_SMEM_BYTES)
+        return max(1, min(gpu.max_blocks_per_sm, gpu.max_threads_per_sm // self.threads, by_smem))
+
+
+# ---------------------------------------------------------------------------------------------
+# Packing: tiles given as (block, step key) pairs, sorted into steps.
+
+
+class _Parts:
+    """Collects tiles as flat arrays; ``pack`` orders them by (block, step key, insertion)."""
+
+    def __init__(self, lo: int, hi: int, cols: dict[str, int]):
+        self.lo, self.hi, self.cols = lo, hi, cols
+        self.items: list[tuple] = []
+
+    def add(self, tensor: str, write: bool, block, key, slc, row0, nrows, col0=0, ncols=None) -> None:
+        if ncols is None:
+            ncols = self.cols[tensor]
+        arrs = np.broadcast_arrays(*(np.asarray(x, dtype=np.int64) for x in (block, key, slc, row0, nrows, col0,
+                                                                             ncols)))
+        if arrs[0].size:
+            self.items.append((tensor, bool(write), *(a.ravel() for a in arrs)))
+
+    def pack(self) -> Tiles:
+        nb = self.hi - self.lo
+        if not self.items:
+            z = np.zeros(0, dtype=np.int64)
+            return Tiles(np.zeros(nb + 1, dtype=np.int64), np.zeros(1, dtype=np.int64), (), z, z, z, z, z, z,
+                         np.zeros(0, dtype=bool))
+        cat = [np.concatenate([it[k] for it in self.items]) for k in range(2, 9)]
+        block, key, slc, row0, nrows, col0, ncols = cat
+        # one sort key: block (relative, < 2^22) above the step key (< 2^41); a stable sort keeps
+        # the insertion order inside a step
+        ck = ((block - self.lo) << 41) | key
+        order = np.argsort(ck, kind="stable")
+        ck = ck[order]
+        sizes = [it[2].size for it in self.items]
+        part = np.repeat(np.arange(len(self.items)), sizes)[order]
+        names = tuple(dict.fromkeys(it[0] for it in self.items))
+        tensor = np.array([names.index(it[0]) for it in self.items], dtype=np.int64)[part]
+        wr = np.array([it[1] for it in self.items], dtype=bool)[part]
+        new_step = np.ones(ck.size, dtype=bool)
+        new_step[1:] = ck[1:] != ck[:-1]
+        starts = np.flatnonzero(new_step)
+        tile_ptr = np.append(starts, ck.size).astype(np.int64)
+        steps_per_block = np.bincount(ck[starts] >> 41, minlength=nb)
+        step_ptr = np.zeros(nb + 1, dtype=np.int64)
+        np.cumsum(steps_per_block, out=step_ptr[1:])
+        return Tiles(step_ptr, tile_ptr, names, tensor, slc[order], row0[order], nrows[order], col0[order],
+                     ncols[order], wr)
+
+
+def _cols(schedule) -> dict[str, int]:
+    return {n: t.cols for n, t in schedule.tensors.items()}
+
+
+def _rows(n: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+    start = np.arange(0, n, b, dtype=np.int64)
+    return start, np.minimum(b, n - start)
+
+
+def _grid_index(lo: int, hi: int, nx: int, ny: int | None = None) -> tuple[np.ndarray, ...]:
+    """Blocks lo..hi-1 and their (x, y, z) in a grid of nx x ny (x fastest); ny=None: 2-D grid."""
+    b = np.arange(lo, hi, dtype=np.int64)
+    if ny is None:
+        return b, b % nx, b // nx, np.zeros_like(b)
+    return b, b % nx, (b // nx) % ny, b // (nx * ny)
+
+
+# ---------------------------------------------------------------------------------------------
+# FlashAttention-2 (kernels/flash2.py)
+
+
+def _f2_threads(br: int, bc: int) -> int:
+    return min(128, max(32, br * bc // 4))
+
+
+def _f2_smem(kind: str, eb: int, d: int, br: int, bc: int) -> int:
+    dp = -(-d // 16) * 16
+    kp = dp + 4 // eb
+    if kind == "fwd":
+        return eb * (br * dp + 2 * bc * kp) + 4 * (br * (bc + 1) + br * dp + 3 * br)
+    if kind == "dkdv":
+        return eb * (2 * bc * kp + 2 * br * dp) + 4 * (2 * br + br * bc + 2 * bc * dp)
+    if kind == "dq":
+        return eb * (2 * br * dp + 2 * bc * kp) + 4 * (2 * br + br * bc + br * dp)
+    return 4 * (128 + br)  # preprocess
+
+
+def _flash2(schedule, w: Workload, t: Tiling) -> None:
+    br, bc = t.block_m, t.block_n
+    q0, qn = _rows(w.nq, br)
+    k0, kn = _rows(w.nk, bc)
+    tr, tc = len(q0), len(k0)
+    vis_of = cache(lambda: visible_blocks(w, t))  # computed when a trace is first asked for
+    cols = _cols(schedule)
+    eb = w.elem_bytes
+    last = 1 << 40  # step key of a block's epilogue (keys stay below 2^41)
+
+    def fwd(lo, hi):
+        P = _Parts(lo, hi, cols)
+        b, i, p, _ = _grid_index(lo, hi, tr)
+        P.add("Q", False, b, 0, p, q0[i], qn[i])
+        bi, j = np.nonzero(vis_of()[i])
+        P.add("K", False, b[bi], 1 + j, p[bi] // w.group, k0[j], kn[j])
+        P.add("V", False, b[bi], 1 + j, p[bi] // w.group, k0[j], kn[j])
+        P.add("O", True, b, last, p, q0[i], qn[i])
+        P.add("L", True, b, last, p, q0[i], qn[i])
+        return P.pack()
+
+    def pre(lo, hi):
+        P = _Parts(lo, hi, cols)
+        b, i, p, _ = _grid_index(lo, hi, tr)
+        P.add("O", False, b, 0, p, q0[i], qn[i])
+        P.add("dO", False, b, 0, p, q0[i], qn[i])
+        P.add("D", True, b, 0, p, q0[i], qn[i])
+        return P.pack()
+
+    def dkdv(lo, hi):
+        P = _Parts(lo, hi, cols)
+        b, j, pk, _ = _grid_index(lo, hi, tc)
+        P.add("K", False, b, 0, pk, k0[j], kn[j])
+        P.add("V", False, b, 0, pk, k0[j], kn[j])
+        sub = np.repeat(vis_of().T[j], w.group, axis=0)  # rows (block, g), columns i
+        r, i = np.nonzero(sub)
+        bl, g = r // w.group, r % w.group
+        key = 1 + g * tr + i
+        for name in ("Q", "dO", "L", "D"):
+            P.add(name, False, b[bl], key, pk[bl] * w.group + g, q0[i], qn[i])
+        P.add("dK", True, b, last, pk, k0[j], kn[j])
+        P.add("dV", True, b, last, pk, k0[j], kn[j])
+        return P.pack()
+
+    def dq(lo, hi):
+        P = _Parts(lo, hi, cols)
+        b, i, p, _ = _grid_index(lo, hi, tr)
+        for name in ("Q", "dO", "L", "D"):
+            P.add(name, False, b, 0, p, q0[i], qn[i])
+        bi, j = np.nonzero(vis_of()[i])
+        P.add("K", False, b[bi], 1 + j, p[bi] // w.group, k0[j], kn[j])
+        P.add("V", False, b[bi], 1 + j, p[bi] // w.group, k0[j], kn[j])
+        P.add("dQ", True, b, last, p, q0[i], qn[i])
+        return P.pack()
+
+    specs = {
+        "flash2_fwd": BlockSpec((tr, w.bh, 1), _f2_threads(br, bc), _f2_smem("fwd", eb, w.d, br, bc), fwd),
+        "flash2_bwd_preprocess": BlockSpec((tr, w.bh, 1), 128, _f2_smem("pre", eb, w.d, br, bc), pre),
+        "flash2_bwd_dkdv": BlockSpec((tc, w.batch * w.hkv, 1), _f2_threads(br, bc),
+                                     _f2_smem("dkdv", eb, w.d, br, bc), dkdv),
+        "flash2_bwd_dq": BlockSpec((tr, w.bh, 1), _f2_threads(br, bc), _f2_smem("dq", eb, w.d, br, bc), dq),
+    }
+    for launch in schedule.launches:
+        launch.blocks = specs[launch.name]
+
+
+# ---------------------------------------------------------------------------------------------
+# FlashAttention-1 (kernels/flash1.py): one block per program
+
+
+def _flash1(schedule, w: Workload, t: Tiling) -> None:
+    br, bc = t.block_m, t.block_n
+    q0, qn = _rows(w.nq, br)
+    k0, kn = _rows(w.nk, bc)
+    tr = len(q0)
+    cols = _cols(schedule)
+    bwd = schedule.meta.get("pass") == "bwd"
+    progs = w.batch * w.hkv if bwd else w.bh
+    smem = STAT_BYTES * 5 * br + w.elem_bytes * (2 * bc * w.d + br * w.d + br * bc)
+
+    def init(lo, hi):
+        P = _Parts(lo, hi, cols)
+        b = np.arange(lo, hi, dtype=np.int64)
+        if bwd:
+            for g in range(w.group):
+                P.add("dQ", True, b, 0, b * w.group + g, 0, w.nq)
+            P.add("dK", True, b, 0, b, 0, w.nk)
+            P.add("dV", True, b, 0, b, 0, w.nk)
+        else:
+            for name in ("O", "l", "m"):
+                P.add(name, True, b, 0, b, 0, w.nq)
+        return P.pack()
+
+    def main(lo, hi):
+        P = _Parts(lo, hi, cols)
+        b = np.arange(lo, hi, dtype=np.int64)
+        vis = visible_blocks(w, t)
+        kv_j = np.flatnonzero(vis.any(axis=0))
+        kvs = b if bwd else b // w.group
+        heads = w.group if bwd else 1
+        stride = 2 + heads * tr  # step keys per key block j
+        for j in kv_j.tolist():
+            base = j * stride
+            P.add("K", False, b, base, kvs, k0[j], kn[j])
+            P.add("V", False, b, base, kvs, k0[j], kn[j])
+            ii = np.flatnonzero(vis[:, j])
+            for g in range(heads):
+                key = base + 1 + g * tr + ii
+                bb, kk = np.meshgrid(b, key, indexing="ij")
+                qs = (bb * w.group + g) if bwd else bb
+                rows0, nrs = q0[ii][None, :], qn[ii][None, :]
+                reads = ("Q", "O", "dO", "dQ", "l", "m") if bwd else ("Q", "O", "l", "m")
+                for name in reads:
+                    P.add(name, False, bb, kk, qs, rows0, nrs)
+                for name in (("dQ",) if bwd else ("O", "l", "m")):
+                    P.add(name, True, bb, kk, qs, rows0, nrs)
+            if bwd:
+                P.add("dK", True, b, base + stride - 1, kvs, k0[j], kn[j])
+                P.add("dV", True, b, base + stride - 1, kvs, k0[j], kn[j])
+        return P.pack()
+
+    names = ("flash1_bwd_init", "flash1_bwd") if bwd else ("flash1_fwd_init", "flash1_fwd")
+    specs = {names[0]: BlockSpec((progs, 1, 1), 128, 0, init), names[1]: BlockSpec((progs, 1, 1), 128, smem, main)}
+    for launch in schedule.launches:
+        launch.blocks = specs[launch.name]
+
+
+# ---------------------------------------------------------------------------------------------
+# Standard attention (kernels/standard.py)
+
+
+def _standard(schedule, w: Workload) -> None:
+    gb = int(schedule.meta["gemm_block"])
+    cols = _cols(schedule)
+    r0, rn = _rows(w.nq, gb)
+    c0, cn = _rows(w.nk, gb)
+    tr, tc = len(r0), len(c0)
+    d0, dn = _rows(w.d, gb)
+    gemm_threads = max(1, gb // 4) * gb
+    last = 1 << 40
+
+    def roles(launch) -> tuple[list[str], str, str]:
+        reads, writes = [], []
+        for a in launch.accesses():
+            (writes if a.write else reads).append(a.tensor)
+            if a.write:
+                break
+        return reads[:-1], reads[-1], writes[0]
+
+    def abt(a: str, bt: str, c: str) -> BlockSpec:
+        def tiles(lo, hi):
+            P = _Parts(lo, hi, cols)
+            b, j, i, p = _grid_index(lo, hi, tc, tr)
+            for s in range(len(d0)):
+                P.add(a, False, b, s, p, r0[i], rn[i], d0[s], dn[s])
+                P.add(bt, False, b, s, p // w.group, c0[j], cn[j], d0[s], dn[s])
+            P.add(c, True, b, last, p, r0[i], rn[i], c0[j], cn[j])
+            return P.pack()
+        return BlockSpec((tc, tr, w.bh), gemm_threads, 3 * gb * (gb + 1) * 4, tiles)
+
+    def rows(a: list[str], bfull: str, c: str) -> BlockSpec:
+        def tiles(lo, hi):
+            P = _Parts(lo, hi, cols)
+            b, i, p, _ = _grid_index(lo, hi, tr)
+            for s in range(tc):
+                for name in a:
+                    P.add(name, False, b, s, p, r0[i], rn[i], c0[s], cn[s])
+                P.add(bfull, False, b, s, p // w.group, c0[s], cn[s])
+            P.add(c, True, b, last, p, r0[i], rn[i])
+            return P.pack()
+        return BlockSpec((tr, w.bh, 1), gemm_threads, 4 * (gb * (gb + 1) + 2 * gb * 128), tiles)
+
+    def colsg(a: list[str], bq: str, c: str) -> BlockSpec:
+        def tiles(lo, hi):
+            P = _Parts(lo, hi, cols)
+            b, j, pk, _ = _grid_index(lo, hi, tc)
+            for h in range(w.group):
+                for s in range(tr):
+                    key = h * tr + s
+                    for name in a:
+                        P.add(name, False, b, key, pk * w.group + h, r0[s], rn[s], c0[j], cn[j])
+                    P.add(bq, False, b, key, pk * w.group + h, r0[s], rn[s])
+            P.add(c, True, b, last, pk, c0[j], cn[j])
+            return P.pack()
+        return BlockSpec((tc, w.batch * w.hkv, 1), gemm_threads, 4 * (gb * (gb + 1) + 2 * gb * 128), tiles)
+
+    def rowwise(reads: list[str], writes: list[str]) -> BlockSpec:
+        def tiles(lo, hi):
+            P = _Parts(lo, hi, cols)
+            b, r, p, _ = _grid_index(lo, hi, w.nq)
+            for name in reads:
+                P.add(name, False, b, 0, p, r, 1)
+            for name in writes:
+                P.add(name, True, b, 0, p, r, 1)
+            return P.pack()
+        return BlockSpec((w.nq, w.bh, 1), 128, 4 * len(reads) * w.nk + 4 * 128, tiles)
+
+    for launch in schedule.launches:
+        if launch.name in ("gemm_qk", "gemm_dp"):
+            a, bt, c = roles(launch)
+            launch.blocks = abt(a[0], bt, c)
+        elif launch.name in ("gemm_pv", "gemm_dq"):
+            launch.blocks = rows(*roles(launch))
+        elif launch.name in ("gemm_dv", "gemm_dk"):
+            launch.blocks = colsg(*roles(launch))
+        else:
+            acc = list(launch.accesses())
+            launch.blocks = rowwise([x.tensor for x in acc if not x.write], [x.tensor for x in acc if x.write])
+
+
+def attach(schedule, algo: str, w: Workload, tiling: Tiling | None):
+    """Fill ``launch.blocks`` of every launch of ``schedule`` (built by ``algo`` for ``w`` and
+    ``tiling``) and return the schedule.  Algorithms without a block model (smallcache) are
+    returned as they are."""
+    if algo == "flash2":
+        _flash2(schedule, w, tiling)
+    elif algo == "flash1":
+        _flash1(schedule, w, tiling)
+    elif algo == "standard":
+        _standard(schedule, w)
+    return schedule

@@ -1,0 +1,413 @@
+"""DRAM traffic: a schedule's thread blocks replayed through a model of the GPU's L2.
+
+:func:`dram_traffic` takes a :class:`~flashsim.traffic.Schedule` whose launches carry their
+thread blocks (``Launch.blocks``, a :class:`flashsim.blocks.BlockSpec`, filled by every
+schedule of standard, flash1 and flash2) and a GPU preset, and returns the bytes read from and
+written to DRAM, launch by launch.  :func:`simulate_dram` builds the schedule first.
+
+The model, piece by piece:
+
+* **Issue order.**  A launch's blocks are issued in grid order (x fastest, then y, then z).
+  ``slots = num_sms x blocks_per_sm`` of them are resident at once (blocks per SM from the
+  preset's thread, block and shared-memory limits and the block's threads and shared memory;
+  registers are not modelled).  Resident blocks advance round-robin, one *step* each per round
+  (a step is what a block loads or stores between two barriers: a K_j, V_j pair, a slice of a
+  GEMM's operands); when a block finishes, the next block of the grid takes its slot.
+* **Accesses.**  Each tile of a step is expanded, row by row, into the 128-byte lines it
+  touches, each with the mask of the 32-byte sectors it touches (``l2_line_bytes`` and
+  ``l2_sector_bytes`` of the preset), tensors laid out as the walker lays them out.
+* **The L2.**  Set-associative (``l2_ways``), LRU, capacity ``l2_effective_bytes``: the preset's
+  L2 divided by ``l2_partitions``.  The H100/H200 (and A100) L2 is two partitions, each caching
+  the data the SMs of its own half use; data read by SMs of both halves (K and V here, which
+  every block of a head reads) is held in both, so what one kernel effectively caches is one
+  partition's worth.  Sets are indexed by line address modulo the number of sets.
+  Reads: a sector that is not valid is fetched from DRAM (sector granularity, as the L2
+  fetches).  Writes: write-allocate without fetch, the written sectors become valid and dirty
+  (write-back).  An evicted line writes its dirty sectors to DRAM.
+* **Launch boundaries.**  ``cold_launches=False`` (a pass as it runs): the L2's content carries
+  from one launch to the next (the dK/dV launch can hit on D written by the preprocess launch);
+  the lines still dirty after the last launch are written back eventually and reported as
+  ``final_flush_bytes`` (part of the total writes).  ``cold_launches=True`` (what Nsight Compute
+  measures with ``--cache-control all``): every launch starts with an empty L2, and its dirty
+  lines at the end are written back by ncu's flush before the next replay, outside the measured
+  range: a launch's DRAM writes are only its evictions (the H200 record shows it: a GEMM that
+  writes 134 MB of S shows 107.5 MB of DRAM writes).  They are reported as ``dirty_end_bytes``.
+
+What it is not: no timing (the L2 does not write dirty lines back early while DRAM is idle,
+which the hardware appears to do in long kernels), no hashing of addresses across slices, no
+register-limited occupancy, no per-SM placement of blocks, the two partitions folded into one
+cache of half the size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from numba import njit
+
+from .config import Hardware, get_gpu
+from .traffic import Schedule, _tensor_bases
+
+
+@dataclass(frozen=True)
+class LaunchDRAM:
+    """One launch's DRAM traffic (bytes) and what it asked the L2 for."""
+
+    name: str
+    grid: tuple[int, int, int]
+    threads: int
+    blocks_per_sm: int
+    read_bytes: int  # sectors that missed, times the sector size
+    write_bytes: int  # dirty sectors evicted during the launch
+    dirty_end_bytes: int  # dirty sectors left in the L2 when the launch ends
+    requested_read_bytes: int  # sectors read, hit or miss (the L2's read requests)
+    requested_write_bytes: int
+
+
+@dataclass(frozen=True)
+class DRAMTraffic:
+    gpu: str
+    cold_launches: bool
+    l2_effective_bytes: int
+    launches: list[LaunchDRAM] = field(default_factory=list)
+
+    @property
+    def read_bytes(self) -> int:
+        return sum(x.read_bytes for x in self.launches)
+
+    @property
+    def final_flush_bytes(self) -> int:
+        """Dirty bytes written back after the launches: with cold launches, every launch's
+        dirty lines at its end; otherwise the last launch's."""
+        if self.cold_launches:
+            return sum(x.dirty_end_bytes for x in self.launches)
+        return self.launches[-1].dirty_end_bytes if self.launches else 0
+
+    @property
+    def write_bytes(self) -> int:
+        """All bytes that reach DRAM as writes, the final flush included."""
+        return sum(x.write_bytes for x in self.launches) + self.final_flush_bytes
+
+    @property
+    def bytes(self) -> int:
+        return self.read_bytes + self.write_bytes
+
+    def to_dict(self) -> dict:
+        return {"gpu": self.gpu, "cold_launches": self.cold_launches, "l2_effective_bytes": self.l2_effective_bytes,
+                "dram_read_bytes": self.read_bytes, "dram_write_bytes": self.write_bytes,
+                "final_flush_bytes": self.final_flush_bytes,
+                "launches": [dict(x.__dict__) for x in self.launches]}
+
+
+# ---------------------------------------------------------------------------------------------
+# The cache (numba)
+
+# counters
+_REQ_RD, _REQ_WR, _MISS_RD, _EVICT_WR = 0, 1, 2, 3
+
+
+@njit(cache=True, inline="always")
+def _popcount(x):
+    n = 0
+    while x:
+        x &= x - 1
+        n += 1
+    return n
+
+
+@njit(cache=True)
+def _access(tags, stamp, valid, dirty, clock, set_index, ways, line, mask, wr, ctr):
+    base = set_index * ways
+    victim = base
+    oldest = stamp[base]
+    for k in range(base, base + ways):
+        if tags[k] == line:
+            if wr:
+                ctr[_REQ_WR] += _popcount(mask)
+                dirty[k] |= mask
+            else:
+                ctr[_REQ_RD] += _popcount(mask)
+                ctr[_MISS_RD] += _popcount(mask & ~valid[k])
+            valid[k] |= mask
+            stamp[k] = clock
+            return
+        if stamp[k] < oldest:
+            oldest = stamp[k]
+            victim = k
+    # miss: evict the least recently used way (invalid ways have stamp -1)
+    if tags[victim] >= 0 and dirty[victim]:
+        ctr[_EVICT_WR] += _popcount(dirty[victim])
+    tags[victim] = line
+    stamp[victim] = clock
+    valid[victim] = mask
+    if wr:
+        ctr[_REQ_WR] += _popcount(mask)
+        dirty[victim] = mask
+    else:
+        ctr[_REQ_RD] += _popcount(mask)
+        ctr[_MISS_RD] += _popcount(mask)
+        dirty[victim] = 0
+
+
+@njit(cache=True, inline="always")
+def _sampled(set_index, sample):
+    """Whether set ``set_index`` is simulated under set sampling: a multiplicative hash of the
+    index, so that the sample does not alias with the power-of-two strides of tensor rows."""
+    h = (np.uint64(set_index) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)
+    return h % np.uint64(sample) == 0
+
+
+@njit(cache=True)
+def _sampled_sets(nsets, sample):
+    """(gap, count): gap[s] = sets from s to the next sampled set, cyclically (0 if s is one)."""
+    gap = np.zeros(nsets, dtype=np.int64)
+    count = 0
+    last = -1
+    for k in range(2 * nsets - 1, -1, -1):  # twice round, so the gaps wrap
+        s = k % nsets
+        if sample == 1 or _sampled(s, sample):
+            last = k
+            if k < nsets:
+                count += 1
+        gap[s] = last - k if last >= 0 else 0
+    return gap, count
+
+
+@njit(cache=True)
+def _range(tags, stamp, valid, dirty, clock, nsets, ways, lshift, sshift, a, n, wr, ctr, gap):
+    """Bytes [a, a + n) through the cache, line by line with their sector masks; only the lines
+    of the sampled sets (``gap[set]``: how many sets on the next sampled one is, 0 for a sampled
+    set; see :func:`_sampled`).  Set = line address mod sets, kept incrementally."""
+    first = a >> lshift
+    last = (a + n - 1) >> lshift
+    si = first % nsets
+    line = first
+    while line <= last:
+        g = gap[si]
+        if g:  # jump to the next sampled set
+            line += g
+            si += g
+            if si >= nsets:
+                si -= nsets
+            continue
+        lo = max(a, line << lshift) - (line << lshift)
+        hi = min(a + n, (line + 1) << lshift) - (line << lshift)
+        s0 = lo >> sshift
+        s1 = (hi - 1) >> sshift
+        mask = ((1 << (s1 + 1)) - 1) ^ ((1 << s0) - 1)
+        _access(tags, stamp, valid, dirty, clock, si, ways, line, mask, wr, ctr)
+        clock += 1
+        line += 1
+        si += 1
+        if si == nsets:
+            si = 0
+    return clock
+
+
+@njit(cache=True)
+def _run(tags, stamp, valid, dirty, clock_arr, nsets, ways, lshift, sshift,
+         addr, nrows, stride, nbytes, wr, tile_ptr, step_ptr, slot_blk, slot_step, next_blk, final, ctr, gap):
+    """Advance the resident blocks round-robin, one step each per round, refilling free slots
+    from blocks next_blk.. of this chunk.  Returns (next_blk, done): done is False when a slot
+    wants a block beyond the chunk (and the chunk is not the last)."""
+    nb = step_ptr.size - 1
+    nslots = slot_blk.size
+    clock = clock_arr[0]
+    while True:
+        active = False
+        for s in range(nslots):
+            b = slot_blk[s]
+            if b < 0:
+                if next_blk < nb:
+                    b = next_blk
+                    next_blk += 1
+                    slot_blk[s] = b
+                    slot_step[s] = 0
+                    if step_ptr[b] == step_ptr[b + 1]:  # a block with no access
+                        slot_blk[s] = -1
+                        continue
+                elif not final:
+                    clock_arr[0] = clock
+                    return next_blk, False
+                else:
+                    continue
+            active = True
+            st = step_ptr[b] + slot_step[s]
+            for t in range(tile_ptr[st], tile_ptr[st + 1]):
+                a = addr[t]
+                for r in range(nrows[t]):
+                    clock = _range(tags, stamp, valid, dirty, clock, nsets, ways, lshift, sshift,
+                                   a + r * stride[t], nbytes[t], wr[t], ctr, gap)
+            slot_step[s] += 1
+            if st + 1 == step_ptr[b + 1]:
+                slot_blk[s] = -1
+        if not active:
+            clock_arr[0] = clock
+            return next_blk, True
+
+
+@njit(cache=True)
+def _dirty_sectors(tags, dirty):
+    n = 0
+    for k in range(tags.size):
+        if tags[k] >= 0:
+            n += _popcount(dirty[k])
+    return n
+
+
+class L2:
+    """An LRU, write-back, set-associative cache of ``capacity`` bytes (see the module docstring)."""
+
+    def __init__(self, capacity: int, line_bytes: int = 128, sector_bytes: int = 32, ways: int = 16,
+                 sample: int = 1):
+        for name, v in (("line_bytes", line_bytes), ("sector_bytes", sector_bytes)):
+            if v <= 0 or v & (v - 1):
+                raise ValueError(f"{name}={v}: must be a power of two")
+        if line_bytes % sector_bytes or line_bytes // sector_bytes > 8:
+            raise ValueError(f"line_bytes={line_bytes}: must be 1 to 8 sectors of {sector_bytes} bytes")
+        self.nsets = capacity // (line_bytes * ways)
+        if self.nsets < 1:
+            raise ValueError(f"capacity={capacity}: smaller than one set of {ways} lines of {line_bytes} bytes")
+        if isinstance(sample, bool) or not isinstance(sample, (int, np.integer)) or sample < 1:
+            raise ValueError(f"sample={sample!r}: must be a positive integer")
+        self.ways, self.line_bytes, self.sector_bytes, self.sample = ways, line_bytes, sector_bytes, int(sample)
+        self.gap, sampled = _sampled_sets(self.nsets, self.sample)
+        if sampled == 0:
+            raise ValueError(f"sample={sample}: no set of the {self.nsets} is sampled; sample fewer")
+        #: counts of the sampled sets x scale = the estimate for the whole cache
+        self.scale = self.nsets / sampled
+        self.lshift, self.sshift = line_bytes.bit_length() - 1, sector_bytes.bit_length() - 1
+        self.reset()
+
+    @property
+    def capacity(self) -> int:
+        return self.nsets * self.ways * self.line_bytes
+
+    def reset(self) -> None:
+        n = self.nsets * self.ways
+        self.tags = np.full(n, -1, dtype=np.int64)
+        self.stamp = np.full(n, -1, dtype=np.int64)
+        self.valid = np.zeros(n, dtype=np.uint8)
+        self.dirty = np.zeros(n, dtype=np.uint8)
+        self.clock = np.zeros(1, dtype=np.int64)
+
+    def dirty_bytes(self) -> int:
+        """Dirty bytes held (with set sampling, scaled to the whole cache)."""
+        return round(int(_dirty_sectors(self.tags, self.dirty)) * self.scale) * self.sector_bytes
+
+    def access(self, addr: int, nbytes: int, write: bool, ctr: np.ndarray | None = None) -> np.ndarray:
+        """One byte range through the cache (for tests and small experiments); returns the
+        counters [read sectors, written sectors, read misses, dirty sectors evicted]."""
+        ctr = np.zeros(4, dtype=np.int64) if ctr is None else ctr
+        self.clock[0] = _range(self.tags, self.stamp, self.valid, self.dirty, self.clock[0], self.nsets,
+                               self.ways, self.lshift, self.sshift, int(addr), int(nbytes), bool(write), ctr,
+                               self.gap)
+        return ctr
+
+
+def _tile_arrays(tiles, tensors, bases):
+    """Byte addresses of tiles: (start, rows, row stride, bytes per row, write); a tile of whole
+    rows becomes one range."""
+    lay = [tensors[n] for n in tiles.names]
+    tab = np.array([[t.row_bytes, t.elem_bytes, t.cols, t.slice_bytes, bases[t.name]] for t in lay],
+                   dtype=np.int64).reshape(-1, 5)
+    stride, eb, cols, sb, base = (tab[:, k][tiles.tensor] for k in range(5))
+    addr = base + tiles.slice * sb + tiles.row0 * stride + tiles.col0 * eb
+    nbytes = tiles.ncols * eb
+    nrows = tiles.nrows.astype(np.int64)
+    whole = tiles.ncols == cols
+    nbytes = np.where(whole, nbytes * nrows, nbytes)
+    nrows = np.where(whole, np.minimum(nrows, 1), nrows)
+    return addr, nrows, stride, nbytes, tiles.write.astype(np.bool_)
+
+
+def _simulate_launch(cache: L2, launch, tensors, bases, gpu: Hardware, chunk_blocks: int | None) -> np.ndarray:
+    spec = launch.blocks
+    nblk = spec.num_blocks
+    slots = gpu.num_sms * spec.blocks_per_sm(gpu)
+    chunk = chunk_blocks or max(2 * slots, 256)
+    slot_blk = np.full(slots, -1, dtype=np.int64)  # absolute block index
+    slot_step = np.zeros(slots, dtype=np.int64)
+    ctr = np.zeros(4, dtype=np.int64)
+    lo, next_abs = 0, 0
+    while True:
+        active = slot_blk[slot_blk >= 0]
+        lo = int(active.min()) if active.size else next_abs
+        hi = min(nblk, max(lo + chunk, next_abs + slots))
+        tiles = spec.tiles(lo, hi)
+        addr, nrows, stride, nbytes, wr = _tile_arrays(tiles, tensors, bases)
+        rel = np.where(slot_blk >= 0, slot_blk - lo, -1)
+        nxt, done = _run(cache.tags, cache.stamp, cache.valid, cache.dirty, cache.clock, cache.nsets, cache.ways,
+                         cache.lshift, cache.sshift, addr, nrows, stride, nbytes, wr, tiles.tile_ptr,
+                         tiles.step_ptr, rel, slot_step, next_abs - lo, hi == nblk, ctr, cache.gap)
+        slot_blk = np.where(rel >= 0, rel + lo, -1)
+        next_abs = int(nxt) + lo
+        if done:
+            return np.round(ctr * cache.scale).astype(np.int64)
+
+
+def dram_traffic(schedule: Schedule, gpu: Hardware | str, *, cold_launches: bool = False, sample: int = 1,
+                 chunk_blocks: int | None = None) -> DRAMTraffic:
+    """DRAM read and write bytes of every launch of ``schedule`` on ``gpu`` (a preset or its
+    name), the L2 starting empty (see the module docstring for the model and ``cold_launches``).
+
+    ``sample`` > 1: set sampling.  About one set in ``sample`` is simulated (those whose index
+    hashes to 0 mod ``sample``), and every count is scaled by (sets / sets simulated).  Exact
+    counts need ``sample=1``; benchmarks/bench_l2.py measures the error of sampling."""
+    if isinstance(gpu, str):
+        gpu = get_gpu(gpu)
+    if not isinstance(gpu, Hardware):
+        raise ValueError(f"gpu={gpu!r}: must be a Hardware preset or a preset name")
+    missing = [ln.name for ln in schedule.launches if ln.blocks is None]
+    if missing:
+        raise ValueError(f"schedule.launches={missing}: no thread-block model (Launch.blocks) for the L2 model; "
+                         "it exists for standard, flash1 and flash2")
+    cache = L2(gpu.l2_effective_bytes, gpu.l2_line_bytes, gpu.l2_sector_bytes, gpu.l2_ways, sample)
+    bases = _tensor_bases(schedule.tensors)
+    sec = gpu.l2_sector_bytes
+    out = []
+    names: set[str] = set()
+    for launch in schedule.launches:
+        if cold_launches:
+            cache.reset()
+        ctr = _simulate_launch(cache, launch, schedule.tensors, bases, gpu, chunk_blocks)
+        name, k = launch.name, 2
+        while name in names:
+            name, k = f"{launch.name}#{k}", k + 1
+        names.add(name)
+        spec = launch.blocks
+        out.append(LaunchDRAM(name, spec.grid, spec.threads, spec.blocks_per_sm(gpu), int(ctr[_MISS_RD]) * sec,
+                              int(ctr[_EVICT_WR]) * sec, cache.dirty_bytes(), int(ctr[_REQ_RD]) * sec,
+                              int(ctr[_REQ_WR]) * sec))
+    return DRAMTraffic(gpu.name, cold_launches, cache.capacity, out)
+
+
+def simulate_dram(workload, algo: str, pass_: str = "fwd", gpu: Hardware | str = "h100", tiling=None,
+                  sram_elems: int | None = None, *, cold_launches: bool = False, sample: int = 1,
+                  **options) -> DRAMTraffic:
+    """Build ``algo``'s schedule for ``workload`` (as :func:`flashsim.simulate` does) and run it
+    through ``gpu``'s L2: the DRAM-level counterpart of the walker's LSU-level count."""
+    from .api import build_schedule
+
+    sched = build_schedule(workload, algo, pass_, tiling, sram_elems, **options)
+    return dram_traffic(sched, gpu, cold_launches=cold_launches, sample=sample)
+
+
+def format_dram(d: DRAMTraffic) -> str:
+    """Plain-text table of a DRAM-level result, launch by launch, with the totals."""
+    mode = "each launch from a cold L2 (as ncu measures)" if d.cold_launches else "L2 carried between launches"
+    lines = [f"DRAM level on {d.gpu}: L2 model of {d.l2_effective_bytes / 2**20:.1f} MiB effective, {mode}",
+             f"{'launch':<28} {'grid':>16} {'blocks/SM':>9} {'L2 read MB':>11} {'L2 write MB':>11} "
+             f"{'DRAM read MB':>12} {'DRAM write MB':>13} {'dirty at end MB':>15}"]
+    for x in d.launches:
+        grid = "(" + ", ".join(map(str, x.grid)) + ")"
+        lines.append(f"{x.name:<28} {grid:>16} {x.blocks_per_sm:>9} {x.requested_read_bytes / 1e6:>11.2f} "
+                     f"{x.requested_write_bytes / 1e6:>11.2f} {x.read_bytes / 1e6:>12.2f} {x.write_bytes / 1e6:>13.2f} "
+                     f"{x.dirty_end_bytes / 1e6:>15.2f}")
+    lines.append(f"total: DRAM read {d.read_bytes / 1e6:.2f} MB, write {d.write_bytes / 1e6:.2f} MB (of which "
+                 f"{d.final_flush_bytes / 1e6:.2f} MB dirty lines written back after the launches)")
+    return "\n".join(lines)
+
+
+__all__ = ["L2", "LaunchDRAM", "DRAMTraffic", "dram_traffic", "simulate_dram", "format_dram"]

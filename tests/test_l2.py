@@ -1,0 +1,202 @@
+"""The trace-driven L2 model (flashsim/l2.py, flashsim/blocks.py): hand-derived cache cases with
+integer counts, compulsory traffic far below the L2, the L2 size mattering between two sizes,
+block traces that request exactly the walker's sectors, and the comparison's refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from flashsim import Tiling, Workload, get_gpu
+from flashsim.api import build_schedule
+from flashsim.l2 import L2, dram_traffic, simulate_dram
+from flashsim.traffic import walk
+
+SEC = 32
+
+
+def _cache() -> L2:
+    # 2 sets x 2 ways x 128-byte lines: lines 0, 2, 4, ... share set 0
+    c = L2(512, 128, 32, 2)
+    assert (c.nsets, c.capacity) == (2, 512)
+    return c
+
+
+def test_lru_eviction_order_by_hand():
+    c = _cache()
+    ctr = np.zeros(4, dtype=np.int64)  # read sectors, written sectors, read misses, dirty sectors evicted
+    c.access(0 * 128, 128, False, ctr)  # line 0: 4 misses
+    c.access(2 * 128, 128, False, ctr)  # line 2: 4 misses, set 0 full
+    c.access(0 * 128, 128, False, ctr)  # line 0 hits; line 2 becomes least recently used
+    print(ctr)
+    assert ctr.tolist() == [12, 0, 8, 0]
+    c.access(4 * 128, 128, False, ctr)  # line 4 evicts line 2 (clean: nothing written)
+    c.access(0 * 128, 128, False, ctr)  # line 0 still there
+    assert ctr.tolist() == [20, 0, 12, 0]
+    c.access(2 * 128, 128, False, ctr)  # line 2 again: a miss, evicts line 4
+    c.access(4 * 128, 128, False, ctr)  # line 4: a miss, evicts line 0
+    print(ctr)
+    assert ctr.tolist() == [28, 0, 20, 0]
+    c.access(1 * 128, 128, False, ctr)  # set 1 is independent
+    assert ctr.tolist() == [32, 0, 24, 0]
+
+
+def test_dirty_write_back_and_partial_sectors_by_hand():
+    c = _cache()
+    ctr = np.zeros(4, dtype=np.int64)
+    c.access(0, 40, True, ctr)  # bytes 0..39: sectors 0 and 1 written, no fetch
+    assert ctr.tolist() == [0, 2, 0, 0] and c.dirty_bytes() == 2 * SEC
+    c.access(0, 128, False, ctr)  # the whole line: only sectors 2 and 3 miss
+    assert ctr.tolist() == [4, 2, 2, 0]
+    c.access(2 * 128, 128, False, ctr)  # set 0 full
+    c.access(4 * 128, 64, False, ctr)  # evicts line 0 (LRU), which writes its 2 dirty sectors back
+    print(ctr, c.dirty_bytes())
+    assert ctr.tolist() == [10, 2, 8, 2] and c.dirty_bytes() == 0
+    c.access(200, 100, True, ctr)  # bytes 200..299: line 1 sectors 2, 3 and line 2 sectors 0, 1
+    assert ctr.tolist() == [10, 6, 8, 2] and c.dirty_bytes() == 4 * SEC
+
+
+def _sectors(sched, names):
+    return sum(-(-sched.tensors[n].slices * sched.tensors[n].slice_bytes // SEC) for n in names)
+
+
+def test_far_below_the_l2_traffic_is_compulsory():
+    """Standard attention, forward, a pass with the L2 carried between launches: Q, K and V are
+    read from DRAM once each, S and P (written, then read by the next launch) are never read
+    from DRAM, and every written sector (S, P, O) reaches DRAM exactly once."""
+    w = Workload(batch=1, heads=2, seq_len_q=256, head_dim=64)
+    sched = build_schedule(w, "standard", "fwd", gemm_block=32)
+    r = dram_traffic(sched, "h100")
+    print(r.to_dict())
+    assert r.read_bytes == _sectors(sched, ("Q", "K", "V")) * SEC
+    assert r.write_bytes == _sectors(sched, ("S", "P", "O")) * SEC
+    assert sum(x.write_bytes for x in r.launches) == 0  # nothing evicted: all of it is the final flush
+    # launch by launch, cold (ncu's view): each launch reads its own inputs once
+    cold = dram_traffic(sched, "h100", cold_launches=True)
+    assert [x.read_bytes // SEC for x in cold.launches] == [_sectors(sched, ("Q", "K")), _sectors(sched, ("S",)),
+                                                           _sectors(sched, ("P", "V"))]
+    assert [x.dirty_end_bytes // SEC for x in cold.launches] == [_sectors(sched, (n,)) for n in ("S", "P", "O")]
+
+
+def test_flash2_forward_far_below_the_l2_reads_each_sector_once():
+    w = Workload(batch=2, heads=4, kv_heads=2, seq_len_q=200, head_dim=40, causal=True)
+    sched = build_schedule(w, "flash2", "fwd", Tiling(32, 16))
+    r = dram_traffic(sched, "a100", cold_launches=True)
+    (x,) = r.launches
+    assert x.read_bytes == _sectors(sched, ("Q", "K", "V")) * SEC
+    assert x.write_bytes == 0 and x.dirty_end_bytes == _sectors(sched, ("O", "L")) * SEC
+
+
+def test_the_l2_size_matters_between_two_sizes():
+    """Standard attention's S is 4 MiB (b1 h2 n1024 fp16): with 64 MiB of L2 the softmax reads it
+    back from L2, with 4 MiB (2 MiB per partition) it has been evicted by the GEMM and is read
+    from DRAM again; the GEMM's own DRAM writes go from 0 to most of S."""
+    w = Workload(batch=1, heads=2, seq_len_q=1024, head_dim=64)
+    sched = build_schedule(w, "standard", "fwd", gemm_block=32)
+    s_bytes = _sectors(sched, ("S",)) * SEC
+    big = dataclasses.replace(get_gpu("h100"), l2_bytes=64 * 2**20)
+    small = dataclasses.replace(get_gpu("h100"), l2_bytes=4 * 2**20)
+    rb, rs = dram_traffic(sched, big), dram_traffic(sched, small)
+    print([(x.name, x.read_bytes, x.write_bytes) for x in rb.launches + rs.launches])
+    assert rb.launches[0].write_bytes == 0 and rb.launches[1].read_bytes == 0
+    assert rs.launches[0].write_bytes >= s_bytes // 2
+    assert rs.launches[1].read_bytes >= s_bytes // 2
+    # the totals: what is written reaches DRAM once either way; the small L2 re-reads S and P
+    assert rb.write_bytes == rs.write_bytes
+    assert rs.read_bytes > rb.read_bytes + s_bytes
+
+
+@pytest.mark.parametrize("algo,pass_,kw", [
+    ("flash2", "fwd", {}), ("flash2", "bwd", {}), ("flash1", "fwd", {}), ("flash1", "bwd", {}),
+    ("standard", "fwd", {"gemm_block": 32}), ("standard", "bwd", {"gemm_block": 16}),
+    ("standard", "fwd", {"fuse": "none", "dropout": 0.1, "gemm_block": 32}),
+])
+@pytest.mark.parametrize("causal", [False, True])
+def test_thread_blocks_request_exactly_the_walkers_sectors(algo, pass_, kw, causal):
+    """Each launch's block trace asks the L2 for the same sectors the walker counts (the block
+    model changes the order and the grouping of the transfers, never the transfers).  The GEMMs
+    of standard attention load the head dimension in gemm_block-wide slices, as the kernel does:
+    with d a multiple of 16 the slices cover whole sectors and the counts agree (with d = 24 the
+    slice boundary splits a sector, which the kernel then requests twice); the row kernels run a
+    block per row, so rows of whole sectors (Nk = 96: 96-byte rows of the 1-byte dropout mask)."""
+    d, nk = (32, 96) if algo == "standard" else (24, 80)
+    w = Workload(batch=2, heads=4, kv_heads=2, seq_len_q=96, seq_len_k=nk, head_dim=d, causal=causal)
+    tiling = None if algo == "standard" else Tiling(32, 16)
+    sched = build_schedule(w, algo, pass_, tiling, **kw)
+    io = walk(sched)
+    r = dram_traffic(sched, "h100")
+    for x, (name, c) in zip(r.launches, io.per_launch.items()):
+        assert x.name == name
+        assert (x.requested_read_bytes, x.requested_write_bytes) == (c.read_sectors * SEC, c.write_sectors * SEC)
+
+
+def test_grids_are_the_kernels_grids():
+    """The schedule states each launch's grid as the reference kernels launch it (the H200
+    record's grid column)."""
+    w = Workload(batch=1, heads=16, seq_len_q=2048, head_dim=64)
+    grids = {
+        ("flash2", "fwd"): [(32, 16, 1)], ("flash2", "bwd"): [(64, 16, 1)] * 3,
+        ("flash1", "fwd"): [(16, 1, 1)] * 2, ("standard", "fwd"): [(64, 64, 16), (2048, 16, 1), (64, 16, 1)],
+        ("standard", "bwd"): [(64, 16, 1), (64, 64, 16), (2048, 16, 1), (64, 16, 1), (64, 16, 1)],
+    }
+    tilings = {("flash2", "fwd"): Tiling(64, 32), ("flash2", "bwd"): Tiling(32, 32),
+               ("flash1", "fwd"): Tiling.from_sram(32 * 1024 // 2, 64)}
+    for (algo, pass_), want in grids.items():
+        kw = {"gemm_block": 32} if algo == "standard" else {}
+        sched = build_schedule(w, algo, pass_, tilings.get((algo, pass_)), **kw)
+        assert [ln.blocks.grid for ln in sched.launches] == want, (algo, pass_)
+
+
+def test_set_sampling_estimates_the_exact_count():
+    w = Workload(batch=1, heads=4, seq_len_q=1024, head_dim=64)
+    small = dataclasses.replace(get_gpu("h100"), l2_bytes=4 * 2**20)
+    exact = simulate_dram(w, "standard", "fwd", small, gemm_block=32)
+    est = simulate_dram(w, "standard", "fwd", small, gemm_block=32, sample=4)
+    for a, b in zip(exact.launches, est.launches):
+        print(a.name, a.read_bytes, b.read_bytes, a.write_bytes, b.write_bytes)
+        assert abs(a.read_bytes - b.read_bytes) <= 0.05 * a.read_bytes + 2**16
+        assert abs(a.write_bytes - b.write_bytes) <= 0.05 * a.write_bytes + 2**16
+
+
+def test_bad_input_names_the_field():
+    sched = build_schedule(Workload(batch=1, heads=1, seq_len_q=64, head_dim=16), "smallcache", "fwd",
+                           sram_elems=4096)
+    with pytest.raises(ValueError, match="Launch.blocks"):
+        dram_traffic(sched, "h100")
+    with pytest.raises(ValueError, match="sample="):
+        L2(512, 128, 32, 2, sample=0)
+    with pytest.raises(ValueError, match="gpu="):
+        dram_traffic(sched, "b200")
+    with pytest.raises(ValueError, match="l2_partitions="):
+        dataclasses.replace(get_gpu("h100"), l2_partitions=0)
+
+
+def test_a_fit_over_a_parameter_that_does_not_vary_is_refused():
+    from analysis.compare import fit_loglog, summarize
+
+    recs = [{"block_m": 128, "seq_len_q": n, "lsu_bytes": n * n} for n in (1024, 2048, 4096)]
+    with pytest.raises(ValueError, match="block_m=128.0: does not vary"):
+        fit_loglog(recs, ("block_m",), "lsu_bytes")
+    fit = fit_loglog(recs, ("seq_len_q",), "lsu_bytes")
+    assert abs(fit["exponents"]["seq_len_q"] - 2) < 1e-9
+    s = summarize([{"lsu_err": 0.0, "dram_err": e, "dram_read_err": e, "dram_write_err": -e}
+                   for e in (0.01, 0.02, 0.5)])
+    assert s["dram_read_median_abs_err"] == 0.02 and s["dram_write_max_abs_err"] == 0.5
+    assert 0.02 < s["dram_write_p95_abs_err"] < 0.5
+
+
+def test_the_dram_summary_is_json_ready_and_printable():
+    import json
+
+    from flashsim.l2 import format_dram
+
+    w = Workload(batch=1, heads=2, seq_len_q=128, head_dim=32)
+    d = simulate_dram(w, "flash2", "fwd+bwd", "h200", Tiling(32, 32))
+    doc = json.loads(json.dumps(d.to_dict()))
+    assert doc["dram_read_bytes"] == d.read_bytes and len(doc["launches"]) == 4
+    assert doc["dram_write_bytes"] == sum(x["write_bytes"] for x in doc["launches"]) + doc["final_flush_bytes"]
+    text = format_dram(d)
+    print(text)
+    assert "flash2_bwd_dkdv" in text and "total: DRAM read" in text
