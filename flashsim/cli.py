@@ -35,6 +35,7 @@ from .algorithms import ALGORITHMS, get_algorithm
 from .api import simulate
 from .bounds import bounds_table
 from .config import GPU_ALIASES, GPUS, Tiling, Workload, get_gpu
+from .l2 import format_dram, simulate_dram
 from .output import OutputExists, check_overwrite, staged
 from .plot import plot_gpu_bars, plot_sweep
 from .report import fmt_exponent, fmt_num, format_table, run_report, simulate_summary
@@ -215,10 +216,20 @@ def _cmd_simulate(a: argparse.Namespace) -> int:
         raise _with_sram_bytes(e, a, w, m) from None
     summ = simulate_summary(res, gpu, m)
     summ["tiling_given"] = given is not None
+    dram = None
+    if a.level == "dram":
+        if a.sample < 1:
+            raise ValueError(f"sample={a.sample}: must be a positive integer (--sample)")
+        dram = simulate_dram(w, a.algo, a.pass_, gpu, tiling, None, cold_launches=a.cold_launches,
+                             sample=a.sample, **opts)
+        summ["dram"] = dram.to_dict()
     if a.json:
         print(json.dumps(summ, indent=2))
     else:
         print(_simulate_text(summ))
+        if dram is not None:
+            print()
+            print(format_dram(dram))
     return 0
 
 
@@ -471,6 +482,17 @@ def add_simulate(sub) -> None:
     t.add_argument("--block-m", type=int, default=None, metavar="Br", help="query rows per tile")
     t.add_argument("--block-n", type=int, default=None, metavar="Bc", help="key/value rows per tile")
     s.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    lv = s.add_argument_group("level (the walker counts what the kernels request: the LSU level)")
+    lv.add_argument("--level", choices=("lsu", "dram"), default="lsu",
+                    help="dram: also run the schedule's thread blocks through the GPU preset's L2 model "
+                         "(flashsim.l2) and print the DRAM read and write bytes per launch (default lsu)")
+    lv.add_argument("--cold-launches", action="store_true",
+                    help="with --level dram: start every launch from an empty L2 and leave its dirty lines "
+                         "out of its writes, as Nsight Compute measures (default: the L2 carried from launch "
+                         "to launch, the dirty lines left at the end written back and counted)")
+    lv.add_argument("--sample", type=int, default=1, metavar="S",
+                    help="with --level dram: simulate about one L2 set in S and scale the counts (faster; "
+                         "default 1, exact)")
     _add_algorithm_options(s)
     s.set_defaults(func=_cmd_simulate)
 

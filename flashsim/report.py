@@ -6,6 +6,9 @@ writes, into one folder:
 
 * ``io_table.csv``: per GPU, algorithm and pass, the HBM bytes read/written, the FLOPs, the
   roofline time and whether that time is memory- or compute-bound;
+* ``dram_table.csv``: per GPU (A100, H100, H200), algorithm, forward + backward: the bytes the
+  kernels request (LSU level, the walker) beside the bytes that reach DRAM through the GPU's L2
+  (the trace-driven model :mod:`flashsim.l2`);
 * ``m_sweep.csv`` / ``m_sweep.png``: forward HBM traffic against the on-chip memory M (hence
   the block size Bc = ⌈M/4d⌉), the paper's Figure 2 middle;
 * ``n_sweep.csv`` / ``n_sweep.png``: HBM traffic against the sequence length N, with the fitted
@@ -32,8 +35,9 @@ from pathlib import Path
 from .algorithms import get_algorithm
 from .api import SimResult
 from .bounds import bounds as compute_bounds
-from .config import Hardware, Workload, cdiv
+from .config import Hardware, Workload, cdiv, get_gpu
 from .flops import flops as count_flops
+from .l2 import simulate_dram
 from .output import staged
 from .plot import plot_two_panels
 from .roofline import roofline
@@ -46,6 +50,10 @@ DEFAULT_WORKLOAD = Workload(batch=64, heads=16, seq_len_q=1024, head_dim=64, dty
 DEFAULT_GPUS = ("a100", "h100")
 DEFAULT_ALGOS = ("standard", "flash1", "flash2")
 DEFAULT_PASSES = ("fwd", "bwd")
+#: GPU presets of the DRAM-level table (the L2 model of each: flashsim.l2) and its set sampling
+#: (one L2 set in 16 simulated, the counts scaled; benchmarks/bench_l2.py measures its error).
+DRAM_GPUS = ("a100", "h100", "h200")
+DRAM_SAMPLE = 16
 
 
 def _plain(x):
@@ -167,6 +175,36 @@ def io_table(recs: Sequence[dict]) -> str:
                          "roofline ms", "bound"], rows, right=[False, False, False, True] + [True] * 5 + [False])
 
 
+def dram_records(workload: Workload = DEFAULT_WORKLOAD, gpus: Sequence[str] = DRAM_GPUS,
+                 algos: Sequence[str] = DEFAULT_ALGOS, pass_: str = "fwd+bwd", sample: int = DRAM_SAMPLE) -> list[dict]:
+    """LSU level (the walker) beside the DRAM level (the L2 model, the L2 carried from launch to
+    launch and the dirty lines left at the end written back) for one pass of each algorithm, with
+    M = each GPU's shared memory per thread block (the paper's rule)."""
+    recs = []
+    base = workload_record(workload)
+    for g in gpus:
+        gpu = get_gpu(g)
+        for a in algos:
+            r = run_one(base, a, pass_, gpu=g, walk=True)
+            d = simulate_dram(workload, a, pass_, gpu, None, r["sram_elems"], sample=sample)
+            recs.append({"gpu": gpu.name, "algo": a, "pass": pass_, "block_m": r["block_m"], "block_n": r["block_n"],
+                         "lsu_read_bytes": r["hbm_read_bytes"], "lsu_write_bytes": r["hbm_write_bytes"],
+                         "lsu_bytes": r["hbm_bytes"], "l2_bytes": gpu.l2_bytes,
+                         "l2_effective_bytes": d.l2_effective_bytes, "dram_read_bytes": d.read_bytes,
+                         "dram_write_bytes": d.write_bytes, "dram_bytes": d.read_bytes + d.write_bytes,
+                         "dram_sample": sample})
+    return recs
+
+
+def dram_table(recs: Sequence[dict]) -> str:
+    """LSU and DRAM levels side by side."""
+    rows = [[r["gpu"], r["algo"], r["pass"], "-" if r["block_m"] is None else f"{r['block_m']}x{r['block_n']}",
+             f"{r['lsu_bytes'] / 1e9:.3f}", f"{r['dram_read_bytes'] / 1e9:.3f}", f"{r['dram_write_bytes'] / 1e9:.3f}",
+             f"{r['dram_bytes'] / 1e9:.3f}", f"{r['dram_bytes'] / r['lsu_bytes']:.2f}"] for r in recs]
+    return format_table(["gpu", "algorithm", "pass", "Br x Bc", "LSU GB", "DRAM read GB", "DRAM write GB",
+                         "DRAM GB", "DRAM/LSU"], rows, right=[False, False, False] + [True] * 6)
+
+
 def _sweep(w: Workload, param: str, values, gpus, algos, passes) -> list[dict]:
     recs = []
     for g in gpus:
@@ -235,8 +273,8 @@ N_SWEEP = (256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
 #: The report's files, by the key :func:`run_report` returns them under.
-REPORT_FILES = {"io_table": "io_table.csv", "m_sweep": "m_sweep.csv", "n_sweep": "n_sweep.csv",
-                "m_sweep_png": "m_sweep.png", "n_sweep_png": "n_sweep.png"}
+REPORT_FILES = {"io_table": "io_table.csv", "dram_table": "dram_table.csv", "m_sweep": "m_sweep.csv",
+                "n_sweep": "n_sweep.csv", "m_sweep_png": "m_sweep.png", "n_sweep_png": "n_sweep.png"}
 
 
 def run_report(out: str | Path = "flashsim-report", workload: Workload = DEFAULT_WORKLOAD,
@@ -292,6 +330,15 @@ def run_report(out: str | Path = "flashsim-report", workload: Workload = DEFAULT
                           f"Tr = {tr} times ({2 * tr} N·d) costs more than flash1's Q read and O read and write "
                           f"Tc = {tc} times (about {3 * tc} N·d)", "  "))
 
+        # DRAM level: what reaches HBM after the L2, beside what the kernels request
+        dram = dram_records(w, DRAM_GPUS, algos)
+        write_csv(dram, target("dram_table"))
+        say("")
+        say(_wrap("LSU level (what the schedule requests, the walker) beside the DRAM level (what reaches HBM "
+                  "through the GPU's L2, the trace-driven model flashsim.l2, one L2 set in "
+                  f"{DRAM_SAMPLE} simulated), forward + backward:"))
+        say(dram_table(dram))
+
         # M sweep: forward traffic against on-chip memory
         m_values = [4 * w.d * b for b in M_SWEEP_BLOCKS]
         m_recs = _sweep(w, "M", m_values, gpus, algos, ("fwd",))
@@ -326,5 +373,5 @@ def run_report(out: str | Path = "flashsim-report", workload: Workload = DEFAULT
     say(f"wrote {len(files)} files to {out}/ in {time.perf_counter() - t0:.1f} s:")
     for p in files.values():
         say(f"  {p}")
-    return {"io": io, "m_sweep": m_recs, "n_sweep": n_recs, "m_exponents": m_fits, "n_exponents": n_fits,
+    return {"io": io, "dram": dram, "m_sweep": m_recs, "n_sweep": n_recs, "m_exponents": m_fits, "n_exponents": n_fits,
             "files": files}

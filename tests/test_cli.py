@@ -466,3 +466,23 @@ def test_out_of_memory_is_one_line(capsys, monkeypatch):
     assert rc == 2 and out == ""
     assert err.splitlines() == ["flashsim: error: out of memory: the workload is too large for this machine "
                                 "(Unable to allocate 3.06 PiB for an array with shape (156250000, 22026432))"]
+
+
+def test_simulate_dram_level(capsys):
+    """--level dram runs the schedule through the preset's L2 model: a DRAM table in text, the same
+    numbers as flashsim.l2 in JSON, and a clean error for an algorithm without a thread-block model."""
+    from flashsim.l2 import simulate_dram
+
+    argv = ["simulate", "--algo", "flash2", "--pass", "fwd", "--batch", "1", "--heads", "2", "--seq-len", "256",
+            "--gpu", "h100", "--level", "dram"]
+    rc, out, err = run(argv, capsys)
+    assert rc == 0 and "DRAM level on" in out and "total: DRAM read" in out
+    rc, out, err = run(argv + ["--json"], capsys)
+    d = json.loads(out)["dram"]
+    w = Workload(batch=1, heads=2, seq_len_q=256, head_dim=64, dtype="fp16")
+    ref = simulate_dram(w, "flash2", "fwd", "h100", None, get_gpu("h100").sram_elems(2))
+    assert (d["dram_read_bytes"], d["dram_write_bytes"]) == (ref.read_bytes, ref.write_bytes)
+    rc, out, err = run(["simulate", "--algo", "smallcache", "--level", "dram"], capsys)
+    assert rc == 2 and err.startswith("flashsim: error:") and len(err.strip().splitlines()) == 1
+    rc, out, err = run(argv + ["--sample", "0"], capsys)
+    assert rc == 2 and "sample" in err

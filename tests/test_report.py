@@ -25,12 +25,27 @@ def report(tmp_path_factory):
 def test_files_written(report):
     out, res, text = report
     names = {p.name for p in out.iterdir()}
-    assert names == {"io_table.csv", "m_sweep.csv", "n_sweep.csv", "m_sweep.png", "n_sweep.png"}
+    assert names == {"io_table.csv", "dram_table.csv", "m_sweep.csv", "n_sweep.csv", "m_sweep.png", "n_sweep.png"}
     for p in res["files"].values():
         assert p.parent == out and p.stat().st_size > 0
         if p.suffix == ".png":
             assert p.read_bytes()[:8] == PNG
         assert str(p) in text  # says where it wrote them
+
+
+def test_dram_table(report):
+    """LSU and DRAM levels side by side on the three presets: the DRAM level is what the L2 model
+    lets through, never more reads than requested, and FlashAttention-2's K, V re-reads mostly hit."""
+    out, res, text = report
+    rows = read_csv(out / "dram_table.csv")
+    assert {(r["gpu"][:4], r["algo"]) for r in rows} == {(g, a) for g in ("A100", "H100", "H200")
+                                                         for a in ("standard", "flash1", "flash2")}
+    for r in rows:
+        assert 0 < r["dram_read_bytes"] <= r["lsu_read_bytes"] * 1.001
+        assert 0 < r["dram_bytes"]
+    f2 = [r for r in rows if r["algo"] == "flash2"]
+    assert all(r["dram_bytes"] < 0.5 * r["lsu_bytes"] for r in f2)
+    assert "DRAM/LSU" in text
 
 
 def test_io_table(report):
