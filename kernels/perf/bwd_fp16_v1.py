@@ -535,11 +535,11 @@ def saved_forward(q, k, v, *, causal=False, scale=None):
 def backward(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
     """(dQ, dK, dV) for fp16 (B, H, N, d) inputs, O and L from the forward; ``config`` overrides
     :func:`default_config`."""
-    from ._launch import prepare_backward, raise_smem_limit, row_dots
+    from ._launch import finish_dq, prepare_backward, raise_smem_limit, row_dots
 
     inp, a, (nb, nh, nhk, nq, nk, d), lse_d, cfg, sc = prepare_backward(
         "bwd_fp16_v1 takes float16 with head_dim % 8 == 0", default_config, supports, q, k, v, o, lse, do,
-        scale=scale, config=config)
+        scale=scale, config=config, causal=causal)
     (kdkdv, nt1, bkey), (kdq, nt2, bqr) = kernels(d, bool(causal), **cfg)
     dvec = row_dots(inp, a, causal)
     dq = inp.empty((nb, nh, nq, d), np.float16)
@@ -549,9 +549,10 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
     args = (a["q"], a["k"], a["v"], a["do"], lse_d, dvec, dk, dv, sl2, scf)
     smem = smem_bytes_dkdv(d, bkey, cfg["bq"])
     raise_smem_limit(kdkdv, args, smem)
-    kdkdv[(-(-nk // bkey), nb * nhk), nt1, 0, smem](*args)
+    kdkdv[(-(-nk // bkey), nb * nhk), nt1, inp.stream, smem](*args)
     args = (a["q"], a["k"], a["v"], a["do"], lse_d, dvec, dq, sl2, scf)
     smem = smem_bytes_dq(d, bqr, cfg["bk"])
     raise_smem_limit(kdq, args, smem)
-    kdq[(-(-nq // bqr), nb * nh), nt2, 0, smem](*args)
+    kdq[(-(-nq // bqr), nb * nh), nt2, inp.stream, smem](*args)
+    finish_dq(inp, dq)
     return inp.out(dq), inp.out(dk), inp.out(dv)

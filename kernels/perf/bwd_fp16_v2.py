@@ -468,7 +468,7 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
 
     inp, a, (nb, nh, nhk, nq, nk, d), lse_d, cfg, sc = prepare_backward(
         "bwd_fp16_v2 takes float16 with head_dim % 8 == 0", default_config, supports, q, k, v, o, lse, do,
-        scale=scale, config=config)
+        scale=scale, config=config, causal=causal)
     layout(d, cfg["bq"], cfg["bk"], cfg["nw"], cfg["wkv"], cfg["wq"])  # ValueError if the warps cannot split it
     kern, nt = kernel(d, bool(causal), **cfg)
     dvec = row_dots(inp, a, causal)
@@ -478,5 +478,5 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
     args = (a["q"], a["k"], a["v"], a["do"], lse_d, dvec, dqa, dk, dv, float32(sc * LOG2E), float32(sc))
     smem = smem_bytes(d, cfg["bq"], cfg["bk"])
     raise_smem_limit(kern, args, smem)
-    kern[(-(-nk // cfg["bk"]), nb * nhk), nt, 0, smem](*args)
+    kern[(-(-nk // cfg["bk"]), nb * nhk), nt, inp.stream, smem](*args)
     return dq_to_f16(inp, flat, (nb, nh, nq, d), sc), inp.out(dk), inp.out(dv)

@@ -473,7 +473,7 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
 
     inp, a, (nb, nh, nhk, nq, nk, d), lse_d, cfg, sc = prepare_backward(
         "bwd_fp16_v3 takes float16 with head_dim % 16 == 0, at most 128", default_config, _accepts, q, k, v, o,
-        lse, do, scale=scale, config=config)
+        lse, do, scale=scale, config=config, causal=causal)
     layout(d, cfg["bq"], cfg["bk"], cfg["nw"], cfg["ma"], cfg["mb"], cfg["mc"])  # ValueError if the warps cannot
     kern, nt = kernel(d, bool(causal), **cfg)
     dvec = row_dots(inp, a, causal)
@@ -483,5 +483,5 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
     args = (a["q"], a["k"], a["v"], a["do"], lse_d, dvec, dqa, dk, dv, float32(sc * LOG2E), float32(sc))
     smem = smem_bytes(d, cfg["bq"], cfg["bk"])
     raise_smem_limit(kern, args, smem)
-    kern[(-(-nk // cfg["bk"]), nb * nhk), nt, 0, smem](*args)
+    kern[(-(-nk // cfg["bk"]), nb * nhk), nt, inp.stream, smem](*args)
     return dq_to_f16(inp, flat, (nb, nh, nq, d), sc), inp.out(dk), inp.out(dv)

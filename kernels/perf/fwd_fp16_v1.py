@@ -219,9 +219,9 @@ def _source(DP: int, BC: int, NW: int, CAUSAL: bool):
                     o[b, h, row_1, col + 1] = acc[4 * nt + 3] * inv_1
         if t == 0:
             if row_0 < nq:
-                lse[b, h, row_0] = m_0 * scale + math.log(l_0) if l_0 > 0 else NEG_INF
+                lse[b, h, row_0] = m_0 * scale + math.log(l_0) if l_0 != 0 else NEG_INF
             if row_1 < nq:
-                lse[b, h, row_1] = m_1 * scale + math.log(l_1) if l_1 > 0 else NEG_INF
+                lse[b, h, row_1] = m_1 * scale + math.log(l_1) if l_1 != 0 else NEG_INF
 
     return fwd, NT, BR
 
@@ -248,12 +248,13 @@ def supports(dtype, d: int) -> bool:
     return np.dtype(dtype) == np.float16 and d % 8 == 0 and 8 <= d <= 256
 
 
-def forward(q, k, v, *, causal=False, scale=None, return_lse=False, block_n=None, warps=None):
+def forward(q, k, v, *, causal=False, scale=None, return_lse=False, block_n=None, warps=None, stream=None):
     """O (and L) for fp16 (B, H, N, d) inputs; the launcher of the kernel above."""
     from .._arrays import check_attention_shapes, to_device
     from ..flash1 import _raise_smem_limit
+    from ._launch import positive_scale
 
-    inp = to_device(q=q, k=k, v=v)
+    inp = to_device(q=q, k=k, v=v, stream=stream, causal=causal, scale=scale, return_lse=return_lse)
     a = inp.arrays
     nb, nh, nhk, nq, nk, d = check_attention_shapes(a["q"], a["k"], a["v"])
     if not supports(inp.dtype, d):
@@ -265,13 +266,13 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, block_n=None
         raise ValueError(f"block_n={bc}: must be a positive multiple of 16")
     dp = -(-d // 16) * 16
     kern, nt, br = kernel(dp, bc, nw, bool(causal))
-    sc = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    o = cuda.device_array((nb, nh, nq, d), dtype=np.float16)
-    lse = cuda.device_array((nb, nh, nq), dtype=np.float32)
+    sc = positive_scale(inp, a, 1.0 / math.sqrt(d) if scale is None else float(scale))
+    o = inp.empty((nb, nh, nq, d), np.float16)
+    lse = inp.empty((nb, nh, nq), np.float32)
     smem = smem_bytes(dp, br, bc)
     args = (a["q"], a["k"], a["v"], o, lse, float32(sc * LOG2E), float32(sc))
     _raise_smem_limit(kern, args, smem)
-    kern[(-(-nq // br), nb * nh), nt, 0, smem](*args)
+    kern[(-(-nq // br), nb * nh), nt, inp.stream, smem](*args)
     if return_lse:
         return inp.out(o), inp.out(lse)
     return inp.out(o)
