@@ -137,3 +137,23 @@ def test_any_scale_and_nan_row_on_gpu(dtype):
     print(f"gpu NaN row: L = {lse[0, 1, 700]}, O NaN {np.isnan(o[0, 1, 700]).all()}")
     assert np.isnan(lse[0, 1, 700]) and np.isnan(o[0, 1, 700]).all()
     assert np.isfinite(lse[0, 0]).all() and np.isfinite(np.delete(lse[0, 1], 700)).all()
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.5])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash1_and_standard_any_scale(scale, causal):
+    """FlashAttention-1 and standard attention keep the scale's sign through the softmax too."""
+    from kernels import flash1_attention, standard_attention
+    from kernels.reference import attention_forward, rel_error
+
+    rng = np.random.default_rng(7)
+    q = rng.standard_normal((1, 1, 17, 8)).astype(np.float32)
+    k, v = (rng.standard_normal((1, 1, 18, 8)).astype(np.float32) for _ in range(2))
+    ref = attention_forward(*(x.astype(np.float64) for x in (q, k, v)), causal=causal, scale=scale)
+    ref = ref[0] if isinstance(ref, tuple) else ref
+    for name, out in (("flash1", flash1_attention(q, k, v, causal=causal, scale=scale, block_m=8, block_n=8)),
+                      ("standard", standard_attention(q, k, v, causal=causal, scale=scale, gemm_block=16))):
+        out = out[0] if isinstance(out, tuple) else out
+        err = rel_error(out, ref)
+        print(f"{name} scale={scale} causal={causal}: {err:.2e}")
+        assert err < 1e-6
