@@ -37,24 +37,22 @@ from functools import cache
 import numpy as np
 from numba import cuda, float32, int32, types, uint32
 
+from ..flash2 import padded_head_dim
 from . import tc
+from ._launch import LOG2E
+from ._launch import saved_forward as saved_forward  # the shipped forward (BEST) of the dtype
 
-LOG2E = 1.4426950408889634
 NEG_INF = float32(-math.inf)
 POS_INF = float32(math.inf)
 
 
-def _pad(d: int) -> int:
-    return -(-d // 16) * 16
-
-
 def smem_bytes_dkdv(d: int, bkey: int, bq: int) -> int:
-    s = _pad(d) + 8
+    s = padded_head_dim(d) + 8
     return 2 * s * (2 * bkey + 4 * bq) + 4 * 4 * bq  # K, V; Q, dO double-buffered; L·log2e, D (x2)
 
 
 def smem_bytes_dq(d: int, bq: int, bkey: int) -> int:
-    s = _pad(d) + 8
+    s = padded_head_dim(d) + 8
     return 2 * s * (2 * bq + 4 * bkey) + 4 * 2 * bq  # Q, dO; K, V double-buffered; L·log2e, D
 
 
@@ -63,7 +61,7 @@ def smem_bytes_dq(d: int, bq: int, bkey: int) -> int:
 
 
 def _dkdv_source(D: int, BQ: int, NW: int, MT: int, CAUSAL: bool, KVREG: bool):
-    DP = _pad(D)
+    DP = padded_head_dim(D)
     BK = 16 * NW * MT  # keys per block
     NT = 32 * NW
     S = DP + 8
@@ -185,8 +183,10 @@ def _dkdv_source(D: int, BQ: int, NW: int, MT: int, CAUSAL: bool, KVREG: bool):
             if it == 0 and KVREG:
                 for mt in range(MT):
                     for kk in range(KT):
-                        tc.ldsm_x4_a(kf, 4 * (mt * KT + kk), sm, sbase, loff, KOFF, S, 16 * (NW * mt + warp), 16 * kk)
-                        tc.ldsm_x4_a(vf, 4 * (mt * KT + kk), sm, sbase, loff, VOFF, S, 16 * (NW * mt + warp), 16 * kk)
+                        tc.ldsm_x4(kf, 4 * (mt * KT + kk), sm,
+                                   tc.tile_addr(sbase, loff, KOFF, S, 16 * (NW * mt + warp), 16 * kk), S)
+                        tc.ldsm_x4(vf, 4 * (mt * KT + kk), sm,
+                                   tc.tile_addr(sbase, loff, VOFF, S, 16 * (NW * mt + warp), 16 * kk), S)
             qofs = QOFF + buf * BQ * S
             oofs = OOFF + buf * BQ * S
             lofs = FOFF + buf * BQ
@@ -195,10 +195,12 @@ def _dkdv_source(D: int, BQ: int, NW: int, MT: int, CAUSAL: bool, KVREG: bool):
             for kk in range(KT):
                 if not KVREG:
                     for mt in range(MT):
-                        tc.ldsm_x4_a(kf, 4 * mt, sm, sbase, loff, KOFF, S, 16 * (NW * mt + warp), 16 * kk)
-                        tc.ldsm_x4_a(vf, 4 * mt, sm, sbase, loff, VOFF, S, 16 * (NW * mt + warp), 16 * kk)
+                        tc.ldsm_x4(kf, 4 * mt, sm,
+                                   tc.tile_addr(sbase, loff, KOFF, S, 16 * (NW * mt + warp), 16 * kk), S)
+                        tc.ldsm_x4(vf, 4 * mt, sm,
+                                   tc.tile_addr(sbase, loff, VOFF, S, 16 * (NW * mt + warp), 16 * kk), S)
                 for n2 in range(NQ // 2):
-                    tc.ldsm_x4_b_a(fb, 0, sm, sbase, loffb, qofs, S, 16 * n2, 16 * kk)
+                    tc.ldsm_x4_b(fb, 0, sm, tc.tile_addr(sbase, loffb, qofs, S, 16 * n2, 16 * kk), S)
                     for mt in range(MT):
                         ai = 4 * (mt * KT + kk) if KVREG else 4 * mt
                         x = 4 * (mt * NQ + 2 * n2)
@@ -208,7 +210,7 @@ def _dkdv_source(D: int, BQ: int, NW: int, MT: int, CAUSAL: bool, KVREG: bool):
                         else:
                             tc.mma(s, x, kf, ai, fb[0], fb[1])
                             tc.mma(s, x + 4, kf, ai, fb[2], fb[3])
-                    tc.ldsm_x4_b_a(fb, 0, sm, sbase, loffb, oofs, S, 16 * n2, 16 * kk)
+                    tc.ldsm_x4_b(fb, 0, sm, tc.tile_addr(sbase, loffb, oofs, S, 16 * n2, 16 * kk), S)
                     for mt in range(MT):
                         ai = 4 * (mt * KT + kk) if KVREG else 4 * mt
                         x = 4 * (mt * NQ + 2 * n2)
@@ -253,7 +255,7 @@ def _dkdv_source(D: int, BQ: int, NW: int, MT: int, CAUSAL: bool, KVREG: bool):
             # dV += Pᵀ dO_i (B = dO stored [query, d]: transposed loads).
             for kk in range(KQ):
                 for n2 in range(NO // 2):
-                    tc.ldsm_x4_trans_a(fb, 0, sm, sbase, loff, oofs, S, 16 * kk, 16 * n2)
+                    tc.ldsm_x4_trans(fb, 0, sm, tc.tile_addr(sbase, loff, oofs, S, 16 * kk, 16 * n2), S)
                     for mt in range(MT):
                         tc.mma(accv, 4 * (mt * NO + 2 * n2), pa, 4 * (mt * KQ + kk), fb[0], fb[1])
                         tc.mma(accv, 4 * (mt * NO + 2 * n2 + 1), pa, 4 * (mt * KQ + kk), fb[2], fb[3])
@@ -266,7 +268,7 @@ def _dkdv_source(D: int, BQ: int, NW: int, MT: int, CAUSAL: bool, KVREG: bool):
                     pa[y + 1] = tc.pack_f16x2(dp[x + 2], dp[x + 3])
             for kk in range(KQ):
                 for n2 in range(NO // 2):
-                    tc.ldsm_x4_trans_a(fb, 0, sm, sbase, loff, qofs, S, 16 * kk, 16 * n2)
+                    tc.ldsm_x4_trans(fb, 0, sm, tc.tile_addr(sbase, loff, qofs, S, 16 * kk, 16 * n2), S)
                     for mt in range(MT):
                         tc.mma(acck, 4 * (mt * NO + 2 * n2), pa, 4 * (mt * KQ + kk), fb[0], fb[1])
                         tc.mma(acck, 4 * (mt * NO + 2 * n2 + 1), pa, 4 * (mt * KQ + kk), fb[2], fb[3])
@@ -300,7 +302,7 @@ def _dkdv_source(D: int, BQ: int, NW: int, MT: int, CAUSAL: bool, KVREG: bool):
 
 
 def _dq_source(D: int, BK: int, NW: int, MT: int, CAUSAL: bool, QREG: bool):
-    DP = _pad(D)
+    DP = padded_head_dim(D)
     BQ = 16 * NW * MT  # query rows per block
     NT = 32 * NW
     S = DP + 8
@@ -408,18 +410,22 @@ def _dq_source(D: int, BK: int, NW: int, MT: int, CAUSAL: bool, QREG: bool):
             if j == 0 and QREG:
                 for mt in range(MT):
                     for kk in range(KT):
-                        tc.ldsm_x4_a(qa, 4 * (mt * KT + kk), sm, sbase, loff, QOFF, S, 16 * (NW * mt + warp), 16 * kk)
-                        tc.ldsm_x4_a(oa, 4 * (mt * KT + kk), sm, sbase, loff, OOFF, S, 16 * (NW * mt + warp), 16 * kk)
+                        tc.ldsm_x4(qa, 4 * (mt * KT + kk), sm,
+                                   tc.tile_addr(sbase, loff, QOFF, S, 16 * (NW * mt + warp), 16 * kk), S)
+                        tc.ldsm_x4(oa, 4 * (mt * KT + kk), sm,
+                                   tc.tile_addr(sbase, loff, OOFF, S, 16 * (NW * mt + warp), 16 * kk), S)
             kofs = KOFF + buf * BK * S
             vofs = VOFF + buf * BK * S
             # S = Q_i K_jᵀ and dP = dO_i V_jᵀ: B operands stored [key, d].
             for kk in range(KT):
                 if not QREG:
                     for mt in range(MT):
-                        tc.ldsm_x4_a(qa, 4 * mt, sm, sbase, loff, QOFF, S, 16 * (NW * mt + warp), 16 * kk)
-                        tc.ldsm_x4_a(oa, 4 * mt, sm, sbase, loff, OOFF, S, 16 * (NW * mt + warp), 16 * kk)
+                        tc.ldsm_x4(qa, 4 * mt, sm,
+                                   tc.tile_addr(sbase, loff, QOFF, S, 16 * (NW * mt + warp), 16 * kk), S)
+                        tc.ldsm_x4(oa, 4 * mt, sm,
+                                   tc.tile_addr(sbase, loff, OOFF, S, 16 * (NW * mt + warp), 16 * kk), S)
                 for n2 in range(NS // 2):
-                    tc.ldsm_x4_b_a(fb, 0, sm, sbase, loffb, kofs, S, 16 * n2, 16 * kk)
+                    tc.ldsm_x4_b(fb, 0, sm, tc.tile_addr(sbase, loffb, kofs, S, 16 * n2, 16 * kk), S)
                     for mt in range(MT):
                         ai = 4 * (mt * KT + kk) if QREG else 4 * mt
                         x = 4 * (mt * NS + 2 * n2)
@@ -429,7 +435,7 @@ def _dq_source(D: int, BK: int, NW: int, MT: int, CAUSAL: bool, QREG: bool):
                         else:
                             tc.mma(s, x, qa, ai, fb[0], fb[1])
                             tc.mma(s, x + 4, qa, ai, fb[2], fb[3])
-                    tc.ldsm_x4_b_a(fb, 0, sm, sbase, loffb, vofs, S, 16 * n2, 16 * kk)
+                    tc.ldsm_x4_b(fb, 0, sm, tc.tile_addr(sbase, loffb, vofs, S, 16 * n2, 16 * kk), S)
                     for mt in range(MT):
                         ai = 4 * (mt * KT + kk) if QREG else 4 * mt
                         x = 4 * (mt * NS + 2 * n2)
@@ -464,7 +470,7 @@ def _dq_source(D: int, BK: int, NW: int, MT: int, CAUSAL: bool, QREG: bool):
             # dQ += dS K_j (B = K stored [key, d]: transposed loads).
             for kk in range(KK):
                 for n2 in range(NO // 2):
-                    tc.ldsm_x4_trans_a(fb, 0, sm, sbase, loff, kofs, S, 16 * kk, 16 * n2)
+                    tc.ldsm_x4_trans(fb, 0, sm, tc.tile_addr(sbase, loff, kofs, S, 16 * kk, 16 * n2), S)
                     for mt in range(MT):
                         tc.mma(acc, 4 * (mt * NO + 2 * n2), pa, 4 * (mt * KK + kk), fb[0], fb[1])
                         tc.mma(acc, 4 * (mt * NO + 2 * n2 + 1), pa, 4 * (mt * KK + kk), fb[2], fb[3])
@@ -523,13 +529,6 @@ def signature_dq():
 
 #: name -> (source factory, signature) for kernels.perf.inspect ("bwd_fp16_v1:dq").
 SOURCES = {"dkdv": (_dkdv_source, signature_dkdv), "dq": (_dq_source, signature_dq)}
-
-
-def saved_forward(q, k, v, *, causal=False, scale=None):
-    """(O, L) from the fastest fp16 forward: what :func:`backward` needs."""
-    from . import fwd_fp16_v3
-
-    return fwd_fp16_v3.forward(q, k, v, causal=causal, scale=scale, return_lse=True)
 
 
 def backward(q, k, v, o, lse, do, *, causal=False, scale=None, **config):

@@ -69,8 +69,9 @@ import numpy as np
 from numba import cuda, float32, types, uint32
 
 from . import tc
+from ._launch import LOG2E
+from ._launch import saved_forward as saved_forward  # the shipped forward (BEST) of the dtype
 
-LOG2E = 1.4426950408889634
 NEG_INF = float32(-math.inf)
 POS_INF = float32(math.inf)
 
@@ -152,9 +153,9 @@ def _source(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAUSAL
         NA n-tiles of rows at ``ab`` (both stored [row, d], lane offsets included); the first
         k-step, peeled, starts from a zero accumulator, so no branch sits inside the loop."""
         for mt in range(MA):
-            tc.ldsm_x4_at(fa, 4 * mt, sm, aa + 2 * (16 * mt * S), S)
+            tc.ldsm_x4(fa, 4 * mt, sm, aa + 2 * (16 * mt * S), S)
         for n2 in range(NA // 2):
-            tc.ldsm_x4_b_at(fq, 4 * n2, sm, ab + 2 * (16 * n2 * S), S)
+            tc.ldsm_x4_b(fq, 4 * n2, sm, ab + 2 * (16 * n2 * S), S)
         for mt in range(MA):
             for n2 in range(NA // 2):
                 x = 4 * (mt * NA + 2 * n2)
@@ -162,9 +163,9 @@ def _source(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAUSAL
                 tc.mma_z(c, x + 4, fa, 4 * mt, fq[4 * n2 + 2], fq[4 * n2 + 3])
         for kk in range(1, KT):
             for mt in range(MA):
-                tc.ldsm_x4_at(fa, 4 * mt, sm, aa + 2 * (16 * mt * S + 16 * kk), S)
+                tc.ldsm_x4(fa, 4 * mt, sm, aa + 2 * (16 * mt * S + 16 * kk), S)
             for n2 in range(NA // 2):
-                tc.ldsm_x4_b_at(fq, 4 * n2, sm, ab + 2 * (16 * n2 * S + 16 * kk), S)
+                tc.ldsm_x4_b(fq, 4 * n2, sm, ab + 2 * (16 * n2 * S + 16 * kk), S)
             for mt in range(MA):
                 for n2 in range(NA // 2):
                     x = 4 * (mt * NA + 2 * n2)
@@ -348,14 +349,14 @@ def _source(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAUSAL
             ao = tc.opaque_u32(sbase + 2 * (oofs + cb0 + loff))
             for kk in range(KQ):
                 for mt in range(MB):
-                    tc.ldsm_x4_at(pf, 4 * mt, sm, ap + 2 * (16 * mt * SQ + 16 * kk), SQ)
-                    tc.ldsm_x4_at(sf, 4 * mt, sm, ap + 2 * (DSOFF - POFF + 16 * mt * SQ + 16 * kk), SQ)
+                    tc.ldsm_x4(pf, 4 * mt, sm, ap + 2 * (16 * mt * SQ + 16 * kk), SQ)
+                    tc.ldsm_x4(sf, 4 * mt, sm, ap + 2 * (DSOFF - POFF + 16 * mt * SQ + 16 * kk), SQ)
                 for n2 in range(NB // 2):
-                    tc.ldsm_x4_trans_at(fb, 0, sm, ao + 2 * (16 * kk * S + 16 * n2), S)
+                    tc.ldsm_x4_trans(fb, 0, sm, ao + 2 * (16 * kk * S + 16 * n2), S)
                     for mt in range(MB):
                         tc.mma(accv, 4 * (mt * NB + 2 * n2), pf, 4 * mt, fb[0], fb[1])
                         tc.mma(accv, 4 * (mt * NB + 2 * n2 + 1), pf, 4 * mt, fb[2], fb[3])
-                    tc.ldsm_x4_trans_at(fb, 0, sm, ao - 2 * (OOFF - QOFF) + 2 * (16 * kk * S + 16 * n2), S)
+                    tc.ldsm_x4_trans(fb, 0, sm, ao - 2 * (OOFF - QOFF) + 2 * (16 * kk * S + 16 * n2), S)
                     for mt in range(MB):
                         tc.mma(acck, 4 * (mt * NB + 2 * n2), sf, 4 * mt, fb[0], fb[1])
                         tc.mma(acck, 4 * (mt * NB + 2 * n2 + 1), sf, 4 * mt, fb[2], fb[3])
@@ -365,18 +366,18 @@ def _source(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAUSAL
             ad = tc.opaque_u32(sbase + 2 * (DSOFF + qc0 + loffpb))
             ak = tc.opaque_u32(sbase + 2 * (KOFF + cc0 + loff))
             for mt in range(MC):
-                tc.ldsm_x4_trans_b_at(af, 4 * mt, sm, ad + 2 * (16 * mt), SQ)
+                tc.ldsm_x4_trans_b(af, 4 * mt, sm, ad + 2 * (16 * mt), SQ)
             for n2 in range(NC // 2):
-                tc.ldsm_x4_trans_at(fb, 0, sm, ak + 2 * (16 * n2), S)
+                tc.ldsm_x4_trans(fb, 0, sm, ak + 2 * (16 * n2), S)
                 for mt in range(MC):
                     x = 4 * (mt * NC + 2 * n2)
                     tc.mma_z(acq, x, af, 4 * mt, fb[0], fb[1])
                     tc.mma_z(acq, x + 4, af, 4 * mt, fb[2], fb[3])
             for kk in range(1, KK):
                 for mt in range(MC):
-                    tc.ldsm_x4_trans_b_at(af, 4 * mt, sm, ad + 2 * (16 * kk * SQ + 16 * mt), SQ)
+                    tc.ldsm_x4_trans_b(af, 4 * mt, sm, ad + 2 * (16 * kk * SQ + 16 * mt), SQ)
                 for n2 in range(NC // 2):
-                    tc.ldsm_x4_trans_at(fb, 0, sm, ak + 2 * (16 * kk * S + 16 * n2), S)
+                    tc.ldsm_x4_trans(fb, 0, sm, ak + 2 * (16 * kk * S + 16 * n2), S)
                     for mt in range(MC):
                         x = 4 * (mt * NC + 2 * n2)
                         tc.mma(acq, x, af, 4 * mt, fb[0], fb[1])
@@ -456,13 +457,6 @@ def supports(dtype, d: int) -> bool:
     except ValueError:
         return False
     return True
-
-
-def saved_forward(q, k, v, *, causal=False, scale=None):
-    """(O, L) from the fastest fp16 forward: what :func:`backward` needs."""
-    from . import fwd_fp16_v4
-
-    return fwd_fp16_v4.forward(q, k, v, causal=causal, scale=scale, return_lse=True)
 
 
 def backward(q, k, v, o, lse, do, *, causal=False, scale=None, **config):

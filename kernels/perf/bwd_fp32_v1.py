@@ -94,9 +94,11 @@ from functools import cache
 import numpy as np
 from numba import cuda, float32, types
 
+from ..flash2 import padded_head_dim
 from . import tc
+from ._launch import LOG2E
+from ._launch import saved_forward as saved_forward  # the shipped forward (BEST) of the dtype
 
-LOG2E = 1.4426950408889634
 NEG_INF = float32(-math.inf)
 POS_INF = float32(math.inf)
 #: Device functions are inlined into the kernel (the simulator's jit has no such option).
@@ -110,7 +112,7 @@ _device = cuda.jit(device=True) if tc.SIM else cuda.jit(device=True, forceinline
 def _geometry(d: int, bc: int, br: int):
     """Row strides in floats: Q/K/V/dO (d16 + 4), Pᵀ/dSᵀ (ceil32(Br) + 4); and d rounded up to
     32 (the columns the dK/dV/dQ micro-tiles cover)."""
-    d16 = -(-d // 16) * 16
+    d16 = padded_head_dim(d)
     return d16 + 4, -(-br // 32) * 32 + 4, -(-d // 32) * 32
 
 
@@ -469,13 +471,6 @@ def default_config(d: int) -> dict:
 
 def supports(dtype, d: int) -> bool:
     return np.dtype(dtype) == np.float32 and d % 4 == 0 and 4 <= d <= 128
-
-
-def saved_forward(q, k, v, *, causal=False, scale=None):
-    """(O, L) from the fp32 forward: what :func:`backward` needs."""
-    from . import fwd_fp32_v1
-
-    return fwd_fp32_v1.forward(q, k, v, causal=causal, scale=scale, return_lse=True)
 
 
 def backward(q, k, v, o, lse, do, *, causal=False, scale=None, **config):

@@ -77,8 +77,9 @@ import numpy as np
 from numba import cuda, float32, types
 
 from . import tc
+from ._launch import LOG2E
+from ._launch import saved_forward as saved_forward  # the shipped forward (BEST) of the dtype
 
-LOG2E = 1.4426950408889634
 NEG_INF = float32(-math.inf)
 POS_INF = float32(math.inf)
 _device = tc.device_inline
@@ -485,13 +486,6 @@ def default_config(d: int) -> dict:
 
 def supports(dtype, d: int) -> bool:
     return np.dtype(dtype) == np.float32 and d in (32, 64, 128)
-
-
-def saved_forward(q, k, v, *, causal=False, scale=None):
-    """(O, L) from the fp32 forward: what :func:`backward` needs."""
-    from . import fwd_fp32_v1
-
-    return fwd_fp32_v1.forward(q, k, v, causal=causal, scale=scale, return_lse=True)
 
 
 def _check(cfg, d):

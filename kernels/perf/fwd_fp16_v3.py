@@ -33,9 +33,9 @@ from functools import cache
 import numpy as np
 from numba import cuda, float32, int32, types, uint32
 
+from ..flash2 import padded_head_dim
 from . import tc
 
-LOG2E = 1.4426950408889634
 NEG_INF = float32(-math.inf)
 
 
@@ -44,7 +44,7 @@ def smem_bytes(dp: int, br: int, bc: int) -> int:
 
 
 def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool):
-    DP = -(-D // 16) * 16
+    DP = padded_head_dim(D)
     BR = 16 * NW * MT
     NT = 32 * NW
     S = DP + 8  # shared row stride in f16: 16 bytes of padding keeps ldmatrix rows in distinct banks
@@ -113,7 +113,8 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool):
         if QREG:
             for mt in range(MT):
                 for kk in range(KT):
-                    tc.ldsm_x4_a(qa, 4 * (mt * KT + kk), sm, sbase, loff, QOFF, S, 16 * (NW * mt + warp), 16 * kk)
+                    tc.ldsm_x4(qa, 4 * (mt * KT + kk), sm,
+                               tc.tile_addr(sbase, loff, QOFF, S, 16 * (NW * mt + warp), 16 * kk), S)
         acc = cuda.local.array(NACC, float32)
         for e in range(NACC):
             acc[e] = 0.0
@@ -157,9 +158,10 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool):
             for kk in range(KT):
                 if not QREG:
                     for mt in range(MT):
-                        tc.ldsm_x4_a(qa, 4 * mt, sm, sbase, loff, QOFF, S, 16 * (NW * mt + warp), 16 * kk)
+                        tc.ldsm_x4(qa, 4 * mt, sm,
+                                   tc.tile_addr(sbase, loff, QOFF, S, 16 * (NW * mt + warp), 16 * kk), S)
                 for n2 in range(NS // 2):
-                    tc.ldsm_x4_b_a(kb, 0, sm, sbase, loffb, kofs, S, 16 * n2, 16 * kk)
+                    tc.ldsm_x4_b(kb, 0, sm, tc.tile_addr(sbase, loffb, kofs, S, 16 * n2, 16 * kk), S)
                     for mt in range(MT):
                         qi = 4 * (mt * KT + kk) if QREG else 4 * mt
                         if kk == 0:
@@ -215,7 +217,7 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool):
                     acc[x + 3] *= alpha_1
             for kk in range(KV):
                 for n2 in range(NO // 2):
-                    tc.ldsm_x4_trans_a(kb, 0, sm, sbase, loff, vofs, S, 16 * kk, 16 * n2)
+                    tc.ldsm_x4_trans(kb, 0, sm, tc.tile_addr(sbase, loff, vofs, S, 16 * kk, 16 * n2), S)
                     for mt in range(MT):
                         tc.mma(acc, 4 * (mt * NO + 2 * n2), pa, 4 * (mt * KV + kk), kb[0], kb[1])
                         tc.mma(acc, 4 * (mt * NO + 2 * n2 + 1), pa, 4 * (mt * KV + kk), kb[2], kb[3])

@@ -75,9 +75,9 @@ from functools import cache
 import numpy as np
 from numba import cuda, float32, types
 
+from ..flash2 import padded_head_dim
 from . import tc
 
-LOG2E = 1.4426950408889634
 NEG_INF = float32(-math.inf)
 #: Device functions are inlined into the kernel (the simulator's jit has no such option).
 _device = cuda.jit(device=True) if tc.SIM else cuda.jit(device=True, forceinline=True)
@@ -96,7 +96,7 @@ def smem_bytes(dp: int, br: int, bc: int) -> int:
 
 
 def _source(D: int, BC: int, NW: int, RM: int, CAUSAL: bool, UNROLL: int = 2):
-    D16 = -(-D // 16) * 16
+    D16 = padded_head_dim(D)
     QKS, VS, PS = _strides(D16, BC)
     TN = BC // 8  # keys of S per thread
     NV = VS // 32  # 4-column groups of O per thread
