@@ -95,10 +95,10 @@ def _ours(name, torch):
         def save(q, k, v, causal):
             return kernels.standard_attention(q, k, v, causal=causal, return_intermediates=True)
         return fwd, bwd, save
-    # The numbered fast variants (kernels/perf): "ours_<module>", e.g. ours_fwd_fp16_v1.
-    import importlib
+    # The numbered fast variants (kernels/perf): "ours_<variant>", e.g. ours_fwd_fp16_v4.
+    from . import perf
 
-    mod = importlib.import_module(f"kernels.perf.{name[len('ours_'):]}")
+    mod = perf.variant(name[len('ours_'):])
     if hasattr(mod, "forward"):
         def fwd(q, k, v, causal):
             return torch.as_tensor(mod.forward(q, k, v, causal=causal), device="cuda")

@@ -331,6 +331,10 @@ def signature():
     return types.void(a4, a4, a4, a4, types.Array(float32, 3, "C"), float32, float32)
 
 
+#: name -> (source factory, signature) for kernels.perf.inspect.
+SOURCES = {"fwd": (_source, signature)}
+
+
 def default_config(d: int) -> dict:
     """Block shape per head dim: Bc keys, warps, rows per thread (Br = 4·rm·nw), and the blocks per
     SM promised to ptxas (launch bounds: caps the registers)."""
