@@ -10,6 +10,13 @@ Public API (arrays are (B, H, N, d); K and V may have fewer heads, Hkv dividing 
 Every launcher takes ``counters=`` (an int64 array from :func:`kernels.counters.new_counters`,
 on the host or the device): the counting variant of the kernels then adds every global-memory
 tile transfer, in elements, per tensor and direction (host arrays are filled in place).
+
+Every launcher takes ``stream=`` too: all copies, allocations and launches of one call run on
+one stream, the one given (a Numba stream, or a torch stream), else torch's current stream on
+the query's device when the inputs are torch tensors (so the kernels run after whatever wrote
+their inputs on that stream, and the results, allocated by torch there, are ready on it without
+any synchronisation), else Numba's default stream.  numpy results are copied back and the stream
+synchronised before the call returns.
 """
 
 from __future__ import annotations
@@ -58,7 +65,7 @@ def _fast(pass_, q, impl, **fixed):
 
 
 def flash_attention(q, k, v, *, causal=False, scale=None, block_m=None, block_n=None, block_mask=None,
-                    return_lse=False, counters=None, impl="auto"):
+                    return_lse=False, counters=None, impl="auto", stream=None):
     """FlashAttention-2 forward: O = softmax(τ Q Kᵀ + mask) V, and L = logsumexp of each row.
 
     ``q`` is (B, H, Nq, d), ``k`` and ``v`` are (B, Hkv, Nk, d) with Hkv dividing H (query head h
@@ -74,7 +81,12 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_m=None, block_n=
     come back in the query's kind.  ValueError for: arrays that are not 4-D or whose shapes
     disagree, zero-size dimensions, dtypes other than float32/float16 or mixed dtypes, device
     arrays that are not C-contiguous, a mix of host and device inputs, block sizes whose kernels
-    do not fit 48 KB of static shared memory.
+    do not fit 48 KB of static shared memory, an array given as None, ``causal`` or
+    ``return_lse`` that is not a bool (numpy bools count), a ``scale`` that is not None or a
+    finite real number (numpy scalars count), an unknown ``impl``.  Any finite ``scale`` works,
+    zero and negative included, on the reference and the fast kernels (the fast ones run
+    τ <= 0 as Q' = -Q, τ' = -τ, or Q' = 0·Q, τ' = 1: ``kernels.perf._launch.positive_scale``).
+    ``stream``: see the module docstring.
 
     ``causal`` is aligned bottom-right: query i sees key j iff j <= i + Nk - Nq (flash-attention
     >= 2.1).  This differs from PyTorch's ``is_causal=True`` (top-left: j <= i) unless Nq == Nk.
@@ -83,7 +95,8 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_m=None, block_n=
     and must equal ``block_m``/``block_n`` if those are given.
 
     A query row that sees no key gets O = 0 and L = -inf.  A NaN in the inputs propagates to
-    the rows that use it: a NaN in Q row r makes O row r (and L_r) NaN; a NaN in an unmasked key
+    the rows that use it: a NaN in Q row r (that sees a key) makes O row r and L_r NaN, on the
+    reference and the fast kernels alike; a NaN in an unmasked key
     or value row makes every query row that attends it NaN.  Masked entries are never read into
     the arithmetic, so a NaN there has no effect.
 
@@ -99,13 +112,13 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_m=None, block_n=
     """
     mod = _fast("fwd", q, impl, block_m=block_m, block_n=block_n, block_mask=block_mask, counters=counters)
     if mod is not None:
-        return mod.forward(q, k, v, causal=causal, scale=scale, return_lse=return_lse)
+        return mod.forward(q, k, v, causal=causal, scale=scale, return_lse=return_lse, stream=stream)
     return _flash2.forward(q, k, v, causal=causal, scale=scale, block_m=block_m, block_n=block_n,
-                           block_mask=block_mask, return_lse=return_lse, counters=counters)
+                           block_mask=block_mask, return_lse=return_lse, counters=counters, stream=stream)
 
 
 def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, block_m=None, block_n=None,
-                             block_mask=None, counters=None, impl="auto"):
+                             block_mask=None, counters=None, impl="auto", stream=None):
     """FlashAttention-2 backward: (dQ, dK, dV) of Σ O ∘ dO, recomputing P from Q, K and L.
 
     ``o`` and ``lse`` are the forward's outputs (O in the input dtype, L float32 (B, H, Nq), on
@@ -126,9 +139,9 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, b
     """
     mod = _fast("bwd", q, impl, block_m=block_m, block_n=block_n, block_mask=block_mask, counters=counters)
     if mod is not None:
-        return mod.backward(q, k, v, o, lse, do, causal=causal, scale=scale)
+        return mod.backward(q, k, v, o, lse, do, causal=causal, scale=scale, stream=stream)
     return _flash2.backward(q, k, v, o, lse, do, causal=causal, scale=scale, block_m=block_m, block_n=block_n,
-                            block_mask=block_mask, counters=counters)
+                            block_mask=block_mask, counters=counters, stream=stream)
 
 
 __all__ = ["flash_attention", "flash_attention_backward", "flash1_attention", "standard_attention",

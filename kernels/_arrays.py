@@ -10,11 +10,17 @@ Decisions (tested in tests/test_kernel_inputs.py):
 * q, k, v (and dO) must all be float32 or all float16; other dtypes (bf16 included: Numba has
   no bfloat16 arrays) raise ``ValueError``;
 * results come back in the kind of the query input: numpy for numpy, a Numba device array for a
-  Numba device array, and a tensor of the same library for torch or CuPy inputs.
+  Numba device array, and a tensor of the same library for torch or CuPy inputs;
+* every copy, allocation and launch of one call is on one stream (:func:`launch_stream`): the
+  ``stream=`` given, else torch's current stream for torch tensors, else Numba's default stream;
+* ``None`` for an array, ``causal``/``return_lse`` that are not bools, a ``scale`` that is not a
+  finite real number: ``ValueError`` naming the field (:func:`check_options`).
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -50,6 +56,41 @@ def _kind(x) -> str:
     return "other"
 
 
+def check_options(causal=False, scale=None, return_lse=False) -> None:
+    """ValueError naming the option for a ``causal`` or ``return_lse`` that is not a bool (a
+    string such as 'yes' would otherwise count as True) or a ``scale`` that is not None or a finite
+    real number."""
+    for name, x in (("causal", causal), ("return_lse", return_lse)):
+        if not isinstance(x, (bool, np.bool_)):
+            raise ValueError(f"{name}={x!r}: must be a bool")
+    if scale is not None and (isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real)
+                              or not math.isfinite(scale)):
+        raise ValueError(f"scale={scale!r}: must be None or a finite real number")
+
+
+def _is_torch(x) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def launch_stream(stream, first):
+    """The Numba stream every copy, allocation and launch of one call runs on: ``stream`` if given
+    (a Numba stream, or a torch stream wrapped with ``cuda.external_stream``), else torch's current
+    stream on the tensor's device when ``first`` (the query) is a torch CUDA tensor, so that the
+    kernels run after whatever produced their inputs there and the results are ready on it, else
+    Numba's default stream.  torch is imported only for torch inputs or streams."""
+    if stream is not None:
+        if _is_torch(stream):
+            return cuda.external_stream(int(stream.cuda_stream))
+        if not hasattr(stream, "synchronize"):
+            raise ValueError(f"stream={stream!r}: must be a Numba or torch CUDA stream")
+        return stream
+    if _is_torch(first) and _kind(first) == "torch":
+        import torch
+
+        return cuda.external_stream(int(torch.cuda.current_stream(first.device).cuda_stream))
+    return cuda.default_stream()
+
+
 @dataclass
 class Inputs:
     """Device views of the inputs plus what is needed to hand results back."""
@@ -57,6 +98,7 @@ class Inputs:
     arrays: dict  # name -> device array
     kind: str  # "numpy" | "device" | "torch" | "cupy"
     dtype: np.dtype
+    stream: object = 0  # the Numba stream of this call (launch_stream)
     _owned: dict = field(default_factory=dict)  # id(device view) -> the tensor that owns its memory
 
     def empty(self, shape, dtype):
@@ -70,14 +112,16 @@ class Inputs:
             dev = cuda.as_cuda_array(t)
             self._owned[id(dev)] = t
             return dev
-        return cuda.device_array(tuple(shape), dtype=dtype)
+        return cuda.device_array(tuple(shape), dtype=dtype, stream=self.stream)
 
     def out(self, dev):
         """Return a device result in the caller's kind."""
         if id(dev) in self._owned:
             return self._owned[id(dev)]
         if self.kind == "numpy":
-            return dev.copy_to_host()
+            host = dev.copy_to_host(stream=self.stream)
+            self.stream.synchronize()
+            return host
         if self.kind == "torch":
             import torch
 
@@ -89,12 +133,18 @@ class Inputs:
         return dev
 
 
-def to_device(**named) -> Inputs:
-    """Validate and move/wrap arrays given by name (q=..., k=..., v=...); None values are skipped."""
+def to_device(*, stream=None, causal=False, scale=None, return_lse=False, **named) -> Inputs:
+    """Validate and move/wrap arrays given by name (q=..., k=..., v=...) on the call's stream
+    (:func:`launch_stream` of ``stream`` and the first array); check the options
+    (:func:`check_options`)."""
+    check_options(causal, scale, return_lse)
+    if not named:
+        raise ValueError("no arrays given")
+    st = launch_stream(stream, next(iter(named.values())))
     arrays, kinds, dtypes = {}, set(), set()
     for name, x in named.items():
         if x is None:
-            continue
+            raise ValueError(f"{name}=None: must be an array")
         kind = _kind(x)
         if kind == "other":
             if hasattr(x, "__array__"):
@@ -106,7 +156,7 @@ def to_device(**named) -> Inputs:
             dt = x.dtype
             if dt not in SUPPORTED_DTYPES:
                 raise ValueError(f"{name}.dtype={dt}: must be float32 or float16")
-            arrays[name] = cuda.to_device(np.ascontiguousarray(x))
+            arrays[name] = cuda.to_device(np.ascontiguousarray(x), stream=st)
         else:
             dev = as_device_array(x)
             dt = np.dtype(dev.dtype)
@@ -120,11 +170,10 @@ def to_device(**named) -> Inputs:
         raise ValueError(f"dtypes={sorted(str(d) for d in dtypes)}: all inputs must share one dtype")
     if len(kinds) > 1:
         raise ValueError("inputs mix host (numpy) and device arrays: pass all on the host or all on the device")
-    first = next(x for x in named.values() if x is not None)
-    kind = _kind(first)
+    kind = _kind(next(iter(named.values())))
     if kind == "other":
         kind = "numpy"
-    return Inputs(arrays, kind, dtypes.pop())
+    return Inputs(arrays, kind, dtypes.pop(), st)
 
 
 def check_attention_shapes(q, k, v, do=None) -> tuple[int, int, int, int, int, int]:

@@ -320,19 +320,20 @@ def _raise_smem_limit(dispatcher, args, nbytes: int) -> None:
         driver.cuFuncSetAttribute(cufunc.handle, attr, nbytes)
 
 
-def _counter_array(counters):
+def _counter_array(counters, stream=0):
     """(device array the kernels add to, function that adds the totals back into the caller's)."""
     if counters is None:
-        return cuda.to_device(np.zeros((len(INDEX), 2), dtype=np.int64)), lambda dev: None
+        return cuda.to_device(np.zeros((len(INDEX), 2), dtype=np.int64), stream=stream), lambda dev: None
     if isinstance(counters, np.ndarray):
         if counters.dtype != np.int64 or counters.shape != (len(INDEX), 2):
             raise ValueError(f"counters: must be an int64 {(len(INDEX), 2)} array from "
                              f"kernels.counters.new_counters(), got {counters.dtype} {counters.shape}")
 
         def back(dev):
-            counters[...] = dev.copy_to_host()
+            counters[...] = dev.copy_to_host(stream=stream)
+            stream.synchronize()
 
-        return cuda.to_device(counters), back
+        return cuda.to_device(counters, stream=stream), back
     # a Numba device array is used as is; torch/CuPy arrays through __cuda_array_interface__
     dev = counters if hasattr(counters, "copy_to_host") else cuda.as_cuda_array(counters)
     if np.dtype(dev.dtype) != np.int64 or tuple(dev.shape) != (len(INDEX), 2):
@@ -374,7 +375,7 @@ def resolve_tiling(d: int, elem_bytes: int, nq: int, nk: int, sram_bytes=None, b
 
 
 def flash1_attention(q, k, v, *, causal=False, scale=None, sram_bytes=None, block_m=None, block_n=None,
-                     block_mask=None, counters=None, return_stats=False, o_fp32=None, threads=None):
+                     block_mask=None, counters=None, return_stats=False, o_fp32=None, threads=None, stream=None):
     """FlashAttention (Algorithm 1) forward: O = softmax(τ Q Kᵀ + mask) V.
 
     ``q`` is (B, H, Nq, d), ``k`` and ``v`` (B, Hkv, Nk, d) with Hkv dividing H (query head h
@@ -400,9 +401,9 @@ def flash1_attention(q, k, v, *, causal=False, scale=None, sram_bytes=None, bloc
     Algorithm 1 (each (B, H, Nq); L = m + log ℓ is the logsumexp; rows that see no key have
     ℓ = 0, m = -inf).
     """
-    b, h, hkv, nq, nk, d = check_attention_shapes(q, k, v)
-    inp = to_device(q=q, k=k, v=v)
+    inp = to_device(q=q, k=k, v=v, stream=stream, causal=causal, scale=scale)
     a = inp.arrays
+    b, h, hkv, nq, nk, d = check_attention_shapes(a["q"], a["k"], a["v"])
     eb = inp.dtype.itemsize
     t = resolve_tiling(d, eb, nq, nk, sram_bytes, block_m, block_n, block_mask)
     from flashsim.config import Workload
@@ -411,7 +412,7 @@ def flash1_attention(q, k, v, *, causal=False, scale=None, sram_bytes=None, bloc
                  dtype="fp16" if eb == 2 else "fp32", causal=bool(causal), block_mask=block_mask)
     has_mask = int(block_mask is not None)
     vis = cuda.to_device(np.ascontiguousarray(visible_blocks(w, t).astype(np.uint8)) if has_mask
-                         else np.ones((1, 1), dtype=np.uint8))
+                         else np.ones((1, 1), dtype=np.uint8), stream=inp.stream)
     nt = int(threads) if threads is not None else (32 if config.ENABLE_CUDASIM else 128)
     tau = float32(1.0 / math.sqrt(d) if scale is None else scale)
 
@@ -421,22 +422,24 @@ def flash1_attention(q, k, v, *, causal=False, scale=None, sram_bytes=None, bloc
     k3 = a["k"].reshape(b * hkv, nk, d)
     v3 = a["v"].reshape(b * hkv, nk, d)
     o_dtype = np.float32 if o_fp32 else inp.dtype
-    o3 = cuda.device_array((b * h, nq, d), dtype=o_dtype)
-    l2 = cuda.device_array((b * h, nq), dtype=np.float32)
-    m2 = cuda.device_array((b * h, nq), dtype=np.float32)
-    cnt, back = _counter_array(counters)
+    o3 = inp.empty((b * h, nq, d), o_dtype)
+    l2 = inp.empty((b * h, nq), np.float32)
+    m2 = inp.empty((b * h, nq), np.float32)
+    cnt, back = _counter_array(counters, inp.stream)
     init, fwd = _jit(inp.dtype.name, bool(o_fp32), counters is not None)
 
-    init[b * h, nt](o3, l2, m2, cnt)
+    init[b * h, nt, inp.stream](o3, l2, m2, cnt)
     smem = smem_bytes(eb, d, t.block_m, t.block_n)
     args = (q3, k3, v3, o3, l2, m2, vis, tau, h, h // hkv, t.block_m, t.block_n, int(bool(causal)), has_mask, cnt)
     _raise_smem_limit(fwd, args, smem)
-    fwd[b * h, nt, 0, smem](*args)
+    fwd[b * h, nt, inp.stream, smem](*args)
     back(cnt)
 
     if o_fp32:
-        o_host_kind = o3.copy_to_host().astype(inp.dtype)
-        o_out = inp.out(cuda.to_device(o_host_kind)) if inp.kind != "numpy" else o_host_kind
+        o_host = o3.copy_to_host(stream=inp.stream)
+        inp.stream.synchronize()
+        o_host_kind = o_host.astype(inp.dtype)
+        o_out = inp.out(cuda.to_device(o_host_kind, stream=inp.stream)) if inp.kind != "numpy" else o_host_kind
     else:
         o_out = inp.out(o3)
     o_out = o_out.reshape(b, h, nq, d)

@@ -583,10 +583,10 @@ def ptx(kind: str, dtype=np.float16, d: int = 64, block_m: int | None = None, bl
 # Launchers
 
 
-def _prepare_mask(block_mask, br, bc, nq, nk):
+def _prepare_mask(block_mask, br, bc, nq, nk, stream=0):
     """Device uint8 (Tr, Tc) array for a BlockMask (whose blocks fix Br, Bc), or a dummy."""
     if block_mask is None:
-        return cuda.to_device(np.ones((1, 1), dtype=np.uint8)), br, bc
+        return cuda.to_device(np.ones((1, 1), dtype=np.uint8), stream=stream), br, bc
     from flashsim.config import BlockMask, cdiv
 
     if not isinstance(block_mask, BlockMask):
@@ -598,11 +598,11 @@ def _prepare_mask(block_mask, br, bc, nq, nk):
     if block_mask.shape != want:
         raise ValueError(f"block_mask.shape={block_mask.shape}: must be {want} for Nq={nq}, Nk={nk} "
                          f"and blocks {mb}x{nb}")
-    return cuda.to_device(block_mask.array.astype(np.uint8)), mb, nb
+    return cuda.to_device(block_mask.array.astype(np.uint8), stream=stream), mb, nb
 
 
-def _blocks(pass_, dtype, d, block_m, block_n, block_mask, nq, nk):
-    mask, br, bc = _prepare_mask(block_mask, block_m, block_n, nq, nk)
+def _blocks(pass_, dtype, d, block_m, block_n, block_mask, nq, nk, stream=0):
+    mask, br, bc = _prepare_mask(block_mask, block_m, block_n, nq, nk, stream)
     if br is None or bc is None:
         dbr, dbc = default_blocks(pass_, dtype, d)
         br = dbr if br is None else br
@@ -611,19 +611,20 @@ def _blocks(pass_, dtype, d, block_m, block_n, block_mask, nq, nk):
     return mask, br, bc
 
 
-def _counter_array(counters):
+def _counter_array(counters, stream=0):
     """(device array the kernels add to, function that hands the totals back to the caller)."""
     if counters is None:
-        return cuda.to_device(np.zeros((1, 2), dtype=np.int64)), lambda dev: None
+        return cuda.to_device(np.zeros((1, 2), dtype=np.int64), stream=stream), lambda dev: None
     if isinstance(counters, np.ndarray):
         if counters.dtype != np.int64 or counters.ndim != 2 or counters.shape[0] <= max(INDEX.values()):
             raise ValueError(f"counters: must be an int64 array from kernels.counters.new_counters(), "
                              f"got {counters.dtype} {counters.shape}")
 
         def back(dev):
-            counters[...] = dev.copy_to_host()
+            counters[...] = dev.copy_to_host(stream=stream)
+            stream.synchronize()
 
-        return cuda.to_device(counters), back
+        return cuda.to_device(counters, stream=stream), back
     from ._arrays import as_device_array
 
     dev = as_device_array(counters)
@@ -641,10 +642,10 @@ def _scale(scale, d):
     return float32(s)
 
 
-def _inputs(names_values):
+def _inputs(names_values, **options):
     from ._arrays import check_attention_shapes, to_device
 
-    inp = to_device(**dict(names_values))
+    inp = to_device(**dict(names_values), **options)
     a = inp.arrays
     shape = check_attention_shapes(a["q"], a["k"], a["v"], a.get("do"))
     if shape[0] * shape[1] > 65535:  # the grid's y dimension holds (batch, head)
@@ -655,16 +656,17 @@ def _inputs(names_values):
 
 
 def forward(q, k, v, *, causal=False, scale=None, block_m=None, block_n=None, block_mask=None,
-            return_lse=False, counters=None):
+            return_lse=False, counters=None, stream=None):
     """See :func:`kernels.flash_attention`."""
-    inp, (nb, nh, nhk, nq, nk, d) = _inputs((("q", q), ("k", k), ("v", v)))
+    inp, (nb, nh, nhk, nq, nk, d) = _inputs((("q", q), ("k", k), ("v", v)), stream=stream, causal=causal,
+                                            scale=scale, return_lse=return_lse)
     a, dt = inp.arrays, inp.dtype
-    mask, br, bc = _blocks("fwd", dt, d, block_m, block_n, block_mask, nq, nk)
-    cnt, back = _counter_array(counters)
-    o = cuda.device_array((nb, nh, nq, d), dtype=dt)
-    lse = cuda.device_array((nb, nh, nq), dtype=np.float32)
+    mask, br, bc = _blocks("fwd", dt, d, block_m, block_n, block_mask, nq, nk, inp.stream)
+    cnt, back = _counter_array(counters, inp.stream)
+    o = inp.empty((nb, nh, nq, d), dt)
+    lse = inp.empty((nb, nh, nq), np.float32)
     kern, nt = kernel("fwd", dt, d, br, bc, causal, block_mask is not None, counters is not None)
-    kern[(-(-nq // br), nb * nh), nt](a["q"], a["k"], a["v"], o, lse, _scale(scale, d), mask, cnt)
+    kern[(-(-nq // br), nb * nh), nt, inp.stream](a["q"], a["k"], a["v"], o, lse, _scale(scale, d), mask, cnt)
     back(cnt)
     if return_lse:
         return inp.out(o), inp.out(lse)
@@ -672,15 +674,16 @@ def forward(q, k, v, *, causal=False, scale=None, block_m=None, block_n=None, bl
 
 
 def backward(q, k, v, o, lse, do, *, causal=False, scale=None, block_m=None, block_n=None, block_mask=None,
-             counters=None):
+             counters=None, stream=None):
     """See :func:`kernels.flash_attention_backward`."""
     from ._arrays import to_device
 
-    inp, (nb, nh, nhk, nq, nk, d) = _inputs((("q", q), ("k", k), ("v", v), ("o", o), ("do", do)))
+    inp, (nb, nh, nhk, nq, nk, d) = _inputs((("q", q), ("k", k), ("v", v), ("o", o), ("do", do)), stream=stream,
+                                            causal=causal, scale=scale)
     a, dt = inp.arrays, inp.dtype
     if lse is None:
         raise ValueError("lse=None: pass the logsumexp L returned by flash_attention(..., return_lse=True)")
-    st = to_device(lse=lse)
+    st = to_device(lse=lse, stream=inp.stream)
     if (st.kind == "numpy") != (inp.kind == "numpy"):
         raise ValueError("inputs mix host (numpy) and device arrays: pass all on the host or all on the device")
     lse_d = st.arrays["lse"]
@@ -688,20 +691,20 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, block_m=None, blo
         raise ValueError(f"lse.dtype={lse_d.dtype}: must be float32 (the forward's logsumexp)")
     if tuple(lse_d.shape) != (nb, nh, nq):
         raise ValueError(f"lse.shape={tuple(lse_d.shape)}: must be {(nb, nh, nq)}")
-    mask, br, bc = _blocks("bwd", dt, d, block_m, block_n, block_mask, nq, nk)
-    cnt, back = _counter_array(counters)
+    mask, br, bc = _blocks("bwd", dt, d, block_m, block_n, block_mask, nq, nk, inp.stream)
+    cnt, back = _counter_array(counters, inp.stream)
     sc = _scale(scale, d)
     has_mask, count = block_mask is not None, counters is not None
     tr, tc = -(-nq // br), -(-nk // bc)
-    dvec = cuda.device_array((nb, nh, nq), dtype=np.float32)
-    dq = cuda.device_array((nb, nh, nq, d), dtype=dt)
-    dk = cuda.device_array((nb, nhk, nk, d), dtype=dt)
-    dv = cuda.device_array((nb, nhk, nk, d), dtype=dt)
+    dvec = inp.empty((nb, nh, nq), np.float32)
+    dq = inp.empty((nb, nh, nq, d), dt)
+    dk = inp.empty((nb, nhk, nk, d), dt)
+    dv = inp.empty((nb, nhk, nk, d), dt)
     kern, nt = kernel("preprocess", dt, d, br, bc, causal, has_mask, count)
-    kern[(tr, nb * nh), nt](a["o"], a["do"], dvec, cnt)
+    kern[(tr, nb * nh), nt, inp.stream](a["o"], a["do"], dvec, cnt)
     kern, nt = kernel("dkdv", dt, d, br, bc, causal, has_mask, count)
-    kern[(tc, nb * nhk), nt](a["q"], a["k"], a["v"], a["do"], lse_d, dvec, dk, dv, sc, mask, cnt)
+    kern[(tc, nb * nhk), nt, inp.stream](a["q"], a["k"], a["v"], a["do"], lse_d, dvec, dk, dv, sc, mask, cnt)
     kern, nt = kernel("dq", dt, d, br, bc, causal, has_mask, count)
-    kern[(tr, nb * nh), nt](a["q"], a["k"], a["v"], a["do"], lse_d, dvec, dq, sc, mask, cnt)
+    kern[(tr, nb * nh), nt, inp.stream](a["q"], a["k"], a["v"], a["do"], lse_d, dvec, dq, sc, mask, cnt)
     back(cnt)
     return inp.out(dq), inp.out(dk), inp.out(dv)

@@ -76,9 +76,9 @@ def attention_forward(q, k, v, *, causal: bool = False, scale: float | None = No
     m_safe = np.where(np.isfinite(m), m, 0.0)
     p = np.exp(s - m_safe)
     l = p.sum(axis=-1, keepdims=True)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        o = np.where(l > 0, (p @ v) / np.where(l > 0, l, 1.0), 0.0)
-        lse = np.where(l[..., 0] > 0, m_safe[..., 0] + np.log(l[..., 0]), -np.inf)
+    with np.errstate(divide="ignore", invalid="ignore"):  # l is 0 (no key seen), positive, or NaN
+        o = np.where(l != 0, (p @ v) / np.where(l != 0, l, 1.0), 0.0)
+        lse = np.where(l[..., 0] != 0, m_safe[..., 0] + np.log(l[..., 0]), -np.inf)
     return o, lse
 
 

@@ -435,11 +435,11 @@ def _dummy(kind: str):
 class _Launcher:
     """Shapes, counters and launch helpers shared by the forward and backward."""
 
-    def __init__(self, q, k, v, counters, gemm_block, extra=None):
+    def __init__(self, q, k, v, counters, gemm_block, extra=None, stream=None, causal=False, scale=None):
         if gemm_block not in GEMM_BLOCKS:
             raise ValueError(f"gemm_block={gemm_block!r}: must be one of {list(GEMM_BLOCKS)}")
         self.tile = gemm_block
-        self.inp = to_device(q=q, k=k, v=v, **(extra or {}))
+        self.inp = to_device(q=q, k=k, v=v, **(extra or {}), stream=stream, causal=causal, scale=scale)
         arr = self.inp.arrays
         b, h, hkv, nq, nk, d = check_attention_shapes(arr["q"], arr["k"], arr["v"], arr.get("do"))
         if d > D_MAX:
@@ -455,17 +455,18 @@ class _Launcher:
         if counters is None:
             self.ctr = _dummy("counters")
         elif isinstance(counters, np.ndarray):
-            self.ctr = cuda.to_device(counters)
+            self.ctr = cuda.to_device(counters, stream=self.inp.stream)
         else:
             self.ctr = counters
         self.nty, self.ntx, self.threads = _threads(gemm_block)
 
     def empty(self, *shape):
-        return cuda.device_array(shape, dtype=self.dtype)
+        return self.inp.empty(shape, self.dtype)
 
     def finish_counters(self):
         if self.count and isinstance(self.user_counters, np.ndarray):
-            self.user_counters[...] = self.ctr.copy_to_host()
+            self.user_counters[...] = self.ctr.copy_to_host(stream=self.inp.stream)
+            self.inp.stream.synchronize()
 
     def gemm(self, name, a, b, c, grid_rows, count=None):
         t = self.tile
@@ -475,7 +476,7 @@ class _Launcher:
             grid = (cdiv(self.nk, t), cdiv(self.nq, t), a.shape[0])
         else:
             grid = (cdiv(grid_rows, t), c.shape[0])
-        kern[grid, (self.ntx, self.nty)](a, b, c, self.group, self.ctr)
+        kern[grid, (self.ntx, self.nty), self.inp.stream](a, b, c, self.group, self.ctr)
 
     def forward_intermediates(self, causal, scale, block_mask, count=None):
         """S = Q Kᵀ and P = softmax(τ S) (masked)."""
@@ -492,14 +493,14 @@ class _Launcher:
             want = (cdiv(nq, block_mask.block_m), cdiv(nk, block_mask.block_n))
             if block_mask.shape != want:
                 raise ValueError(f"block_mask.shape={block_mask.shape}: must be {want} for Nq={nq}, Nk={nk}")
-            bm = cuda.to_device(np.ascontiguousarray(block_mask.array.astype(np.uint8)))
+            bm = cuda.to_device(np.ascontiguousarray(block_mask.array.astype(np.uint8)), stream=self.inp.stream)
             bmm, bmn, has = block_mask.block_m, block_mask.block_n, 1
         s = self.empty(bh, nq, nk)
         p = self.empty(bh, nq, nk)
         self.gemm("gemm_qk", self.q3, self.k3, s, nq, count=cnt)
         kern = _kernel("softmax", cnt, self.tile)
-        kern[(nq, bh), self.threads, 0, 4 * nk](s, p, np.float32(scale), np.int32(bool(causal)), bm, bmm, bmn,
-                                                np.int32(has), self.ctr)
+        kern[(nq, bh), self.threads, self.inp.stream, 4 * nk](s, p, np.float32(scale), np.int32(bool(causal)), bm,
+                                                              bmm, bmn, np.int32(has), self.ctr)
         return s, p
 
 
@@ -509,7 +510,7 @@ def _scale(scale, d):
 
 def standard_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
                        block_mask: BlockMask | None = None, return_intermediates: bool = False,
-                       counters=None, gemm_block: int = GEMM_BLOCK):
+                       counters=None, gemm_block: int = GEMM_BLOCK, stream=None):
     """Standard attention O = softmax(τ Q Kᵀ) V with S and P materialised.
 
     q: (B, H, Nq, d); k, v: (B, Hkv, Nk, d); float32 or float16 (all the same); numpy arrays or
@@ -518,7 +519,7 @@ def standard_attention(q, k, v, *, causal: bool = False, scale: float | None = N
     memory transfers to, in elements.  Returns O (B, H, Nq, d), or (O, S, P) with
     ``return_intermediates`` (S unscaled, P = softmax(τ S) after masking; both (B, H, Nq, Nk)).
     """
-    ln = _Launcher(q, k, v, counters, gemm_block)
+    ln = _Launcher(q, k, v, counters, gemm_block, stream=stream, causal=causal, scale=scale)
     tau = _scale(scale, ln.d)
     s, p = ln.forward_intermediates(causal, tau, block_mask)
     o = ln.empty(ln.b * ln.h, ln.nq, ln.d)
@@ -533,7 +534,7 @@ def standard_attention(q, k, v, *, causal: bool = False, scale: float | None = N
 
 def standard_attention_backward(q, k, v, o, do, *, causal: bool = False, scale: float | None = None,
                                 block_mask: BlockMask | None = None, counters=None, p=None,
-                                gemm_block: int = GEMM_BLOCK):
+                                gemm_block: int = GEMM_BLOCK, stream=None):
     """Gradients (dQ, dK, dV) of standard attention, the paper's Algorithm 3.
 
     Standard attention's backward reads the forward's P, not O: pass P (from
@@ -543,7 +544,7 @@ def standard_attention_backward(q, k, v, o, do, *, causal: bool = False, scale: 
     same signature as the flash kernels and only shape-checked (D = rowsum(P ∘ dP) here).
     dK and dV have the kv heads' shape (summed over each GQA group).
     """
-    ln = _Launcher(q, k, v, counters, gemm_block, extra={"do": do})
+    ln = _Launcher(q, k, v, counters, gemm_block, extra={"do": do}, stream=stream, causal=causal, scale=scale)
     if tuple(o.shape) != tuple(q.shape):
         raise ValueError(f"o.shape={tuple(o.shape)}: must equal q.shape={tuple(q.shape)}")
     tau = _scale(scale, ln.d)
@@ -554,7 +555,7 @@ def standard_attention_backward(q, k, v, o, do, *, causal: bool = False, scale: 
     if p is None:
         _, p3 = ln.forward_intermediates(causal, tau, block_mask, count=False)
     else:
-        pin = to_device(p=p)
+        pin = to_device(p=p, stream=ln.inp.stream)
         if pin.dtype != ln.dtype or tuple(pin.arrays["p"].shape) != (ln.b, ln.h, nq, nk):
             raise ValueError(f"p: must be ({ln.b}, {ln.h}, {nq}, {nk}) of dtype {ln.dtype}")
         p3 = pin.arrays["p"].reshape(bh, nq, nk)
@@ -566,7 +567,7 @@ def standard_attention_backward(q, k, v, o, do, *, causal: bool = False, scale: 
     ln.gemm("gemm_dp", do3, ln.v3, dp, nq)
     ds = ln.empty(bh, nq, nk)
     kern = _kernel("softmax_bwd", ln.count, ln.tile)
-    kern[(nq, bh), ln.threads, 0, 8 * nk](p3, dp, ds, np.float32(tau), ln.ctr)
+    kern[(nq, bh), ln.threads, ln.inp.stream, 8 * nk](p3, dp, ds, np.float32(tau), ln.ctr)
     dq = ln.empty(bh, nq, d)
     ln.gemm("gemm_dq", ds, ln.k3, dq, nq)
     dk = ln.empty(nkv, nk, d)

@@ -174,3 +174,71 @@ def test_cuda_array_interface_objects_used_in_place():
     qd, kd, vd = (cuda.to_device(x) for x in (q, k, v))
     o = flash_attention(Wrapped(qd), Wrapped(kd), Wrapped(vd), **KW)
     np.testing.assert_array_equal(o.copy_to_host(), flash_attention(q, k, v, **KW))
+
+
+# Options and missing arrays: one ValueError naming the field, on the reference and the fast
+# paths (the fast fp16 kernels take d = 16), before anything is launched.
+FP16 = dict(dtype=np.float16)
+
+
+@pytest.mark.parametrize("impl", ["reference", "auto"])
+@pytest.mark.parametrize("name", ["q", "k", "v"])
+def test_none_array_rejected(name, impl):
+    q, k, v, _ = arrays(**FP16)
+    args = dict(q=q, k=k, v=v)
+    args[name] = None
+    with pytest.raises(ValueError, match=f"{name}=None"):
+        flash_attention(**args, impl=impl)
+
+
+@pytest.mark.parametrize("impl", ["reference", "auto"])
+@pytest.mark.parametrize("name", ["q", "o", "lse", "do"])
+def test_backward_none_rejected(name, impl):
+    q, k, v, do = arrays(**FP16)
+    o = q.copy()
+    args = dict(q=q, k=k, v=v, o=o, lse=np.zeros((B, H, N), np.float32), do=do)
+    args[name] = None
+    with pytest.raises(ValueError, match=f"{name}=None"):
+        flash_attention_backward(**args, impl=impl)
+
+
+@pytest.mark.parametrize("impl", ["reference", "auto"])
+@pytest.mark.parametrize("field,value", [("causal", "yes"), ("causal", 1), ("causal", None), ("scale", "0.5"),
+                                         ("scale", float("inf")), ("scale", True), ("scale", 1j),
+                                         ("return_lse", "no"), ("impl", "fastest")])
+def test_bad_options_name_the_field(field, value, impl):
+    q, k, v, do = arrays(**FP16)
+    kw = {"impl": impl, field: value}
+    with pytest.raises(ValueError, match=f"{field}="):
+        flash_attention(q, k, v, **kw)
+    if field != "return_lse":
+        kw.pop("return_lse", None)
+        with pytest.raises(ValueError, match=f"{field}="):
+            flash_attention_backward(q, k, v, q.copy(), np.zeros((B, H, N), np.float32), do, **kw)
+
+
+def test_numpy_scalar_options_accepted():
+    """numpy bools and numpy real scalars are options like Python's (checked against float64)."""
+    q, k, v, _ = arrays()
+    o, lse = flash_attention(q, k, v, causal=np.bool_(True), scale=np.float16(0.25), return_lse=np.True_, **KW)
+    ref, ref_lse = attention_forward(q, k, v, causal=True, scale=0.25)
+    print(f"numpy scalar options: rel err {np.linalg.norm(o - ref) / np.linalg.norm(ref):.2e}")
+    np.testing.assert_allclose(o, ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(lse, ref_lse, rtol=1e-5)
+    o2 = flash_attention(q, k, v, scale=np.int64(1), **KW)
+    np.testing.assert_allclose(o2, attention_forward(q, k, v, scale=1.0)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_other_launchers_check_options():
+    """flash1 and standard attention share the checks (kernels/_arrays.py)."""
+    from kernels import flash1_attention, standard_attention, standard_attention_backward
+
+    q, k, v, do = arrays()
+    with pytest.raises(ValueError, match="causal="):
+        flash1_attention(q, k, v, causal="yes")
+    with pytest.raises(ValueError, match="q=None"):
+        flash1_attention(None, k, v)
+    with pytest.raises(ValueError, match="scale="):
+        standard_attention(q, k, v, scale=float("nan"))
+    with pytest.raises(ValueError, match="do=None"):
+        standard_attention_backward(q, k, v, q, None)

@@ -31,16 +31,19 @@ def raise_smem_limit(kern, args, nbytes: int) -> None:
 
 
 def launch_forward(name, kernel, smem_bytes, default_config, supports, q, k, v, *, causal=False, scale=None,
-                   return_lse=False, config=None):
+                   return_lse=False, config=None, stream=None):
     """Run variant ``name``'s forward kernel on (B, H, N, d) inputs; O (and L) in the query's kind.
 
     ``kernel(d=..., causal=..., **cfg)`` returns (compiled kernel, threads, Br) for the block shape
     ``cfg`` (:func:`default_config` of d, updated by ``config``); the kernel's arguments are
     (q, k, v, o, lse, τ·log2 e, τ) and its dynamic shared memory is ``smem_bytes(dp, Br, Bc)``.
+    ``stream`` (also accepted inside ``config``): see :func:`kernels._arrays.launch_stream`.
     """
     from .._arrays import check_attention_shapes, to_device
 
-    inp = to_device(q=q, k=k, v=v)
+    config = dict(config or {})
+    stream = config.pop("stream", stream)
+    inp = to_device(q=q, k=k, v=v, stream=stream, causal=causal, scale=scale, return_lse=return_lse)
     a = inp.arrays
     nb, nh, nhk, nq, nk, d = check_attention_shapes(a["q"], a["k"], a["v"])
     if not supports(inp.dtype, d):
@@ -58,15 +61,13 @@ def launch_forward(name, kernel, smem_bytes, default_config, supports, q, k, v, 
 
     dp = padded_head_dim(d)
     kern, nt, br = kernel(d=d, causal=bool(causal), **cfg)
-    sc = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    if not math.isfinite(sc):
-        raise ValueError(f"scale={scale!r}: must be finite")
+    sc = positive_scale(inp, a, 1.0 / math.sqrt(d) if scale is None else float(scale))
     o = inp.empty((nb, nh, nq, d), inp.dtype)
     lse = inp.empty((nb, nh, nq), np.float32)
     smem = smem_bytes(dp, br, cfg["bc"])
     args = (a["q"], a["k"], a["v"], o, lse, float32(sc * LOG2E), float32(sc))
     raise_smem_limit(kern, args, smem)
-    kern[(-(-nq // br), nb * nh), nt, 0, smem](*args)
+    kern[(-(-nq // br), nb * nh), nt, inp.stream, smem](*args)
     if return_lse:
         return inp.out(o), inp.out(lse)
     return inp.out(o)
@@ -80,21 +81,26 @@ def saved_forward(q, k, v, *, causal=False, scale=None):
     return flash_attention(q, k, v, causal=causal, scale=scale, return_lse=True, impl="fast")
 
 
-def prepare_backward(requirement, default_config, supports, q, k, v, o, lse, do, *, scale=None, config=None):
+def prepare_backward(requirement, default_config, supports, q, k, v, o, lse, do, *, scale=None, config=None,
+                     causal=False, stream=None):
     """The checks every fast backward makes before it launches anything.
 
-    Returns (inputs, arrays, (B, H, Hkv, Nq, Nk, d), L on the device, block-shape config, τ).
-    ``requirement`` ends the unsupported-input message ("bwd_fp16_v1 takes float16 with ...")."""
+    Returns (inputs, arrays, (B, H, Hkv, Nq, Nk, d), L on the device, block-shape config, τ for the
+    kernels (> 0: see :func:`positive_scale`; :func:`finish_dq` then fixes dQ)).  ``requirement``
+    ends the unsupported-input message ("bwd_fp16_v1 takes float16 with ...").  ``stream`` (also
+    accepted inside ``config``): see :func:`kernels._arrays.launch_stream`."""
     from .._arrays import check_attention_shapes, to_device
 
-    inp = to_device(q=q, k=k, v=v, o=o, do=do)
+    config = dict(config or {})
+    stream = config.pop("stream", stream)
+    inp = to_device(q=q, k=k, v=v, o=o, do=do, stream=stream, causal=causal, scale=scale)
     a = inp.arrays
     nb, nh, nhk, nq, nk, d = dims = check_attention_shapes(a["q"], a["k"], a["v"], a["do"])
     if not supports(inp.dtype, d):
         raise ValueError(f"dtype={inp.dtype}, head_dim={d}: {requirement}")
     if tuple(a["o"].shape) != tuple(a["q"].shape):
         raise ValueError(f"o.shape={tuple(a['o'].shape)}: must equal q.shape={tuple(a['q'].shape)}")
-    st = to_device(lse=lse)
+    st = to_device(lse=lse, stream=inp.stream)
     if (st.kind == "numpy") != (inp.kind == "numpy"):
         raise ValueError("inputs mix host (numpy) and device arrays: pass all on the host or all on the device")
     lse_d = st.arrays["lse"]
@@ -107,10 +113,41 @@ def prepare_backward(requirement, default_config, supports, q, k, v, o, lse, do,
     if unknown:
         raise ValueError(f"config keys {sorted(unknown)}: {requirement.split()[0]} takes {sorted(cfg)}")
     cfg.update(config or {})
-    sc = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    if not math.isfinite(sc):
-        raise ValueError(f"scale={scale!r}: must be finite")
+    sc = positive_scale(inp, a, 1.0 / math.sqrt(d) if scale is None else float(scale))
     return inp, a, dims, lse_d, cfg, sc
+
+
+@cuda.jit
+def _times(src, dst, c):
+    for x in range(cuda.grid(1), src.shape[0], cuda.gridsize(1)):
+        dst[x] = float32(src[x]) * c
+
+
+def positive_scale(inp, a, sc):
+    """τ for the kernels, which is τ itself when positive.  The kernels keep the running max of
+    the raw scores Q Kᵀ and apply τ in the exponent (one FFMA per score); that max is the right
+    end only for τ > 0, and a masked score (-inf) times τ <= 0 is +inf or NaN.  For τ <= 0 they
+    run instead on Q' = c·Q with τ' > 0 and τ' Q' = τ Q, the same function: c = -1, τ' = -τ for
+    τ < 0; c = 0 (a NaN stays NaN), τ' = 1 for τ = 0.  Q' replaces ``a["q"]`` (one elementwise
+    pass, on this path only); dQ is c·dQ' (``inp.dq_factor``, applied by :func:`finish_dq` or
+    :func:`dq_to_f16`), while dK, dV are unchanged."""
+    inp.dq_factor = 1.0
+    if sc > 0:
+        return sc
+    inp.dq_factor = -1.0 if sc < 0 else 0.0
+    q = a["q"]
+    n = int(np.prod(q.shape))
+    qp = inp.empty(tuple(q.shape), inp.dtype)
+    _times[(*elementwise_grid(n), inp.stream)](q.reshape(n), qp.reshape(n), float32(inp.dq_factor))
+    a["q"] = qp
+    return -sc if sc < 0 else 1.0
+
+
+def finish_dq(inp, dq):
+    """dQ = c·dQ' in place where :func:`positive_scale` ran the kernels on Q' = c·Q."""
+    if inp.dq_factor != 1.0:
+        n = int(np.prod(dq.shape))
+        _times[(*elementwise_grid(n), inp.stream)](dq.reshape(n), dq.reshape(n), float32(inp.dq_factor))
 
 
 def elementwise_grid(n: int) -> tuple:
@@ -127,9 +164,9 @@ def _zero(a):
         a[x] = 0.0
 
 
-def zero_fill(flat) -> None:
+def zero_fill(flat, stream=0) -> None:
     """Zero a flat float32 device array (the buffer a backward's dQ atomics add into)."""
-    _zero[elementwise_grid(flat.shape[0])](flat)
+    _zero[(*elementwise_grid(flat.shape[0]), stream)](flat)
 
 
 def zeroed_dq(inp, shape):
@@ -137,7 +174,7 @@ def zeroed_dq(inp, shape):
     its flat view."""
     dqa = inp.empty(shape, np.float32)
     flat = dqa.reshape(int(np.prod(shape)))
-    zero_fill(flat)
+    zero_fill(flat, inp.stream)
     return dqa, flat
 
 
@@ -148,9 +185,11 @@ def _scaled_to_f16(src, dst, scale):
 
 
 def dq_to_f16(inp, flat, shape, scale):
-    """dQ = τ · (the float32 buffer of :func:`zeroed_dq`), rounded to fp16, in the inputs' kind."""
+    """dQ = τ · (the float32 buffer of :func:`zeroed_dq`), rounded to fp16, in the inputs' kind
+    (times ``inp.dq_factor``: :func:`positive_scale`)."""
     dq = inp.empty(shape, np.float16)
-    _scaled_to_f16[elementwise_grid(flat.shape[0])](flat, dq.reshape(flat.shape[0]), np.float32(scale))
+    _scaled_to_f16[(*elementwise_grid(flat.shape[0]), inp.stream)](flat, dq.reshape(flat.shape[0]),
+                                                                np.float32(scale * inp.dq_factor))
     return inp.out(dq)
 
 
@@ -167,7 +206,7 @@ def row_dots(inp, a, causal):
     nb, nh, nq, d = a["o"].shape
     dvec = inp.empty((nb, nh, nq), np.float32)
     pre, ntp = flash2.kernel("preprocess", inp.dtype, d, 64, 64, causal, False, False)
-    pre[(-(-nq // 64), nb * nh), ntp](a["o"], a["do"], dvec, _dummy_counters())
+    pre[(-(-nq // 64), nb * nh), ntp, inp.stream](a["o"], a["do"], dvec, _dummy_counters())
     return dvec
 
 
@@ -180,7 +219,7 @@ def launch_fp32_backward(requirement, mod, q, k, v, o, lse, do, *, causal=False,
     from .tc import MAX_WARPS
 
     inp, a, (nb, nh, nhk, nq, nk, d), lse_d, cfg, sc = prepare_backward(
-        requirement, mod.default_config, mod.supports, q, k, v, o, lse, do, scale=scale, config=config)
+        requirement, mod.default_config, mod.supports, q, k, v, o, lse, do, scale=scale, config=config, causal=causal)
     for key in ("bc", "br"):
         if cfg[key] <= 0 or cfg[key] % 16:
             raise ValueError(f"{key}={cfg[key]}: must be a positive multiple of 16")
@@ -197,5 +236,6 @@ def launch_fp32_backward(requirement, mod, q, k, v, o, lse, do, *, causal=False,
     args = (a["q"], a["k"], a["v"], a["do"], lse_d, dvec, dq, dk, dv, float32(sc * LOG2E), float32(sc))
     smem = mod.smem_bytes(d, cfg["bc"], cfg["br"])
     raise_smem_limit(kern, args, smem)
-    kern[(-(-nk // cfg["bc"]), nb * nhk), nt, 0, smem](*args)
+    kern[(-(-nk // cfg["bc"]), nb * nhk), nt, inp.stream, smem](*args)
+    finish_dq(inp, dq)
     return inp.out(dq), inp.out(dk), inp.out(dv)

@@ -29,7 +29,7 @@ from numba import cuda, float32, int32, types, uint32
 
 from ..flash2 import padded_head_dim
 from . import tc
-from ._launch import LOG2E, dq_to_f16, prepare_backward, raise_smem_limit, row_dots, zeroed_dq
+from ._launch import LOG2E, dq_to_f16, finish_dq, prepare_backward, raise_smem_limit, row_dots, zeroed_dq
 from ._launch import saved_forward as saved_forward  # the shipped forward (BEST) of the dtype
 
 NEG_INF = float32(-math.inf)
@@ -545,7 +545,7 @@ def backward_v1(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
     :func:`default_config_v1`."""
     inp, a, (nb, nh, nhk, nq, nk, d), lse_d, cfg, sc = prepare_backward(
         "bwd_fp16_v1 takes float16 with head_dim % 8 == 0", default_config_v1, supports_v1, q, k, v, o, lse, do,
-        scale=scale, config=config)
+        scale=scale, config=config, causal=causal)
     (kdkdv, nt1, bkey), (kdq, nt2, bqr) = kernels_v1(d, bool(causal), **cfg)
     dvec = row_dots(inp, a, causal)
     dq = inp.empty((nb, nh, nq, d), np.float16)
@@ -555,11 +555,12 @@ def backward_v1(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
     args = (a["q"], a["k"], a["v"], a["do"], lse_d, dvec, dk, dv, sl2, scf)
     smem = smem_bytes_dkdv_v1(d, bkey, cfg["bq"])
     raise_smem_limit(kdkdv, args, smem)
-    kdkdv[(-(-nk // bkey), nb * nhk), nt1, 0, smem](*args)
+    kdkdv[(-(-nk // bkey), nb * nhk), nt1, inp.stream, smem](*args)
     args = (a["q"], a["k"], a["v"], a["do"], lse_d, dvec, dq, sl2, scf)
     smem = smem_bytes_dq_v1(d, bqr, cfg["bk"])
     raise_smem_limit(kdq, args, smem)
-    kdq[(-(-nq // bqr), nb * nh), nt2, 0, smem](*args)
+    kdq[(-(-nq // bqr), nb * nh), nt2, inp.stream, smem](*args)
+    finish_dq(inp, dq)
     return inp.out(dq), inp.out(dk), inp.out(dv)
 
 # ---------------------------------------------------------------------------------------------
@@ -967,7 +968,7 @@ def backward_v3(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
     it may differ from run to run in its last bits."""
     inp, a, (nb, nh, nhk, nq, nk, d), lse_d, cfg, sc = prepare_backward(
         "bwd_fp16_v3 takes float16 with head_dim % 16 == 0, at most 128", default_config_v3, _accepts_v3, q, k, v, o,
-        lse, do, scale=scale, config=config)
+        lse, do, scale=scale, config=config, causal=causal)
     layout_v3(d, cfg["bq"], cfg["bk"], cfg["nw"], cfg["ma"], cfg["mb"], cfg["mc"])  # ValueError if the warps cannot
     kern, nt = kernel_v3(d, bool(causal), **cfg)
     dvec = row_dots(inp, a, causal)
@@ -977,7 +978,7 @@ def backward_v3(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
     args = (a["q"], a["k"], a["v"], a["do"], lse_d, dvec, dqa, dk, dv, float32(sc * LOG2E), float32(sc))
     smem = smem_bytes_v3(d, cfg["bq"], cfg["bk"])
     raise_smem_limit(kern, args, smem)
-    kern[(-(-nk // cfg["bk"]), nb * nhk), nt, 0, smem](*args)
+    kern[(-(-nk // cfg["bk"]), nb * nhk), nt, inp.stream, smem](*args)
     return dq_to_f16(inp, flat, (nb, nh, nq, d), sc), inp.out(dk), inp.out(dv)
 
 

@@ -236,9 +236,9 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool):
             if t == 0:
                 row_0 = r0 + rl
                 if row_0 < nq:
-                    lse[b, h, row_0] = m[2 * mt] * scale + math.log(l_0) if l_0 > 0 else NEG_INF
+                    lse[b, h, row_0] = m[2 * mt] * scale + math.log(l_0) if l_0 != 0 else NEG_INF
                 if row_0 + 8 < nq:
-                    lse[b, h, row_0 + 8] = m[2 * mt + 1] * scale + math.log(l_1) if l_1 > 0 else NEG_INF
+                    lse[b, h, row_0 + 8] = m[2 * mt + 1] * scale + math.log(l_1) if l_1 != 0 else NEG_INF
         cuda.syncthreads()  # the whole O tile is in shared memory
         for e in range(tid, BR * ch, NT):
             r = e // ch

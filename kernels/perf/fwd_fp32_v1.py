@@ -315,7 +315,7 @@ def _source(D: int, BC: int, NW: int, RM: int, CAUSAL: bool, UNROLL: int = 2):
                         if col < D:
                             o[b, h, row, col] = acc[(m * NV + u) * 4 + f] * inv
                 if tx == 0:
-                    lse[b, h, row] = mrow[m] * scale + math.log(lsum) if lsum > 0 else NEG_INF
+                    lse[b, h, row] = mrow[m] * scale + math.log(lsum) if lsum != 0 else NEG_INF
 
     return fwd, NT, BR
 
