@@ -33,7 +33,7 @@ BEST = {("fwd", "float16"): (("fwd_fp16_v4", 1, 1 << 30),),
 
 
 #: Every variant in the tree -> the module that holds it.
-VARIANTS = {"fwd_fp16_v3": "fwd_fp16_v3", "fwd_fp16_v4": "fwd_fp16_v4", "fwd_fp32_v1": "fwd_fp32_v1",
+VARIANTS = {"fwd_fp16_v3": "fwd_fp16", "fwd_fp16_v4": "fwd_fp16", "fwd_fp32_v1": "fwd_fp32",
             "bwd_fp16_v1": "bwd_fp16", "bwd_fp16_v3": "bwd_fp16",
             "bwd_fp32_v1": "bwd_fp32", "bwd_fp32_v2": "bwd_fp32"}
 
@@ -43,8 +43,7 @@ def variant(name: str):
     if name not in VARIANTS:
         raise ValueError(f"variant={name!r}: one of {', '.join(sorted(VARIANTS))}")
     mod = importlib.import_module(f"{__name__}.{VARIANTS[name]}")
-    versions = getattr(mod, "VERSIONS", None)
-    return mod if versions is None else versions[name]
+    return mod.VERSIONS[name]
 
 
 def __getattr__(name: str):
