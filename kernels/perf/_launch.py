@@ -10,8 +10,6 @@ from functools import cache
 import numpy as np
 from numba import config, cuda, float32
 
-from . import tc
-
 #: log2(e): the kernels exponentiate with ex2, in log2 units (the one definition).
 LOG2E = 1.4426950408889634
 
@@ -150,23 +148,6 @@ def finish_dq(inp, dq):
     if inp.dq_factor != 1.0:
         n = int(np.prod(dq.shape))
         _times[(*elementwise_grid(n), inp.stream)](dq.reshape(n), dq.reshape(n), float32(inp.dq_factor))
-
-
-@tc.device_inline
-def key_block(q, k, BK):
-    """The set-up of a backward kernel with a block per key block and kv head (grid (Tc, B·Hkv)):
-    (batch b, kv head hk, kv heads, query heads, query heads per kv head, Nq, Nk, Nk − Nq (the
-    bottom-right causal shift), the block's first key)."""
-    j = cuda.blockIdx.x
-    bk = cuda.blockIdx.y
-    nhk = k.shape[1]
-    b = bk // nhk
-    hk = bk % nhk
-    nh = q.shape[1]
-    group = nh // nhk
-    nq = q.shape[2]
-    nk = k.shape[2]
-    return b, hk, nhk, nh, group, nq, nk, nk - nq, j * BK
 
 
 def elementwise_grid(n: int) -> tuple:

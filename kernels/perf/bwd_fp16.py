@@ -29,7 +29,7 @@ from numba import cuda, float32, int32, types, uint32
 
 from ..flash2 import padded_head_dim
 from . import tc
-from ._launch import LOG2E, dq_to_f16, finish_dq, key_block, prepare_backward, raise_smem_limit, row_dots, zeroed_dq
+from ._launch import LOG2E, dq_to_f16, finish_dq, prepare_backward, raise_smem_limit, row_dots, zeroed_dq
 from ._launch import saved_forward as saved_forward  # the shipped forward (BEST) of the dtype
 
 NEG_INF = float32(-math.inf)
@@ -101,7 +101,17 @@ def _dkdv_source_v1(D: int, BQ: int, NW: int, MT: int, CAUSAL: bool, KVREG: bool
         lane = tid % 32
         t = lane % 4
         g = lane // 4
-        b, hk, nhk, nh, group, nq, nk, shift, c0 = key_block(q, k, BK)
+        j = cuda.blockIdx.x
+        bk = cuda.blockIdx.y
+        nhk = k.shape[1]
+        b = bk // nhk
+        hk = bk % nhk
+        nh = q.shape[1]
+        group = nh // nhk
+        nq = q.shape[2]
+        nk = k.shape[2]
+        shift = nk - nq
+        c0 = j * BK
         sbase = tc.smem_u32(sm)
         loff = tc.lane_offset(S)
         loffb = tc.lane_offset_b(S)
@@ -684,7 +694,17 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
         cb0 = 8 * NB * (warp // WBK)
         qc0 = 16 * MC * (warp % WCQ)  # phase C: first query and first column
         cc0 = 8 * NC * (warp // WCQ)
-        b, hk, nhk, nh, group, nq, nk, shift, c0 = key_block(q, k, BK)
+        j = cuda.blockIdx.x
+        bk = cuda.blockIdx.y
+        nhk = k.shape[1]
+        b = bk // nhk
+        hk = bk % nhk
+        nh = q.shape[1]
+        group = nh // nhk
+        nq = q.shape[2]
+        nk = k.shape[2]
+        shift = nk - nq
+        c0 = j * BK
         sbase = tc.smem_u32(sm)
         loff = tc.lane_offset(S)
         loffb = tc.lane_offset_b(S)

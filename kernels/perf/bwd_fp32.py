@@ -40,7 +40,7 @@ from numba import cuda, float32, types
 
 from ..flash2 import padded_head_dim
 from . import tc
-from ._launch import LOG2E, key_block, launch_fp32_backward
+from ._launch import LOG2E, launch_fp32_backward
 from ._launch import saved_forward as saved_forward  # the shipped forward (BEST) of the dtype
 
 NEG_INF = float32(-math.inf)
@@ -258,7 +258,17 @@ def _source_v1(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, UNROLL: int = 2,
         lane = tid & 31
         ly = lane >> 3
         lx = lane & 7
-        b, hk, nhk, nh, group, nq, nk, shift, c0 = key_block(q, k, BC)
+        j = cuda.blockIdx.x
+        bk = cuda.blockIdx.y
+        nhk = k.shape[1]
+        b = bk // nhk
+        hk = bk % nhk
+        nh = q.shape[1]
+        group = nh // nhk
+        nq = q.shape[2]
+        nk = k.shape[2]
+        shift = nk - nq
+        c0 = j * BC
         kbase = ((b * nhk + hk) * nk + c0) * D
         sbase = tc.smem_u32_f32(sm)
         # The thread's places in the three products' tiles (the layout above).
@@ -613,7 +623,17 @@ def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, PIPE: bool = Fal
         lane = tid & 31
         g = lane >> 2
         t = lane & 3
-        b, hk, nhk, nh, group, nq, nk, shift, c0 = key_block(q, k, BC)
+        j = cuda.blockIdx.x
+        bk = cuda.blockIdx.y
+        nhk = k.shape[1]
+        b = bk // nhk
+        hk = bk % nhk
+        nh = q.shape[1]
+        group = nh // nhk
+        nq = q.shape[2]
+        nk = k.shape[2]
+        shift = nk - nq
+        c0 = j * BC
         kbase = ((b * nhk + hk) * nk + c0) * D
         sbase = tc.smem_u32_f32(sm)
         # Warp tiles: A keys kw.., queries qw..; B keys kb.., columns cb..; C queries qc.., columns cc..
