@@ -109,7 +109,7 @@ def test_nan_query_row_gives_nan_l(fwd):
     o, lse = fwd.forward(q, k, v, causal=True, return_lse=True)
     ref, ref_lse = attention_forward(q, k, v, causal=True)
     _, kern_lse = kernels.flash_attention(q, k, v, causal=True, return_lse=True, impl="reference")
-    print(f"{fwd.__name__}: L[5] = {lse[0, 0, 5]} (reference kernel {kern_lse[0, 0, 5]}, float64 "
+    print(f"{fwd.name}: L[5] = {lse[0, 0, 5]} (reference kernel {kern_lse[0, 0, 5]}, float64 "
           f"{ref_lse[0, 0, 5]}), O[5] NaN: {np.isnan(o[0, 0, 5]).all()}")
     assert np.isnan(ref_lse[0, 0, 5]) and np.isnan(kern_lse[0, 0, 5]) and np.isnan(lse[0, 0, 5])
     assert np.isnan(o[0, 0, 5]).all()

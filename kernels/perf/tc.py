@@ -32,7 +32,8 @@ pair in adjacent registers as the mma wants them; ``ldsm_x4_trans_b`` reads an A
 tile stored transposed, [k, m] (dS from dSᵀ).  All four take ``addr``, the byte address in the
 shared window of the tile's corner plus the lane's offset: :func:`tile_addr` of ``sbase``
 (:func:`smem_u32`), ``loff`` (:func:`lane_offset`, or :func:`lane_offset_b` for the ``_b``
-forms) and the element offset; ``stride`` (elements a row) is read by the simulator's twin.
+forms) and the element offset.  The GPU reads ``addr`` alone; the simulator's twin reads
+``smem`` and ``stride`` (elements a row) and takes ``addr`` as twice the element offset.
 
 Shared memory is addressed by 32-bit addresses in the shared window computed once per kernel
 (``smem_u32``; ``cp_async16_a(smem, sbase, soff, gmem, goff, nvalid)`` and
