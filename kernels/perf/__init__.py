@@ -20,7 +20,7 @@ import importlib
 
 import numpy as np
 
-#: (pass, dtype) -> the fastest variants that passed the exactness suite, as (module, smallest d,
+#: (pass, dtype) -> the fastest variants that passed the exactness suite, as (variant, smallest d,
 #: largest d) in order of preference: the first whose range holds d and whose ``supports`` accepts
 #: it runs.  The fp16 backward takes bwd_fp16_v3 above d = 64, where it runs 1.4x bwd_fp16_v1 on
 #: the H100; at d <= 64 the two are within run-to-run noise and v1 is deterministic (v3's dQ is
