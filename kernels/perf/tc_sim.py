@@ -173,6 +173,7 @@ def _quad(x, y, op):
     cuda.syncthreads()
     return float32(rx), float32(ry)
 
+
 _RED_LOCK = threading.Lock()
 
 
