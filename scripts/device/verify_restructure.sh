@@ -29,6 +29,7 @@ left() { echo $(( budget - ($(date +%s) - start) )); }
 (FLASHSIM_GPU=1 python3 -m pytest -m gpu -p no:cacheprovider -s -rA --ignore=tests/test_notebooks.py \
     --junitxml=/tmp/verify_junit.xml tests/ > "$OUT/pytest_gpu.log" 2>&1; echo $? > /tmp/verify_pytest_rc) &
 pytest_pid=$!
+command -v compute-sanitizer > /dev/null || echo "compute-sanitizer: not on PATH (the sanitizer logs will say so)"
 for tool in memcheck racecheck; do
   compute-sanitizer --tool $tool --error-exitcode 9 python3 -m kernels.sanitize > "$OUT/sanitize-$tool.log" 2>&1
   echo "compute-sanitizer $tool: exit $? at $(( $(date +%s) - start )) s"
