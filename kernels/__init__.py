@@ -4,8 +4,8 @@ Public API (arrays are (B, H, N, d); K and V may have fewer heads, Hkv dividing 
 
 * :func:`flash_attention` and :func:`flash_attention_backward`: FlashAttention-2
   (``kernels/flash2.py``);
-* ``flash1_attention`` (``kernels/flash1.py``) and ``standard_attention`` /
-  ``standard_attention_backward`` (``kernels/standard.py``) where those modules exist.
+* :func:`flash1_attention` (``kernels/flash1.py``) and :func:`standard_attention` /
+  :func:`standard_attention_backward` (``kernels/standard.py``).
 
 Every launcher takes ``counters=`` (an int64 array from :func:`kernels.counters.new_counters`,
 on the host or the device): the counting variant of the kernels then adds every global-memory
@@ -28,6 +28,8 @@ from . import _sim
 _sim.lock_shared_arrays()  # before any kernel runs under the CUDA simulator (a no-op on a GPU)
 
 from . import flash2 as _flash2  # noqa: E402
+from .flash1 import flash1_attention  # noqa: E402
+from .standard import standard_attention, standard_attention_backward  # noqa: E402
 
 
 def _dtype_and_dim(q):
@@ -142,21 +144,5 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, b
                             block_mask=block_mask, counters=counters, stream=stream)
 
 
-__all__ = ["flash_attention", "flash_attention_backward"]
-
-# Other engineers' kernels, exported once their modules exist.  Only a missing module is
-# tolerated: an error inside an existing one propagates.
-try:
-    from .flash1 import flash1_attention  # noqa: F401
-
-    __all__.append("flash1_attention")
-except ModuleNotFoundError as e:  # pragma: no cover
-    if e.name != f"{__name__}.flash1":
-        raise
-try:
-    from .standard import standard_attention, standard_attention_backward  # noqa: F401
-
-    __all__ += ["standard_attention", "standard_attention_backward"]
-except ModuleNotFoundError as e:  # pragma: no cover
-    if e.name != f"{__name__}.standard":
-        raise
+__all__ = ["flash_attention", "flash_attention_backward", "flash1_attention", "standard_attention",
+           "standard_attention_backward"]

@@ -7,8 +7,9 @@ both miss and each get a private, uninitialised array, so that one thread's writ
 the others: a rare wrong or huge result (seen in CI as a relative error of 1.7e20 in the reference
 fp32 backward's dQ, a case that passed when hypothesis ran it again; tests/test_sim_shared.py
 provokes it by switching threads every microsecond: 2 wrong blocks in 240 without the lock, none
-with it).  The same lookup done under a lock removes the race.  ``kernels/perf/tc.py``'s helpers had worked
-around it for their own scratch arrays; this covers every kernel.
+with it).  The same lookup done under a lock removes the race.  The simulator twins of the fast
+kernels' helpers (``kernels/perf/tc_sim.py``) had worked around it for their own scratch arrays;
+this covers every kernel.
 """
 
 from __future__ import annotations

@@ -15,11 +15,11 @@ from numba import cuda
 
 
 def only(name: str) -> None:
-    """One fast variant's backward (kernels/perf/<name>, d = 64; fp32 for an *_fp32_* variant, else
+    """One fast variant's backward (``kernels.perf.variant(name)``, d = 64; fp32 for an *_fp32_* variant, else
     fp16) at the ragged size, causal and not, with grouped-query heads."""
-    import importlib
+    from kernels import perf
 
-    mod = importlib.import_module(f"kernels.perf.{name}")
+    mod = perf.variant(name)
     dt = np.float32 if "fp32" in name else np.float16
     rng = np.random.default_rng(7)
     for causal in (False, True):

@@ -1,5 +1,5 @@
 """Inputs and the verdict shared by the fast fp16 backward tests (test_perf_kernels,
-test_perf_bwd_fp16_v2, test_perf_bwd_fp16_v3)."""
+test_perf_bwd_fp16_v3)."""
 
 from __future__ import annotations
 

@@ -85,7 +85,7 @@ def test_default_kernels_any_scale(scale, dtype):
 
 @pytest.mark.parametrize("scale", [0.0, -0.5])
 def test_other_fast_variants_any_scale(scale):
-    """fwd_fp16_v3 (bwd_fp16_v1's saved forward), bwd_fp16_v3 (dQ through the float32 buffer)
+    """fwd_fp16_v3 (v4 without its lazy rescaling), bwd_fp16_v3 (dQ through the float32 buffer)
     and bwd_fp32_v2 (3xTF32, d = 32), causal."""
     q, k, v, do = make(np.float16, 16, seed=1)
     o, lse = fwd_fp16_v3.forward(q, k, v, causal=True, scale=scale, return_lse=True)
@@ -109,7 +109,7 @@ def test_nan_query_row_gives_nan_l(fwd):
     o, lse = fwd.forward(q, k, v, causal=True, return_lse=True)
     ref, ref_lse = attention_forward(q, k, v, causal=True)
     _, kern_lse = kernels.flash_attention(q, k, v, causal=True, return_lse=True, impl="reference")
-    print(f"{fwd.__name__}: L[5] = {lse[0, 0, 5]} (reference kernel {kern_lse[0, 0, 5]}, float64 "
+    print(f"{fwd.name}: L[5] = {lse[0, 0, 5]} (reference kernel {kern_lse[0, 0, 5]}, float64 "
           f"{ref_lse[0, 0, 5]}), O[5] NaN: {np.isnan(o[0, 0, 5]).all()}")
     assert np.isnan(ref_lse[0, 0, 5]) and np.isnan(kern_lse[0, 0, 5]) and np.isnan(lse[0, 0, 5])
     assert np.isnan(o[0, 0, 5]).all()

@@ -1,6 +1,6 @@
 """The fast kernels (kernels/perf) against the float64 reference, under the CUDA simulator.
 
-The simulator runs the tensor-core helpers' Python twins (kernels/perf/tc.py): each simulated
+The simulator runs the tensor-core helpers' Python twins (kernels/perf/tc_sim.py): each simulated
 lane ends up with exactly the fragment registers the hardware would give it, so these tests check
 the kernels' indexing, masking, online softmax and fragment bookkeeping; the GPU run
 (``kernels.gpucheck --impl fast``, ``pytest -m gpu``) checks the PTX does the same.  Sizes are

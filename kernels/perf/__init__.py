@@ -1,5 +1,13 @@
-"""The fast kernels: numbered variants (llm.c style), each file's header saying what changed and
-what it measured.  ``kernels/perf/NOTES.md`` keeps the predictions and outcomes in order.
+"""The fast kernels: one module per pass and precision (``fwd_fp16``, ``bwd_fp16``, ``fwd_fp32``,
+``bwd_fp32``), llm.c style: each holds that op's numbered versions, sharing device code and
+differing by what each changed, its header saying what changed and what it measured.
+``kernels/perf/NOTES.md`` keeps the predictions and outcomes in order, and the versions that
+have left the tree with the commit where each is read.
+
+A variant keeps the name the records use (``fwd_fp16_v4``, ``bwd_fp32_v2``: ``kernels/data``,
+:data:`BEST`): :func:`variant` (or ``from kernels.perf import fwd_fp16_v4``) gives its interface,
+``forward`` or ``backward`` and ``saved_forward``, ``supports``, ``default_config``, ``kernel``
+and ``SOURCES`` (for :mod:`kernels.perf.inspect`).
 
 :func:`best` names the variant the public API (``kernels.flash_attention(impl="auto")``) uses for
 a pass and dtype; the readable reference kernels (``kernels/flash2.py``) stay the ones whose
@@ -12,7 +20,7 @@ import importlib
 
 import numpy as np
 
-#: (pass, dtype) -> the fastest variants that passed the exactness suite, as (module, smallest d,
+#: (pass, dtype) -> the fastest variants that passed the exactness suite, as (variant, smallest d,
 #: largest d) in order of preference: the first whose range holds d and whose ``supports`` accepts
 #: it runs.  The fp16 backward takes bwd_fp16_v3 above d = 64, where it runs 1.4x bwd_fp16_v1 on
 #: the H100; at d <= 64 the two are within run-to-run noise and v1 is deterministic (v3's dQ is
@@ -24,11 +32,32 @@ BEST = {("fwd", "float16"): (("fwd_fp16_v4", 1, 1 << 30),),
         ("bwd", "float32"): (("bwd_fp32_v2", 32, 128), ("bwd_fp32_v1", 1, 1 << 30))}
 
 
+#: Every variant in the tree -> the module that holds it.
+VARIANTS = {"fwd_fp16_v3": "fwd_fp16", "fwd_fp16_v4": "fwd_fp16", "fwd_fp32_v1": "fwd_fp32",
+            "bwd_fp16_v1": "bwd_fp16", "bwd_fp16_v3": "bwd_fp16",
+            "bwd_fp32_v1": "bwd_fp32", "bwd_fp32_v2": "bwd_fp32"}
+
+
+def variant(name: str):
+    """The interface of the variant the records call ``name`` (ValueError for an unknown one)."""
+    if name not in VARIANTS:
+        raise ValueError(f"variant={name!r}: one of {', '.join(sorted(VARIANTS))}")
+    mod = importlib.import_module(f"{__name__}.{VARIANTS[name]}")
+    return mod.VERSIONS[name]
+
+
+def __getattr__(name: str):
+    if name in VARIANTS:
+        return variant(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def best(pass_: str, dtype, d: int):
-    """The fastest variant's module for this pass, dtype and head dim, or None if none applies."""
+    """The fastest variant for this pass, dtype and head dim (its :func:`variant`), or None if
+    none applies."""
     for name, lo, hi in BEST.get((pass_, np.dtype(dtype).name), ()):
         if lo <= d <= hi:
-            mod = importlib.import_module(f"{__name__}.{name}")
-            if mod.supports(dtype, d):
-                return mod
+            v = variant(name)
+            if v.supports(dtype, d):
+                return v
     return None

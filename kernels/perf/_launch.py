@@ -10,6 +10,7 @@ from functools import cache
 import numpy as np
 from numba import config, cuda, float32
 
+#: log2(e): the kernels exponentiate with ex2, in log2 units (the one definition).
 LOG2E = 1.4426950408889634
 
 
@@ -56,7 +57,9 @@ def launch_forward(name, kernel, smem_bytes, default_config, supports, q, k, v, 
     cfg.update(config or {})
     if cfg["bc"] <= 0 or cfg["bc"] % 16:
         raise ValueError(f"bc={cfg['bc']}: must be a positive multiple of 16")
-    dp = -(-d // 16) * 16
+    from ..flash2 import padded_head_dim
+
+    dp = padded_head_dim(d)
     kern, nt, br = kernel(d=d, causal=bool(causal), **cfg)
     sc = positive_scale(inp, a, 1.0 / math.sqrt(d) if scale is None else float(scale))
     o = inp.empty((nb, nh, nq, d), inp.dtype)
@@ -68,6 +71,14 @@ def launch_forward(name, kernel, smem_bytes, default_config, supports, q, k, v, 
     if return_lse:
         return inp.out(o), inp.out(lse)
     return inp.out(o)
+
+
+def saved_forward(q, k, v, *, causal=False, scale=None):
+    """(O, L) from the shipped forward for the inputs' dtype and head dim (``BEST``, as
+    ``kernels.flash_attention(impl="fast")`` runs it): what a fast backward needs."""
+    from .. import flash_attention
+
+    return flash_attention(q, k, v, causal=causal, scale=scale, return_lse=True, impl="fast")
 
 
 def prepare_backward(requirement, default_config, supports, q, k, v, o, lse, do, *, scale=None, config=None,

@@ -1,6 +1,7 @@
 """Compile a numbered variant for sm_90 without a GPU and report what the compiler made of it.
 
-    python -m kernels.perf.inspect fwd_fp16_v3 64 64 4 2 0 1     # _source(*args) of the variant
+    python -m kernels.perf.inspect fwd_fp16_v4 64 64 4 2 0 1     # the variant's kernel source(*args)
+    python -m kernels.perf.inspect bwd_fp16_v1:dq 64 64 4 1 1 1  # one of a variant's SOURCES
 
 Prints the post-link-time-optimisation PTX's size and ``mma.sync`` count, and, where ``ptxas``
 and ``cuobjdump`` are on PATH (a CUDA toolkit, or the ``nvidia-cuda-nvcc`` and
@@ -17,7 +18,6 @@ compiles.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import re
 import shutil
@@ -25,6 +25,8 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
+
+from . import variant
 
 CC = (9, 0)
 
@@ -34,14 +36,14 @@ class _Hopper:
 
 
 def lto_ptx(module: str, *args, min_blocks: int = 1) -> str:
-    """PTX of ``kernels.perf.<module>._source(*args)`` after linking its CUDA C++ helpers with LTO;
-    ``module:part`` picks ``SOURCES[part]`` of a module with several kernels."""
+    """PTX of variant ``module``'s kernel source (``SOURCES``: its only one, or ``module:part``'s)
+    called with ``args``, after linking its CUDA C++ helpers with LTO."""
     import numba.cuda.dispatcher as dispatcher
     from numba.cuda.compiler import _compile_pyfunc_with_fixup
 
     name, _, part = module.partition(":")
-    mod = importlib.import_module(f"kernels.perf.{name}")
-    source, signature = mod.SOURCES[part] if part else (mod._source, mod.signature)
+    mod = variant(name)
+    source, signature = mod.SOURCES[part] if part else next(iter(mod.SOURCES.values()))
     fn, nt, _ = source(*args)
     saved = dispatcher.get_current_device
     dispatcher.get_current_device = lambda: _Hopper()

@@ -1,6 +1,6 @@
 """Block-shape sweep of one numbered variant, beside torch's naive attention and SDPA.
 
-    python -m kernels.perf.tune fwd_fp16_v2 --d 64 --n 4096 16384 \
+    python -m kernels.perf.tune fwd_fp16_v4 --d 64 --n 4096 16384 \
         --configs '{"bc": 64, "mt": 2}' '{"bc": 32, "mt": 2}' [--causal] [--out DIR]
 
 Each configuration is checked against the float64 reference first (the same checks as
@@ -16,7 +16,6 @@ its ``.meta.json`` (provenance).  For finding a variant's defaults; the benchmar
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ..bench import _check_fwd, _time, _torch_fns, bwd_error, flops, time_peer_backward, write
+from . import variant
 
 
 def main(argv=None) -> int:
@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
-    mod = importlib.import_module(f"kernels.perf.{args.variant}")
+    mod = variant(args.variant)
     peers = _torch_fns(torch)
     flush = torch.empty(256 * 2**20 // 4, dtype=torch.float32, device="cuda")
     rng = np.random.default_rng(0)

@@ -8,17 +8,18 @@ with ``backward`` and a single ``kernel(d, causal, **config)``) runs its saved f
 backward.  GPU only.
 """
 
-import importlib
 import json
 import sys
 
 import numpy as np
 
+from kernels.perf import variant
+
 
 def main():
     name, d = sys.argv[1], int(sys.argv[2])
     cfgs = [json.loads(c) for c in sys.argv[3:]] or [{}]
-    mod = importlib.import_module(f"kernels.perf.{name}")
+    mod = variant(name)
     dt = np.float32 if "fp32" in name else np.float16
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((1, 2, 256, d)).astype(dt) for _ in range(3))

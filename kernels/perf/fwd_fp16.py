@@ -1,41 +1,41 @@
-"""fwd_fp16_v3: fwd_fp16_v2 with its integer overhead removed.
+"""The fp16 forward on the tensor cores (``mma.sync`` m16n8k16): FlashAttention-2, two versions.
 
-v2 on the H200 (B·H = 16, N = 16,384, fp16): d = 64 at 191 TFLOP/s (2.15x naive, 0.62x SDPA
-flash), d = 128 at 177 (1.03x naive, 0.53x flash).  Its SASS had 6,008 instructions, 1,760 of
-them IMAD, and 56 calls to the 64-bit integer-division routine: the tile loops divided by
-d // 8, a run-time value, and every shared-memory access did 64-bit generic-pointer arithmetic
-(IADD3 + IMAD.X + MOV per ldmatrix).  With mma.sync a warp has only a few issue slots per
-HMMA to spare, so those instructions cost tensor-core time directly.
+A block of NW warps owns Br = 16·NW·MT query rows (MT m-tiles a warp) and walks the key blocks
+(Bc keys) it can see, K and V double-buffered through cp.async; S = Q Kᵀ, P and O stay in
+registers (the C layout of two adjacent 16 x 8 tiles is the A layout of one 16 x 16 tile, so P
+feeds P·V straight from registers); O is stored through shared memory.  The online softmax, in
+log2 units (``sl2`` = τ·log2 e), is the block marked "online softmax" in :func:`_source`.
 
-What changed:
+* ``fwd_fp16_v3`` (``LAZY`` off): fwd_fp16_v2 (read at commit f09d49e) with its integer
+  overhead removed: compile-time d, shared memory through its 32-bit window address and the
+  lane's ldmatrix offset computed once, one cp.async group a step, a zero-accumulator first mma
+  (``tc.mma_z``), K fragments in the order that puts each mma's (b0, b1) in adjacent registers
+  (``tc.ldsm_x4_b``), each thread's chunk offsets of a K/V tile computed once.  H200, B·H = 16,
+  N = 16,384: d = 64 292 TFLOP/s (3.26x naive, 0.99x SDPA flash; v2 191), d = 128 228.
+* ``fwd_fp16_v4`` (``LAZY`` on; shipped): a row's reference max m is moved (and acc, ℓ rescaled)
+  only when the new block's max exceeds it by more than 8 in log2 units; otherwise
+  P̃ = 2^((S − m)·τlog2e) is computed against the old m and is at most 2^8, well inside fp16
+  and float32.  The same function (O = acc/ℓ and L = m·τ + ln ℓ hold for any m); the test is per
+  lane pair of rows, so a quad (which shares its rows) always agrees.  H200: d = 128 255 TFLOP/s
+  (+10%), then 296 (1.73x naive) with Bc = 32 and Q in registers; d = 64 291.  H100
+  (bench_h100.csv): 3.63-5.59x naive at d = 64, 1.85-2.85x at d = 128.
 
-* the head dim d is a compile-time constant (kernels are cached per d), so every tile loop
-  has a constant trip count and divides by constants;
-* shared memory is addressed through its 32-bit window address, computed once
-  (``tc.smem_u32``), plus the lane's ldmatrix offset, computed once (``tc.lane_offset``);
-* one cp.async group is committed every iteration (empty on the last), so the loop body has a
-  single ``wait_group 1`` and the compiler no longer duplicates it;
-* the first k-step of S = Q Kᵀ uses ``tc.mma_z`` (zero accumulator): no zeroing of S;
-* K fragments are loaded in the order that puts each mma's (b0, b1) in adjacent registers
-  (``tc.ldsm_x4_b_a``); v2's order cost two register moves per mma of S;
-* each thread's chunk offsets of a K/V tile are computed once, not per block (v2 spent ~70
-  instructions per 16-byte cp.async on 64-bit floor-division arithmetic).
-
-Prediction: the main loop's non-tensor-core instruction count roughly halves; d = 64 toward
-250 TFLOP/s.
+Measurements and the tuning behind the defaults: ``kernels/perf/NOTES.md`` ("fp16 forward").
 """
 
 from __future__ import annotations
 
 import math
-from functools import cache
+from functools import cache, partial
+from types import SimpleNamespace
 
 import numpy as np
 from numba import cuda, float32, int32, types, uint32
 
+from ..flash2 import padded_head_dim
 from . import tc
+from ._launch import launch_forward
 
-LOG2E = 1.4426950408889634
 NEG_INF = float32(-math.inf)
 
 
@@ -43,8 +43,8 @@ def smem_bytes(dp: int, br: int, bc: int) -> int:
     return 2 * (dp + 8) * (br + 4 * bc)
 
 
-def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool):
-    DP = -(-D // 16) * 16
+def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: bool = True):
+    DP = padded_head_dim(D)
     BR = 16 * NW * MT
     NT = 32 * NW
     S = DP + 8  # shared row stride in f16: 16 bytes of padding keeps ldmatrix rows in distinct banks
@@ -59,6 +59,16 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool):
     QOFF = 0
     KOFF = BR * S  # K buffers 0 and 1
     VOFF = KOFF + 2 * BC * S  # V buffers 0 and 1
+
+    @tc.device_inline
+    def _rescale(acc, mt, alpha_0, alpha_1):
+        """acc *= α for m-tile mt's two rows (α_0 row g, α_1 row g + 8)."""
+        for nt in range(NO):
+            x = 4 * (mt * NO + nt)
+            acc[x] *= alpha_0
+            acc[x + 1] *= alpha_0
+            acc[x + 2] *= alpha_1
+            acc[x + 3] *= alpha_1
 
     def fwd(q, k, v, o, lse, sl2, scale):
         sm = cuda.shared.array(0, types.float16)
@@ -113,7 +123,8 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool):
         if QREG:
             for mt in range(MT):
                 for kk in range(KT):
-                    tc.ldsm_x4_a(qa, 4 * (mt * KT + kk), sm, sbase, loff, QOFF, S, 16 * (NW * mt + warp), 16 * kk)
+                    tc.ldsm_x4(qa, 4 * (mt * KT + kk), sm,
+                               tc.tile_addr(sbase, loff, QOFF, S, 16 * (NW * mt + warp), 16 * kk), S)
         acc = cuda.local.array(NACC, float32)
         for e in range(NACC):
             acc[e] = 0.0
@@ -157,9 +168,10 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool):
             for kk in range(KT):
                 if not QREG:
                     for mt in range(MT):
-                        tc.ldsm_x4_a(qa, 4 * mt, sm, sbase, loff, QOFF, S, 16 * (NW * mt + warp), 16 * kk)
+                        tc.ldsm_x4(qa, 4 * mt, sm,
+                                   tc.tile_addr(sbase, loff, QOFF, S, 16 * (NW * mt + warp), 16 * kk), S)
                 for n2 in range(NS // 2):
-                    tc.ldsm_x4_b_a(kb, 0, sm, sbase, loffb, kofs, S, 16 * n2, 16 * kk)
+                    tc.ldsm_x4_b(kb, 0, sm, tc.tile_addr(sbase, loffb, kofs, S, 16 * n2, 16 * kk), S)
                     for mt in range(MT):
                         qi = 4 * (mt * KT + kk) if QREG else 4 * mt
                         if kk == 0:
@@ -184,14 +196,32 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool):
                     mx_0 = max(mx_0, max(s[x], s[x + 1]))
                     mx_1 = max(mx_1, max(s[x + 2], s[x + 3]))
                 mx_0, mx_1 = tc.quad_max2(mx_0, mx_1)
-                mu_0 = mx_0 if mx_0 != NEG_INF else float32(0.0)
-                mu_1 = mx_1 if mx_1 != NEG_INF else float32(0.0)
-                alpha_0 = tc.ex2((m[2 * mt] - mu_0) * sl2)
-                alpha_1 = tc.ex2((m[2 * mt + 1] - mu_1) * sl2)
-                m[2 * mt] = mx_0
-                m[2 * mt + 1] = mx_1
-                ms_0 = mu_0 * sl2
-                ms_1 = mu_1 * sl2
+                # The online softmax.  v4 (LAZY): move the reference max only if a row's max grew
+                # by more than 2^8 (the first visible block always does: m starts at -inf);
+                # (-inf) - (-inf) is NaN, and NaN > 8 is False: a row with nothing visible yet
+                # keeps m = -inf.  v3: move it on every block, rescaling after P below.
+                if LAZY:
+                    if (mx_0 - m[2 * mt]) * sl2 > 8.0 or (mx_1 - m[2 * mt + 1]) * sl2 > 8.0:
+                        mu_0 = mx_0 if mx_0 != NEG_INF else float32(0.0)
+                        mu_1 = mx_1 if mx_1 != NEG_INF else float32(0.0)
+                        alpha_0 = tc.ex2((m[2 * mt] - mu_0) * sl2)
+                        alpha_1 = tc.ex2((m[2 * mt + 1] - mu_1) * sl2)
+                        m[2 * mt] = mx_0
+                        m[2 * mt + 1] = mx_1
+                        ll[2 * mt] *= alpha_0
+                        ll[2 * mt + 1] *= alpha_1
+                        _rescale(acc, mt, alpha_0, alpha_1)
+                    ms_0 = (m[2 * mt] if m[2 * mt] != NEG_INF else float32(0.0)) * sl2
+                    ms_1 = (m[2 * mt + 1] if m[2 * mt + 1] != NEG_INF else float32(0.0)) * sl2
+                else:
+                    mu_0 = mx_0 if mx_0 != NEG_INF else float32(0.0)
+                    mu_1 = mx_1 if mx_1 != NEG_INF else float32(0.0)
+                    alpha_0 = tc.ex2((m[2 * mt] - mu_0) * sl2)
+                    alpha_1 = tc.ex2((m[2 * mt + 1] - mu_1) * sl2)
+                    m[2 * mt] = mx_0
+                    m[2 * mt + 1] = mx_1
+                    ms_0 = mu_0 * sl2
+                    ms_1 = mu_1 * sl2
                 ps_0 = float32(0.0)
                 ps_1 = float32(0.0)
                 for nt in range(NS):
@@ -205,17 +235,16 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool):
                     y = 4 * (mt * KV + nt // 2) + 2 * (nt % 2)
                     pa[y] = tc.pack_f16x2(p0, p1)
                     pa[y + 1] = tc.pack_f16x2(p2, p3)
-                ll[2 * mt] = ll[2 * mt] * alpha_0 + ps_0
-                ll[2 * mt + 1] = ll[2 * mt + 1] * alpha_1 + ps_1
-                for nt in range(NO):
-                    x = 4 * (mt * NO + nt)
-                    acc[x] *= alpha_0
-                    acc[x + 1] *= alpha_0
-                    acc[x + 2] *= alpha_1
-                    acc[x + 3] *= alpha_1
+                if LAZY:
+                    ll[2 * mt] += ps_0
+                    ll[2 * mt + 1] += ps_1
+                else:
+                    ll[2 * mt] = ll[2 * mt] * alpha_0 + ps_0
+                    ll[2 * mt + 1] = ll[2 * mt + 1] * alpha_1 + ps_1
+                    _rescale(acc, mt, alpha_0, alpha_1)
             for kk in range(KV):
                 for n2 in range(NO // 2):
-                    tc.ldsm_x4_trans_a(kb, 0, sm, sbase, loff, vofs, S, 16 * kk, 16 * n2)
+                    tc.ldsm_x4_trans(kb, 0, sm, tc.tile_addr(sbase, loff, vofs, S, 16 * kk, 16 * n2), S)
                     for mt in range(MT):
                         tc.mma(acc, 4 * (mt * NO + 2 * n2), pa, 4 * (mt * KV + kk), kb[0], kb[1])
                         tc.mma(acc, 4 * (mt * NO + 2 * n2 + 1), pa, 4 * (mt * KV + kk), kb[2], kb[3])
@@ -249,8 +278,8 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool):
 
 
 @cache
-def kernel(d: int, bc: int, nw: int, mt: int, causal: bool, qreg: bool):
-    fn, nt, br = _source(d, bc, nw, mt, causal, qreg)
+def kernel(d: int, bc: int, nw: int, mt: int, causal: bool, qreg: bool, lazy: bool = True):
+    fn, nt, br = _source(d, bc, nw, mt, causal, qreg, lazy)
     return tc.jit_kernel(fn, nt), nt, br
 
 
@@ -259,20 +288,36 @@ def signature():
     return types.void(a4, a4, a4, a4, types.Array(float32, 3, "C"), float32, float32)
 
 
-def default_config(d: int) -> dict:
+def default_config_v3(d: int) -> dict:
     """Block shape per head dim: Bc, warps, m-tiles per warp, Q fragments held in registers."""
-    if d <= 64:
-        return dict(bc=64, nw=4, mt=2, qreg=True)
-    return dict(bc=64, nw=4, mt=2, qreg=False)
+    return dict(bc=64, nw=4, mt=2, qreg=d <= 64)
+
+
+def default_config_v4(d: int) -> dict:
+    """v3's, but at d = 128 Bc = 32 with Q's fragments in registers (H200, B·H = 16: 165-291 TFLOP/s at
+    N = 4,096-16,384, 1.58-1.69x naive, against 99-189 for Bc = 64 with Q re-read from shared
+    memory; 8 warps x 1 m-tile 153-224)."""
+    return dict(bc=64 if d <= 64 else 32, nw=4, mt=2, qreg=True)
 
 
 def supports(dtype, d: int) -> bool:
     return np.dtype(dtype) == np.float16 and d % 8 == 0 and 8 <= d <= 256
 
 
-def forward(q, k, v, *, causal=False, scale=None, return_lse=False, **config):
-    """O (and L) for fp16 (B, H, N, d) inputs; ``config`` overrides :func:`default_config`."""
-    from ._launch import launch_forward
+def _version(name: str, lazy: bool, default_config):
+    kern = partial(kernel, lazy=lazy)
 
-    return launch_forward(__name__, kernel, smem_bytes, default_config, supports, q, k, v, causal=causal,
-                          scale=scale, return_lse=return_lse, config=config)
+    def forward(q, k, v, *, causal=False, scale=None, return_lse=False, **config):
+        """O (and L) for fp16 (B, H, N, d) inputs; ``config`` overrides the version's
+        ``default_config``."""
+        return launch_forward(name, kern, smem_bytes, default_config, supports, q, k, v, causal=causal,
+                              scale=scale, return_lse=return_lse, config=config)
+
+    return SimpleNamespace(name=name, forward=forward, kernel=kern, default_config=default_config,
+                           supports=supports, smem_bytes=smem_bytes, signature=signature,
+                           SOURCES={"fwd": (partial(_source, LAZY=lazy), signature)})
+
+
+#: The versions by the names the records use (:func:`kernels.perf.variant`).
+VERSIONS = {"fwd_fp16_v3": _version("fwd_fp16_v3", False, default_config_v3),
+            "fwd_fp16_v4": _version("fwd_fp16_v4", True, default_config_v4)}

@@ -1,6 +1,7 @@
-"""fwd_fp32_v1: FlashAttention-2 forward in exact fp32 on the CUDA cores, register-tiled like an SGEMM.
+"""The fp32 forward, one version: ``fwd_fp32_v1``, FlashAttention-2 in exact fp32 on the CUDA cores,
+register-tiled like an SGEMM (shipped).
 
-What it is.  The fp32 counterpart of fwd_fp16_v3: same module API, arguments and conventions
+What it is.  The fp32 counterpart of fwd_fp16 (v3): same module API, arguments and conventions
 (grid (Tr, B·H), causal aligned bottom-right with the longest query blocks launched first,
 grouped-query attention, keys >= Nk masked, a row that sees no key gets O = 0 and L = -inf),
 but every product is an FFMA: no tensor cores and no TF32, so O matches the float64 reference
@@ -47,37 +48,22 @@ constants in constant-trip loops, d is a compile-time constant, and shared memor
 addressed by 32-bit window addresses: a thread's base address is computed once and every
 load adds an immediate.
 
-Prediction (d = 64, Bc = 64, RM = 4, NW = 4).  Per key block a thread issues 4,096 FFMA
-against 384 LDS.128, 64 MUFU.EX2, ~100 softmax/mask instructions and ~40 copy instructions:
-FFMA is ~85% of the issued instructions, so issue-bound the kernel tops out near 0.85 x 67 =
-57 TFLOP/s.  Shared memory: 384 one-wavefront loads per 4,096 FFMA cycles per warp, so with
-four warps per scheduler slot the LSU is ~40% busy, not the limit.  What will hold it back is
-latency with 12 warps per SM (3 per scheduler) and the two barriers per block; I expect
-~55-65% of the FMA peak, 35-42 TFLOP/s at N >= 4096, i.e. 1.4-1.7x the naive fp32 attention.
-d = 128 (Bc = 32, two blocks per SM) about the same FFMA share, more latency-bound: ~30-35.
-
-Measured (H200, torch naive fp32 attention with TF32 off in the same run, ``kernels.bench`` and
-``kernels.perf.tune``; exact: 1.2e-6 relative at N = 4,096, 2.3e-6 at 16,384).  d = 64: 35.7
-TFLOP/s at N = 4,096 (B·H = 64), 38.0 at 16,384 (B·H = 16): 1.30-1.31x naive, ~1.0-1.1x SDPA's
-memory-efficient backend (the one SDPA backend that takes fp32); causal 33-36, 3.9-4.0x naive
-(naive computes the masked half).  The prediction's 35-42 held at the low end.  Tuning at d = 64
-(B·H = 16): minb=2 (ptxas capped at 128 registers, 3 → 4 blocks per SM) +5-10%, now the default;
-8 warps +1-8%; RM = 2 (8 rows per warp) -25%: the S micro-tile halves and loads per FFMA double.
-d = 128: 35 TFLOP/s, 0.93-0.96x naive: naive's SGEMMs run at ~38 there (longer K), while this
-kernel holds Bc = 32 (a 64-key block needs 2x the P̃ and V shared memory: Bc = 64 measured -11%).
+Measured (H200): d = 64 35.7-38.0 TFLOP/s, 1.30-1.31x naive (predicted 35-42); d = 128 35,
+0.93-0.96x.  The prediction, the measurements and the tuning: ``kernels/perf/NOTES.md`` ("fp32").
 """
 
 from __future__ import annotations
 
 import math
 from functools import cache
+from types import SimpleNamespace
 
 import numpy as np
 from numba import cuda, float32, types
 
+from ..flash2 import padded_head_dim
 from . import tc
 
-LOG2E = 1.4426950408889634
 NEG_INF = float32(-math.inf)
 #: Device functions are inlined into the kernel (the simulator's jit has no such option).
 _device = cuda.jit(device=True) if tc.SIM else cuda.jit(device=True, forceinline=True)
@@ -96,7 +82,7 @@ def smem_bytes(dp: int, br: int, bc: int) -> int:
 
 
 def _source(D: int, BC: int, NW: int, RM: int, CAUSAL: bool, UNROLL: int = 2):
-    D16 = -(-D // 16) * 16
+    D16 = padded_head_dim(D)
     QKS, VS, PS = _strides(D16, BC)
     TN = BC // 8  # keys of S per thread
     NV = VS // 32  # 4-column groups of O per thread
@@ -347,5 +333,12 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, **config):
     """O (and L) for fp32 (B, H, N, d) inputs; ``config`` overrides :func:`default_config`."""
     from ._launch import launch_forward
 
-    return launch_forward(__name__, kernel, smem_bytes, default_config, supports, q, k, v, causal=causal,
+    return launch_forward("fwd_fp32_v1", kernel, smem_bytes, default_config, supports, q, k, v, causal=causal,
                           scale=scale, return_lse=return_lse, config=config)
+
+
+#: The versions by the names the records use (:func:`kernels.perf.variant`).
+VERSIONS = {"fwd_fp32_v1": SimpleNamespace(name="fwd_fp32_v1", forward=forward, kernel=kernel,
+                                           default_config=default_config, supports=supports,
+                                           smem_bytes=smem_bytes, signature=signature,
+                                           SOURCES={"fwd": (_source, signature)})}

@@ -1,0 +1,996 @@
+"""The fp16 backward on the tensor cores (``mma.sync`` m16n8k16), two versions.
+
+Both recompute P from Q, K and L (the reference backward's semantics, ``kernels/flash2.py``):
+D = rowsum(dO ∘ O) first (:func:`kernels.perf._launch.row_dots`); key columns >= Nk and causal
+entries (bottom-right aligned) get P = 0; rows that see no key have L = +inf in log2 units, so
+P = 0 there too; grouped-query attention sums dK, dV over the query heads of a kv head.  The
+helpers, fragment layouts and instruction-count lessons are ``fwd_fp16``'s (and
+:mod:`kernels.perf.tc`'s).  Measurements: ``kernels/perf/NOTES.md`` ("fp16 backward").
+
+* ``bwd_fp16_v1``: the reference's deterministic pair of kernels (dK/dV per key block, then dQ
+  per query block, no atomics) on the tensor cores: 7 products where a backward with atomics
+  does 5.  H100 (bench_h100.csv): 1.58-1.81x naive at d = 64; d = 128 0.82-0.86x.  Shipped at
+  d <= 64 and wherever v3 does not apply.
+* ``bwd_fp16_v3``: one kernel per key block with dQ by ``red.global.add.v2.f32`` into a float32
+  buffer, Pᵀ and dSᵀ through shared memory, 2-D warp tiles in every product (0.45 ldmatrix per
+  mma against v1's 0.63).  H100: d = 128 221-243 TFLOP/s, 1.28-1.32x naive, 1.53-1.57x v1 in
+  the same run; d = 64 within noise of v1.  Shipped at d = 128.
+  (Its step from the one-kernel bwd_fp16_v2, 1-D warp tiles, is read at commit f09d49e.)
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+from types import SimpleNamespace
+
+import numpy as np
+from numba import cuda, float32, int32, types, uint32
+
+from ..flash2 import padded_head_dim
+from . import tc
+from ._launch import LOG2E, dq_to_f16, finish_dq, prepare_backward, raise_smem_limit, row_dots, zeroed_dq
+from ._launch import saved_forward as saved_forward  # the shipped forward (BEST) of the dtype
+
+NEG_INF = float32(-math.inf)
+POS_INF = float32(math.inf)
+
+
+# ---------------------------------------------------------------------------------------------
+# bwd_fp16_v1: two deterministic kernels.
+#
+# * dK, dV (grid (Tc, B·Hkv)): warp w owns 16·MT keys of K_j, V_j, whose A fragments it keeps in
+#   registers (``KVREG``) or re-reads from shared memory (d = 128).  For each query head of the
+#   kv head's group and each query block i that can see the key block (Q_i, dO_i double-buffered
+#   through cp.async; L_i and D_i beside them in fp32):
+#
+#       Sᵀ  = K_j Q_iᵀ                    (keys x queries, f32 in registers)
+#       Pᵀ  = 2^(Sᵀ·τlog2e − L·log2e)      (L = +inf for rows that see no key: P = 0)
+#       dV += Pᵀ dO_i                     (Pᵀ packed to f16 in the A layout, as P in the forward)
+#       dPᵀ = V_j dO_iᵀ
+#       dSᵀ = Pᵀ ∘ (dPᵀ − D)
+#       dK += dSᵀ Q_i                     (τ applied once at the end)
+#
+# * dQ (grid (Tr, B·H)): warp w owns 16·MT query rows; for each visible key block j (K_j, V_j
+#   double-buffered): S = Q_i K_jᵀ, P, dP = dO_i V_jᵀ, dS = P ∘ (dP − D), dQ += dS K_j.
+#
+# S and P are computed twice (once per kernel), the price of determinism; FLOPs are still
+# counted as 2.5x the forward's (flash-attention's convention), so the TFLOP/s understate the
+# work done by 7/5.
+
+
+def smem_bytes_dkdv_v1(d: int, bkey: int, bq: int) -> int:
+    s = padded_head_dim(d) + 8
+    return 2 * s * (2 * bkey + 4 * bq) + 4 * 4 * bq  # K, V; Q, dO double-buffered; L·log2e, D (x2)
+
+
+def smem_bytes_dq_v1(d: int, bq: int, bkey: int) -> int:
+    s = padded_head_dim(d) + 8
+    return 2 * s * (2 * bq + 4 * bkey) + 4 * 2 * bq  # Q, dO; K, V double-buffered; L·log2e, D
+
+
+# ---------------------------------------------------------------------------------------------
+# dK, dV
+
+
+def _dkdv_source_v1(D: int, BQ: int, NW: int, MT: int, CAUSAL: bool, KVREG: bool):
+    DP = padded_head_dim(D)
+    BK = 16 * NW * MT  # keys per block
+    NT = 32 * NW
+    S = DP + 8
+    KT = DP // 16  # k-steps over d (Sᵀ, dPᵀ)
+    NQ = BQ // 8  # n-tiles over queries (Sᵀ, dPᵀ)
+    KQ = BQ // 16  # k-steps over queries (dV, dK)
+    NO = DP // 8  # n-tiles over d (dV, dK)
+    CH = D // 8
+    CPT = -(-BQ * CH // NT)  # 16-byte chunks of a Q (or dO) tile per thread
+    NKV = 4 * KT * MT if KVREG else 4 * MT
+    NS4, NACC, NPA = 4 * NQ * MT, 4 * NO * MT, 4 * KQ * MT
+    KOFF = 0
+    VOFF = BK * S
+    QOFF = 2 * BK * S  # Q buffers 0, 1
+    OOFF = QOFF + 2 * BQ * S  # dO buffers 0, 1
+    FOFF = (OOFF + 2 * BQ * S) // 2  # f32 words: L·log2e (2 x BQ), then D (2 x BQ)
+
+    def dkdv(q, k, v, do, lse, dvec, dk, dv, sl2, scale):
+        sm = cuda.shared.array(0, types.float16)
+        smf = cuda.shared.array(0, float32)  # the same bytes as f32 words
+        smw = cuda.shared.array(0, uint32)
+        tid = cuda.threadIdx.x
+        warp = tid // 32
+        lane = tid % 32
+        t = lane % 4
+        g = lane // 4
+        j = cuda.blockIdx.x
+        bk = cuda.blockIdx.y
+        nhk = k.shape[1]
+        b = bk // nhk
+        hk = bk % nhk
+        nh = q.shape[1]
+        group = nh // nhk
+        nq = q.shape[2]
+        nk = k.shape[2]
+        shift = nk - nq
+        c0 = j * BK
+        sbase = tc.smem_u32(sm)
+        loff = tc.lane_offset(S)
+        loffb = tc.lane_offset_b(S)
+        if DP > D:
+            for e in range(tid, (2 * BK + 4 * BQ) * (DP - D), NT):
+                sm[(e // (DP - D)) * S + D + e % (DP - D)] = 0.0
+        kbase = ((b * nhk + hk) * nk) * D
+        for e in range(tid, BK * CH, NT):
+            r = e // CH
+            c = (e % CH) * 8
+            ok = c0 + r < nk
+            goff = kbase + ((c0 + r) if ok else 0) * D + c
+            tc.cp_async16_a(sm, sbase, KOFF + r * S + c, k, goff, 8 if ok else 0)
+            tc.cp_async16_a(sm, sbase, VOFF + r * S + c, v, goff, 8 if ok else 0)
+        # Query blocks that see key block j: causal rows r see keys <= r + shift, so the first
+        # is the one holding row c0 - shift.
+        tr = (nq + BQ - 1) // BQ
+        i0 = 0
+        if CAUSAL:
+            i0 = max(0, c0 - shift) // BQ
+        nblk = max(0, tr - i0) if c0 < nk else 0
+        total = group * nblk
+        # This thread's chunks of a Q/dO tile: row crow[u], offsets in memory and shared memory.
+        crow = cuda.local.array(CPT, int32)
+        cgof = cuda.local.array(CPT, int32)
+        csof = cuda.local.array(CPT, int32)
+        for u in range(CPT):
+            e = tid + u * NT
+            crow[u] = e // CH
+            cgof[u] = (e // CH) * D + (e % CH) * 8
+            csof[u] = (e // CH) * S + (e % CH) * 8
+        # Prefetch step 0 (head hk·group, block i0) with K_j, V_j.
+        if total > 0:
+            qb = ((b * nh + hk * group) * nq + i0 * BQ) * D
+            for u in range(CPT):
+                if CPT * NT == BQ * CH or tid + u * NT < BQ * CH:
+                    ok = i0 * BQ + crow[u] < nq
+                    goff = qb + cgof[u] if ok else 0
+                    tc.cp_async16_a(sm, sbase, QOFF + csof[u], q, goff, 8 if ok else 0)
+                    tc.cp_async16_a(sm, sbase, OOFF + csof[u], do, goff, 8 if ok else 0)
+            for r in range(tid, BQ, NT):
+                row = i0 * BQ + r
+                lv = lse[b, hk * group, row] if row < nq else NEG_INF
+                smf[FOFF + r] = lv * float32(LOG2E) if lv != NEG_INF else POS_INF
+                smf[FOFF + 2 * BQ + r] = dvec[b, hk * group, row] if row < nq else float32(0.0)
+        tc.cp_async_commit()
+        kf = cuda.local.array(NKV, uint32)
+        vf = cuda.local.array(NKV, uint32)
+        acck = cuda.local.array(NACC, float32)
+        accv = cuda.local.array(NACC, float32)
+        for e in range(NACC):
+            acck[e] = 0.0
+            accv[e] = 0.0
+        s = cuda.local.array(NS4, float32)
+        dp = cuda.local.array(NS4, float32)
+        pa = cuda.local.array(NPA, uint32)
+        fb = cuda.local.array(4, uint32)
+        for it in range(total):
+            buf = it % 2
+            i = i0 + it % nblk
+            r0 = i * BQ
+            if it + 1 < total:
+                nb_ = (it + 1) % 2
+                hn = hk * group + (it + 1) // nblk
+                rn = (i0 + (it + 1) % nblk) * BQ
+                qb = ((b * nh + hn) * nq + rn) * D
+                for u in range(CPT):
+                    if CPT * NT == BQ * CH or tid + u * NT < BQ * CH:
+                        ok = rn + crow[u] < nq
+                        goff = qb + cgof[u] if ok else 0
+                        so = nb_ * (BQ * S) + csof[u]
+                        tc.cp_async16_a(sm, sbase, QOFF + so, q, goff, 8 if ok else 0)
+                        tc.cp_async16_a(sm, sbase, OOFF + so, do, goff, 8 if ok else 0)
+                for r in range(tid, BQ, NT):
+                    row = rn + r
+                    lv = lse[b, hn, row] if row < nq else NEG_INF
+                    smf[FOFF + nb_ * BQ + r] = lv * float32(LOG2E) if lv != NEG_INF else POS_INF
+                    smf[FOFF + 2 * BQ + nb_ * BQ + r] = dvec[b, hn, row] if row < nq else float32(0.0)
+            tc.cp_async_commit()
+            tc.cp_async_wait(1)
+            cuda.syncthreads()  # Q_i, dO_i, L_i, D_i (and K_j, V_j the first time) have landed
+            if it == 0 and KVREG:
+                for mt in range(MT):
+                    for kk in range(KT):
+                        tc.ldsm_x4(kf, 4 * (mt * KT + kk), sm,
+                                   tc.tile_addr(sbase, loff, KOFF, S, 16 * (NW * mt + warp), 16 * kk), S)
+                        tc.ldsm_x4(vf, 4 * (mt * KT + kk), sm,
+                                   tc.tile_addr(sbase, loff, VOFF, S, 16 * (NW * mt + warp), 16 * kk), S)
+            qofs = QOFF + buf * BQ * S
+            oofs = OOFF + buf * BQ * S
+            lofs = FOFF + buf * BQ
+            dofs = FOFF + 2 * BQ + buf * BQ
+            # Sᵀ = K Q_iᵀ and dPᵀ = V dO_iᵀ: both have B operands stored [query, d].
+            for kk in range(KT):
+                if not KVREG:
+                    for mt in range(MT):
+                        tc.ldsm_x4(kf, 4 * mt, sm,
+                                   tc.tile_addr(sbase, loff, KOFF, S, 16 * (NW * mt + warp), 16 * kk), S)
+                        tc.ldsm_x4(vf, 4 * mt, sm,
+                                   tc.tile_addr(sbase, loff, VOFF, S, 16 * (NW * mt + warp), 16 * kk), S)
+                for n2 in range(NQ // 2):
+                    tc.ldsm_x4_b(fb, 0, sm, tc.tile_addr(sbase, loffb, qofs, S, 16 * n2, 16 * kk), S)
+                    for mt in range(MT):
+                        ai = 4 * (mt * KT + kk) if KVREG else 4 * mt
+                        x = 4 * (mt * NQ + 2 * n2)
+                        if kk == 0:
+                            tc.mma_z(s, x, kf, ai, fb[0], fb[1])
+                            tc.mma_z(s, x + 4, kf, ai, fb[2], fb[3])
+                        else:
+                            tc.mma(s, x, kf, ai, fb[0], fb[1])
+                            tc.mma(s, x + 4, kf, ai, fb[2], fb[3])
+                    tc.ldsm_x4_b(fb, 0, sm, tc.tile_addr(sbase, loffb, oofs, S, 16 * n2, 16 * kk), S)
+                    for mt in range(MT):
+                        ai = 4 * (mt * KT + kk) if KVREG else 4 * mt
+                        x = 4 * (mt * NQ + 2 * n2)
+                        if kk == 0:
+                            tc.mma_z(dp, x, vf, ai, fb[0], fb[1])
+                            tc.mma_z(dp, x + 4, vf, ai, fb[2], fb[3])
+                        else:
+                            tc.mma(dp, x, vf, ai, fb[0], fb[1])
+                            tc.mma(dp, x + 4, vf, ai, fb[2], fb[3])
+            # Pᵀ and dSᵀ, element by element: lane holds keys (g, g+8) of each m-tile and
+            # queries 8·nt + 2t, +1 of each n-tile.
+            diag = CAUSAL and r0 + shift < c0 + BK - 1  # some key of the block is after some query
+            for mt in range(MT):
+                key0 = c0 + 16 * (NW * mt + warp) + g
+                for nt in range(NQ):
+                    x = 4 * (mt * NQ + nt)
+                    qc = 8 * nt + 2 * t
+                    l0 = smf[lofs + qc]
+                    l1 = smf[lofs + qc + 1]
+                    d0 = smf[dofs + qc]
+                    d1 = smf[dofs + qc + 1]
+                    p0 = tc.ex2(s[x] * sl2 - l0)
+                    p1 = tc.ex2(s[x + 1] * sl2 - l1)
+                    p2 = tc.ex2(s[x + 2] * sl2 - l0)
+                    p3 = tc.ex2(s[x + 3] * sl2 - l1)
+                    if diag:
+                        if key0 > r0 + qc + shift:
+                            p0 = float32(0.0)
+                        if key0 > r0 + qc + 1 + shift:
+                            p1 = float32(0.0)
+                        if key0 + 8 > r0 + qc + shift:
+                            p2 = float32(0.0)
+                        if key0 + 8 > r0 + qc + 1 + shift:
+                            p3 = float32(0.0)
+                    y = 4 * (mt * KQ + nt // 2) + 2 * (nt % 2)
+                    pa[y] = tc.pack_f16x2(p0, p1)
+                    pa[y + 1] = tc.pack_f16x2(p2, p3)
+                    dp[x] = p0 * (dp[x] - d0)
+                    dp[x + 1] = p1 * (dp[x + 1] - d1)
+                    dp[x + 2] = p2 * (dp[x + 2] - d0)
+                    dp[x + 3] = p3 * (dp[x + 3] - d1)
+            # dV += Pᵀ dO_i (B = dO stored [query, d]: transposed loads).
+            for kk in range(KQ):
+                for n2 in range(NO // 2):
+                    tc.ldsm_x4_trans(fb, 0, sm, tc.tile_addr(sbase, loff, oofs, S, 16 * kk, 16 * n2), S)
+                    for mt in range(MT):
+                        tc.mma(accv, 4 * (mt * NO + 2 * n2), pa, 4 * (mt * KQ + kk), fb[0], fb[1])
+                        tc.mma(accv, 4 * (mt * NO + 2 * n2 + 1), pa, 4 * (mt * KQ + kk), fb[2], fb[3])
+            # dK += dSᵀ Q_i: dSᵀ packed to f16 in the A layout (reusing pa).
+            for mt in range(MT):
+                for nt in range(NQ):
+                    x = 4 * (mt * NQ + nt)
+                    y = 4 * (mt * KQ + nt // 2) + 2 * (nt % 2)
+                    pa[y] = tc.pack_f16x2(dp[x], dp[x + 1])
+                    pa[y + 1] = tc.pack_f16x2(dp[x + 2], dp[x + 3])
+            for kk in range(KQ):
+                for n2 in range(NO // 2):
+                    tc.ldsm_x4_trans(fb, 0, sm, tc.tile_addr(sbase, loff, qofs, S, 16 * kk, 16 * n2), S)
+                    for mt in range(MT):
+                        tc.mma(acck, 4 * (mt * NO + 2 * n2), pa, 4 * (mt * KQ + kk), fb[0], fb[1])
+                        tc.mma(acck, 4 * (mt * NO + 2 * n2 + 1), pa, 4 * (mt * KQ + kk), fb[2], fb[3])
+            cuda.syncthreads()  # every warp is done with buffer it % 2 before it is refilled
+        tc.cp_async_wait(0)
+        cuda.syncthreads()  # K_j, V_j landed even when no query block was visible
+        # Epilogue: dK·τ and dV, packed to f16 into the warp's own rows of the K and V tiles
+        # (only this warp read them), then 16 bytes per thread to memory.
+        for mt in range(MT):
+            rl = 16 * (NW * mt + warp) + g
+            for nt in range(NO):
+                x = 4 * (mt * NO + nt)
+                w0 = (rl * S + 8 * nt + 2 * t) // 2
+                smw[KOFF // 2 + w0] = tc.pack_f16x2(acck[x] * scale, acck[x + 1] * scale)
+                smw[KOFF // 2 + w0 + 4 * S] = tc.pack_f16x2(acck[x + 2] * scale, acck[x + 3] * scale)
+                smw[VOFF // 2 + w0] = tc.pack_f16x2(accv[x], accv[x + 1])
+                smw[VOFF // 2 + w0 + 4 * S] = tc.pack_f16x2(accv[x + 2], accv[x + 3])
+        cuda.syncthreads()
+        for e in range(tid, BK * CH, NT):
+            r = e // CH
+            c = (e % CH) * 8
+            if c0 + r < nk:
+                tc.st_global16_a(dk, kbase + (c0 + r) * D + c, sm, sbase, KOFF + r * S + c)
+                tc.st_global16_a(dv, kbase + (c0 + r) * D + c, sm, sbase, VOFF + r * S + c)
+
+    return dkdv, NT, BK
+
+
+# ---------------------------------------------------------------------------------------------
+# dQ
+
+
+def _dq_source_v1(D: int, BK: int, NW: int, MT: int, CAUSAL: bool, QREG: bool):
+    DP = padded_head_dim(D)
+    BQ = 16 * NW * MT  # query rows per block
+    NT = 32 * NW
+    S = DP + 8
+    KT = DP // 16  # k-steps over d (S, dP)
+    NS = BK // 8  # n-tiles over keys (S, dP)
+    KK = BK // 16  # k-steps over keys (dQ)
+    NO = DP // 8  # n-tiles over d (dQ)
+    CH = D // 8
+    CPT = -(-BK * CH // NT)
+    NQA = 4 * KT * MT if QREG else 4 * MT
+    NS4, NACC, NPA, M2 = 4 * NS * MT, 4 * NO * MT, 4 * KK * MT, 2 * MT
+    QOFF = 0
+    OOFF = BQ * S
+    KOFF = 2 * BQ * S  # K buffers 0, 1
+    VOFF = KOFF + 2 * BK * S  # V buffers 0, 1
+
+    def dq_kernel(q, k, v, do, lse, dvec, dq, sl2, scale):
+        sm = cuda.shared.array(0, types.float16)
+        smw = cuda.shared.array(0, uint32)
+        tid = cuda.threadIdx.x
+        warp = tid // 32
+        lane = tid % 32
+        t = lane % 4
+        g = lane // 4
+        i = cuda.gridDim.x - 1 - cuda.blockIdx.x if CAUSAL else cuda.blockIdx.x
+        bh = cuda.blockIdx.y
+        nh = q.shape[1]
+        b = bh // nh
+        h = bh % nh
+        hk = h // (nh // k.shape[1])
+        nq = q.shape[2]
+        nk = k.shape[2]
+        shift = nk - nq
+        r0 = i * BQ
+        sbase = tc.smem_u32(sm)
+        loff = tc.lane_offset(S)
+        loffb = tc.lane_offset_b(S)
+        if DP > D:
+            for e in range(tid, (2 * BQ + 4 * BK) * (DP - D), NT):
+                sm[(e // (DP - D)) * S + D + e % (DP - D)] = 0.0
+        qbase = ((b * nh + h) * nq) * D
+        kbase = ((b * k.shape[1] + hk) * nk) * D
+        tck = (nk + BK - 1) // BK
+        nblk = tck
+        if CAUSAL:
+            nblk = min(tck, max(0, (min(r0 + BQ, nq) - 1 + shift + BK) // BK))
+        for e in range(tid, BQ * CH, NT):
+            r = e // CH
+            c = (e % CH) * 8
+            ok = r0 + r < nq
+            goff = qbase + (r0 + r if ok else 0) * D + c
+            tc.cp_async16_a(sm, sbase, QOFF + r * S + c, q, goff, 8 if ok else 0)
+            tc.cp_async16_a(sm, sbase, OOFF + r * S + c, do, goff, 8 if ok else 0)
+        crow = cuda.local.array(CPT, int32)
+        cgof = cuda.local.array(CPT, int32)
+        csof = cuda.local.array(CPT, int32)
+        for u in range(CPT):
+            e = tid + u * NT
+            crow[u] = e // CH
+            cgof[u] = (e // CH) * D + (e % CH) * 8
+            csof[u] = (e // CH) * S + (e % CH) * 8
+        if nblk > 0:
+            for u in range(CPT):
+                if CPT * NT == BK * CH or tid + u * NT < BK * CH:
+                    ok = crow[u] < nk
+                    goff = kbase + cgof[u] if ok else kbase
+                    tc.cp_async16_a(sm, sbase, KOFF + csof[u], k, goff, 8 if ok else 0)
+                    tc.cp_async16_a(sm, sbase, VOFF + csof[u], v, goff, 8 if ok else 0)
+        tc.cp_async_commit()
+        # Each lane's rows: g and g + 8 of every m-tile; their L·log2e (+inf: row sees nothing)
+        # and D, kept in registers.
+        lr = cuda.local.array(M2, float32)
+        dr = cuda.local.array(M2, float32)
+        for mt in range(MT):
+            for e in range(2):
+                row = r0 + 16 * (NW * mt + warp) + g + 8 * e
+                lv = lse[b, h, row] if row < nq else NEG_INF
+                lr[2 * mt + e] = lv * float32(LOG2E) if lv != NEG_INF else POS_INF
+                dr[2 * mt + e] = dvec[b, h, row] if row < nq else float32(0.0)
+        qa = cuda.local.array(NQA, uint32)
+        oa = cuda.local.array(NQA, uint32)
+        acc = cuda.local.array(NACC, float32)
+        for e in range(NACC):
+            acc[e] = 0.0
+        s = cuda.local.array(NS4, float32)
+        dp = cuda.local.array(NS4, float32)
+        pa = cuda.local.array(NPA, uint32)
+        fb = cuda.local.array(4, uint32)
+        for j in range(nblk):
+            buf = j % 2
+            c0 = j * BK
+            if j + 1 < nblk:
+                nb_ = (j + 1) % 2
+                gnext = kbase + (c0 + BK) * D
+                for u in range(CPT):
+                    if CPT * NT == BK * CH or tid + u * NT < BK * CH:
+                        ok = c0 + BK + crow[u] < nk
+                        goff = gnext + cgof[u] if ok else kbase
+                        so = nb_ * (BK * S) + csof[u]
+                        tc.cp_async16_a(sm, sbase, KOFF + so, k, goff, 8 if ok else 0)
+                        tc.cp_async16_a(sm, sbase, VOFF + so, v, goff, 8 if ok else 0)
+            tc.cp_async_commit()
+            tc.cp_async_wait(1)
+            cuda.syncthreads()  # K_j, V_j (and Q_i, dO_i the first time) have landed
+            if j == 0 and QREG:
+                for mt in range(MT):
+                    for kk in range(KT):
+                        tc.ldsm_x4(qa, 4 * (mt * KT + kk), sm,
+                                   tc.tile_addr(sbase, loff, QOFF, S, 16 * (NW * mt + warp), 16 * kk), S)
+                        tc.ldsm_x4(oa, 4 * (mt * KT + kk), sm,
+                                   tc.tile_addr(sbase, loff, OOFF, S, 16 * (NW * mt + warp), 16 * kk), S)
+            kofs = KOFF + buf * BK * S
+            vofs = VOFF + buf * BK * S
+            # S = Q_i K_jᵀ and dP = dO_i V_jᵀ: B operands stored [key, d].
+            for kk in range(KT):
+                if not QREG:
+                    for mt in range(MT):
+                        tc.ldsm_x4(qa, 4 * mt, sm,
+                                   tc.tile_addr(sbase, loff, QOFF, S, 16 * (NW * mt + warp), 16 * kk), S)
+                        tc.ldsm_x4(oa, 4 * mt, sm,
+                                   tc.tile_addr(sbase, loff, OOFF, S, 16 * (NW * mt + warp), 16 * kk), S)
+                for n2 in range(NS // 2):
+                    tc.ldsm_x4_b(fb, 0, sm, tc.tile_addr(sbase, loffb, kofs, S, 16 * n2, 16 * kk), S)
+                    for mt in range(MT):
+                        ai = 4 * (mt * KT + kk) if QREG else 4 * mt
+                        x = 4 * (mt * NS + 2 * n2)
+                        if kk == 0:
+                            tc.mma_z(s, x, qa, ai, fb[0], fb[1])
+                            tc.mma_z(s, x + 4, qa, ai, fb[2], fb[3])
+                        else:
+                            tc.mma(s, x, qa, ai, fb[0], fb[1])
+                            tc.mma(s, x + 4, qa, ai, fb[2], fb[3])
+                    tc.ldsm_x4_b(fb, 0, sm, tc.tile_addr(sbase, loffb, vofs, S, 16 * n2, 16 * kk), S)
+                    for mt in range(MT):
+                        ai = 4 * (mt * KT + kk) if QREG else 4 * mt
+                        x = 4 * (mt * NS + 2 * n2)
+                        if kk == 0:
+                            tc.mma_z(dp, x, oa, ai, fb[0], fb[1])
+                            tc.mma_z(dp, x + 4, oa, ai, fb[2], fb[3])
+                        else:
+                            tc.mma(dp, x, oa, ai, fb[0], fb[1])
+                            tc.mma(dp, x + 4, oa, ai, fb[2], fb[3])
+            edge = c0 + BK > nk or (CAUSAL and c0 + BK - 1 > r0 + shift)
+            for mt in range(MT):
+                row = r0 + 16 * (NW * mt + warp) + g
+                for nt in range(NS):
+                    x = 4 * (mt * NS + nt)
+                    col = c0 + 8 * nt + 2 * t
+                    p0 = tc.ex2(s[x] * sl2 - lr[2 * mt])
+                    p1 = tc.ex2(s[x + 1] * sl2 - lr[2 * mt])
+                    p2 = tc.ex2(s[x + 2] * sl2 - lr[2 * mt + 1])
+                    p3 = tc.ex2(s[x + 3] * sl2 - lr[2 * mt + 1])
+                    if edge:
+                        if col >= nk or (CAUSAL and col > row + shift):
+                            p0 = float32(0.0)
+                        if col + 1 >= nk or (CAUSAL and col + 1 > row + shift):
+                            p1 = float32(0.0)
+                        if col >= nk or (CAUSAL and col > row + 8 + shift):
+                            p2 = float32(0.0)
+                        if col + 1 >= nk or (CAUSAL and col + 1 > row + 8 + shift):
+                            p3 = float32(0.0)
+                    y = 4 * (mt * KK + nt // 2) + 2 * (nt % 2)
+                    pa[y] = tc.pack_f16x2(p0 * (dp[x] - dr[2 * mt]), p1 * (dp[x + 1] - dr[2 * mt]))
+                    pa[y + 1] = tc.pack_f16x2(p2 * (dp[x + 2] - dr[2 * mt + 1]), p3 * (dp[x + 3] - dr[2 * mt + 1]))
+            # dQ += dS K_j (B = K stored [key, d]: transposed loads).
+            for kk in range(KK):
+                for n2 in range(NO // 2):
+                    tc.ldsm_x4_trans(fb, 0, sm, tc.tile_addr(sbase, loff, kofs, S, 16 * kk, 16 * n2), S)
+                    for mt in range(MT):
+                        tc.mma(acc, 4 * (mt * NO + 2 * n2), pa, 4 * (mt * KK + kk), fb[0], fb[1])
+                        tc.mma(acc, 4 * (mt * NO + 2 * n2 + 1), pa, 4 * (mt * KK + kk), fb[2], fb[3])
+            cuda.syncthreads()  # every warp is done with buffer j % 2 before it is refilled
+        tc.cp_async_wait(0)
+        cuda.syncthreads()  # Q_i landed even when no key block was visible
+        for mt in range(MT):
+            rl = 16 * (NW * mt + warp) + g
+            for nt in range(NO):
+                x = 4 * (mt * NO + nt)
+                w0 = (QOFF + rl * S + 8 * nt + 2 * t) // 2
+                smw[w0] = tc.pack_f16x2(acc[x] * scale, acc[x + 1] * scale)
+                smw[w0 + 4 * S] = tc.pack_f16x2(acc[x + 2] * scale, acc[x + 3] * scale)
+        cuda.syncthreads()
+        for e in range(tid, BQ * CH, NT):
+            r = e // CH
+            c = (e % CH) * 8
+            if r0 + r < nq:
+                tc.st_global16_a(dq, qbase + (r0 + r) * D + c, sm, sbase, QOFF + r * S + c)
+
+    return dq_kernel, NT, BQ
+
+
+@cache
+def kernels_v1(d: int, causal: bool, bq: int, bk: int, nw: int, mt: int, reg: bool):
+    """The compiled (dkdv, dq) kernels with their threads and block rows."""
+    f1, nt1, bk1 = _dkdv_source_v1(d, bq, nw, mt, causal, reg)
+    f2, nt2, bq2 = _dq_source_v1(d, bk, nw, mt, causal, reg)
+    return (tc.jit_kernel(f1, nt1), nt1, bk1), (tc.jit_kernel(f2, nt2), nt2, bq2)
+
+
+def default_config_v1(d: int) -> dict:
+    """bq: query rows per step of the dK/dV kernel; bk: keys per step of the dQ kernel; nw warps
+    with mt m-tiles each (so 16·nw·mt keys, or query rows, per block); reg: K, V (or Q, dO)
+    fragments held in registers."""
+    if d <= 64:
+        return dict(bq=64, bk=64, nw=4, mt=1, reg=True)
+    return dict(bq=32, bk=32, nw=4, mt=1, reg=False)
+
+
+def supports_v1(dtype, d: int) -> bool:
+    return np.dtype(dtype) == np.float16 and d % 8 == 0 and 8 <= d <= 256
+
+
+def signature_dkdv_v1():
+    a4 = types.Array(types.float16, 4, "C")
+    st = types.Array(float32, 3, "C")
+    return types.void(a4, a4, a4, a4, st, st, a4, a4, float32, float32)
+
+
+def signature_dq_v1():
+    a4 = types.Array(types.float16, 4, "C")
+    st = types.Array(float32, 3, "C")
+    return types.void(a4, a4, a4, a4, st, st, a4, float32, float32)
+
+
+def backward_v1(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
+    """(dQ, dK, dV) for fp16 (B, H, N, d) inputs, O and L from the forward; ``config`` overrides
+    :func:`default_config_v1`."""
+    inp, a, (nb, nh, nhk, nq, nk, d), lse_d, cfg, sc = prepare_backward(
+        "bwd_fp16_v1 takes float16 with head_dim % 8 == 0", default_config_v1, supports_v1, q, k, v, o, lse, do,
+        scale=scale, config=config, causal=causal)
+    (kdkdv, nt1, bkey), (kdq, nt2, bqr) = kernels_v1(d, bool(causal), **cfg)
+    dvec = row_dots(inp, a, causal)
+    dq = inp.empty((nb, nh, nq, d), np.float16)
+    dk = inp.empty((nb, nhk, nk, d), np.float16)
+    dv = inp.empty((nb, nhk, nk, d), np.float16)
+    sl2, scf = float32(sc * LOG2E), float32(sc)
+    args = (a["q"], a["k"], a["v"], a["do"], lse_d, dvec, dk, dv, sl2, scf)
+    smem = smem_bytes_dkdv_v1(d, bkey, cfg["bq"])
+    raise_smem_limit(kdkdv, args, smem)
+    kdkdv[(-(-nk // bkey), nb * nhk), nt1, inp.stream, smem](*args)
+    args = (a["q"], a["k"], a["v"], a["do"], lse_d, dvec, dq, sl2, scf)
+    smem = smem_bytes_dq_v1(d, bqr, cfg["bk"])
+    raise_smem_limit(kdq, args, smem)
+    kdq[(-(-nq // bqr), nb * nh), nt2, inp.stream, smem](*args)
+    finish_dq(inp, dq)
+    return inp.out(dq), inp.out(dk), inp.out(dv)
+
+# ---------------------------------------------------------------------------------------------
+# bwd_fp16_v3: one kernel, dQ by atomics, 2-D warp tiles in every product.  Per query block i
+# (per warp and k-step of 16; d = 128: Bc = 128 keys, Br = 64 queries, 8 warps):
+#
+#     phase A   Sᵀ = K_j Q_iᵀ, dPᵀ = V_j dO_iᵀ: a warp owns 16·ma keys x its bq·ma·16/bk queries
+#               (d = 128: 32 x 32): ma + na/2 loads for ma·na mma per product
+#               Pᵀ = 2^(Sᵀ·τlog2e − L·log2e), dSᵀ = Pᵀ ∘ (dPᵀ − D)  → shared memory, f16, [key, query]
+#     phase B   dV += Pᵀ dO_i, dK += dSᵀ Q_i: 16·mb keys x d·16·mb/bk columns (32 x 64): 6 loads
+#               for 16 mma per product
+#     phase C   dQ_i += dS K_j: 16·mc queries x its columns (32 x 32): 4 loads for 8 mma, then
+#               ``red.global.add.v2.f32`` into a float32 dQ buffer
+#
+# The element-wise step keeps its L and D in registers loaded as pairs (``ld.shared.v2``) after
+# the products and stores Pᵀ and dSᵀ as packed f16 pairs through 32-bit shared addresses
+# (``st.shared.u32``, one base a lane plus constant offsets); the cp.async of Q_i and dO_i uses
+# one row and column a thread.  Q_i, dO_i, L_i and D_i are double-buffered (issued at the top of
+# a step for the next one), so a step has two barriers: one before phase A (the step's tiles
+# have landed, every warp is done with the last step's Pᵀ, dSᵀ and buffers), one after it (Pᵀ,
+# dSᵀ written).  Each phase takes its shared addresses through ``tc.opaque_u32`` (one register
+# plus immediate offsets; hoisted out of the loop they spilled 428 bytes) and the first k-step
+# is peeled: at d = 128 255 registers and 12 bytes of spills (d = 64: 248, none), 320 HMMA and
+# 144 LDSM a step.  Shared memory at d = 128: 177 KB, one block of 8 warps per SM.
+
+
+def layout_v3(d: int, bq: int, bk: int, nw: int, ma: int, mb: int, mc: int) -> dict:
+    """How the warps split each product; ValueError (naming the value) if they cannot.
+
+    Phase A (Sᵀ, dPᵀ, keys x queries): wak = bk / (16·ma) warps along the keys, nw / wak along the
+    queries, na n-tiles (8 queries) each.  Phase B (dV, dK, keys x columns): bk / (16·mb) warps along
+    the keys, the rest along the d columns, nb n-tiles each.  Phase C (dQ, queries x columns):
+    bq / (16·mc) warps along the queries, the rest along the columns, nc n-tiles each.  n-tiles come
+    in pairs (one ``ldmatrix.x4`` feeds two), and a block's threads load whole rows of a tile at
+    a time (32·nw a multiple of d / 8).  d is a multiple of 16 (the k-steps of phase A): no
+    padded columns."""
+    if not 1 <= nw <= tc.MAX_WARPS:
+        raise ValueError(f"{nw=}: must be 1..{tc.MAX_WARPS}")
+    if d <= 0 or d % 16 or (32 * nw) % (d // 8):
+        raise ValueError(f"{d=}: must be a multiple of 16 whose d / 8 16-byte chunks a row 32·nw = {32 * nw} "
+                         "threads load in whole rows")
+    rows = 32 * nw // (d // 8)  # rows of a tile the block loads per pass
+
+    def split(name, m, extent, other, what):
+        if m <= 0 or extent % (16 * m):
+            raise ValueError(f"{name}={m}: 16·{name} must divide {what} = {extent}")
+        w = extent // (16 * m)
+        if nw % w:
+            raise ValueError(f"{name}={m}: {w} warps along {what} do not divide nw={nw}")
+        rest = nw // w
+        if other % (16 * rest):
+            raise ValueError(f"{name}={m}: {rest} warps across {other} leave an odd number of n-tiles")
+        return w, other // rest // 8
+
+    if bk <= 0 or bk % 16 or bk % rows:
+        raise ValueError(f"{bk=}: must be a positive multiple of 16 and of {rows} (rows loaded per pass)")
+    if bq <= 0 or bq % 16 or bq % rows:
+        raise ValueError(f"{bq=}: must be a positive multiple of 16 and of {rows} (rows loaded per pass)")
+    wak, na = split("ma", ma, bk, bq, "bk")
+    wbk, nb = split("mb", mb, bk, d, "bk")
+    wcq, nc = split("mc", mc, bq, d, "bq")
+    return dict(wak=wak, na=na, wbk=wbk, nb=nb, wcq=wcq, nc=nc, rows=rows)
+
+
+def smem_bytes_v3(d: int, bq: int, bk: int) -> int:
+    """K, V (bk rows); Q, dO double-buffered (bq rows); Pᵀ, dSᵀ (bk rows of bq + 8); L·log2e and D,
+    double-buffered, in f32."""
+    s = d + 8
+    return 2 * (2 * bk * s + 4 * bq * s + 2 * bk * (bq + 8)) + 4 * 4 * bq
+
+
+def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAUSAL: bool):
+    lay = layout_v3(D, BQ, BK, NW, MA, MB, MC)
+    WAK, NA, WBK, NB, WCQ, NC, RPU = (lay[k] for k in ("wak", "na", "wbk", "nb", "wcq", "nc", "rows"))
+    NT = 32 * NW
+    S = D + 8  # row stride (f16) of K, V, Q, dO: 16 bytes of padding keep ldmatrix conflict-free
+    SQ = BQ + 8  # row stride (f16) of Pᵀ, dSᵀ
+    KT = D // 16  # phase A: k-steps over d
+    KQ = BQ // 16  # phase B: k-steps over queries
+    KK = BK // 16  # phase C: k-steps over keys
+    CH = D // 8  # 16-byte chunks of a row
+    QU = BQ // RPU  # passes to load a Q (or dO) tile
+    KU = BK // RPU
+    NS4, NACC, NQACC = 4 * MA * NA, 4 * MB * NB, 4 * MC * NC
+    NFA, NFQ, NFB, NFC = 4 * MA, 2 * NA, 4 * MB, 4 * MC  # fragment registers of phases A, B, C
+    KOFF = 0
+    VOFF = BK * S
+    QOFF = 2 * BK * S  # Q buffers 0, 1
+    OOFF = QOFF + 2 * BQ * S  # dO buffers 0, 1
+    POFF = OOFF + 2 * BQ * S  # Pᵀ [key, query]
+    DSOFF = POFF + BK * SQ  # dSᵀ [key, query]
+    FOFF = (DSOFF + BK * SQ) // 2  # f32 words: L·log2e (2 x BQ), then D (2 x BQ)
+
+    @tc.device_inline
+    def _products_a(c, fa, fq, sm, aa, ab):
+        """c = A Bᵀ over the d columns: A the warp's MA m-tiles of rows at byte address ``aa``, B its
+        NA n-tiles of rows at ``ab`` (both stored [row, d], lane offsets included); the first
+        k-step, peeled, starts from a zero accumulator, so no branch sits inside the loop."""
+        for mt in range(MA):
+            tc.ldsm_x4(fa, 4 * mt, sm, aa + 2 * (16 * mt * S), S)
+        for n2 in range(NA // 2):
+            tc.ldsm_x4_b(fq, 4 * n2, sm, ab + 2 * (16 * n2 * S), S)
+        for mt in range(MA):
+            for n2 in range(NA // 2):
+                x = 4 * (mt * NA + 2 * n2)
+                tc.mma_z(c, x, fa, 4 * mt, fq[4 * n2], fq[4 * n2 + 1])
+                tc.mma_z(c, x + 4, fa, 4 * mt, fq[4 * n2 + 2], fq[4 * n2 + 3])
+        for kk in range(1, KT):
+            for mt in range(MA):
+                tc.ldsm_x4(fa, 4 * mt, sm, aa + 2 * (16 * mt * S + 16 * kk), S)
+            for n2 in range(NA // 2):
+                tc.ldsm_x4_b(fq, 4 * n2, sm, ab + 2 * (16 * n2 * S + 16 * kk), S)
+            for mt in range(MA):
+                for n2 in range(NA // 2):
+                    x = 4 * (mt * NA + 2 * n2)
+                    tc.mma(c, x, fa, 4 * mt, fq[4 * n2], fq[4 * n2 + 1])
+                    tc.mma(c, x + 4, fa, 4 * mt, fq[4 * n2 + 2], fq[4 * n2 + 3])
+
+    def bwd(q, k, v, do, lse, dvec, dqa, dk, dv, sl2, scale):
+        sm = cuda.shared.array(0, types.float16)
+        smf = cuda.shared.array(0, float32)  # the same bytes as f32 words
+        smw = cuda.shared.array(0, uint32)  # and as f16 pairs
+        tid = cuda.threadIdx.x
+        warp = tid // 32
+        lane = tid % 32
+        t = lane % 4
+        g = lane // 4
+        ka0 = 16 * MA * (warp % WAK)  # phase A: this warp's first key and first query
+        qa0 = 8 * NA * (warp // WAK)
+        kb0 = 16 * MB * (warp % WBK)  # phase B: first key and first column
+        cb0 = 8 * NB * (warp // WBK)
+        qc0 = 16 * MC * (warp % WCQ)  # phase C: first query and first column
+        cc0 = 8 * NC * (warp // WCQ)
+        j = cuda.blockIdx.x
+        bk = cuda.blockIdx.y
+        nhk = k.shape[1]
+        b = bk // nhk
+        hk = bk % nhk
+        nh = q.shape[1]
+        group = nh // nhk
+        nq = q.shape[2]
+        nk = k.shape[2]
+        shift = nk - nq
+        c0 = j * BK
+        sbase = tc.smem_u32(sm)
+        loff = tc.lane_offset(S)
+        loffb = tc.lane_offset_b(S)
+        loffp = tc.lane_offset(SQ)
+        loffpb = tc.lane_offset_b(SQ)
+        # This thread's row and column of every tile load (RPU rows a pass).
+        lrow = tid // CH
+        lcol = (tid % CH) * 8
+        kbase = ((b * nhk + hk) * nk) * D
+        for u in range(KU):
+            r = lrow + u * RPU
+            ok = c0 + r < nk
+            goff = kbase + ((c0 + r) if ok else 0) * D + lcol
+            tc.cp_async16_a(sm, sbase, KOFF + r * S + lcol, k, goff, 8 if ok else 0)
+            tc.cp_async16_a(sm, sbase, VOFF + r * S + lcol, v, goff, 8 if ok else 0)
+        # Query blocks that see key block j: causal rows r see keys <= r + shift.
+        tr = (nq + BQ - 1) // BQ
+        i0 = 0
+        if CAUSAL:
+            i0 = max(0, c0 - shift) // BQ
+        nblk = max(0, tr - i0) if c0 < nk else 0
+        total = group * nblk
+        if total > 0:
+            qb = ((b * nh + hk * group) * nq + i0 * BQ) * D
+            for u in range(QU):
+                r = lrow + u * RPU
+                ok = i0 * BQ + r < nq
+                goff = qb + r * D + lcol if ok else 0
+                tc.cp_async16_a(sm, sbase, QOFF + r * S + lcol, q, goff, 8 if ok else 0)
+                tc.cp_async16_a(sm, sbase, OOFF + r * S + lcol, do, goff, 8 if ok else 0)
+            if tid < BQ:
+                row = i0 * BQ + tid
+                lv = lse[b, hk * group, row] if row < nq else NEG_INF
+                smf[FOFF + tid] = lv * float32(LOG2E) if lv != NEG_INF else POS_INF
+                smf[FOFF + 2 * BQ + tid] = dvec[b, hk * group, row] if row < nq else float32(0.0)
+        tc.cp_async_commit()
+        # L and D of row tid of the step after next: loaded from memory a step before they are
+        # stored to shared memory (beside the cp.async of Q and dO), so their latency is hidden.
+        lnext = NEG_INF
+        dnext = float32(0.0)
+        if total > 1 and tid < BQ:
+            row = (i0 + 1 % nblk) * BQ + tid
+            if row < nq:
+                lnext = lse[b, hk * group + 1 // nblk, row]
+                dnext = dvec[b, hk * group + 1 // nblk, row]
+        acck = cuda.local.array(NACC, float32)
+        accv = cuda.local.array(NACC, float32)
+        for e in range(NACC):
+            acck[e] = 0.0
+            accv[e] = 0.0
+        s = cuda.local.array(NS4, float32)
+        dp = cuda.local.array(NS4, float32)
+        fa = cuda.local.array(NFA, uint32)  # A fragments (K or V rows, phase A)
+        fq = cuda.local.array(NFQ, uint32)  # B fragments (Q or dO rows, phase A)
+        lrg = cuda.local.array(2, float32)  # L·log2e and D of a pair of the lane's queries
+        drg = cuda.local.array(2, float32)
+        pf = cuda.local.array(NFB, uint32)  # phase B: Pᵀ, dSᵀ fragments
+        sf = cuda.local.array(NFB, uint32)
+        fb = cuda.local.array(4, uint32)
+        af = cuda.local.array(NFC, uint32)  # phase C: dS fragments
+        acq = cuda.local.array(NQACC, float32)
+        # Phase A's element-wise step: the lane's Pᵀ / dSᵀ words are (key ka0 + g + 16·mt + 8·e,
+        # query qa0 + 8·nt + 2t); byte address = base + constant.
+        pword = sbase + 2 * (POFF + (ka0 + g) * SQ + qa0 + 2 * t)
+        key0 = c0 + ka0 + g  # the lane's first key (global index)
+        for it in range(total):
+            buf = it % 2
+            hq = hk * group + it // nblk
+            i = i0 + it % nblk
+            r0 = i * BQ
+            # Barrier 1: this step's tiles have landed, and every warp is done with the last
+            # step's Pᵀ, dSᵀ and buffer, which the code below overwrites.
+            tc.cp_async_wait(0)
+            cuda.syncthreads()
+            if it + 1 < total:
+                nb_ = (it + 1) % 2
+                hn = hk * group + (it + 1) // nblk
+                rn = (i0 + (it + 1) % nblk) * BQ
+                qb = ((b * nh + hn) * nq + rn) * D
+                for u in range(QU):
+                    r = lrow + u * RPU
+                    ok = rn + r < nq
+                    goff = qb + r * D + lcol if ok else 0
+                    so = nb_ * (BQ * S) + r * S + lcol
+                    tc.cp_async16_a(sm, sbase, QOFF + so, q, goff, 8 if ok else 0)
+                    tc.cp_async16_a(sm, sbase, OOFF + so, do, goff, 8 if ok else 0)
+                if tid < BQ:
+                    smf[FOFF + nb_ * BQ + tid] = lnext * float32(LOG2E) if lnext != NEG_INF else POS_INF
+                    smf[FOFF + 2 * BQ + nb_ * BQ + tid] = dnext
+                    lnext = NEG_INF
+                    dnext = float32(0.0)
+                    if it + 2 < total:
+                        row = (i0 + (it + 2) % nblk) * BQ + tid
+                        if row < nq:
+                            lnext = lse[b, hk * group + (it + 2) // nblk, row]
+                            dnext = dvec[b, hk * group + (it + 2) // nblk, row]
+            tc.cp_async_commit()
+            qofs = QOFF + buf * BQ * S
+            oofs = OOFF + buf * BQ * S
+            # Phase A.  Sᵀ = K Q_iᵀ and dPᵀ = V dO_iᵀ (A = K or V rows, B = Q or dO rows: all stored
+            # [row, d]); the first k-step starts from zero (no branch inside the loops).
+            # (Each phase takes its shared addresses through tc.opaque_u32, so they are one
+            # register plus immediate offsets, computed where they are used.)
+            aa = tc.opaque_u32(sbase + 2 * (ka0 * S + loff))
+            ab = tc.opaque_u32(sbase + 2 * (qofs + qa0 * S + loffb))
+            _products_a(s, fa, fq, sm, aa + 2 * KOFF, ab)
+            _products_a(dp, fa, fq, sm, aa + 2 * VOFF, ab + 2 * (OOFF - QOFF))
+            # Pᵀ and dSᵀ element by element.  The lane holds keys key0 + 16·mt (+8) and queries
+            # qa0 + 8·nt + 2t (+1); their L·log2e and D come as pairs.
+            fbyte = tc.opaque_u32(sbase + 4 * (FOFF + buf * BQ + qa0 + 2 * t))
+            pbase = tc.opaque_u32(pword)
+            edge = c0 + BK > nk or (CAUSAL and r0 + shift < c0 + BK - 1)
+            for nt in range(NA):
+                tc.lds64_f32_a(lrg, 0, smf, fbyte + 32 * nt)
+                tc.lds64_f32_a(drg, 0, smf, fbyte + 8 * BQ + 32 * nt)
+                l0 = lrg[0]
+                l1 = lrg[1]
+                d0 = drg[0]
+                d1 = drg[1]
+                for mt in range(MA):
+                    x = 4 * (mt * NA + nt)
+                    p0 = tc.ex2(s[x] * sl2 - l0)
+                    p1 = tc.ex2(s[x + 1] * sl2 - l1)
+                    p2 = tc.ex2(s[x + 2] * sl2 - l0)
+                    p3 = tc.ex2(s[x + 3] * sl2 - l1)
+                    if edge:
+                        kr = key0 + 16 * mt
+                        qr = r0 + qa0 + 8 * nt + 2 * t + shift
+                        if kr >= nk or (CAUSAL and kr > qr):
+                            p0 = float32(0.0)
+                        if kr >= nk or (CAUSAL and kr > qr + 1):
+                            p1 = float32(0.0)
+                        if kr + 8 >= nk or (CAUSAL and kr + 8 > qr):
+                            p2 = float32(0.0)
+                        if kr + 8 >= nk or (CAUSAL and kr + 8 > qr + 1):
+                            p3 = float32(0.0)
+                    w = 2 * (16 * mt * SQ + 8 * nt)  # byte offset of the (mt, nt) pair, row g
+                    tc.sts32_u32_a(smw, pbase + w, tc.pack_f16x2(p0, p1))
+                    tc.sts32_u32_a(smw, pbase + w + 16 * SQ, tc.pack_f16x2(p2, p3))
+                    tc.sts32_u32_a(smw, pbase + 2 * (DSOFF - POFF) + w,
+                                   tc.pack_f16x2(p0 * (dp[x] - d0), p1 * (dp[x + 1] - d1)))
+                    tc.sts32_u32_a(smw, pbase + 2 * (DSOFF - POFF) + w + 16 * SQ,
+                                   tc.pack_f16x2(p2 * (dp[x + 2] - d0), p3 * (dp[x + 3] - d1)))
+            # Barrier 2: Pᵀ and dSᵀ of every warp are in shared memory.
+            cuda.syncthreads()
+            # Phase B.  dV += Pᵀ dO_i, dK += dSᵀ Q_i: A = Pᵀ, dSᵀ rows of this warp's keys; B = dO_i,
+            # Q_i stored [query, d] (transposed loads), this warp's columns.
+            ap = tc.opaque_u32(sbase + 2 * (POFF + kb0 * SQ + loffp))
+            ao = tc.opaque_u32(sbase + 2 * (oofs + cb0 + loff))
+            for kk in range(KQ):
+                for mt in range(MB):
+                    tc.ldsm_x4(pf, 4 * mt, sm, ap + 2 * (16 * mt * SQ + 16 * kk), SQ)
+                    tc.ldsm_x4(sf, 4 * mt, sm, ap + 2 * (DSOFF - POFF + 16 * mt * SQ + 16 * kk), SQ)
+                for n2 in range(NB // 2):
+                    tc.ldsm_x4_trans(fb, 0, sm, ao + 2 * (16 * kk * S + 16 * n2), S)
+                    for mt in range(MB):
+                        tc.mma(accv, 4 * (mt * NB + 2 * n2), pf, 4 * mt, fb[0], fb[1])
+                        tc.mma(accv, 4 * (mt * NB + 2 * n2 + 1), pf, 4 * mt, fb[2], fb[3])
+                    tc.ldsm_x4_trans(fb, 0, sm, ao - 2 * (OOFF - QOFF) + 2 * (16 * kk * S + 16 * n2), S)
+                    for mt in range(MB):
+                        tc.mma(acck, 4 * (mt * NB + 2 * n2), sf, 4 * mt, fb[0], fb[1])
+                        tc.mma(acck, 4 * (mt * NB + 2 * n2 + 1), sf, 4 * mt, fb[2], fb[3])
+            # Phase C.  dQ_i += dS K_j: A = dS, read transposed from dSᵀ [key, query]; B = K_j
+            # stored [key, d] (transposed loads).  Then into the float32 dQ buffer, 8 bytes a
+            # reduction.
+            ad = tc.opaque_u32(sbase + 2 * (DSOFF + qc0 + loffpb))
+            ak = tc.opaque_u32(sbase + 2 * (KOFF + cc0 + loff))
+            for mt in range(MC):
+                tc.ldsm_x4_trans_b(af, 4 * mt, sm, ad + 2 * (16 * mt), SQ)
+            for n2 in range(NC // 2):
+                tc.ldsm_x4_trans(fb, 0, sm, ak + 2 * (16 * n2), S)
+                for mt in range(MC):
+                    x = 4 * (mt * NC + 2 * n2)
+                    tc.mma_z(acq, x, af, 4 * mt, fb[0], fb[1])
+                    tc.mma_z(acq, x + 4, af, 4 * mt, fb[2], fb[3])
+            for kk in range(1, KK):
+                for mt in range(MC):
+                    tc.ldsm_x4_trans_b(af, 4 * mt, sm, ad + 2 * (16 * kk * SQ + 16 * mt), SQ)
+                for n2 in range(NC // 2):
+                    tc.ldsm_x4_trans(fb, 0, sm, ak + 2 * (16 * kk * S + 16 * n2), S)
+                    for mt in range(MC):
+                        x = 4 * (mt * NC + 2 * n2)
+                        tc.mma(acq, x, af, 4 * mt, fb[0], fb[1])
+                        tc.mma(acq, x + 4, af, 4 * mt, fb[2], fb[3])
+            qrow = (b * nh + hq) * nq + r0 + qc0 + g  # the lane's first dQ row (flat)
+            full = r0 + BQ <= nq  # every row of the block exists: no per-row test
+            for mt in range(MC):
+                row = r0 + qc0 + 16 * mt + g
+                for nt in range(NC):
+                    col = cc0 + 8 * nt + 2 * t
+                    x = 4 * (mt * NC + nt)
+                    if full or row < nq:
+                        tc.red_v2(dqa, (qrow + 16 * mt) * D + col, acq[x], acq[x + 1])
+                    if full or row + 8 < nq:
+                        tc.red_v2(dqa, (qrow + 16 * mt + 8) * D + col, acq[x + 2], acq[x + 3])
+        tc.cp_async_wait(0)
+        cuda.syncthreads()  # K_j, V_j landed even when no query block was visible; phase C is done with K
+        # Epilogue: dK·τ and dV packed to f16 into the K and V tiles (phase B's layout), then 16
+        # bytes a thread to memory.
+        for mt in range(MB):
+            rl = kb0 + 16 * mt + g
+            for nt in range(NB):
+                x = 4 * (mt * NB + nt)
+                w0 = (rl * S + cb0 + 8 * nt + 2 * t) // 2
+                smw[KOFF // 2 + w0] = tc.pack_f16x2(acck[x] * scale, acck[x + 1] * scale)
+                smw[KOFF // 2 + w0 + 4 * S] = tc.pack_f16x2(acck[x + 2] * scale, acck[x + 3] * scale)
+                smw[VOFF // 2 + w0] = tc.pack_f16x2(accv[x], accv[x + 1])
+                smw[VOFF // 2 + w0 + 4 * S] = tc.pack_f16x2(accv[x + 2], accv[x + 3])
+        cuda.syncthreads()
+        for u in range(KU):
+            r = lrow + u * RPU
+            if c0 + r < nk:
+                tc.st_global16_a(dk, kbase + (c0 + r) * D + lcol, sm, sbase, KOFF + r * S + lcol)
+                tc.st_global16_a(dv, kbase + (c0 + r) * D + lcol, sm, sbase, VOFF + r * S + lcol)
+
+    return bwd, NT, BK
+
+
+@cache
+def kernel_v3(d: int, causal: bool, bq: int, bk: int, nw: int, ma: int, mb: int, mc: int, minb: int = 1):
+    """The compiled kernel and its threads per block (``minb`` blocks per SM promised to ptxas)."""
+    fn, nt, _ = _source_v3(d, bq, bk, nw, ma, mb, mc, causal)
+    return tc.jit_kernel(fn, nt, minb), nt
+
+
+def signature_v3():
+    a4 = types.Array(types.float16, 4, "C")
+    st = types.Array(float32, 3, "C")
+    return types.void(a4, a4, a4, a4, st, st, types.Array(float32, 4, "C"), a4, a4, float32, float32)
+
+
+def default_config_v3(d: int) -> dict:
+    """bq queries per step, bk keys per block, nw warps; ma, mb, mc: m-tiles a warp owns in phases
+    A (keys), B (keys) and C (queries).  flash-attention's d = 128 shape (below 64 columns phase C
+    gives each warp one m-tile, so that its column groups stay whole n-tile pairs)."""
+    return dict(bq=64, bk=128, nw=8, ma=2, mb=2, mc=2 if d >= 64 else 1, minb=1)
+
+
+def _accepts_v3(dtype, d: int) -> bool:
+    """fp16, d % 16 == 0, d <= 128 (dK and dV take 4·d·bk / (32·nw) f32 registers a thread: 128 at
+    d = 128); :func:`layout_v3` says whether a given block shape splits d."""
+    return np.dtype(dtype) == np.float16 and d % 16 == 0 and 16 <= d <= 128
+
+
+def supports_v3(dtype, d: int) -> bool:
+    """What :func:`_accepts_v3` and the default block shape can split: d in {32, 64, 128} (its 256
+    threads load whole rows of d / 8 16-byte chunks; other head dims take bwd_fp16_v1)."""
+    if not _accepts_v3(dtype, d):
+        return False
+    cfg = default_config_v3(d)
+    try:
+        layout_v3(d, cfg["bq"], cfg["bk"], cfg["nw"], cfg["ma"], cfg["mb"], cfg["mc"])
+    except ValueError:
+        return False
+    return True
+
+
+def backward_v3(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
+    """(dQ, dK, dV) for fp16 (B, H, N, d) inputs, O and L from the forward; ``config`` overrides
+    :func:`default_config_v3`.  dQ is summed over key blocks by float32 atomics in no fixed order:
+    it may differ from run to run in its last bits."""
+    inp, a, (nb, nh, nhk, nq, nk, d), lse_d, cfg, sc = prepare_backward(
+        "bwd_fp16_v3 takes float16 with head_dim % 16 == 0, at most 128", default_config_v3, _accepts_v3, q, k, v, o,
+        lse, do, scale=scale, config=config, causal=causal)
+    layout_v3(d, cfg["bq"], cfg["bk"], cfg["nw"], cfg["ma"], cfg["mb"], cfg["mc"])  # ValueError if the warps cannot
+    kern, nt = kernel_v3(d, bool(causal), **cfg)
+    dvec = row_dots(inp, a, causal)
+    dqa, flat = zeroed_dq(inp, (nb, nh, nq, d))
+    dk = inp.empty((nb, nhk, nk, d), np.float16)
+    dv = inp.empty((nb, nhk, nk, d), np.float16)
+    args = (a["q"], a["k"], a["v"], a["do"], lse_d, dvec, dqa, dk, dv, float32(sc * LOG2E), float32(sc))
+    smem = smem_bytes_v3(d, cfg["bq"], cfg["bk"])
+    raise_smem_limit(kern, args, smem)
+    kern[(-(-nk // cfg["bk"]), nb * nhk), nt, inp.stream, smem](*args)
+    return dq_to_f16(inp, flat, (nb, nh, nq, d), sc), inp.out(dk), inp.out(dv)
+
+
+#: The versions by the names the records use (:func:`kernels.perf.variant`).
+VERSIONS = {
+    "bwd_fp16_v1": SimpleNamespace(
+        name="bwd_fp16_v1", backward=backward_v1, saved_forward=saved_forward, supports=supports_v1,
+        default_config=default_config_v1, kernels=kernels_v1, smem_bytes_dkdv=smem_bytes_dkdv_v1,
+        smem_bytes_dq=smem_bytes_dq_v1,
+        SOURCES={"dkdv": (_dkdv_source_v1, signature_dkdv_v1), "dq": (_dq_source_v1, signature_dq_v1)}),
+    "bwd_fp16_v3": SimpleNamespace(
+        name="bwd_fp16_v3", backward=backward_v3, saved_forward=saved_forward, supports=supports_v3,
+        default_config=default_config_v3, kernel=kernel_v3, layout=layout_v3, smem_bytes=smem_bytes_v3,
+        signature=signature_v3, SOURCES={"bwd": (_source_v3, signature_v3)}),
+}

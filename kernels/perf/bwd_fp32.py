@@ -1,0 +1,845 @@
+"""The fp32 backward: FlashAttention-2's one-kernel schedule with dQ by atomics, two versions.
+
+Both keep the reference's semantics (``kernels/flash2.py``): D = rowsum(dO ∘ O) first
+(:func:`kernels.perf._launch.row_dots`); causal aligned bottom-right when Nq ≠ Nk; grouped-query
+attention (dK, dV summed over the query heads of a kv head); rows with L = -inf contribute
+nothing; keys >= Nk masked.  One block per key block j and kv head (grid (Tc, B·Hkv)) keeps K_j,
+V_j and its dK_j, dV_j accumulators on chip and walks the query blocks i (of every query head of
+the group) that can see it:
+
+    Sᵀ  = K_j Q_iᵀ,  dPᵀ = V_j dO_iᵀ                  (Bc x Br, reduction over d)
+    Pᵀ  = 2^(Sᵀ·τlog2e − L·log2e)  (0 where masked; L = -inf rows get L·log2e = +inf)
+    dSᵀ = τ·Pᵀ ∘ (dPᵀ − D)                              (τ folded in once, here)
+    dV += Pᵀ dO_i,  dK += dSᵀ Q_i                       (Bc x d, reduction over Br)
+    dQ_i += dS K_j                                      (Br x d, reduction over Bc: atomics)
+
+5 products where bwd_fp16_v1's deterministic pair of kernels does 7.  dQ is accumulated in the
+zeroed float32 output by 16-byte ``red.global.v4.f32.add`` (sm_90) from every key block, so its
+summation order, and its last bit or so, can differ run to run; dK and dV are deterministic.
+Three barriers per query block; Q_{i+1}, dO_{i+1} are fetched by cp.async while dQ_i is
+computed.  The measurements behind each line are in ``kernels/perf/NOTES.md`` ("fp32 backward").
+
+* ``bwd_fp32_v1``: every product on FFMA, register-tiled like an SGEMM (exact fp32, ~1e-6).
+  H200: 34.9 TFLOP/s at d = 64, N = 4,096 (0.98x naive), d = 128 0.72x; H100 (bench_h100.csv):
+  1.12-1.13x naive at d = 64, 0.77x at d = 128.  Shipped for d % 4 == 0 outside {32, 64, 128}.
+* ``bwd_fp32_v2``: v1's schedule with every product on the TF32 tensor cores as 3xTF32
+  (x = hi + lo, A·B ≈ A_lo·B_hi + A_hi·B_lo + A_hi·B_hi), each product summed in chunks in
+  zeroed registers (the tensor core's adds round toward zero).  H100 at d58f3a9: 1.01-1.03x
+  naive at d = 128, 1.21-1.24x at d = 64; worst gradient error 9.6e-7 to 1.2e-6 (v1 1.3e-6 to
+  3.1e-6 in the same run).  Shipped at d = 32, 64, 128.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+from types import SimpleNamespace
+
+import numpy as np
+from numba import cuda, float32, types
+
+from ..flash2 import padded_head_dim
+from . import tc
+from ._launch import LOG2E, launch_fp32_backward
+from ._launch import saved_forward as saved_forward  # the shipped forward (BEST) of the dtype
+
+NEG_INF = float32(-math.inf)
+POS_INF = float32(math.inf)
+_device = tc.device_inline
+
+
+# ---------------------------------------------------------------------------------------------
+# What the two versions share: the tile copier, the warp-grid search, the kernel signature.
+
+
+def _copier(NROWS: int, NT: int, CH: int, D: int, STRIDE: int):
+    """A device function copying an NROWS x D tile (global rows from element offset ``g0``, of
+    which ``left`` exist: the rest are zero-filled) to shared byte address ``sa0`` with row
+    stride STRIDE floats, 16 bytes per cp.async, chunk e = tid + u·NT at row e // CH."""
+    CP = -(-NROWS * CH // NT)
+
+    @_device
+    def copy(sm, sa0, g, g0, left, tid):
+        for u in range(CP):
+            e = tid + u * NT
+            if CP * NT == NROWS * CH or e < NROWS * CH:
+                r = e // CH
+                c = (e % CH) * 4
+                ok = r < left
+                tc.cp_async16_f32_a(sm, sa0 + 4 * (r * STRIDE + c), g, g0 + r * D + c if ok else 0, 4 if ok else 0)
+
+    return copy
+
+
+def _warp_grid(nw: int, rows: int, ur: int, cols: int, uc: int, cost, cap: int | None = None):
+    """Split nw warps as wr x wc over a rows x cols tile in units ur x uc: the (wr, mr, mc) with
+    integral warp tiles of mr x mc units (mr·mc <= cap, if given) and the lowest ``cost(mr, mc)``
+    (loads per FFMA or per mma)."""
+    best = None
+    for wr in range(1, nw + 1):
+        if nw % wr:
+            continue
+        wc = nw // wr
+        if rows % (ur * wr) or cols % (uc * wc):
+            continue
+        mr, mc = rows // (ur * wr), cols // (uc * wc)
+        if cap is not None and mr * mc > cap:
+            continue
+        c = cost(mr, mc)
+        if best is None or c < best[0]:
+            best = (c, wr, mr, mc)
+    if best is None:
+        raise ValueError(f"no tiling of a {rows} x {cols} tile by {nw=} warps (units {ur} x {uc}, at most {cap})")
+    return best[1:]
+
+
+def signature():
+    a4 = types.Array(float32, 4, "C")
+    st = types.Array(float32, 3, "C")
+    return types.void(a4, a4, a4, a4, st, st, a4, a4, a4, float32, float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# bwd_fp32_v1: FFMA.
+#
+# Layout.  A block of NW warps (lanes as a 4 x 8 grid, ly = lane // 8, lx = lane % 8, as in
+# fwd_fp32_v1) holds K_j, V_j, Q_i, dO_i row-major in shared memory (row stride d16 + 4 floats:
+# an odd number of 16-byte units, so 8 consecutive rows fall in 8 different 4-bank groups), and
+# Pᵀ, dSᵀ row-major [key][query] with stride ceil32(Br) + 4.  Each product has its own thread
+# micro-tile, and every operand is read by 16-byte ``ld.shared.v4`` touching at most 8 distinct
+# 16-byte chunks per warp (the rest broadcast: one wavefront):
+#
+# * Sᵀ, dPᵀ: a thread owns keys k1 + 8m (m < TK) x queries q1 + 4n (n < TQ) (keys by lx,
+#   queries by ly); per 4 dims TK loads of K (or V) and TQ of Q (or dO) feed 4·TK·TQ FFMA.  The
+#   same thread computes Pᵀ and dSᵀ of exactly the entries of Sᵀ and dPᵀ it owns, and stores them
+#   (scalar stores: lx·PS + ly covers 32 distinct banks).
+# * dV, dK: keys k2 + 4m (m < TK2, by ly) x columns c2 + 32u + (0..3) (u < TC2, by lx): per 4
+#   queries TK2 loads of Pᵀ (dSᵀ) and 4·TC2 of dO (Q) feed 16·TK2·TC2 FFMA.
+# * dQ: queries q3 + 16t + (0..3) (t < TQ3, by ly) x columns c3 + 32u + (0..3) (by lx): per key
+#   TQ3 loads of dSᵀ and TC3 of K feed 16·TQ3·TC3 FFMA; then one vector reduction per 4 columns.
+#
+# The warp grid of each product (how the NW warps tile it) is chosen at compile time for the
+# fewest loads per FFMA.
+
+
+def _geometry_v1(d: int, bc: int, br: int):
+    """Row strides in floats: Q/K/V/dO (d16 + 4), Pᵀ/dSᵀ (ceil32(Br) + 4); and d rounded up to
+    32 (the columns the dK/dV/dQ micro-tiles cover)."""
+    d16 = padded_head_dim(d)
+    return d16 + 4, -(-br // 32) * 32 + 4, -(-d // 32) * 32
+
+
+def smem_bytes_v1(d: int, bc: int, br: int) -> int:
+    """Dynamic shared memory of one block: K, V (Bc rows), Q, dO (Br rows), Pᵀ, dSᵀ (Bc rows of
+    PS), plus 32 floats of slack (the dQ/dK/dV column reads of the last row may run past d)."""
+    qks, ps, _ = _geometry_v1(d, bc, br)
+    return 4 * (2 * bc * qks + 2 * br * qks + 2 * bc * ps + 32)
+
+
+def tiling_v1(d: int, bc: int, br: int, nw: int) -> dict:
+    """The three products' warp grids and per-thread micro-tiles (raises ValueError if none)."""
+    _, _, dc = _geometry_v1(d, bc, br)
+    wk1, tk, tq = _warp_grid(nw, bc, 8, br, 4, lambda x, y: (x + y) / (x * y))
+    wk2, tk2, tc2 = _warp_grid(nw, bc, 4, dc, 32, lambda x, y: (x + 4 * y) / (16 * x * y))
+    wq3, tq3, tc3 = _warp_grid(nw, br, 16, dc, 32, lambda x, y: (x + y) / (16 * x * y))
+    return dict(wk1=wk1, tk=tk, tq=tq, wk2=wk2, tk2=tk2, tc2=tc2, wq3=wq3, tq3=tq3, tc3=tc3)
+
+
+def _source_v1(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, UNROLL: int = 2, VRED: bool = True):
+    QKS, PS, DC = _geometry_v1(D, BC, BR)
+    t_ = tiling_v1(D, BC, BR, NW)
+    WK1, TK, TQ = t_["wk1"], t_["tk"], t_["tq"]
+    WK2, TK2, TC2 = t_["wk2"], t_["tk2"], t_["tc2"]
+    WQ3, TQ3, TC3 = t_["wq3"], t_["tq3"], t_["tc3"]
+    NT = 32 * NW
+    CH = D // 4  # 16-byte chunks per row of Q, K, V, dO
+    KC = D // 4  # 4-dim steps of Sᵀ, dPᵀ
+    QC = BR // 4  # 4-query steps of dV, dK
+    EC = BC // 4  # 4-key steps of dQ
+    NS, NKF, NQF = TK * TQ, 4 * TK, 4 * TQ
+    NA2, NP2, NB2 = TK2 * TC2 * 4, 4 * TK2, 4 * TC2
+    NA3, NS3, NB3 = TQ3 * TC3 * 16, 4 * TQ3, 4 * TC3
+    KOFF = 0
+    VOFF = BC * QKS
+    QOFF = 2 * BC * QKS
+    OOFF = QOFF + BR * QKS
+    POFF = OOFF + BR * QKS
+    SOFF = POFF + BC * PS
+    assert BC % 16 == 0 and BR % 16 == 0 and D % 4 == 0 and 1 <= NW <= tc.MAX_WARPS and UNROLL in (1, 2, 4)
+
+    copy_k = _copier(BC, NT, CH, D, QKS)
+    copy_q = _copier(BR, NT, CH, D, QKS)
+
+    @_device
+    def st_step(acc, af, bf, sm, aa, ba, kc, first):
+        """Sᵀ (or dPᵀ) += A[:, 4kc:4kc+4] B[:, 4kc:4kc+4]ᵀ for the thread's TK keys x TQ queries;
+        A = K (V) rows k1 + 8m, B = Q (dO) rows q1 + 4n.  Sets instead of adding if ``first``."""
+        for m in range(TK):
+            tc.lds128_f32_a(af, 4 * m, sm, aa, 8 * m * QKS + 4 * kc)
+        for n in range(TQ):
+            tc.lds128_f32_a(bf, 4 * n, sm, ba, 4 * n * QKS + 4 * kc)
+        for m in range(TK):
+            for n in range(TQ):
+                a_ = float32(0.0) if first else acc[m * TQ + n]
+                for e in range(4):
+                    a_ += af[4 * m + e] * bf[4 * n + e]
+                acc[m * TQ + n] = a_
+
+    @_device
+    def st_step2(acc, af, bf, sm, aa, ba, kc, first):
+        st_step(acc, af, bf, sm, aa, ba, kc, False)
+        st_step(acc, af, bf, sm, aa, ba, kc + 1, False)
+
+    @_device
+    def st_step4(acc, af, bf, sm, aa, ba, kc, first):
+        st_step2(acc, af, bf, sm, aa, ba, kc, False)
+        st_step2(acc, af, bf, sm, aa, ba, kc + 2, False)
+
+    @_device
+    def kv_step(acc, pf, bf, sm, pa, ba, pc):
+        """dV (dK) += Pᵀ (dSᵀ)[keys, 4pc:4pc+4] dO (Q)[4pc:4pc+4, cols] for the thread's TK2 keys
+        x 4·TC2 columns."""
+        for m in range(TK2):
+            tc.lds128_f32_a(pf, 4 * m, sm, pa, 4 * m * PS + 4 * pc)
+        for e in range(4):
+            for u in range(TC2):
+                tc.lds128_f32_a(bf, 4 * u, sm, ba, (4 * pc + e) * QKS + 32 * u)
+            for m in range(TK2):
+                for u in range(TC2):
+                    for f in range(4):
+                        acc[(m * TC2 + u) * 4 + f] += pf[4 * m + e] * bf[4 * u + f]
+
+    @_device
+    def kv_step2(acc, pf, bf, sm, pa, ba, pc):
+        kv_step(acc, pf, bf, sm, pa, ba, pc)
+        kv_step(acc, pf, bf, sm, pa, ba, pc + 1)
+
+    @_device
+    def kv_step4(acc, pf, bf, sm, pa, ba, pc):
+        kv_step2(acc, pf, bf, sm, pa, ba, pc)
+        kv_step2(acc, pf, bf, sm, pa, ba, pc + 2)
+
+    @_device
+    def dq_step(acc, sf, bf, sm, sa, ka, ec):
+        """dQ += dS[queries, 4ec:4ec+4] K[4ec:4ec+4, cols] for the thread's 4·TQ3 queries x 4·TC3
+        columns; dSᵀ row (key) e gives 4 consecutive queries per load."""
+        for e in range(4):
+            for t in range(TQ3):
+                tc.lds128_f32_a(sf, 4 * t, sm, sa, (4 * ec + e) * PS + 16 * t)
+            for u in range(TC3):
+                tc.lds128_f32_a(bf, 4 * u, sm, ka, (4 * ec + e) * QKS + 32 * u)
+            for t in range(TQ3):
+                for g in range(4):
+                    for u in range(TC3):
+                        for f in range(4):
+                            acc[((t * 4 + g) * TC3 + u) * 4 + f] += sf[4 * t + g] * bf[4 * u + f]
+
+    @_device
+    def dq_step2(acc, sf, bf, sm, sa, ka, ec):
+        dq_step(acc, sf, bf, sm, sa, ka, ec)
+        dq_step(acc, sf, bf, sm, sa, ka, ec + 1)
+
+    @_device
+    def dq_step4(acc, sf, bf, sm, sa, ka, ec):
+        dq_step2(acc, sf, bf, sm, sa, ka, ec)
+        dq_step2(acc, sf, bf, sm, sa, ka, ec + 2)
+
+    st_block = {1: st_step, 2: st_step2, 4: st_step4}[UNROLL]
+    kv_block = {1: kv_step, 2: kv_step2, 4: kv_step4}[UNROLL]
+    dq_block = {1: dq_step, 2: dq_step2, 4: dq_step4}[UNROLL]
+    KB, KR = (KC - 1) // UNROLL, 1 + (KC - 1) // UNROLL * UNROLL  # step 0 is peeled (S = ...)
+    QB, QR = QC // UNROLL, QC // UNROLL * UNROLL
+    EB, ER = EC // UNROLL, EC // UNROLL * UNROLL
+
+    def bwd(q, k, v, do, lse, dvec, dq, dk, dv, sl2, scale):
+        sm = cuda.shared.array(0, float32)
+        tid = cuda.threadIdx.x
+        warp = tid >> 5
+        lane = tid & 31
+        ly = lane >> 3
+        lx = lane & 7
+        j = cuda.blockIdx.x
+        bk = cuda.blockIdx.y
+        nhk = k.shape[1]
+        b = bk // nhk
+        hk = bk % nhk
+        nh = q.shape[1]
+        group = nh // nhk
+        nq = q.shape[2]
+        nk = k.shape[2]
+        shift = nk - nq
+        c0 = j * BC
+        kbase = ((b * nhk + hk) * nk + c0) * D
+        sbase = tc.smem_u32_f32(sm)
+        # The thread's places in the three products' tiles (the layout above).
+        k1 = 8 * TK * (warp % WK1) + lx
+        q1 = 4 * TQ * (warp // WK1) + ly
+        k2 = 4 * TK2 * (warp % WK2) + ly
+        c2 = 32 * TC2 * (warp // WK2) + 4 * lx
+        q3 = 16 * TQ3 * (warp % WQ3) + 4 * ly
+        c3 = 32 * TC3 * (warp // WQ3) + 4 * lx
+        ka1 = sbase + 4 * (KOFF + k1 * QKS)  # K[k1, 0]
+        va1 = sbase + 4 * (VOFF + k1 * QKS)  # V[k1, 0]
+        qa1 = sbase + 4 * (QOFF + q1 * QKS)  # Q[q1, 0]
+        oa1 = sbase + 4 * (OOFF + q1 * QKS)  # dO[q1, 0]
+        pw = sbase + 4 * (POFF + k1 * PS + q1)  # Pᵀ[k1, q1]
+        dsw = sbase + 4 * (SOFF + k1 * PS + q1)  # dSᵀ[k1, q1]
+        pa2 = sbase + 4 * (POFF + k2 * PS)  # Pᵀ[k2, 0]
+        sa2 = sbase + 4 * (SOFF + k2 * PS)  # dSᵀ[k2, 0]
+        oa2 = sbase + 4 * (OOFF + c2)  # dO[0, c2]
+        qa2 = sbase + 4 * (QOFF + c2)  # Q[0, c2]
+        sa3 = sbase + 4 * (SOFF + q3)  # dSᵀ[0, q3]
+        ka3 = sbase + 4 * (KOFF + c3)  # K[0, c3]
+        # Query blocks that see key block j: causal row r sees keys <= r + shift.
+        tr = (nq + BR - 1) // BR
+        i0 = 0
+        if CAUSAL:
+            i0 = max(0, c0 - shift) // BR
+        nblk = max(0, tr - i0)
+        total = group * nblk
+        # K_j, V_j and the first Q_i, dO_i: one cp.async group (rows past the ends zero-filled).
+        copy_k(sm, sbase + 4 * KOFF, k, kbase, nk - c0, tid)
+        copy_k(sm, sbase + 4 * VOFF, v, kbase, nk - c0, tid)
+        if total > 0:
+            g0 = ((b * nh + hk * group) * nq + i0 * BR) * D
+            copy_q(sm, sbase + 4 * QOFF, q, g0, nq - i0 * BR, tid)
+            copy_q(sm, sbase + 4 * OOFF, do, g0, nq - i0 * BR, tid)
+        tc.cp_async_commit()
+        acck = cuda.local.array(NA2, float32)
+        accv = cuda.local.array(NA2, float32)
+        for x in range(NA2):
+            acck[x] = 0.0
+            accv[x] = 0.0
+        s = cuda.local.array(NS, float32)
+        dp = cuda.local.array(NS, float32)
+        af = cuda.local.array(NKF, float32)
+        bf = cuda.local.array(NQF, float32)
+        pf = cuda.local.array(NP2, float32)
+        vf = cuda.local.array(NB2, float32)
+        acq = cuda.local.array(NA3, float32)
+        sf = cuda.local.array(NS3, float32)
+        kf = cuda.local.array(NB3, float32)
+        lr = cuda.local.array(TQ, float32)
+        dr = cuda.local.array(TQ, float32)
+        for it in range(total):
+            hq = hk * group + it // nblk
+            r0 = (i0 + it % nblk) * BR
+            # L·log2e (+inf for rows that see no key or do not exist: P = 0) and D of the
+            # thread's queries, straight from global memory.
+            for n in range(TQ):
+                row = r0 + q1 + 4 * n
+                lv = lse[b, hq, row] if row < nq else NEG_INF
+                lr[n] = lv * float32(LOG2E) if lv != NEG_INF else POS_INF
+                dr[n] = dvec[b, hq, row] if row < nq else float32(0.0)
+            tc.cp_async_wait(0)  # this thread's copies of Q_i, dO_i (and K_j, V_j) have landed
+            cuda.syncthreads()  # everyone's have; every warp is done with the last dSᵀ
+            # dPᵀ = V dO_iᵀ and Sᵀ = K Q_iᵀ: per 4 dims, TK + TQ loads and 4·TK·TQ FFMA each.
+            st_step(dp, af, bf, sm, va1, oa1, 0, True)
+            for kb in range(KB):
+                st_block(dp, af, bf, sm, va1, oa1, 1 + kb * UNROLL, False)
+            for kc in range(KR, KC):
+                st_step(dp, af, bf, sm, va1, oa1, kc, False)
+            st_step(s, af, bf, sm, ka1, qa1, 0, True)
+            for kb in range(KB):
+                st_block(s, af, bf, sm, ka1, qa1, 1 + kb * UNROLL, False)
+            for kc in range(KR, KC):
+                st_step(s, af, bf, sm, ka1, qa1, kc, False)
+            # Pᵀ and dSᵀ of the entries the thread owns, to shared memory.
+            edge = c0 + BC > nk or (CAUSAL and c0 + BC - 1 > r0 + shift)
+            for m in range(TK):
+                key = c0 + k1 + 8 * m
+                for n in range(TQ):
+                    x = m * TQ + n
+                    p = tc.ex2(s[x] * sl2 - lr[n])
+                    if edge:
+                        if key >= nk or (CAUSAL and key > r0 + q1 + 4 * n + shift):
+                            p = float32(0.0)
+                    tc.sts32_f32_a(sm, pw, 8 * m * PS + 4 * n, p)
+                    tc.sts32_f32_a(sm, dsw, 8 * m * PS + 4 * n, (p * scale) * (dp[x] - dr[n]))
+            cuda.syncthreads()  # Pᵀ, dSᵀ are visible
+            # dV += Pᵀ dO_i and dK += dSᵀ Q_i: per 4 queries, TK2 + 4·TC2 loads, 16·TK2·TC2 FFMA.
+            for qb in range(QB):
+                kv_block(accv, pf, vf, sm, pa2, oa2, qb * UNROLL)
+            for pc in range(QR, QC):
+                kv_step(accv, pf, vf, sm, pa2, oa2, pc)
+            for qb in range(QB):
+                kv_block(acck, pf, vf, sm, sa2, qa2, qb * UNROLL)
+            for pc in range(QR, QC):
+                kv_step(acck, pf, vf, sm, sa2, qa2, pc)
+            cuda.syncthreads()  # every warp is done with Q_i, dO_i
+            if it + 1 < total:
+                hn = hk * group + (it + 1) // nblk
+                rn = (i0 + (it + 1) % nblk) * BR
+                g0 = ((b * nh + hn) * nq + rn) * D
+                copy_q(sm, sbase + 4 * QOFF, q, g0, nq - rn, tid)
+                copy_q(sm, sbase + 4 * OOFF, do, g0, nq - rn, tid)
+            tc.cp_async_commit()  # Q_{i+1}, dO_{i+1} land while dQ_i is computed
+            # dQ_i partial = dS K_j: per key, TQ3 + TC3 loads and 16·TQ3·TC3 FFMA.
+            for x in range(NA3):
+                acq[x] = 0.0
+            for eb in range(EB):
+                dq_block(acq, sf, kf, sm, sa3, ka3, eb * UNROLL)
+            for ec in range(ER, EC):
+                dq_step(acq, sf, kf, sm, sa3, ka3, ec)
+            qrow = (b * nh + hq) * nq
+            for t in range(TQ3):
+                for g in range(4):
+                    row = r0 + q3 + 16 * t + g
+                    if row < nq:
+                        for u in range(TC3):
+                            col = c3 + 32 * u
+                            if col < D:
+                                x = ((t * 4 + g) * TC3 + u) * 4
+                                if VRED:
+                                    tc.red_v4(dq, (qrow + row) * D + col, acq[x], acq[x + 1], acq[x + 2], acq[x + 3])
+                                else:
+                                    for f in range(4):
+                                        cuda.atomic.add(dq, (b, hq, row, col + f), acq[x + f])
+        tc.cp_async_wait(0)
+        # Epilogue: dK (τ already in dSᵀ) and dV straight from registers to global memory.
+        for m in range(TK2):
+            key = c0 + k2 + 4 * m
+            if key < nk:
+                for u in range(TC2):
+                    for f in range(4):
+                        col = c2 + 32 * u + f
+                        if col < D:
+                            dk[b, hk, key, col] = acck[(m * TC2 + u) * 4 + f]
+                            dv[b, hk, key, col] = accv[(m * TC2 + u) * 4 + f]
+
+    return bwd, NT, BC
+
+
+@cache
+def kernel_v1(d: int, causal: bool, bc: int, br: int, nw: int, unroll: int = 2, minb: int = 1, vred: bool = True):
+    """The compiled kernel and its threads per block."""
+    fn, nt, _ = _source_v1(d, bc, br, nw, causal, unroll, vred)
+    return tc.jit_kernel(fn, nt, minb), nt
+
+
+def default_config_v1(d: int) -> dict:
+    """Bc keys per block, Br queries per step, nw warps, loop unrolling, blocks per SM promised to
+    ptxas (launch bounds), dQ reduced by 16-byte vector atomics (sm_90) or scalar ones.
+
+    Measured on the H200 (kernels/perf/NOTES.md): d <= 64 four warps (254 registers, two blocks
+    per SM: larger micro-tiles, 10.7 FFMA per load) beat eight (222 registers, one block) by 10-20%;
+    d = 128 eight warps with Br = 64 beat Br = 32 by 28%.  Head dims whose columns (d rounded up
+    to 32) the eight warps cannot tile (68..96) take four."""
+    if d <= 64:
+        return dict(bc=64, br=64, nw=4, unroll=2, minb=1, vred=True)
+    cfg = dict(bc=64, br=64, nw=8, unroll=2, minb=1, vred=True)
+    try:
+        tiling_v1(d, cfg["bc"], cfg["br"], cfg["nw"])
+    except ValueError:
+        cfg["nw"] = 4
+    return cfg
+
+
+def supports_v1(dtype, d: int) -> bool:
+    return np.dtype(dtype) == np.float32 and d % 4 == 0 and 4 <= d <= 128
+
+
+def backward_v1(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
+    """(dQ, dK, dV) for fp32 (B, H, N, d) inputs, O and L from the forward; ``config`` overrides
+    :func:`default_config`.  dQ's summation order over key blocks is not fixed (atomics)."""
+    return launch_fp32_backward("bwd_fp32_v1 takes float32 with head_dim % 4 == 0, <= 128",
+                                VERSIONS["bwd_fp32_v1"], q, k, v, o, lse, do, causal=causal, scale=scale, config=config)
+# ---------------------------------------------------------------------------------------------
+# bwd_fp32_v2: 3xTF32 on the tensor cores.
+#
+# Layout.  K_j, V_j, Q_i, dO_i row-major in shared memory with row stride d + 8 floats (≡ 8 mod
+# 32 banks).  Phase A (Sᵀ = K Q_iᵀ, dPᵀ = V dO_iᵀ, reduction over d) reads both operands along
+# their rows: the k index is permuted so that a lane's two k's (t, t + 4 of the fragment) are the
+# adjacent columns 2t, 2t + 1, one ``ld.shared.v2`` (b0, b1; a0, a2; a1, a3), conflict-free with
+# that stride.  Phases B (dV += Pᵀ dO_i, dK += dSᵀ Q_i, reduction over queries) and C (dQ_i =
+# dS K_j, over keys) read dO, Q and K down their columns as B operands: there the n index is
+# permuted instead, n-tile j of a 32-column group taking columns 4n + j, so one
+# ``ld.shared.v4`` gives a lane b0 (or b1) of four n-tiles, again conflict-free; the
+# accumulators then hold 8 adjacent columns of a row (8t .. 8t + 7) per group.  Pᵀ, dSᵀ (A of
+# phase B) and dS (A of phase C) are written by phase A straight in fragment order, 16 x 8 tiles
+# of 32 lanes x 4 registers, so that phases B and C read an A fragment with one ``ld.shared.v4``.
+# Each product's warp tiles are chosen by :func:`tiling_v2` for the fewest shared-memory bytes
+# per mma.  Accumulation: every product is summed in chunks in zeroed registers and the chunks
+# are added in fp32 (round to nearest): dV, dK per query block (3·Br/8 = 24 mma), dQ per key
+# block (then ``red.global``), Sᵀ and dPᵀ every 32 dims (``ak`` = d / 32 chunks, 12 mma each).
+
+
+def smem_bytes_v2(d: int, bc: int, br: int) -> int:
+    """K, V (Bc rows), Q, dO (Br rows) with row stride d + 8, and Pᵀ, dSᵀ, dS in fragment order."""
+    return 4 * (2 * (bc + br) * (d + 8) + 3 * bc * br)
+
+
+def tiling_v2(d: int, bc: int, br: int, nw: int) -> dict:
+    """Warp grids and warp tiles of the three products (ValueError if the warps cannot tile them).
+
+    A: Sᵀ, dPᵀ (bc x br): wa warps down the keys, tiles of 16·ma keys x 8·na queries;
+    B: dV, dK (bc x d): wb down the keys, 16·mb keys x 32·ub columns;
+    C: dQ (br x d): wc down the queries, 16·mc queries x 32·uc columns.
+    Cost: floats a lane loads per mma (A fragments 4 floats an m-tile, B 2 an n-tile)."""
+    wa, ma, na = _warp_grid(nw, bc, 16, br, 8, lambda m, n: (4 * m + 2 * n) / (m * n), 4)
+    wb, mb, ub = _warp_grid(nw, bc, 16, d, 32, lambda m, u: (4 * m + 8 * u) / (4 * m * u), 2)
+    wc, mc, uc = _warp_grid(nw, br, 16, d, 32, lambda m, u: (4 * m + 8 * u) / (4 * m * u), 2)
+    return dict(wa=wa, ma=ma, na=na, wb=wb, mb=mb, ub=ub, wc=wc, mc=mc, uc=uc)
+
+
+def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, PIPE: bool = False, FUSE: bool = False, AK: int = 1):
+    S = D + 8
+    t_ = tiling_v2(D, BC, BR, NW)
+    WA, MA, NA = t_["wa"], t_["ma"], t_["na"]
+    WB, MB, UB = t_["wb"], t_["mb"], t_["ub"]
+    WC, MC, UC = t_["wc"], t_["mc"], t_["uc"]
+    NT = 32 * NW
+    CH = D // 4  # 16-byte chunks per row of Q, K, V, dO
+    KS, QS, ES = D // 8, BR // 8, BC // 8  # k-steps of phases A, B, C
+    KOFF = 0
+    VOFF = BC * S
+    QOFF = 2 * BC * S
+    OOFF = QOFF + BR * S
+    PF = OOFF + BR * S  # Pᵀ: tiles (key // 16, query // 8), 128 floats each
+    TF = PF + BC * BR  # dSᵀ: the same
+    SF = TF + BC * BR  # dS: tiles (query // 16, key // 8)
+    NACC_A = 4 * MA * NA
+    NACC_B = 16 * MB * UB
+    NACC_C = 16 * MC * UC
+    NFA = 4 * max(MA, MB, MC)  # A fragments of one k-step (hi or lo)
+    NFB = 2 * max(NA, 4 * UB, 4 * UC)  # B fragments
+    NQA = 2 * NA  # the queries of a lane in phase A
+    NRAW = max(4 * MA + 2 * NA, 4 * MB + 8 * UB, 4 * MC + 8 * UC)  # one k-step's operands, as loaded
+    NRAW2, NFA2, NFB2 = (4 * MA + 2 * NA, 4 * MA, 2 * NA) if FUSE else (1, 1, 1)  # fused phase A's second set
+    assert BC % 16 == 0 and BR % 16 == 0 and D % 32 == 0 and 1 <= NW <= tc.MAX_WARPS and KS % AK == 0
+
+    copy_k = _copier(BC, NT, CH, D, S)
+    copy_q = _copier(BR, NT, CH, D, S)
+
+    @_device
+    def split(x, hi, lo, i):
+        h = tc.tf32_hi(x)
+        hi[i] = h
+        lo[i] = x - h
+
+    @_device
+    def a_load(raw, sm, aa, ba, ks):
+        """Phase A's operands of k-step ks (dims 8ks..8ks+7) for the warp's MA x NA tiles, as
+        loaded: raw[4m:4m+4] = a0, a2, a1, a3 of A tile m (``aa``: byte address of row g, column
+        2t of the warp's first A row; a lane's k = t, t + 4 are the columns 2t, 2t + 1),
+        raw[4MA + 2n:+2] = b0, b1 of B tile n (``ba`` likewise)."""
+        for m in range(MA):
+            tc.lds64_f32_a(raw, 4 * m, sm, aa + 4 * (16 * m * S + 8 * ks))
+            tc.lds64_f32_a(raw, 4 * m + 2, sm, aa + 4 * ((16 * m + 8) * S + 8 * ks))
+        for n in range(NA):
+            tc.lds64_f32_a(raw, 4 * MA + 2 * n, sm, ba + 4 * (8 * n * S + 8 * ks))
+
+    @_device
+    def a_split(raw, ah, al, bh, bl):
+        for m in range(MA):
+            split(raw[4 * m], ah, al, 4 * m)
+            split(raw[4 * m + 2], ah, al, 4 * m + 1)
+            split(raw[4 * m + 1], ah, al, 4 * m + 2)
+            split(raw[4 * m + 3], ah, al, 4 * m + 3)
+        for n in range(2 * NA):
+            split(raw[4 * MA + n], bh, bl, n)
+
+    @_device
+    def a_product(acc, ta, raw, ah, al, bh, bl, sm, aa, ba):
+        """Sᵀ (dPᵀ) += K (V) Q_iᵀ (dO_iᵀ) over all d for the warp's tiles, summed in AK chunks of
+        d / AK in zeroed registers ``ta`` (the tensor core's adds round toward zero; see phase B);
+        with PIPE the next k-step's operands are loaded while this one's mma run.  The addresses go through
+        ``opaque_u32`` so that the compiler keeps one register each (plus immediate offsets)
+        instead of hoisting every k-step's address out of the query-block loop."""
+        aa = tc.opaque_u32(aa)
+        ba = tc.opaque_u32(ba)
+        a_load(raw, sm, aa, ba, 0)
+        for ck in range(AK):
+            for x in range(NACC_A):
+                ta[x] = 0.0
+            for kk in range(KS // AK):
+                ks = ck * (KS // AK) + kk
+                a_split(raw, ah, al, bh, bl)
+                if PIPE and ks + 1 < KS:
+                    a_load(raw, sm, aa, ba, ks + 1)
+                tc.mma3_tf32(ta, ah, al, bh, bl, MA, NA)
+                if not PIPE and ks + 1 < KS:
+                    a_load(raw, sm, aa, ba, ks + 1)
+            for x in range(NACC_A):
+                acc[x] += ta[x]
+
+    @_device
+    def a_product2(acc, acc2, raw, raw2, ah, al, bh, bl, ah2, al2, bh2, bl2, sm, aa, ba, aa2, ba2):
+        """Sᵀ and dPᵀ in the same k-loop: twice the independent mma between the loads."""
+        aa = tc.opaque_u32(aa)
+        ba = tc.opaque_u32(ba)
+        aa2 = tc.opaque_u32(aa2)
+        ba2 = tc.opaque_u32(ba2)
+        a_load(raw, sm, aa, ba, 0)
+        a_load(raw2, sm, aa2, ba2, 0)
+        for ks in range(KS):
+            a_split(raw, ah, al, bh, bl)
+            a_split(raw2, ah2, al2, bh2, bl2)
+            if ks + 1 < KS:
+                a_load(raw, sm, aa, ba, ks + 1)
+                a_load(raw2, sm, aa2, ba2, ks + 1)
+            tc.mma3_tf32(acc, ah, al, bh, bl, MA, NA)
+            tc.mma3_tf32(acc2, ah2, al2, bh2, bl2, MA, NA)
+
+    @_device
+    def c_load(raw, sm, fa, ba, ks, M, U, TILE):
+        """Operands of k-step ks of phases B and C: raw[4m:4m+4] = a0..a3 of A tile m, read from
+        fragment-order tiles at byte address ``fa`` (TILE bytes between the warp's m-tiles);
+        raw[4M + 8u:+4] = b0 and raw[4M + 8u + 4:+4] = b1 of n-tiles 4u..4u+3, read down the
+        columns of a row-major tile from ``ba`` (row t, column 4g of the warp's first group)."""
+        for m in range(M):
+            tc.lds128_f32_a(raw, 4 * m, sm, fa + m * TILE, 0)
+        for u in range(U):
+            tc.lds128_f32_a(raw, 4 * M + 8 * u, sm, ba + 4 * (8 * ks * S + 32 * u), 0)
+            tc.lds128_f32_a(raw, 4 * M + 8 * u + 4, sm, ba + 4 * ((8 * ks + 4) * S + 32 * u), 0)
+
+    @_device
+    def c_split(raw, ah, al, bh, bl, M, U):
+        for m in range(4 * M):
+            split(raw[m], ah, al, m)
+        for u in range(U):
+            for j in range(4):
+                split(raw[4 * M + 8 * u + j], bh, bl, 2 * (4 * u + j))
+                split(raw[4 * M + 8 * u + 4 + j], bh, bl, 2 * (4 * u + j) + 1)
+
+    @_device
+    def c_product(acc, raw, ah, al, bh, bl, sm, fa, ba, NK, M, U, TILE):
+        """acc += A B over NK k-steps (512 bytes of fragments between k-steps of A)."""
+        fa = tc.opaque_u32(fa)
+        ba = tc.opaque_u32(ba)
+        c_load(raw, sm, fa, ba, 0, M, U, TILE)
+        for ks in range(NK):
+            c_split(raw, ah, al, bh, bl, M, U)
+            if PIPE and ks + 1 < NK:
+                c_load(raw, sm, fa + 512 * (ks + 1), ba, ks + 1, M, U, TILE)
+            tc.mma3_tf32(acc, ah, al, bh, bl, M, 4 * U)
+            if not PIPE and ks + 1 < NK:
+                c_load(raw, sm, fa + 512 * (ks + 1), ba, ks + 1, M, U, TILE)
+
+    def bwd(q, k, v, do, lse, dvec, dq, dk, dv, sl2, scale):
+        sm = cuda.shared.array(0, float32)
+        tid = cuda.threadIdx.x
+        warp = tid >> 5
+        lane = tid & 31
+        g = lane >> 2
+        t = lane & 3
+        j = cuda.blockIdx.x
+        bk = cuda.blockIdx.y
+        nhk = k.shape[1]
+        b = bk // nhk
+        hk = bk % nhk
+        nh = q.shape[1]
+        group = nh // nhk
+        nq = q.shape[2]
+        nk = k.shape[2]
+        shift = nk - nq
+        c0 = j * BC
+        kbase = ((b * nhk + hk) * nk + c0) * D
+        sbase = tc.smem_u32_f32(sm)
+        # Warp tiles: A keys kw.., queries qw..; B keys kb.., columns cb..; C queries qc.., columns cc..
+        kw = 16 * MA * (warp % WA)
+        qw = 8 * NA * (warp // WA)
+        kb = 16 * MB * (warp % WB)
+        cb = 32 * UB * (warp // WB)
+        qc = 16 * MC * (warp % WC)
+        cc = 32 * UC * (warp // WC)
+        ka = sbase + 4 * (KOFF + (kw + g) * S + 2 * t)
+        va = sbase + 4 * (VOFF + (kw + g) * S + 2 * t)
+        qa = sbase + 4 * (QOFF + (qw + g) * S + 2 * t)
+        oa = sbase + 4 * (OOFF + (qw + g) * S + 2 * t)
+        pfa = sbase + 4 * (PF + (kb // 16) * (BR // 8) * 128 + 4 * lane)
+        tfa = sbase + 4 * (TF + (kb // 16) * (BR // 8) * 128 + 4 * lane)
+        sfa = sbase + 4 * (SF + (qc // 16) * (BC // 8) * 128 + 4 * lane)
+        ob = sbase + 4 * (OOFF + t * S + cb + 4 * g)
+        qb = sbase + 4 * (QOFF + t * S + cb + 4 * g)
+        kc = sbase + 4 * (KOFF + t * S + cc + 4 * g)
+        tr = (nq + BR - 1) // BR
+        i0 = 0
+        if CAUSAL:
+            i0 = max(0, c0 - shift) // BR
+        nblk = max(0, tr - i0)
+        total = group * nblk
+        copy_k(sm, sbase + 4 * KOFF, k, kbase, nk - c0, tid)
+        copy_k(sm, sbase + 4 * VOFF, v, kbase, nk - c0, tid)
+        if total > 0:
+            g0 = ((b * nh + hk * group) * nq + i0 * BR) * D
+            copy_q(sm, sbase + 4 * QOFF, q, g0, nq - i0 * BR, tid)
+            copy_q(sm, sbase + 4 * OOFF, do, g0, nq - i0 * BR, tid)
+        tc.cp_async_commit()
+        acck = cuda.local.array(NACC_B, float32)
+        accv = cuda.local.array(NACC_B, float32)
+        acb = cuda.local.array(NACC_B, float32)
+        for x in range(NACC_B):
+            acck[x] = 0.0
+            accv[x] = 0.0
+        s = cuda.local.array(NACC_A, float32)
+        dp = cuda.local.array(NACC_A, float32)
+        ta = cuda.local.array(NACC_A, float32)
+        acq = cuda.local.array(NACC_C, float32)
+        ah = cuda.local.array(NFA, float32)
+        al = cuda.local.array(NFA, float32)
+        bh = cuda.local.array(NFB, float32)
+        bl = cuda.local.array(NFB, float32)
+        raw = cuda.local.array(NRAW, float32)
+        raw2 = cuda.local.array(NRAW2, float32)
+        ah2 = cuda.local.array(NFA2, float32)
+        al2 = cuda.local.array(NFA2, float32)
+        bh2 = cuda.local.array(NFB2, float32)
+        bl2 = cuda.local.array(NFB2, float32)
+        lr = cuda.local.array(NQA, float32)
+        dr = cuda.local.array(NQA, float32)
+        for it in range(total):
+            hq = hk * group + it // nblk
+            r0 = (i0 + it % nblk) * BR
+            for n in range(NA):
+                for f in range(2):
+                    row = r0 + qw + 8 * n + 2 * t + f
+                    lv = lse[b, hq, row] if row < nq else NEG_INF
+                    lr[2 * n + f] = lv * float32(LOG2E) if lv != NEG_INF else POS_INF
+                    dr[2 * n + f] = dvec[b, hq, row] if row < nq else float32(0.0)
+            for x in range(NACC_A):
+                s[x] = 0.0
+                dp[x] = 0.0
+            tc.cp_async_wait(0)
+            cuda.syncthreads()  # Q_i, dO_i landed; every warp is done with the last dS
+            if FUSE:
+                a_product2(dp, s, raw, raw2, ah, al, bh, bl, ah2, al2, bh2, bl2, sm, va, oa, ka, qa)
+            else:
+                a_product(dp, ta, raw, ah, al, bh, bl, sm, va, oa)
+                a_product(s, ta, raw, ah, al, bh, bl, sm, ka, qa)
+            # Pᵀ, dSᵀ (fragment order for phase B) and dS (for phase C) of the warp's entries.
+            edge = c0 + BC > nk or (CAUSAL and c0 + BC - 1 > r0 + shift)
+            for m in range(MA):
+                for n in range(NA):
+                    for e in range(4):
+                        x = 4 * (m * NA + n) + e
+                        kl = kw + 16 * m + g + 8 * (e >> 1)  # key in the block
+                        cq = 2 * t + (e & 1)  # query in the 8-query tile
+                        ql = qw + 8 * n + cq  # query in the block
+                        p = tc.ex2(s[x] * sl2 - lr[2 * n + (e & 1)])
+                        if edge:
+                            if c0 + kl >= nk or (CAUSAL and c0 + kl > r0 + ql + shift):
+                                p = float32(0.0)
+                        ds = (p * scale) * (dp[x] - dr[2 * n + (e & 1)])
+                        # Pᵀ tile (key // 16, query // 8): lane 4·(row % 8) + col % 4, register
+                        # row // 8 + 2·(col // 4), with row = key % 16, col = query % 8.
+                        fo = (((kw // 16 + m) * (BR // 8) + qw // 8 + n) * 128
+                              + 4 * (4 * g + (cq & 3)) + (e >> 1) + 2 * (cq >> 2))
+                        tc.sts32_f32_a(sm, sbase, PF + fo, p)
+                        tc.sts32_f32_a(sm, sbase, TF + fo, ds)
+                        # dS tile (query // 16, key // 8): row = query % 16, col = key % 8 = g.
+                        rq = ql & 15
+                        so = (((ql >> 4) * (BC // 8) + (kl >> 3)) * 128
+                              + 4 * (4 * (rq & 7) + (g & 3)) + (rq >> 3) + 2 * (g >> 2))
+                        tc.sts32_f32_a(sm, sbase, SF + so, ds)
+            cuda.syncthreads()  # Pᵀ, dSᵀ, dS visible
+            # The tensor core adds into its accumulator rounding toward zero, a bias that grows with
+            # the number of adds: each query block's part of dV and dK is summed in zeroed
+            # registers (3·Br/8 adds) and then added to the running sums with round-to-nearest.
+            for x in range(NACC_B):
+                acb[x] = 0.0
+            c_product(acb, raw, ah, al, bh, bl, sm, pfa, ob, QS, MB, UB, 512 * (BR // 8))
+            for x in range(NACC_B):
+                accv[x] += acb[x]
+                acb[x] = 0.0
+            c_product(acb, raw, ah, al, bh, bl, sm, tfa, qb, QS, MB, UB, 512 * (BR // 8))
+            for x in range(NACC_B):
+                acck[x] += acb[x]
+            cuda.syncthreads()  # every warp is done with Q_i, dO_i
+            if it + 1 < total:
+                hn = hk * group + (it + 1) // nblk
+                rn = (i0 + (it + 1) % nblk) * BR
+                g0 = ((b * nh + hn) * nq + rn) * D
+                copy_q(sm, sbase + 4 * QOFF, q, g0, nq - rn, tid)
+                copy_q(sm, sbase + 4 * OOFF, do, g0, nq - rn, tid)
+            tc.cp_async_commit()  # Q_{i+1}, dO_{i+1} land while dQ_i is computed
+            for x in range(NACC_C):
+                acq[x] = 0.0
+            c_product(acq, raw, ah, al, bh, bl, sm, sfa, kc, ES, MC, UC, 512 * (BC // 8))
+            # dQ rows qc + 16m + g (+8): columns cc + 32u + 8t + j (register e = 0 or 2 of n-tile
+            # 4u + j) and + 4 + j (e = 1 or 3).
+            qrow = (b * nh + hq) * nq
+            for m in range(MC):
+                for h in range(2):
+                    row = r0 + qc + 16 * m + g + 8 * h
+                    if row < nq:
+                        for u in range(UC):
+                            x = 16 * (m * UC + u)
+                            off = (qrow + row) * D + cc + 32 * u + 8 * t
+                            tc.red_v4(dq, off, acq[x + 2 * h], acq[x + 4 + 2 * h], acq[x + 8 + 2 * h],
+                                      acq[x + 12 + 2 * h])
+                            tc.red_v4(dq, off + 4, acq[x + 2 * h + 1], acq[x + 5 + 2 * h], acq[x + 9 + 2 * h],
+                                      acq[x + 13 + 2 * h])
+        tc.cp_async_wait(0)
+        # dK (τ is in dSᵀ) and dV from registers, with phase C's column mapping.
+        for m in range(MB):
+            for h in range(2):
+                key = c0 + kb + 16 * m + g + 8 * h
+                if key < nk:
+                    for u in range(UB):
+                        for jj in range(4):
+                            for f in range(2):
+                                x = 16 * (m * UB + u) + 4 * jj + 2 * h + f
+                                col = cb + 32 * u + 8 * t + 4 * f + jj
+                                dk[b, hk, key, col] = acck[x]
+                                dv[b, hk, key, col] = accv[x]
+
+    return bwd, NT, BC
+
+
+@cache
+def kernel_v2(d: int, causal: bool, bc: int, br: int, nw: int, minb: int = 1, pipe: bool = False, fuse: bool = False,
+           ak: int = 1):
+    """The compiled kernel and its threads per block."""
+    fn, nt, _ = _source_v2(d, bc, br, nw, causal, pipe, fuse, ak)
+    return tc.jit_kernel(fn, nt, minb), nt
+
+
+def default_config_v2(d: int) -> dict:
+    """Bc keys per block, Br queries per step, nw warps, blocks per SM promised to ptxas: 64 x 64
+    with eight warps where they tile all three products (d = 64, 128), else 32 x 32 with two;
+    phase A summed in chunks of 32 dims (ak = d / 32: 12 tensor-core adds a chunk); no prefetch
+    of the next k-step's operands (pipe) and Sᵀ, dPᵀ in separate loops (fuse): both were slower
+    on the H100 (NOTES.md)."""
+    ak = max(1, d // 32)
+    for bc, br, nw in ((64, 64, 8), (32, 32, 2)):
+        try:
+            tiling_v2(d, bc, br, nw)
+        except ValueError:
+            continue
+        return dict(bc=bc, br=br, nw=nw, minb=1, pipe=False, fuse=False, ak=ak)
+    return dict(bc=64, br=64, nw=8, minb=1, pipe=False, fuse=False, ak=ak)
+
+
+def supports_v2(dtype, d: int) -> bool:
+    return np.dtype(dtype) == np.float32 and d in (32, 64, 128)
+
+
+def _check_v2(cfg, d):
+    if cfg["ak"] < 1 or (d // 8) % cfg["ak"]:
+        raise ValueError(f"ak={cfg['ak']}: must divide d / 8 = {d // 8}")
+
+
+def backward_v2(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
+    """(dQ, dK, dV) for fp32 (B, H, N, d) inputs (d = 32, 64 or 128), O and L from the
+    forward; ``config`` overrides :func:`default_config`.  dQ is summed over key blocks by
+    atomics, in no fixed order."""
+    return launch_fp32_backward("bwd_fp32_v2 takes float32 with head_dim 32, 64 or 128",
+                                VERSIONS["bwd_fp32_v2"], q, k, v, o, lse, do, causal=causal, scale=scale,
+                                config=config, check=_check_v2)
+
+
+def _version(name, **fns):
+    return SimpleNamespace(name=name, saved_forward=saved_forward, signature=signature,
+                           SOURCES={"bwd": (fns["_source"], signature)}, **{k: v for k, v in fns.items()})
+
+
+#: The versions by the names the records use (:func:`kernels.perf.variant`).
+VERSIONS = {
+    "bwd_fp32_v1": _version("bwd_fp32_v1", _source=_source_v1, smem_bytes=smem_bytes_v1, tiling=tiling_v1,
+                            kernel=kernel_v1, default_config=default_config_v1, supports=supports_v1,
+                            backward=backward_v1),
+    "bwd_fp32_v2": _version("bwd_fp32_v2", _source=_source_v2, smem_bytes=smem_bytes_v2, tiling=tiling_v2,
+                            kernel=kernel_v2, default_config=default_config_v2, supports=supports_v2,
+                            backward=backward_v2),
+}

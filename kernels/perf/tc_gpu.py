@@ -1,0 +1,435 @@
+"""The GPU target of :mod:`kernels.perf.tc`: each helper is a few lines of inline PTX in a CUDA C++
+device function (``cuda.declare_device(..., link=cuda.CUSource(...))``), wrapped in a Numba
+device function that passes its local/shared arrays with ``ffi.from_buffer``.  With link-time
+optimisation (numba-cuda's default when nvJitLink is present) the calls are inlined and the
+fragment arrays live in registers.  Import the helpers through :mod:`kernels.perf.tc`, which
+documents them; this module is imported only where ``NUMBA_ENABLE_CUDASIM`` is off.
+"""
+
+from __future__ import annotations
+
+from cffi import FFI
+from numba import cuda, float32, int32, uint32
+
+# ---------------------------------------------------------------------------------------------
+# The GPU side: inline PTX, one extern "C" function per instruction (Numba's foreign-function
+# ABI: int f(ret*, args...)).  Shared-memory addresses are 32-bit offsets in the shared window,
+# converted from the generic pointers Numba passes.
+
+_CU = r"""
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+extern "C" __device__ int fs_mma16816(int* ret, float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    return 0;
+}
+
+extern "C" __device__ int fs_cp_async_commit(int* ret) {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    return 0;
+}
+
+extern "C" __device__ int fs_cp_async_wait0(int* ret) {
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    return 0;
+}
+
+extern "C" __device__ int fs_cp_async_wait1(int* ret) {
+    asm volatile("cp.async.wait_group 1;" ::: "memory");
+    return 0;
+}
+
+// The same value, hidden from the optimiser: a shared address computed from it inside a loop is
+// recomputed there (one register and immediate offsets) instead of hoisted into many registers.
+extern "C" __device__ int fs_opaque_u32(unsigned* ret, unsigned x) {
+    asm volatile("mov.b32 %0, %1;" : "=r"(*ret) : "r"(x));
+    return 0;
+}
+
+// Address-based forms (v3 on): the shared window address is computed once per kernel and every
+// access adds a 32-bit offset to it, instead of 64-bit generic pointer arithmetic per access.
+extern "C" __device__ int fs_smem_u32(unsigned* ret, const char* smem) {
+    *ret = smem_addr(smem);
+    return 0;
+}
+
+extern "C" __device__ int fs_ldsm_x4_a(int* ret, unsigned* r, unsigned a) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+    return 0;
+}
+
+extern "C" __device__ int fs_ldsm_x4_trans_a(int* ret, unsigned* r, unsigned a) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+    return 0;
+}
+
+extern "C" __device__ int fs_cp_async16_a(int* ret, unsigned a, const char* gmem, long long gmem_off,
+                                          int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                 :: "r"(a), "l"(gmem + gmem_off), "r"(src_bytes) : "memory");
+    return 0;
+}
+
+extern "C" __device__ int fs_st_global16_a(int* ret, char* gmem, long long gmem_off, unsigned a) {
+    unsigned x, y, z, w;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(x), "=r"(y), "=r"(z), "=r"(w) : "r"(a) : "memory");
+    asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};" :: "l"(gmem + gmem_off), "r"(x), "r"(y), "r"(z), "r"(w)
+                 : "memory");
+    return 0;
+}
+
+// D = A·B with a zero accumulator: the first k-step of a product needs no zeroed registers.
+extern "C" __device__ int fs_mma16816_z(int* ret, float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    float z = 0.f;
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+        : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(z));
+    return 0;
+}
+
+extern "C" __device__ int fs_ex2(float* ret, float x) {
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(*ret) : "f"(x));
+    return 0;
+}
+
+// Two f32 to one f16x2 register, round to nearest even: lo in bits 0..15, hi in 16..31.
+extern "C" __device__ int fs_pack_f16x2(unsigned* ret, float lo, float hi) {
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(*ret) : "f"(hi), "f"(lo));
+    return 0;
+}
+
+// Vector reductions into global f32 (sm_90): g[off..] += (a, b[, c, d]), atomic per element.
+extern "C" __device__ int fs_red_v2_f32(int* ret, float* g, long long off, float a, float b) {
+    asm volatile("red.global.v2.f32.add [%0], {%1, %2};" :: "l"(g + off), "f"(a), "f"(b) : "memory");
+    return 0;
+}
+
+extern "C" __device__ int fs_red_v4_f32(int* ret, float* g, long long off, float a, float b, float c, float d) {
+    asm volatile("red.global.v4.f32.add [%0], {%1, %2, %3, %4};"
+                 :: "l"(g + off), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+    return 0;
+}
+"""
+
+_ffi = FFI()
+_link = cuda.CUSource(_CU)
+_mma_raw = cuda.declare_device("fs_mma16816", "int32(CPointer(float32), CPointer(uint32), uint32, uint32)",
+                               link=_link)
+_commit_raw = cuda.declare_device("fs_cp_async_commit", "int32()", link=_link)
+_wait0_raw = cuda.declare_device("fs_cp_async_wait0", "int32()", link=_link)
+_wait1_raw = cuda.declare_device("fs_cp_async_wait1", "int32()", link=_link)
+ex2 = cuda.declare_device("fs_ex2", "float32(float32)", link=_link)
+_smem_u32_raw = cuda.declare_device("fs_smem_u32", "uint32(CPointer(float16))", link=_link)
+_opaque_raw = cuda.declare_device("fs_opaque_u32", "uint32(uint32)", link=_link)
+_ldsm_a_raw = cuda.declare_device("fs_ldsm_x4_a", "int32(CPointer(uint32), uint32)", link=_link)
+_ldsm_t_a_raw = cuda.declare_device("fs_ldsm_x4_trans_a", "int32(CPointer(uint32), uint32)", link=_link)
+_cp_a_raw = cuda.declare_device("fs_cp_async16_a", "int32(uint32, CPointer(float16), int64, int32)", link=_link)
+_stg_a_raw = cuda.declare_device("fs_st_global16_a", "int32(CPointer(float16), int64, uint32)", link=_link)
+_mma_z_raw = cuda.declare_device("fs_mma16816_z", "int32(CPointer(float32), CPointer(uint32), uint32, uint32)",
+                                 link=_link)
+_red2_raw = cuda.declare_device("fs_red_v2_f32", "int32(CPointer(float32), int64, float32, float32)",
+                                link=_link)
+_red4_raw = cuda.declare_device("fs_red_v4_f32",
+                                "int32(CPointer(float32), int64, float32, float32, float32, float32)",
+                                link=_link)
+
+
+@cuda.jit(device=True, forceinline=True)
+def red_v2(g, off, a, b):
+    """g.flat[off:off+2] += (a, b), atomically per element (one 8-byte reduction; ``off`` even)."""
+    _red2_raw(_ffi.from_buffer(g), off, a, b)
+
+
+@cuda.jit(device=True, forceinline=True)
+def red_v4(g, off, a, b, c, d):
+    """g.flat[off:off+4] += (a, b, c, d), atomically per element (one 16-byte reduction;
+    ``off`` a multiple of 4)."""
+    _red4_raw(_ffi.from_buffer(g), off, a, b, c, d)
+
+
+@cuda.jit(device=True, forceinline=True)
+def smem_u32(smem):
+    """The 32-bit shared-window address of a shared array's first byte (GPU); 0 in the simulator."""
+    return _smem_u32_raw(_ffi.from_buffer(smem))
+
+
+@cuda.jit(device=True, forceinline=True)
+def lane_offset(stride):
+    """This lane's element offset inside an x4 ldmatrix group: row (l & 7) + 8·((l >> 3) & 1),
+    column 8·(l >> 4), for a tile with row stride ``stride`` (the ``loff`` of :func:`tile_addr`)."""
+    lane = cuda.laneid
+    return ((lane & 7) + ((lane >> 3) & 1) * 8) * stride + (lane >> 4) * 8
+
+
+@cuda.jit(device=True, forceinline=True)
+def lane_offset_b(stride):
+    """The lane's offset for :func:`ldsm_x4_b` and :func:`ldsm_x4_trans_b`: row (l & 7) + 8·(l >> 4),
+    column 8·((l >> 3) & 1)."""
+    lane = cuda.laneid
+    return ((lane & 7) + (lane >> 4) * 8) * stride + ((lane >> 3) & 1) * 8
+
+
+@cuda.jit(device=True, forceinline=True)
+def opaque_u32(x):
+    """``x`` as a uint32 the compiler cannot see through (it is not hoisted out of loops)."""
+    return _opaque_raw(uint32(x))
+
+
+@cuda.jit(device=True, forceinline=True)
+def ldsm_x4(r, ri, smem, addr, stride):
+    _ldsm_a_raw(_ffi.from_buffer(r[ri:]), uint32(addr))
+
+
+@cuda.jit(device=True, forceinline=True)
+def ldsm_x4_b(r, ri, smem, addr, stride):
+    _ldsm_a_raw(_ffi.from_buffer(r[ri:]), uint32(addr))
+
+
+@cuda.jit(device=True, forceinline=True)
+def ldsm_x4_trans(r, ri, smem, addr, stride):
+    _ldsm_t_a_raw(_ffi.from_buffer(r[ri:]), uint32(addr))
+
+
+@cuda.jit(device=True, forceinline=True)
+def ldsm_x4_trans_b(r, ri, smem, addr, stride):
+    _ldsm_t_a_raw(_ffi.from_buffer(r[ri:]), uint32(addr))
+
+
+@cuda.jit(device=True, forceinline=True)
+def cp_async16_a(smem, sbase, soff, gmem, goff, nvalid):
+    _cp_a_raw(uint32(sbase + 2 * soff), _ffi.from_buffer(gmem), goff * 2, int32(nvalid * 2))
+
+
+@cuda.jit(device=True, forceinline=True)
+def st_global16_a(gmem, goff, smem, sbase, soff):
+    _stg_a_raw(_ffi.from_buffer(gmem), goff * 2, uint32(sbase + 2 * soff))
+
+
+@cuda.jit(device=True, forceinline=True)
+def mma_z(c, ci, a, ai, b0, b1):
+    """c[ci:ci+4] = A·B (the accumulator's old value is ignored)."""
+    _mma_z_raw(_ffi.from_buffer(c[ci:]), _ffi.from_buffer(a[ai:]), b0, b1)
+
+
+pack_f16x2 = cuda.declare_device("fs_pack_f16x2", "uint32(float32, float32)", link=_link)
+
+
+@cuda.jit(device=True, forceinline=True)
+def mma(c, ci, a, ai, b0, b1):
+    """c[ci:ci+4] += A·B for the warp's 16 x 8 x 16 tile; A in a[ai:ai+4], B in (b0, b1)."""
+    _mma_raw(_ffi.from_buffer(c[ci:]), _ffi.from_buffer(a[ai:]), b0, b1)
+
+
+@cuda.jit(device=True, forceinline=True)
+def cp_async_commit():
+    _commit_raw()
+
+
+@cuda.jit(device=True, forceinline=True)
+def cp_async_wait(pending):
+    """Wait until at most ``pending`` (0 or 1) committed groups are still in flight."""
+    if pending == 0:
+        _wait0_raw()
+    else:
+        _wait1_raw()
+
+
+@cuda.jit(device=True, forceinline=True)
+def quad_max2(x, y):
+    """(max of x, max of y) over the 4 lanes of a quad (lanes 4g..4g+3)."""
+    x = max(x, cuda.shfl_xor_sync(0xFFFFFFFF, x, 1))
+    y = max(y, cuda.shfl_xor_sync(0xFFFFFFFF, y, 1))
+    x = max(x, cuda.shfl_xor_sync(0xFFFFFFFF, x, 2))
+    y = max(y, cuda.shfl_xor_sync(0xFFFFFFFF, y, 2))
+    return x, y
+
+
+@cuda.jit(device=True, forceinline=True)
+def quad_sum2(x, y):
+    """(sum of x, sum of y) over the 4 lanes of a quad."""
+    x += cuda.shfl_xor_sync(0xFFFFFFFF, x, 1)
+    y += cuda.shfl_xor_sync(0xFFFFFFFF, y, 1)
+    x += cuda.shfl_xor_sync(0xFFFFFFFF, x, 2)
+    y += cuda.shfl_xor_sync(0xFFFFFFFF, y, 2)
+    return x, y
+
+
+# ---------------------------------------------------------------------------------------------
+# fp32 helpers (fwd_fp32_v1): 16-byte shared loads into registers, 4-byte shared stores, fp32
+# cp.async, and reductions over the 8 lanes 8g..8g+7 of a warp.  Shared memory is addressed by
+# byte addresses in the shared window (``smem_u32_f32`` + 4·float offset); under the simulator
+# that window starts at 0, so the twins index the array with address // 4.
+
+_CU_F32 = r"""
+extern "C" __device__ int fs_smem_u32_f32(unsigned* ret, const float* smem) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(smem));
+    *ret = a;
+    return 0;
+}
+
+extern "C" __device__ int fs_lds128_f32(int* ret, float* r, unsigned a) {
+    asm volatile("ld.shared.v4.f32 {%0,%1,%2,%3}, [%4];"
+                 : "=f"(r[0]), "=f"(r[1]), "=f"(r[2]), "=f"(r[3]) : "r"(a) : "memory");
+    return 0;
+}
+
+extern "C" __device__ int fs_sts32_f32(int* ret, unsigned a, float x) {
+    asm volatile("st.shared.f32 [%0], %1;" :: "r"(a), "f"(x) : "memory");
+    return 0;
+}
+
+extern "C" __device__ int fs_sts32_u32(int* ret, unsigned a, unsigned x) {
+    asm volatile("st.shared.u32 [%0], %1;" :: "r"(a), "r"(x) : "memory");
+    return 0;
+}
+
+extern "C" __device__ int fs_lds64_f32(int* ret, float* r, unsigned a) {
+    asm volatile("ld.shared.v2.f32 {%0,%1}, [%2];" : "=f"(r[0]), "=f"(r[1]) : "r"(a) : "memory");
+    return 0;
+}
+
+// 4 floats global -> shared, asynchronously; src_bytes < 16 zero-fills the rest.
+extern "C" __device__ int fs_cp_async16_f32(int* ret, unsigned a, const float* gmem, long long goff, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                 :: "r"(a), "l"(gmem + goff), "r"(src_bytes) : "memory");
+    return 0;
+}
+"""
+
+_link_f32 = cuda.CUSource(_CU_F32)
+_smem_u32_f32_raw = cuda.declare_device("fs_smem_u32_f32", "uint32(CPointer(float32))", link=_link_f32)
+_lds128_f32_raw = cuda.declare_device("fs_lds128_f32", "int32(CPointer(float32), uint32)", link=_link_f32)
+_sts32_f32_raw = cuda.declare_device("fs_sts32_f32", "int32(uint32, float32)", link=_link_f32)
+_sts32_u32_raw = cuda.declare_device("fs_sts32_u32", "int32(uint32, uint32)", link=_link_f32)
+_lds64_f32_raw = cuda.declare_device("fs_lds64_f32", "int32(CPointer(float32), uint32)", link=_link_f32)
+_cp_f32_raw = cuda.declare_device("fs_cp_async16_f32", "int32(uint32, CPointer(float32), int64, int32)",
+                                  link=_link_f32)
+
+
+@cuda.jit(device=True, forceinline=True)
+def smem_u32_f32(smem):
+    """The 32-bit shared-window byte address of a float32 shared array's first element (GPU); 0 in
+    the simulator."""
+    return _smem_u32_f32_raw(_ffi.from_buffer(smem))
+
+
+@cuda.jit(device=True, forceinline=True)
+def lds128_f32_a(r, ri, smem, a, off):
+    """r[ri:ri+4] = the 4 floats at shared byte address ``a`` + 4·``off`` (16-byte aligned): one
+    LDS.128.  ``smem`` is the shared array (read by the simulator's twin only)."""
+    _lds128_f32_raw(_ffi.from_buffer(r[ri:]), uint32(a + 4 * off))
+
+
+@cuda.jit(device=True, forceinline=True)
+def sts32_f32_a(smem, a, off, x):
+    """Store float ``x`` at shared byte address ``a`` + 4·``off``."""
+    _sts32_f32_raw(uint32(a + 4 * off), float32(x))
+
+
+@cuda.jit(device=True, forceinline=True)
+def sts32_u32_a(smem, a, x):
+    """Store the 32-bit word ``x`` (two packed f16, say) at shared byte address ``a`` (4-byte
+    aligned).  ``smem`` is a uint32 view of the shared memory (written by the simulator's twin)."""
+    _sts32_u32_raw(uint32(a), uint32(x))
+
+
+@cuda.jit(device=True, forceinline=True)
+def lds64_f32_a(r, ri, smem, a):
+    """r[ri:ri+2] = the 2 floats at shared byte address ``a`` (8-byte aligned): one LDS.64."""
+    _lds64_f32_raw(_ffi.from_buffer(r[ri:]), uint32(a))
+
+
+@cuda.jit(device=True, forceinline=True)
+def cp_async16_f32_a(smem, a, gmem, goff, nvalid):
+    """Copy 4 floats from ``gmem`` (flat element offset ``goff``) to shared byte address ``a``,
+    asynchronously; only the first ``nvalid`` (0 or 4) come from memory, the rest are 0."""
+    _cp_f32_raw(uint32(a), _ffi.from_buffer(gmem), goff, int32(nvalid * 4))
+
+
+@cuda.jit(device=True, forceinline=True)
+def oct_max(x):
+    """max of x over the 8 lanes 8g..8g+7 of the warp (g = lane // 8)."""
+    x = max(x, cuda.shfl_xor_sync(0xFFFFFFFF, x, 1))
+    x = max(x, cuda.shfl_xor_sync(0xFFFFFFFF, x, 2))
+    return max(x, cuda.shfl_xor_sync(0xFFFFFFFF, x, 4))
+
+
+@cuda.jit(device=True, forceinline=True)
+def oct_sum(x):
+    """Sum of x over the 8 lanes 8g..8g+7 of the warp."""
+    x += cuda.shfl_xor_sync(0xFFFFFFFF, x, 1)
+    x += cuda.shfl_xor_sync(0xFFFFFFFF, x, 2)
+    return x + cuda.shfl_xor_sync(0xFFFFFFFF, x, 4)
+
+
+# ---------------------------------------------------------------------------------------------
+# TF32 tensor cores for exact-fp32 products (bwd_fp32_v2): ``mma.m16n8k8`` with tf32 operands and
+# f32 accumulators, and the rounding of an f32 to tf32 that splits it as x = hi + lo (3xTF32:
+# A·B ≈ A_lo·B_hi + A_hi·B_lo + A_hi·B_hi, the A_lo·B_lo term being below f32's rounding).
+#
+# Fragment layout (PTX ISA, m16n8k8 .tf32), lane l, g = l // 4, t = l % 4, one element a register:
+#   A (16 x 8, row major): a0 = A[g, t], a1 = A[g+8, t], a2 = A[g, t+4], a3 = A[g+8, t+4];
+#   B (8 x 8, "col"):      b0 = B[t, g], b1 = B[t+4, g];
+#   C, D (16 x 8, f32):    c0, c1 = C[g, 2t:2t+2], c2, c3 = C[g+8, 2t:2t+2].
+# The tensor core reads only the 19 high bits (sign, exponent, 10 mantissa bits) of a tf32
+# operand register, so ``lo`` = x − hi may be passed as it is: the 13 bits it loses are below
+# 2^-21 of x.
+
+_CU_TF32 = r"""
+extern "C" __device__ int fs_mma1688_tf32(int* ret, float* c, const float* a, const float* b) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(__float_as_uint(a[0])), "r"(__float_as_uint(a[1])), "r"(__float_as_uint(a[2])),
+          "r"(__float_as_uint(a[3])), "r"(__float_as_uint(b[0])), "r"(__float_as_uint(b[1])));
+    return 0;
+}
+
+// x rounded to the nearest tf32 (ties away from zero), as an f32 whose 13 low bits are 0: two
+// integer instructions (cvt.rna.tf32.f32 compiles to five on sm_90, with a test for inf/NaN
+// that this needs not: inf stays inf, a NaN stays a NaN, and a finite x that rounds past the
+// largest tf32 becomes inf, as rounding should make it).
+extern "C" __device__ int fs_tf32_hi(float* ret, float x) {
+    *ret = __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
+    return 0;
+}
+"""
+
+_link_tf32 = cuda.CUSource(_CU_TF32)
+_mma_tf32_raw = cuda.declare_device("fs_mma1688_tf32",
+                                    "int32(CPointer(float32), CPointer(float32), CPointer(float32))",
+                                    link=_link_tf32)
+#: x rounded to the nearest tf32 value (an f32 with its 13 low mantissa bits 0).
+tf32_hi = cuda.declare_device("fs_tf32_hi", "float32(float32)", link=_link_tf32)
+
+
+@cuda.jit(device=True, forceinline=True)
+def _mma_tf32(c, ci, a, ai, b, bi):
+    """c[ci:ci+4] += A·B on the tensor cores: A the 16 x 8 tf32 fragment a[ai:ai+4] (a0..a3),
+    B the 8 x 8 fragment b[bi:bi+2]; every lane of the warp calls it together."""
+    _mma_tf32_raw(_ffi.from_buffer(c[ci:]), _ffi.from_buffer(a[ai:]), _ffi.from_buffer(b[bi:]))
+
+
+@cuda.jit(device=True, forceinline=True)
+def mma3_tf32(acc, ah, al, bh, bl, M, N):
+    """acc[4(mN + n):+4] += A_m·B_n for M A tiles (ah, al: hi and lo parts, 4 registers a tile)
+    and N B tiles (bh, bl: 2 a tile), as 3xTF32: A_lo·B_hi, A_hi·B_lo, A_hi·B_hi, small terms
+    first, each term over all M·N tiles before the next so that no mma waits on the last."""
+    for m in range(M):
+        for n in range(N):
+            _mma_tf32(acc, 4 * (m * N + n), al, 4 * m, bh, 2 * n)
+    for m in range(M):
+        for n in range(N):
+            _mma_tf32(acc, 4 * (m * N + n), ah, 4 * m, bl, 2 * n)
+    for m in range(M):
+        for n in range(N):
+            _mma_tf32(acc, 4 * (m * N + n), ah, 4 * m, bh, 2 * n)
+

@@ -1,0 +1,325 @@
+"""The CUDA simulator's target of :mod:`kernels.perf.tc`: a pure-Python twin of every GPU helper
+with the same names, signatures and per-thread contract (each simulated thread ends up holding
+exactly the fragment registers the hardware would give it).  Where the hardware moves data
+between the lanes of a warp (``mma``, the quad and octet reductions) the twin exchanges it
+through shared memory between two ``syncthreads``, so every thread of the block must call these
+helpers in the same order.  Arithmetic is float32 like the hardware's accumulators; the order
+of the products inside one mma differs from the tensor core's, which changes nothing beyond
+float32 rounding.  Import through :mod:`kernels.perf.tc` (which defines ``MAX_WARPS`` first).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+from numba import cuda, float32
+
+from .tc import MAX_WARPS
+
+# The simulator creates a static shared array the first time any thread reaches its line,
+# with no lock: two threads arriving together can each get a private array (seen here as a
+# rare NaN).  Every scratch array below is taken under this lock.
+_ALLOC_LOCK = threading.Lock()
+
+
+def _lane():
+    tid = int(cuda.threadIdx.x)
+    return tid // 32, tid % 32
+
+
+def _halves(word) -> np.ndarray:
+    return np.array([word], dtype=np.uint32).view(np.float16).astype(np.float32)
+
+
+@cuda.jit(device=True)
+def pack_f16x2(lo, hi):
+    return int(np.array([lo, hi], dtype=np.float32).astype(np.float16).view(np.uint32)[0])
+
+
+@cuda.jit(device=True)
+def ex2(x):
+    return float32(math.exp2(x)) if x != -math.inf else float32(0.0)
+
+
+@cuda.jit(device=True)
+def mma(c, ci, a, ai, b0, b1):
+    warp, lane = _lane()
+    g, t = lane // 4, lane % 4
+    with _ALLOC_LOCK:
+        sa = cuda.shared.array((MAX_WARPS, 16, 16), float32)
+        sb = cuda.shared.array((MAX_WARPS, 16, 8), float32)
+    sa[warp, g, 2 * t:2 * t + 2] = _halves(a[ai])
+    sa[warp, g + 8, 2 * t:2 * t + 2] = _halves(a[ai + 1])
+    sa[warp, g, 2 * t + 8:2 * t + 10] = _halves(a[ai + 2])
+    sa[warp, g + 8, 2 * t + 8:2 * t + 10] = _halves(a[ai + 3])
+    sb[warp, 2 * t:2 * t + 2, g] = _halves(b0)
+    sb[warp, 2 * t + 8:2 * t + 10, g] = _halves(b1)
+    cuda.syncthreads()
+    A, B = sa[warp], sb[warp]
+    for e, (r, col) in enumerate(((g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1))):
+        c[ci + e] = np.float32(c[ci + e]) + np.float32(np.dot(A[r, :], B[:, col]))
+    cuda.syncthreads()
+
+
+def _ldsm(r, ri, smem, base, stride, row0, col0, trans, border=False):
+    _, lane = _lane()
+    g, t = lane // 4, lane % 4
+    for i in range(4):
+        if border:
+            mr, mc = row0 + 8 * (i >> 1), col0 + 8 * (i & 1)
+        else:
+            mr, mc = row0 + 8 * (i & 1), col0 + 8 * (i >> 1)
+        if trans:
+            lo = smem[base + (mr + 2 * t) * stride + mc + g]
+            hi = smem[base + (mr + 2 * t + 1) * stride + mc + g]
+        else:
+            lo = smem[base + (mr + g) * stride + mc + 2 * t]
+            hi = smem[base + (mr + g) * stride + mc + 2 * t + 1]
+        r[ri + i] = pack_f16x2(lo, hi)
+
+
+def _cp_async16(smem, soff, gmem, goff, nvalid):
+    flat = gmem.reshape(-1) if hasattr(gmem, "reshape") else gmem
+    for e in range(8):
+        smem[soff + e] = flat[goff + e] if e < nvalid else 0.0
+
+
+@cuda.jit(device=True)
+def smem_u32(smem):
+    return 0
+
+
+@cuda.jit(device=True)
+def lane_offset(stride):
+    return 0
+
+
+@cuda.jit(device=True)
+def lane_offset_b(stride):
+    return 0
+
+
+@cuda.jit(device=True)
+def cp_async16_a(smem, sbase, soff, gmem, goff, nvalid):
+    _cp_async16(smem, soff, gmem, goff, nvalid)
+
+
+@cuda.jit(device=True)
+def opaque_u32(x):
+    return x
+
+
+# The simulator's shared window starts at 0 and its lane offsets are 0 (``smem_u32``,
+# ``lane_offset``): ``addr`` is twice the element offset of the tile's first element.
+
+
+@cuda.jit(device=True)
+def ldsm_x4(r, ri, smem, addr, stride):
+    _ldsm(r, ri, smem, addr // 2, stride, 0, 0, False)
+
+
+@cuda.jit(device=True)
+def ldsm_x4_b(r, ri, smem, addr, stride):
+    _ldsm(r, ri, smem, addr // 2, stride, 0, 0, False, True)
+
+
+@cuda.jit(device=True)
+def ldsm_x4_trans(r, ri, smem, addr, stride):
+    _ldsm(r, ri, smem, addr // 2, stride, 0, 0, True)
+
+
+@cuda.jit(device=True)
+def ldsm_x4_trans_b(r, ri, smem, addr, stride):
+    _ldsm(r, ri, smem, addr // 2, stride, 0, 0, True, True)
+
+
+@cuda.jit(device=True)
+def st_global16_a(gmem, goff, smem, sbase, soff):
+    flat = gmem.reshape(-1) if hasattr(gmem, "reshape") else gmem
+    for e in range(8):
+        flat[goff + e] = smem[soff + e]
+
+
+@cuda.jit(device=True)
+def mma_z(c, ci, a, ai, b0, b1):
+    for e in range(4):
+        c[ci + e] = 0.0
+    mma(c, ci, a, ai, b0, b1)
+
+
+@cuda.jit(device=True)
+def cp_async_commit():
+    pass
+
+
+@cuda.jit(device=True)
+def cp_async_wait(pending):
+    pass
+
+
+def _quad(x, y, op):
+    warp, lane = _lane()
+    tid = warp * 32 + lane
+    with _ALLOC_LOCK:
+        sx = cuda.shared.array(32 * MAX_WARPS, float32)
+        sy = cuda.shared.array(32 * MAX_WARPS, float32)
+    sx[tid] = x
+    sy[tid] = y
+    cuda.syncthreads()
+    q = tid - tid % 4
+    rx, ry = op(sx[q:q + 4]), op(sy[q:q + 4])
+    cuda.syncthreads()
+    return float32(rx), float32(ry)
+
+
+_RED_LOCK = threading.Lock()
+
+
+@cuda.jit(device=True)
+def red_v2(g, off, a, b):
+    flat = g.reshape(-1)
+    with _RED_LOCK:
+        flat[off] += a
+        flat[off + 1] += b
+
+
+@cuda.jit(device=True)
+def red_v4(g, off, a, b, c, d):
+    flat = g.reshape(-1)
+    with _RED_LOCK:
+        flat[off] += a
+        flat[off + 1] += b
+        flat[off + 2] += c
+        flat[off + 3] += d
+
+
+@cuda.jit(device=True)
+def quad_max2(x, y):
+    return _quad(x, y, np.max)
+
+
+@cuda.jit(device=True)
+def quad_sum2(x, y):
+    return _quad(x, y, lambda v: np.float32(v[0] + v[1] + v[2] + v[3]))
+
+
+@cuda.jit(device=True)
+def smem_u32_f32(smem):
+    return 0
+
+
+@cuda.jit(device=True)
+def lds128_f32_a(r, ri, smem, a, off):
+    base = a // 4 + off
+    for e in range(4):
+        r[ri + e] = smem[base + e]
+
+
+@cuda.jit(device=True)
+def sts32_f32_a(smem, a, off, x):
+    smem[a // 4 + off] = x
+
+
+@cuda.jit(device=True)
+def sts32_u32_a(smem, a, x):
+    smem[a // 4] = x
+
+
+@cuda.jit(device=True)
+def lds64_f32_a(r, ri, smem, a):
+    r[ri] = smem[a // 4]
+    r[ri + 1] = smem[a // 4 + 1]
+
+
+@cuda.jit(device=True)
+def cp_async16_f32_a(smem, a, gmem, goff, nvalid):
+    flat = gmem.reshape(-1) if hasattr(gmem, "reshape") else gmem
+    base = a // 4
+    for e in range(4):
+        smem[base + e] = flat[goff + e] if e < nvalid else 0.0
+
+
+def _oct(x, op):
+    warp, lane = _lane()
+    tid = warp * 32 + lane
+    with _ALLOC_LOCK:
+        sx = cuda.shared.array(32 * MAX_WARPS, float32)
+    sx[tid] = x
+    cuda.syncthreads()
+    g = tid - tid % 8
+    r = op(sx[g:g + 8])
+    cuda.syncthreads()
+    return float32(r)
+
+
+def _tree_sum8(v):
+    # the butterfly's order: lanes (0+1)+(2+3) ... in float32, as the shuffles on the GPU
+    a = [np.float32(v[i]) + np.float32(v[i ^ 1]) for i in range(8)]
+    b = [a[i] + a[i ^ 2] for i in range(8)]
+    return b[0] + b[4]
+
+
+@cuda.jit(device=True)
+def oct_max(x):
+    return _oct(x, np.max)
+
+
+@cuda.jit(device=True)
+def oct_sum(x):
+    return _oct(x, _tree_sum8)
+
+
+def _tf32_trunc(x) -> np.ndarray:
+    # what the tensor core reads of operand registers: their 19 high bits
+    u = np.array(x, dtype=np.float32).view(np.uint32) & np.uint32(0xFFFFE000)
+    return u.view(np.float32).astype(np.float64)
+
+
+@cuda.jit(device=True)
+def tf32_hi(x):
+    u = np.array([x], dtype=np.float32).view(np.uint32)
+    u = (u + np.uint32(0x1000)) & np.uint32(0xFFFFE000)  # round the magnitude, ties away
+    return float32(u.view(np.float32)[0])
+
+#: the most A and B tiles one mma3_tf32 call takes under the simulator
+_M3, _N3 = 4, 8
+
+
+@cuda.jit(device=True)
+def mma3_tf32(acc, ah, al, bh, bl, M, N):
+    # One exchange for all M·N tiles and the three terms (a barrier per mma would make the
+    # simulator six times slower than the fp16 kernels' tests); the sum of the three terms is
+    # rounded to f32 once, where the tensor core rounds after each.
+    warp, lane = _lane()
+    g, t = lane // 4, lane % 4
+    with _ALLOC_LOCK:
+        sa = cuda.shared.array((MAX_WARPS, 2, _M3, 16, 8), float32)
+    with _ALLOC_LOCK:
+        sb = cuda.shared.array((MAX_WARPS, 2, _N3, 8, 8), float32)
+    for h, (a, b) in enumerate(((ah, bh), (al, bl))):
+        for m in range(M):
+            sa[warp, h, m, g, t] = a[4 * m]
+            sa[warp, h, m, g + 8, t] = a[4 * m + 1]
+            sa[warp, h, m, g, t + 4] = a[4 * m + 2]
+            sa[warp, h, m, g + 8, t + 4] = a[4 * m + 3]
+        for n in range(N):
+            sb[warp, h, n, t, g] = b[2 * n]
+            sb[warp, h, n, t + 4, g] = b[2 * n + 1]
+    cuda.syncthreads()
+    A = _tf32_trunc(sa[warp, :, :M])
+    B = _tf32_trunc(sb[warp, :, :N])
+    cuda.syncthreads()
+    rows = (g, g, g + 8, g + 8)
+    cols = (2 * t, 2 * t + 1, 2 * t, 2 * t + 1)
+    for m in range(M):
+        for n in range(N):
+            for e in range(4):
+                a_h, a_l = A[0, m, rows[e]], A[1, m, rows[e]]
+                b_h, b_l = B[0, n, :, cols[e]], B[1, n, :, cols[e]]
+                x = np.dot(a_l, b_h) + np.dot(a_h, b_l) + np.dot(a_h, b_h)
+                i = 4 * (m * N + n) + e
+                acc[i] = np.float32(np.float32(acc[i]) + np.float32(x))
+
+
