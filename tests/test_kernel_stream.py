@@ -112,7 +112,7 @@ def fake_torch(monkeypatch, spy):
     torch.empty = lambda shape, dtype, device: Tensor(spy.device_array(shape, dtype=dtype))
     torch.as_tensor = lambda dev, device: Tensor(dev)
     monkeypatch.setitem(sys.modules, "torch", torch)
-    monkeypatch.setattr(cuda, "as_cuda_array", lambda t: t.dev, raising=False)
+    monkeypatch.setattr(cuda, "as_cuda_array", lambda t, sync=True: t.dev, raising=False)
     return torch
 
 
