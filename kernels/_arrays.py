@@ -44,9 +44,8 @@ def as_device_array(x, sync: bool = True):
     ``sync``: whether Numba first waits for the stream the object's interface names (its
     producer's).  A call that launches on that very stream (torch's current stream, the default
     for torch tensors) passes False: the stream's own order already puts the kernels after the
-    producer, and the wait would stall the host until the GPU is idle on every call (measured on
-    the H100: 200 us a forward call, 650 us a backward call of host time, which short kernels pay
-    as GPU idle time)."""
+    producer, and the wait (a stream synchronisation) would hold the host until that stream is
+    idle, on every call."""
     if _is_numba_device_array(x):
         return x
     return cuda.as_cuda_array(x, sync=sync)
