@@ -22,6 +22,12 @@ runs itself under ``ncu --cache-control all`` (each probe one launch, cold) and 
   sits in L2, over as long as its kernel runs).
 * ``fill_sms W B``: W MiB of stores by B blocks of 256 threads only (B = 16: FlashAttention-1's
   grid; is the dirty limit the same with 16 SMs as with all of them?).
+
+Then it runs the attention worker (analysis.worker) on the configurations of :data:`KERNEL_CONFIGS`
+(those of the H100 record whose DRAM writes the model misses most) under ncu with the record's
+metrics plus the local-memory (register spill) traffic, ``l1tex__t_bytes_pipe_lsu_mem_local_op_ld/st``,
+and every L2 write (``lts__t_sectors_op_write``): ``$OUT/l2_policy_kernels.csv``, one row per launch.
+DRAM writes above the global stores' bytes come from somewhere the model does not see (spills).
 """
 
 from __future__ import annotations
@@ -39,6 +45,12 @@ from numba import cuda, float32, uint32  # noqa: E402
 
 MIB = 1 << 20
 THREADS = 256
+#: config ids of analysis/data/h100/h100.csv
+KERNEL_CONFIGS = ("flash2-fwd-b1h16-n16384-d128-fp16-br32bc32", "flash2-fwd-b1h16-n16384-d64-fp16-br64bc32",
+                  "flash2-fwd-b1h16-n4096-d64-fp16-br32bc32", "flash1-fwd-b1h16-n4096-d64-fp16-M32k",
+                  "flash1-fwd-b1h16-n2048-d128-fp16-M64k", "flash1-fwd-b1h16-n2048-d64-fp32-M64k")
+LOCAL = ("l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum", "l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum",
+         "lts__t_sectors_op_write.sum")
 
 
 def probes() -> list[dict]:
@@ -174,6 +186,58 @@ def main(argv=None) -> int:
         print(f"{r['probe']:<11} {what:<40} DRAM read {r['dram_read_bytes'] / MIB:9.2f} MiB  "
               f"write {r['dram_write_bytes'] / MIB:9.2f} MiB  {r['time_ns'] / 1e6:9.3f} ms")
     (out / "l2_policy.meta.json").write_text(json.dumps({"gpu": smi, "command": " ".join(cmd)}, indent=1))
+    return kernels(out, smi)
+
+
+def kernels(out: Path, smi: str) -> int:
+    """The attention configurations of KERNEL_CONFIGS under ncu with the local-memory metrics."""
+    import io
+
+    from analysis.compare import read_measured
+    from analysis.measure import CONFIG_FIELDS
+    from analysis.ncu import METRICS, ncu_command, parse_raw_csv, split_by_marker
+
+    rows, _ = read_measured(Path(__file__).resolve().parents[2] / "analysis" / "data" / "h100" / "h100.csv")
+    cfgs = {}
+    for r in rows:
+        if r["config_id"] in KERNEL_CONFIGS:
+            cfgs.setdefault(r["config_id"], {k: r[k] for k in CONFIG_FIELDS})
+    order = [c for c in KERNEL_CONFIGS if c in cfgs]
+    cfg_path, man_path = out / ".kernels.json", out / ".kernels.manifest.json"
+    cfg_path.write_text(json.dumps([cfgs[c] for c in order]))
+    raw = out / "l2_policy_kernels.ncu-raw.csv"
+    cmd = ncu_command([sys.executable, "-m", "analysis.worker", str(cfg_path), str(man_path)], export=str(raw),
+                      metrics=METRICS + LOCAL, cache_control="all", profile_from_start=False)
+    print("running:", " ".join(cmd), flush=True)
+    if subprocess.run(cmd, cwd=Path(__file__).resolve().parents[2]).returncode != 0:
+        print("l2_policy: ncu failed on the attention worker", file=sys.stderr)
+        return 1
+    text = raw.read_text()
+    launches = parse_raw_csv(text)
+    lines = text.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith('"ID"'))
+    table = list(csv.reader(io.StringIO("\n".join(lines[start:]))))
+    col = {n: i for i, n in enumerate(table[0])}
+    extra = {int(r[col["ID"]]): {m: r[col[m]] for m in LOCAL} for r in table[2:]
+             if len(r) == len(table[0]) and r[col["ID"]].strip()}
+    out_rows = []
+    for cid, group in zip(order, split_by_marker(launches)):
+        for k, ln in enumerate(group):
+            e = extra.get(ln["launch_id"], {})
+            out_rows.append({"config_id": cid, "launch_index": k, "dram_read_bytes": ln["dram_read_bytes"],
+                             "dram_write_bytes": ln["dram_write_bytes"], "lsu_ld_bytes": ln["lsu_ld_bytes"],
+                             "lsu_st_bytes": ln["lsu_st_bytes"], "local_ld_bytes": e.get(LOCAL[0], ""),
+                             "local_st_bytes": e.get(LOCAL[1], ""), "l2_write_sectors_all": e.get(LOCAL[2], ""),
+                             "l2_write_sectors_global": ln["l2_write_sectors"], "time_ns": ln["time_ns"], "gpu": smi})
+    with open(out / "l2_policy_kernels.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(out_rows[0]))
+        w.writeheader()
+        w.writerows(out_rows)
+    for r in out_rows:
+        print(f"{r['config_id']:<46} {r['launch_index']} DRAM write {r['dram_write_bytes'] / 1e6:8.2f} MB  "
+              f"global st {r['lsu_st_bytes'] / 1e6:9.2f} MB  "
+              f"local ld/st {r['local_ld_bytes']}/{r['local_st_bytes']} B  "
+              f"L2 write sectors all/global {r['l2_write_sectors_all']}/{r['l2_write_sectors_global']}")
     return 0
 
 
