@@ -567,6 +567,21 @@ def l2_model_parameters(rows: list[dict], l2_bytes: int, policy: str = "nru", sc
             "fit_rms": float(np.sqrt(err(cap) / len(pts)))}
 
 
+def timed_writeback_rate(path) -> float:
+    """Bytes per second of dirty lines the L2 writes back while a kernel keeps running and
+    nothing evicts them: the least-squares slope through the origin of DRAM writes against the
+    kernel's duration over the ``fill_wait`` probes of a scripts/device/l2_writeback.py record
+    (8 MiB stored, then the kernel kept alive 0-64 ms; on the H100: 0.5 MiB at 16 ms, 1.25 MiB at
+    64 ms, about 21 MB/s)."""
+    with open(path, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("probe") == "fill_wait"]
+    if len(rows) < 2:
+        raise ValueError(f"{path}: {len(rows)} fill_wait probes; the rate needs at least 2")
+    t = np.array([float(r["time_ns"]) * 1e-9 for r in rows])
+    w = np.array([float(r["dram_write_bytes"]) for r in rows])
+    return float(t @ w / (t @ t))
+
+
 def _mib(x) -> str:
     return "-" if x is None else f"{x / MiB:.1f} MiB"
 

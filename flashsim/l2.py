@@ -16,27 +16,43 @@ The model, piece by piece:
 * **Accesses.**  Each tile of a step is expanded, row by row, into the 128-byte lines it
   touches, each with the mask of the 32-byte sectors it touches (``l2_line_bytes`` and
   ``l2_sector_bytes`` of the preset), tensors laid out as the walker lays them out.
-* **The L2.**  Set-associative (``l2_ways``), LRU, capacity ``l2_effective_bytes``: the preset's
-  L2 divided by ``l2_partitions``.  The H100/H200 (and A100) L2 is two partitions, each caching
-  the data the SMs of its own half use; data read by SMs of both halves (K and V here, which
-  every block of a head reads) is held in both, so what one kernel effectively caches is one
-  partition's worth.  Sets are indexed by line address modulo the number of sets.
-  Reads: a sector that is not valid is fetched from DRAM (sector granularity, as the L2
-  fetches).  Writes: write-allocate without fetch, the written sectors become valid and dirty
-  (write-back).  An evicted line writes its dirty sectors to DRAM.
+* **The L2**, one set-associative cache (``l2_ways``, sets indexed by line address modulo the
+  number of sets) whose parameters come from the calibration microbenchmarks
+  (``python -m analysis.calibrate l2``; records in analysis/data/l2calib/, derived by
+  ``analysis.calibrate.l2_model_parameters``; each preset's ``l2_source`` names them):
+
+  - *capacity* ``l2_effective_bytes`` (``l2_capacity_fraction`` of the L2: 33.2 of 50 MiB on
+    the H100, 42.8 of 60 MiB on the H200): the capacity for which this cache reproduces the
+    measured re-reads of a window by the whole grid (all hit up to 32 MiB, then a gradual ramp:
+    half miss at 45 MiB on the H100, 64 MiB on the H200);
+  - *replacement* ``l2_replacement``: "nru" (a hit marks a line re-referenced; the victim is
+    drawn at random among the ways not re-referenced since they came in, and when every way is,
+    the marks are cleared).  Random choice gives the measured ramp (LRU would give a cliff);
+    the marks keep tiles that many blocks re-read while other data streams by.  "lru" and
+    "random" are there for comparison (and an int k: random among the k least recently used);
+  - *reads*: a missing sector is fetched with the rest of its ``l2_fetch_bytes`` granule (64
+    bytes measured: a strided read touching one sector per 64 bytes or more fetches 64 bytes);
+    only the granule's sectors not already valid are counted;
+  - *writes*: write-allocate without fetch; the written sectors become valid and dirty.  At
+    most ``l2_dirty_bytes`` (``l2_dirty_fraction`` of the L2: 23.7 MiB measured on the H100,
+    28.2 MiB on the H200) are held dirty: beyond it the lines dirtied first are written back
+    and stay, clean (a launch writing W bytes sends max(0, W - limit) to DRAM, as measured).
+    An evicted dirty line writes its dirty sectors back.
 * **Launch boundaries.**  ``cold_launches=False`` (a pass as it runs): the L2's content carries
   from one launch to the next (the dK/dV launch can hit on D written by the preprocess launch);
   the lines still dirty after the last launch are written back eventually and reported as
   ``final_flush_bytes`` (part of the total writes).  ``cold_launches=True`` (what Nsight Compute
   measures with ``--cache-control all``): every launch starts with an empty L2, and its dirty
   lines at the end are written back by ncu's flush before the next replay, outside the measured
-  range: a launch's DRAM writes are only its evictions (the H200 record shows it: a GEMM that
-  writes 134 MB of S shows 107.5 MB of DRAM writes).  They are reported as ``dirty_end_bytes``.
+  range: they are reported as ``dirty_end_bytes``, not as the launch's writes.
 
-What it is not: no timing (the L2 does not write dirty lines back early while DRAM is idle,
-which the hardware appears to do in long kernels), no hashing of addresses across slices, no
-register-limited occupancy, no per-SM placement of blocks, the two partitions folded into one
-cache of half the size.
+What it is not: no timing (the hardware writes a little of what sits dirty back over time:
+0.5-1.25 MiB of 8 MiB kept 16-64 ms, which the long FlashAttention-1 launches show as 3-7 MB
+of writes the model does not predict), no partitions (one SM sees about half the capacity the
+whole grid sees, and a launch reading back what other blocks wrote misses about half of it:
+both measured, neither modelled), no read-modify-write of partly written sectors, no register
+spills (local memory), no register-limited occupancy, no per-SM placement of blocks.  The A100
+presets have no calibration: they assume the H100's fractions.
 """
 
 from __future__ import annotations
