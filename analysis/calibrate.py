@@ -567,16 +567,20 @@ def l2_model_parameters(rows: list[dict], l2_bytes: int, policy: str = "nru", sc
             "fit_rms": float(np.sqrt(err(cap) / len(pts)))}
 
 
-def timed_writeback_rate(path) -> float:
-    """Bytes per second of dirty lines the L2 writes back while a kernel keeps running and
-    nothing evicts them: the least-squares slope through the origin of DRAM writes against the
-    kernel's duration over the ``fill_wait`` probes of a scripts/device/l2_writeback.py record
-    (8 MiB stored, then the kernel kept alive 0-64 ms; on the H100: 0.5 MiB at 16 ms, 1.25 MiB at
-    64 ms, about 21 MB/s)."""
-    with open(path, newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r.get("probe") == "fill_wait"]
+def timed_writeback_rate(*paths) -> float:
+    """Bytes per second that reach DRAM as writes while a kernel runs, whatever it stores: the
+    least-squares slope through the origin of DRAM writes against the kernel's duration over
+    the ``fill_wait`` probes (W MiB stored, then the kernel kept alive T ms) of the records at
+    ``paths`` (scripts/device/l2_writeback.py, T = 0-64 ms; scripts/device/l2_policy.py, T =
+    128-512 ms).  On the H100 about 19 MB/s, independent of W (8, 16 or 20 MiB: 4.7-5.2 MB at
+    256 ms) and more than was stored at 512 ms (9.7 MB for 8 MiB): a background rate, not the
+    cleaning of the kernel's own dirty lines."""
+    rows = []
+    for path in paths:
+        with open(path, newline="") as f:
+            rows += [r for r in csv.DictReader(f) if r.get("probe") == "fill_wait"]
     if len(rows) < 2:
-        raise ValueError(f"{path}: {len(rows)} fill_wait probes; the rate needs at least 2")
+        raise ValueError(f"{paths}: {len(rows)} fill_wait probes; the rate needs at least 2")
     t = np.array([float(r["time_ns"]) * 1e-9 for r in rows])
     w = np.array([float(r["dram_write_bytes"]) for r in rows])
     return float(t @ w / (t @ t))
