@@ -28,8 +28,11 @@ The model, piece by piece:
   - *replacement* ``l2_replacement``: "nru" (a hit marks a line re-referenced; the victim is
     drawn at random among the ways not re-referenced since they came in, and when every way is,
     the marks are cleared).  Random choice gives the measured ramp (LRU would give a cliff);
-    the marks keep tiles that many blocks re-read while other data streams by.  "lru" and
-    "random" are there for comparison (and an int k: random among the k least recently used);
+    the marks keep tiles that many blocks re-read while other data streams by (measured on the
+    H100, analysis/data/l2calib/h100_l2_policy.csv: a hot buffer of 1-16 MiB re-read under a
+    256 MiB stream loses 0-25% of its re-reads, between this policy's 0-4% and random
+    replacement's 3-46%).  "lru" and "random" are there for comparison (and an int k: random
+    among the k least recently used);
   - *reads*: a missing sector is fetched with the rest of its ``l2_fetch_bytes`` granule (64
     bytes measured: a strided read touching one sector per 64 bytes or more fetches 64 bytes);
     only the granule's sectors not already valid are counted;
@@ -46,13 +49,14 @@ The model, piece by piece:
   lines at the end are written back by ncu's flush before the next replay, outside the measured
   range: they are reported as ``dirty_end_bytes``, not as the launch's writes.
 
-What it is not: no timing (the hardware writes a little of what sits dirty back over time:
-0.5-1.25 MiB of 8 MiB kept 16-64 ms, which the long FlashAttention-1 launches show as 3-7 MB
-of writes the model does not predict), no partitions (one SM sees about half the capacity the
+What it is not: no timing (the H100 writes to DRAM at about 19 MB/s while any kernel runs,
+whatever it stored: 9.7 MB for 8 MiB stored and the kernel kept alive 512 ms; long launches
+show it as megabytes of writes the model does not predict; analysis.compare reports it apart),
+no partitions (one SM sees about half the capacity the
 whole grid sees, and a launch reading back what other blocks wrote misses about half of it:
-both measured, neither modelled), no read-modify-write of partly written sectors, no register
-spills (local memory), no register-limited occupancy, no per-SM placement of blocks.  The A100
-presets have no calibration: they assume the H100's fractions.
+both measured, neither modelled), no read-modify-write of partly written sectors, no local
+memory (the reference kernels measured have none), no register-limited occupancy, no per-SM
+placement of blocks.  The A100 presets have no calibration: they assume the H100's fractions.
 """
 
 from __future__ import annotations
