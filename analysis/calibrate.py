@@ -482,7 +482,7 @@ MODELLED = ("reread", "stride", "stream", "write", "write_read")
 
 
 def model_case(row: dict, capacity: float, dirty: float | None, fetch: int, policy: str = "nru", ways: int = 16,
-               scale: int = 1) -> tuple[float, float]:
+               scale: int = 1, random_share: float = 0.0) -> tuple[float, float]:
     """(DRAM read bytes, DRAM write bytes) that flashsim.l2's cache predicts for one case of an
     ``l2`` record: the case's passes over its window in address order (the grid-stride sweep
     moves through the window from start to end, a grid-width at a time), from an empty L2, the
@@ -495,7 +495,7 @@ def model_case(row: dict, capacity: float, dirty: float | None, fetch: int, poli
         raise ValueError(f"pattern={row['pattern']!r}: not one the model replays ({', '.join(MODELLED)})")
     w = row["window_bytes"] // scale
     cache = L2(int(capacity / scale), 128, 32, ways, policy=policy,
-               dirty_limit=None if dirty is None else int(dirty / scale), fetch_bytes=fetch)
+               dirty_limit=None if dirty is None else int(dirty / scale), fetch_bytes=fetch, random_share=random_share)
     ctr = np.zeros(4, dtype=np.int64)
     s = row["stride_bytes"]
     for p in range(row["passes"]):
@@ -514,15 +514,79 @@ def _reread_points(rows: list[dict]) -> list[tuple[int, float]]:
             for r in _sel(rows, "reread", 4, 2, "read")]
 
 
-def l2_model_parameters(rows: list[dict], l2_bytes: int, policy: str = "nru", scale: int = 16) -> dict:
+#: The hot_stream probe's grid of scripts/device/l2_policy.py (4 x 132 blocks of 256 threads on
+#: the H100): each step streams, and re-reads of the hot buffer, one grid-width of floats.
+HOT_STREAM_STEP = 4 * 132 * 256 * 4
+
+
+def hot_stream_misses(rows: list[dict]) -> list[tuple[str, int, float]]:
+    """(mode, hot MiB, fraction of the hot buffer's re-reads that miss) of the ``hot_stream``
+    probes of a scripts/device/l2_policy.py record (rows as csv.DictReader gives them): DRAM
+    reads beyond the stream (when it is read) and the hot buffer's first reading, over the
+    256 MiB of hot re-reads."""
+    out = []
+    for r in rows:
+        if r.get("probe") != "hot_stream":
+            continue
+        s, h = int(r["mib"]), int(r["hot_mib"])
+        extra = int(r["dram_read_bytes"]) / MiB - (s if r["mode"] == "read" else 0) - h
+        out.append((r["mode"], h, extra / s))
+    return out
+
+
+def model_hot_stream(mode: str, hot_mib: int, capacity: float, dirty: float | None, fetch: int,
+                     policy: str = "nru", random_share: float = 0.0, scale: int = 4, stream_mib: int = 256) -> float:
+    """The hot_stream probe through flashsim.l2's cache at 1/``scale`` size: the fraction of the
+    hot buffer's re-reads that miss (see :func:`hot_stream_misses`)."""
+    from flashsim.l2 import L2
+
+    cache = L2(int(capacity / scale), 128, 32, 16, policy=policy,
+               dirty_limit=None if dirty is None else int(dirty / scale), fetch_bytes=fetch, random_share=random_share)
+    ctr = np.zeros(4, dtype=np.int64)
+    s, h, t = stream_mib * MiB // scale, hot_mib * MiB // scale, HOT_STREAM_STEP // scale
+    hot0, j = 1 << 40, 0
+    for a in range(0, s, t):
+        cache.access(a, t, mode == "write", ctr)
+        n = min(t, h - j)
+        cache.access(hot0 + j, n, False, ctr)
+        if n < t:
+            cache.access(hot0, t - n, False, ctr)
+        j = (j + t) % h
+    reads = ctr[2] * 32 * scale / MiB
+    return (reads - (stream_mib if mode == "read" else 0) - hot_mib) / stream_mib
+
+
+#: The shares :func:`fit_random_share` tries.
+SHARES = tuple(round(0.05 * k, 2) for k in range(13))
+
+
+def fit_random_share(policy_rows: list[dict], capacity: float, dirty: float | None, fetch: int,
+                     shares=SHARES) -> tuple[float, float]:
+    """(share, rms): the share of NRU's victims drawn among all the ways for which the model's
+    cache loses the hot buffer's re-reads as the hot_stream probes measure, in least squares
+    over ``shares``."""
+    pts = hot_stream_misses(policy_rows)
+    if not pts:
+        raise ValueError("policy_rows: no hot_stream probe")
+    best = None
+    for q in shares:
+        e = sum((model_hot_stream(m, h, capacity, dirty, fetch, "nru", float(q)) - f) ** 2 for m, h, f in pts)
+        if best is None or e < best[1]:
+            best = (float(q), e)
+    return round(best[0], 2), float(np.sqrt(best[1] / len(pts)))
+
+
+def l2_model_parameters(rows: list[dict], l2_bytes: int, policy: str = "nru", scale: int = 16,
+                        random_share: float = 0.0) -> dict:
     """The L2 model's parameters (flashsim.l2) from an ``l2`` record, for a GPU whose L2 holds
     ``l2_bytes``:
 
     * ``dirty_bytes``: the median of W - DRAM writes over the single-pass ``write`` cases with W
       at least 1.25 x the most left dirty (the plateau: what one launch leaves dirty at most);
     * ``fetch_bytes``: :func:`fetch_granularity`;
-    * ``capacity_bytes``: the capacity C for which the model's cache (``policy``, 16 ways, that
-      dirty limit and fetch unit; :func:`model_case` at 1/``scale`` size) predicts the grid's
+    * ``capacity_bytes``: the capacity C for which the model's cache (``policy`` with
+      ``random_share``, 16 ways, that dirty limit and fetch unit; :func:`model_case` at
+      1/``scale`` size) predicts the grid's
       2-pass re-reads (``reread``, 4-byte stride) best, in least squares of the re-reads' miss
       fraction; C searched from 8 to 128 MiB by golden section, to 1/16 MiB;
     * the two sizes as fractions of ``l2_bytes`` (what the presets record), and the fit's rms.
@@ -544,7 +608,7 @@ def l2_model_parameters(rows: list[dict], l2_bytes: int, policy: str = "nru", sc
     def err(c):
         e = 0.0
         for w, f in pts:
-            rd, _ = model_case(case[w], c, dirty, g or 32, policy, scale=scale)
+            rd, _ = model_case(case[w], c, dirty, g or 32, policy, scale=scale, random_share=random_share)
             e += (rd / w - 1 - f) ** 2
         return e
 

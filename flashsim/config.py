@@ -290,6 +290,8 @@ class Hardware:
     l2_dirty_fraction: float | None = None
     l2_replacement: str = "lru"
     l2_fetch_bytes: int = 32
+    #: with "nru": the share of victims drawn among all the ways (hot lines are kept, not always)
+    l2_random_share: float = 0.0
     #: occupancy limits of one SM (CUDA programming guide, compute capability table)
     max_threads_per_sm: int = 2048
     max_blocks_per_sm: int = 32
@@ -306,6 +308,9 @@ class Hardware:
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1):
                 raise ValueError(f"{name}={v!r}: must be None or a fraction in (0, 1]")
+        v = self.l2_random_share
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+            raise ValueError(f"l2_random_share={v!r}: must be a fraction in [0, 1]")
         if self.l2_replacement not in ("lru", "random", "nru"):
             raise ValueError(f"l2_replacement={self.l2_replacement!r}: must be 'lru', 'random' or 'nru'")
         f = self.l2_fetch_bytes
@@ -362,17 +367,20 @@ MIB = 1024 * 1024
 #: {h100,h200}_l2calib.csv; ``analysis.calibrate.l2_model_parameters`` derives the numbers from
 #: them and tests/test_l2_calibration.py checks that the presets hold what it derives.
 _L2_A100 = ("A100 whitepaper 2020: 40 MB L2 in two partitions; 128-byte lines of four 32-byte sectors; 16 ways "
-            "assumed.  No A100 calibration: capacity fraction 0.664, dirty fraction 0.473, NRU replacement and "
-            "64-byte fetches ASSUMED as measured on the H100 (analysis/data/l2calib/h100_l2calib.csv)")
+            "assumed.  No A100 calibration: capacity fraction 0.649, dirty fraction 0.473, NRU replacement with "
+            "a 0.3 share of random victims and 64-byte fetches ASSUMED as measured on the H100 "
+            "(analysis/data/l2calib/h100_l2calib.csv, h100_l2_policy.csv)")
 _L2_H100 = ("H100 whitepaper 2022: L2 in two partitions, 128-byte lines of four 32-byte sectors; 16 ways assumed.  "
-            "Measured (analysis/data/l2calib/h100_l2calib.csv, analysis.calibrate.l2_model_parameters): the "
-            "model's cache (NRU) fits the grid's two-pass re-reads ('reread', W = 4..128 MiB) with 33.2 MiB "
-            "(0.664 of the L2); single-pass 'write' cases W >= 32 MiB leave 23.7 MiB dirty (0.473); 'stride' "
-            "reads fetch 64 bytes per touched 64-byte granule")
+            "Measured (analysis/data/l2calib/, analysis.calibrate.l2_model_parameters and fit_random_share): "
+            "a hot buffer re-read under a 256 MiB stream ('hot_stream', h100_l2_policy.csv) fits NRU with 0.3 "
+            "of the victims drawn at random; with it, the grid's two-pass re-reads ('reread', W = 4..128 MiB, "
+            "h100_l2calib.csv) fit 32.4 MiB (0.649 of the L2); single-pass 'write' cases W >= 32 MiB leave 23.7 "
+            "MiB dirty (0.473); 'stride' reads fetch 64 bytes per touched 64-byte granule")
 _L2_H200 = ("H200: L2 in two partitions as on the H100, 128-byte lines of four 32-byte sectors; 16 ways assumed.  "
             "Measured (analysis/data/l2calib/h200_l2calib.csv, analysis.calibrate.l2_model_parameters): "
-            "'reread' x2 fits 42.8 MiB (0.714 of the L2); 'write' W >= 40 MiB leaves 28.2 MiB dirty (0.470); "
-            "'stride' reads fetch 64 bytes")
+            "'reread' x2 fits 42.6 MiB (0.710 of the L2) with NRU and a 0.3 share of random victims (the share "
+            "ASSUMED as measured on the H100: no H200 hot_stream probe); 'write' W >= 40 MiB leaves 28.2 MiB "
+            "dirty (0.470); 'stride' reads fetch 64 bytes")
 GPUS: dict[str, Hardware] = {
     "a100-40gb": Hardware(
         name="A100-SXM4-40GB",
@@ -385,9 +393,10 @@ GPUS: dict[str, Hardware] = {
         nonmatmul_flops=19.5e12,
         source="A100 whitepaper 2020; A100 40GB datasheet",
         l2_partitions=2,
-        l2_capacity_fraction=0.664,
+        l2_capacity_fraction=0.649,
         l2_dirty_fraction=0.473,
         l2_replacement="nru",
+        l2_random_share=0.3,
         l2_fetch_bytes=64,
         l2_source=_L2_A100,
     ),
@@ -402,9 +411,10 @@ GPUS: dict[str, Hardware] = {
         nonmatmul_flops=19.5e12,
         source="A100 whitepaper 2020; A100 80GB datasheet",
         l2_partitions=2,
-        l2_capacity_fraction=0.664,
+        l2_capacity_fraction=0.649,
         l2_dirty_fraction=0.473,
         l2_replacement="nru",
+        l2_random_share=0.3,
         l2_fetch_bytes=64,
         l2_source=_L2_A100,
     ),
@@ -419,9 +429,10 @@ GPUS: dict[str, Hardware] = {
         nonmatmul_flops=66.9e12,
         source="H100 whitepaper 2022; H100 SXM5 datasheet",
         l2_partitions=2,
-        l2_capacity_fraction=0.664,
+        l2_capacity_fraction=0.649,
         l2_dirty_fraction=0.473,
         l2_replacement="nru",
+        l2_random_share=0.3,
         l2_fetch_bytes=64,
         l2_source=_L2_H100,
     ),
@@ -436,9 +447,10 @@ GPUS: dict[str, Hardware] = {
         nonmatmul_flops=66.9e12,
         source="H200 datasheet (H100 SXM compute, HBM3e)",
         l2_partitions=2,
-        l2_capacity_fraction=0.714,
+        l2_capacity_fraction=0.710,
         l2_dirty_fraction=0.470,
         l2_replacement="nru",
+        l2_random_share=0.3,
         l2_fetch_bytes=64,
         l2_source=_L2_H200,
     ),

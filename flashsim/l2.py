@@ -21,18 +21,19 @@ The model, piece by piece:
   (``python -m analysis.calibrate l2``; records in analysis/data/l2calib/, derived by
   ``analysis.calibrate.l2_model_parameters``; each preset's ``l2_source`` names them):
 
-  - *capacity* ``l2_effective_bytes`` (``l2_capacity_fraction`` of the L2: 33.2 of 50 MiB on
-    the H100, 42.8 of 60 MiB on the H200): the capacity for which this cache reproduces the
+  - *capacity* ``l2_effective_bytes`` (``l2_capacity_fraction`` of the L2: 32.4 of 50 MiB on
+    the H100, 42.6 of 60 MiB on the H200): the capacity for which this cache reproduces the
     measured re-reads of a window by the whole grid (all hit up to 32 MiB, then a gradual ramp:
     half miss at 45 MiB on the H100, 64 MiB on the H200);
   - *replacement* ``l2_replacement``: "nru" (a hit marks a line re-referenced; the victim is
     drawn at random among the ways not re-referenced since they came in, and when every way is,
-    the marks are cleared).  Random choice gives the measured ramp (LRU would give a cliff);
-    the marks keep tiles that many blocks re-read while other data streams by (measured on the
-    H100, analysis/data/l2calib/h100_l2_policy.csv: a hot buffer of 1-16 MiB re-read under a
-    256 MiB stream loses 0-25% of its re-reads, between this policy's 0-4% and random
-    replacement's 3-46%).  "lru" and "random" are there for comparison (and an int k: random
-    among the k least recently used);
+    the marks are cleared), with a share ``l2_random_share`` (0.3) of the victims drawn among
+    all the ways instead.  Random choice gives the measured ramp (LRU would give a cliff); the
+    marks keep lines re-read while other data streams by, the random share loses some of them
+    as the H100 does (analysis/data/l2calib/h100_l2_policy.csv: a hot buffer of 1, 4, 8, 16 MiB
+    re-read under a 256 MiB stream loses 0, 2, 8, 25% of its re-reads; this cache 1, 4, 8, 26%;
+    plain NRU 0, 0, 0, 4%, plain random 3, 11, 23, 46%).  "lru" and "random" are there for
+    comparison (and an int k: random among the k least recently used);
   - *reads*: a missing sector is fetched with the rest of its ``l2_fetch_bytes`` granule (64
     bytes measured: a strided read touching one sector per 64 bytes or more fetches 64 bytes);
     only the granule's sectors not already valid are counted;
@@ -126,7 +127,7 @@ class DRAMTraffic:
 # counters
 _REQ_RD, _REQ_WR, _MISS_RD, _EVICT_WR = 0, 1, 2, 3
 # the cache's scalar state (one int64 array, so the numba functions can update it in place)
-_CLOCK, _RNG, _NDIRTY, _DLIMIT, _FHEAD, _FTAIL, _POLICY, _GRAN = range(8)
+_CLOCK, _RNG, _NDIRTY, _DLIMIT, _FHEAD, _FTAIL, _POLICY, _GRAN, _RSHARE = range(9)
 
 
 @njit(cache=True, inline="always")
@@ -240,7 +241,9 @@ def _access(tags, stamp, valid, dirty, st, fifo_way, fifo_tag, set_index, ways, 
         x &= 0x7FFFFFFFFFFFFFFF
         st[_RNG] = x
         x >>= 11
-        if pool == 0:  # NRU: a random way among those not re-referenced since they came in
+        if pool == 0 and (x >> 20) % 1_000_000 < st[_RSHARE]:  # NRU's share of plain random choices
+            victim = base + x % ways
+        elif pool == 0:  # NRU: a random way among those not re-referenced since they came in
             n0 = 0
             for k in range(base, base + ways):
                 if stamp[k] == 0:
@@ -393,15 +396,17 @@ def _dirty_sectors(tags, dirty):
 class L2:
     """A write-back, set-associative cache of ``capacity`` bytes (see the module docstring).
 
-    ``policy``: "lru" or "random" (a full set gives up a pseudo-random way, from a fixed seed:
-    the counts are reproducible).  ``dirty_limit``: the most dirty bytes held; a write that
+    ``policy``: "lru", "random" (a full set gives up a pseudo-random way, from a fixed seed:
+    the counts are reproducible) or "nru" (see the module docstring), of whose victims a share
+    ``random_share`` is drawn among all the ways instead.  ``dirty_limit``: the most dirty
+    bytes held; a write that
     goes beyond it writes the oldest dirty lines back (they stay, clean); None: no limit (dirty
     lines reach DRAM only when evicted).  ``fetch_bytes``: what a read miss fetches from DRAM,
     the missing sectors of each aligned ``fetch_bytes`` granule it touches."""
 
     def __init__(self, capacity: int, line_bytes: int = 128, sector_bytes: int = 32, ways: int = 16,
                  sample: int = 1, *, policy: str = "lru", dirty_limit: int | None = None,
-                 fetch_bytes: int | None = None):
+                 fetch_bytes: int | None = None, random_share: float = 0.0):
         for name, v in (("line_bytes", line_bytes), ("sector_bytes", sector_bytes)):
             if v <= 0 or v & (v - 1):
                 raise ValueError(f"{name}={v}: must be a power of two")
@@ -418,10 +423,13 @@ class L2:
         if fetch_bytes < sector_bytes or fetch_bytes > line_bytes or fetch_bytes & (fetch_bytes - 1):
             raise ValueError(f"fetch_bytes={fetch_bytes}: must be a power of two from the sector "
                              f"({sector_bytes}) to the line ({line_bytes})")
+        if isinstance(random_share, bool) or not 0 <= random_share <= 1:
+            raise ValueError(f"random_share={random_share!r}: must be a fraction in [0, 1]")
         if dirty_limit is not None and (isinstance(dirty_limit, bool) or dirty_limit < 0):
             raise ValueError(f"dirty_limit={dirty_limit!r}: must be None or a number of bytes >= 0")
         self.ways, self.line_bytes, self.sector_bytes, self.sample = ways, line_bytes, sector_bytes, int(sample)
         self.policy, self.dirty_limit, self.fetch_bytes = policy, dirty_limit, fetch_bytes
+        self.random_share = float(random_share)
         self.gap, sampled = _sampled_sets(self.nsets, self.sample)
         if sampled == 0:
             raise ValueError(f"sample={sample}: no set of the {self.nsets} is sampled; sample fewer")
@@ -443,13 +451,14 @@ class L2:
         # the queue of lines in the order they became dirty (write-back order under the limit)
         self.fifo_way = np.zeros(2 * n + 64, dtype=np.int64)
         self.fifo_tag = np.zeros(2 * n + 64, dtype=np.int64)
-        self.st = np.zeros(8, dtype=np.int64)
+        self.st = np.zeros(9, dtype=np.int64)
         self.st[_RNG] = 0x2545F4914F6CDD1D
         # the dirty limit in sectors of the simulated sets (set sampling: a share of it)
         lim = self.dirty_limit if self.dirty_limit is not None else self.capacity * 2
         self.st[_DLIMIT] = int(round(lim / self.sector_bytes / self.scale))
         self.st[_POLICY] = {"lru": 1, "random": self.ways, "nru": 0}.get(self.policy, self.policy)
         self.st[_GRAN] = self.fetch_bytes // self.sector_bytes
+        self.st[_RSHARE] = round(self.random_share * 1_000_000)
 
     def dirty_bytes(self) -> int:
         """Dirty bytes held (with set sampling, scaled to the whole cache)."""
@@ -523,7 +532,8 @@ def dram_traffic(schedule: Schedule, gpu: Hardware | str, *, cold_launches: bool
         raise ValueError(f"schedule.launches={missing}: no thread-block model (Launch.blocks) for the L2 model; "
                          "it exists for standard, flash1 and flash2")
     cache = L2(gpu.l2_effective_bytes, gpu.l2_line_bytes, gpu.l2_sector_bytes, gpu.l2_ways, sample,
-               policy=gpu.l2_replacement, dirty_limit=gpu.l2_dirty_bytes, fetch_bytes=gpu.l2_fetch_bytes)
+               policy=gpu.l2_replacement, dirty_limit=gpu.l2_dirty_bytes, fetch_bytes=gpu.l2_fetch_bytes,
+               random_share=gpu.l2_random_share)
     bases = _tensor_bases(schedule.tensors)
     sec = gpu.l2_sector_bytes
     out = []
