@@ -42,7 +42,7 @@ from .measure import CONFIG_FIELDS, METRIC_FIELDS
 LSU_TOLERANCE = 0.01
 #: Set sampling of the L2 model in comparisons: one set in 16 is simulated (every count x 16).
 #: benchmarks/bench_l2.py measures what it costs: on its launches (FlashAttention-2 forward at
-#: N = 16,384 and standard attention's forward at N = 4,096, H100 preset) at most 0.16 % of a
+#: N = 16,384 and standard attention's forward at N = 4,096, H100 preset) at most 0.25 % of a
 #: launch's DRAM reads or writes.
 DRAM_SET_SAMPLE = 16
 
