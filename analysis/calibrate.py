@@ -476,6 +476,180 @@ def summarize(rows: list[dict]) -> dict:
     return s
 
 
+#: The patterns :func:`model_case` replays (``reread_1sm`` is not: one SM sees one partition's
+#: half of the L2 and the model has no partitions).
+MODELLED = ("reread", "stride", "stream", "write", "write_read")
+
+
+def model_case(row: dict, capacity: float, dirty: float | None, fetch: int, policy: str = "nru", ways: int = 16,
+               scale: int = 1, random_share: float = 0.0) -> tuple[float, float]:
+    """(DRAM read bytes, DRAM write bytes) that flashsim.l2's cache predicts for one case of an
+    ``l2`` record: the case's passes over its window in address order (the grid-stride sweep
+    moves through the window from start to end, a grid-width at a time), from an empty L2, the
+    dirty lines left at the end not counted (ncu's flush writes them outside the launch).
+    ``scale`` > 1 shrinks the window, the capacity and the dirty limit by that factor (faster;
+    the counts are scaled back)."""
+    from flashsim.l2 import L2
+
+    if row["pattern"] not in MODELLED:
+        raise ValueError(f"pattern={row['pattern']!r}: not one the model replays ({', '.join(MODELLED)})")
+    w = row["window_bytes"] // scale
+    cache = L2(int(capacity / scale), 128, 32, ways, policy=policy,
+               dirty_limit=None if dirty is None else int(dirty / scale), fetch_bytes=fetch, random_share=random_share)
+    ctr = np.zeros(4, dtype=np.int64)
+    s = row["stride_bytes"]
+    for p in range(row["passes"]):
+        wr = row["mode"] == "write" or (row["mode"] == "write_read" and p == 0)
+        if s <= 32:  # every sector of the window: whole ranges
+            for a in range(0, w, 1 << 20):
+                cache.access(a, min(1 << 20, w - a), wr, ctr)
+        else:  # one float per s bytes
+            for a in range(0, w, s):
+                cache.access(a, 4, wr, ctr)
+    return float(ctr[2] * 32 * scale), float(ctr[3] * 32 * scale)
+
+
+def _reread_points(rows: list[dict]) -> list[tuple[int, float]]:
+    return [(r["window_bytes"], r["dram_read_bytes"] / r["window_bytes"] - 1)
+            for r in _sel(rows, "reread", 4, 2, "read")]
+
+
+#: The hot_stream probe's grid of scripts/device/l2_policy.py (4 x 132 blocks of 256 threads on
+#: the H100): each step streams, and re-reads of the hot buffer, one grid-width of floats.
+HOT_STREAM_STEP = 4 * 132 * 256 * 4
+
+
+def hot_stream_misses(rows: list[dict]) -> list[tuple[str, int, float]]:
+    """(mode, hot MiB, fraction of the hot buffer's re-reads that miss) of the ``hot_stream``
+    probes of a scripts/device/l2_policy.py record (rows as csv.DictReader gives them): DRAM
+    reads beyond the stream (when it is read) and the hot buffer's first reading, over the
+    256 MiB of hot re-reads."""
+    out = []
+    for r in rows:
+        if r.get("probe") != "hot_stream":
+            continue
+        s, h = int(r["mib"]), int(r["hot_mib"])
+        extra = int(r["dram_read_bytes"]) / MiB - (s if r["mode"] == "read" else 0) - h
+        out.append((r["mode"], h, extra / s))
+    return out
+
+
+def model_hot_stream(mode: str, hot_mib: int, capacity: float, dirty: float | None, fetch: int,
+                     policy: str = "nru", random_share: float = 0.0, scale: int = 4, stream_mib: int = 256) -> float:
+    """The hot_stream probe through flashsim.l2's cache at 1/``scale`` size: the fraction of the
+    hot buffer's re-reads that miss (see :func:`hot_stream_misses`)."""
+    from flashsim.l2 import L2
+
+    cache = L2(int(capacity / scale), 128, 32, 16, policy=policy,
+               dirty_limit=None if dirty is None else int(dirty / scale), fetch_bytes=fetch, random_share=random_share)
+    ctr = np.zeros(4, dtype=np.int64)
+    s, h, t = stream_mib * MiB // scale, hot_mib * MiB // scale, HOT_STREAM_STEP // scale
+    hot0, j = 1 << 40, 0
+    for a in range(0, s, t):
+        cache.access(a, t, mode == "write", ctr)
+        n = min(t, h - j)
+        cache.access(hot0 + j, n, False, ctr)
+        if n < t:
+            cache.access(hot0, t - n, False, ctr)
+        j = (j + t) % h
+    reads = ctr[2] * 32 * scale / MiB
+    return (reads - (stream_mib if mode == "read" else 0) - hot_mib) / stream_mib
+
+
+#: The shares :func:`fit_random_share` tries.
+SHARES = tuple(round(0.05 * k, 2) for k in range(13))
+
+
+def fit_random_share(policy_rows: list[dict], capacity: float, dirty: float | None, fetch: int,
+                     shares=SHARES) -> tuple[float, float]:
+    """(share, rms): the share of NRU's victims drawn among all the ways for which the model's
+    cache loses the hot buffer's re-reads as the hot_stream probes measure, in least squares
+    over ``shares``."""
+    pts = hot_stream_misses(policy_rows)
+    if not pts:
+        raise ValueError("policy_rows: no hot_stream probe")
+    best = None
+    for q in shares:
+        e = sum((model_hot_stream(m, h, capacity, dirty, fetch, "nru", float(q)) - f) ** 2 for m, h, f in pts)
+        if best is None or e < best[1]:
+            best = (float(q), e)
+    return round(best[0], 2), float(np.sqrt(best[1] / len(pts)))
+
+
+def l2_model_parameters(rows: list[dict], l2_bytes: int, policy: str = "nru", scale: int = 16,
+                        random_share: float = 0.0) -> dict:
+    """The L2 model's parameters (flashsim.l2) from an ``l2`` record, for a GPU whose L2 holds
+    ``l2_bytes``:
+
+    * ``dirty_bytes``: the median of W - DRAM writes over the single-pass ``write`` cases with W
+      at least 1.25 x the most left dirty (the plateau: what one launch leaves dirty at most);
+    * ``fetch_bytes``: :func:`fetch_granularity`;
+    * ``capacity_bytes``: the capacity C for which the model's cache (``policy`` with
+      ``random_share``, 16 ways, that dirty limit and fetch unit; :func:`model_case` at
+      1/``scale`` size) predicts the grid's
+      2-pass re-reads (``reread``, 4-byte stride) best, in least squares of the re-reads' miss
+      fraction; C searched from 8 to 128 MiB by golden section, to 1/16 MiB;
+    * the two sizes as fractions of ``l2_bytes`` (what the presets record), and the fit's rms.
+    """
+    pts = _reread_points(rows)
+    if len(pts) < 3:
+        raise ValueError(f"rows: {len(pts)} two-pass re-read cases; the capacity fit needs at least 3")
+    writes = _sel(rows, "write", 4, 1, "write")
+    if not writes:
+        raise ValueError("rows: no single-pass write case; the dirty limit needs them")
+    dmax = max(r["window_bytes"] - r["dram_write_bytes"] for r in writes)
+    plateau = [r["window_bytes"] - r["dram_write_bytes"] for r in writes if r["window_bytes"] >= 1.25 * dmax]
+    if not plateau:
+        raise ValueError("rows: no write case at least 1.25 x the dirty bytes left; the dirty limit is not measured")
+    dirty = float(np.median(plateau))
+    g, _ = fetch_granularity(rows)
+    case = {r["window_bytes"]: r for r in _sel(rows, "reread", 4, 2, "read")}
+
+    def err(c):
+        e = 0.0
+        for w, f in pts:
+            rd, _ = model_case(case[w], c, dirty, g or 32, policy, scale=scale, random_share=random_share)
+            e += (rd / w - 1 - f) ** 2
+        return e
+
+    lo, hi = 8.0 * MiB, 128.0 * MiB
+    phi = (5 ** 0.5 - 1) / 2
+    a, b = hi - phi * (hi - lo), lo + phi * (hi - lo)
+    ea, eb = err(a), err(b)
+    while hi - lo > MiB / 16:
+        if ea <= eb:
+            hi, b, eb = b, a, ea
+            a = hi - phi * (hi - lo)
+            ea = err(a)
+        else:
+            lo, a, ea = a, b, eb
+            b = lo + phi * (hi - lo)
+            eb = err(b)
+    cap = round((lo + hi) / 2 / (MiB / 16)) * (MiB / 16)
+    return {"capacity_bytes": cap, "dirty_bytes": dirty, "fetch_bytes": g, "policy": policy,
+            "capacity_fraction": cap / l2_bytes, "dirty_fraction": dirty / l2_bytes,
+            "fit_rms": float(np.sqrt(err(cap) / len(pts)))}
+
+
+def timed_writeback_rate(*paths) -> float:
+    """Bytes per second that reach DRAM as writes while a kernel runs, whatever it stores: the
+    least-squares slope through the origin of DRAM writes against the kernel's duration over
+    the ``fill_wait`` probes (W MiB stored, then the kernel kept alive T ms) of the records at
+    ``paths`` (scripts/device/l2_writeback.py, T = 0-64 ms; scripts/device/l2_policy.py, T =
+    128-512 ms).  On the H100 about 19 MB/s, independent of W (8, 16 or 20 MiB: 4.7-5.2 MB at
+    256 ms) and more than was stored at 512 ms (9.7 MB for 8 MiB): a background rate, not the
+    cleaning of the kernel's own dirty lines."""
+    rows = []
+    for path in paths:
+        with open(path, newline="") as f:
+            rows += [r for r in csv.DictReader(f) if r.get("probe") == "fill_wait"]
+    if len(rows) < 2:
+        raise ValueError(f"{paths}: {len(rows)} fill_wait probes; the rate needs at least 2")
+    t = np.array([float(r["time_ns"]) * 1e-9 for r in rows])
+    w = np.array([float(r["dram_write_bytes"]) for r in rows])
+    return float(t @ w / (t @ t))
+
+
 def _mib(x) -> str:
     return "-" if x is None else f"{x / MiB:.1f} MiB"
 

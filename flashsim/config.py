@@ -276,13 +276,22 @@ class Hardware:
     nonmatmul_flops: float = 0.0  # fp32 CUDA-core rate (FMA counted as 2)
     source: str = ""
     #: L2 geometry for the trace-driven DRAM model (flashsim.l2).  ``l2_partitions``: the L2 is
-    #: split into this many halves, each caching (and duplicating) the lines its own SMs use, so
-    #: one kernel whose data is shared by all SMs effectively sees ``l2_bytes / l2_partitions``
-    #: (:attr:`l2_effective_bytes`).  ``l2_ways``: associativity of the modelled cache.
+    #: split into this many halves (the H100/H200 and A100 L2 is two).  What the model uses is
+    #: measured, not these halves: ``l2_capacity_fraction`` of ``l2_bytes`` is the capacity of
+    #: the modelled cache (:attr:`l2_effective_bytes`; None: one partition's share),
+    #: ``l2_dirty_fraction`` of it the most that one launch leaves dirty (None: no limit, dirty
+    #: lines reach DRAM only when evicted), ``l2_replacement`` its policy ("lru" or "random"),
+    #: ``l2_fetch_bytes`` what a read miss fetches; ``l2_ways``: associativity.
     l2_line_bytes: int = 128
     l2_sector_bytes: int = 32
     l2_ways: int = 16
     l2_partitions: int = 1
+    l2_capacity_fraction: float | None = None
+    l2_dirty_fraction: float | None = None
+    l2_replacement: str = "lru"
+    l2_fetch_bytes: int = 32
+    #: with "nru": the share of victims drawn among all the ways (hot lines are kept, not always)
+    l2_random_share: float = 0.0
     #: occupancy limits of one SM (CUDA programming guide, compute capability table)
     max_threads_per_sm: int = 2048
     max_blocks_per_sm: int = 32
@@ -295,6 +304,19 @@ class Hardware:
         if self.l2_line_bytes % self.l2_sector_bytes or self.l2_line_bytes // self.l2_sector_bytes > 8:
             raise ValueError(f"l2_line_bytes={self.l2_line_bytes}: must be 1 to 8 sectors of "
                              f"l2_sector_bytes={self.l2_sector_bytes}")
+        for name in ("l2_capacity_fraction", "l2_dirty_fraction"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1):
+                raise ValueError(f"{name}={v!r}: must be None or a fraction in (0, 1]")
+        v = self.l2_random_share
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+            raise ValueError(f"l2_random_share={v!r}: must be a fraction in [0, 1]")
+        if self.l2_replacement not in ("lru", "random", "nru"):
+            raise ValueError(f"l2_replacement={self.l2_replacement!r}: must be 'lru', 'random' or 'nru'")
+        f = self.l2_fetch_bytes
+        if (isinstance(f, bool) or not isinstance(f, int) or f < self.l2_sector_bytes or f > self.l2_line_bytes
+                or f & (f - 1)):
+            raise ValueError(f"l2_fetch_bytes={f!r}: must be a power of two from l2_sector_bytes to l2_line_bytes")
         if self.l2_effective_bytes < self.l2_line_bytes * self.l2_ways:
             raise ValueError(f"l2_bytes={self.l2_bytes}: the effective L2 ({self.l2_effective_bytes} bytes over "
                              f"{self.l2_partitions} partitions) must hold at least one set of {self.l2_ways} lines")
@@ -312,8 +334,16 @@ class Hardware:
 
     @property
     def l2_effective_bytes(self) -> int:
-        """The L2 capacity one kernel sees: one partition's share (see ``l2_partitions``)."""
-        return self.l2_bytes // self.l2_partitions
+        """The capacity of the modelled cache: ``l2_capacity_fraction`` of the L2 (measured by the
+        calibration microbenchmarks), or one partition's share where no fraction is given."""
+        if self.l2_capacity_fraction is None:
+            return self.l2_bytes // self.l2_partitions
+        return int(self.l2_bytes * self.l2_capacity_fraction)
+
+    @property
+    def l2_dirty_bytes(self) -> int | None:
+        """The most dirty bytes the modelled L2 holds (None: no limit); ``l2_dirty_fraction`` of the L2."""
+        return None if self.l2_dirty_fraction is None else int(self.l2_bytes * self.l2_dirty_fraction)
 
     def sram_elems(self, elem_bytes: int) -> int:
         """M in elements: the shared memory one thread block can use."""
@@ -331,13 +361,26 @@ MIB = 1024 * 1024
 #: L1/shared per SM, up to 227 KB shared per block, 50 MB L2, 3.35 TB/s HBM3, 989.4 TFLOP/s
 #: fp16/bf16 dense tensor, 494.7 tf32, 66.9 fp32 non-tensor); H200 datasheet (same SM and compute
 #: as H100 SXM, 141 GB HBM3e at 4.8 TB/s).
-#: Where each preset's L2 geometry comes from (flashsim.l2 models it).  Until the calibration
-#: microbenchmarks (analysis/calibrate.py) measure them, these are datasheet and whitepaper facts.
-_L2_A100 = ("A100 whitepaper 2020: 40 MB L2 in two partitions, each caching the data of the SMs of its "
-            "GPCs; 128-byte lines of four 32-byte sectors; 16 ways assumed")
-_L2_HOPPER = ("H100 whitepaper 2022: L2 split in two partitions as on the A100, 128-byte lines of four "
-              "32-byte sectors; 16 ways assumed.  The H200 record shows the halving: a GEMM that streams "
-              "its output leaves about 27 MB dirty at its end, against 31.5 MB per partition")
+#: Where each preset's L2 geometry comes from (flashsim.l2 models it).  The capacity, dirty
+#: limit, fetch unit and replacement of the H100 and H200 presets are measured by the calibration
+#: microbenchmarks (``python -m analysis.calibrate l2``), records analysis/data/l2calib/
+#: {h100,h200}_l2calib.csv; ``analysis.calibrate.l2_model_parameters`` derives the numbers from
+#: them and tests/test_l2_calibration.py checks that the presets hold what it derives.
+_L2_A100 = ("A100 whitepaper 2020: 40 MB L2 in two partitions; 128-byte lines of four 32-byte sectors; 16 ways "
+            "assumed.  No A100 calibration: capacity fraction 0.649, dirty fraction 0.473, NRU replacement with "
+            "a 0.3 share of random victims and 64-byte fetches ASSUMED as measured on the H100 "
+            "(analysis/data/l2calib/h100_l2calib.csv, h100_l2_policy.csv)")
+_L2_H100 = ("H100 whitepaper 2022: L2 in two partitions, 128-byte lines of four 32-byte sectors; 16 ways assumed.  "
+            "Measured (analysis/data/l2calib/, analysis.calibrate.l2_model_parameters and fit_random_share): "
+            "a hot buffer re-read under a 256 MiB stream ('hot_stream', h100_l2_policy.csv) fits NRU with 0.3 "
+            "of the victims drawn at random; with it, the grid's two-pass re-reads ('reread', W = 4..128 MiB, "
+            "h100_l2calib.csv) fit 32.4 MiB (0.649 of the L2); single-pass 'write' cases W >= 32 MiB leave 23.7 "
+            "MiB dirty (0.473); 'stride' reads fetch 64 bytes per touched 64-byte granule")
+_L2_H200 = ("H200: L2 in two partitions as on the H100, 128-byte lines of four 32-byte sectors; 16 ways assumed.  "
+            "Measured (analysis/data/l2calib/h200_l2calib.csv, analysis.calibrate.l2_model_parameters): "
+            "'reread' x2 fits 42.6 MiB (0.710 of the L2) with NRU and a 0.3 share of random victims (the share "
+            "ASSUMED as measured on the H100: no H200 hot_stream probe); 'write' W >= 40 MiB leaves 28.2 MiB "
+            "dirty (0.470); 'stride' reads fetch 64 bytes")
 GPUS: dict[str, Hardware] = {
     "a100-40gb": Hardware(
         name="A100-SXM4-40GB",
@@ -350,6 +393,11 @@ GPUS: dict[str, Hardware] = {
         nonmatmul_flops=19.5e12,
         source="A100 whitepaper 2020; A100 40GB datasheet",
         l2_partitions=2,
+        l2_capacity_fraction=0.649,
+        l2_dirty_fraction=0.473,
+        l2_replacement="nru",
+        l2_random_share=0.3,
+        l2_fetch_bytes=64,
         l2_source=_L2_A100,
     ),
     "a100-80gb": Hardware(
@@ -363,6 +411,11 @@ GPUS: dict[str, Hardware] = {
         nonmatmul_flops=19.5e12,
         source="A100 whitepaper 2020; A100 80GB datasheet",
         l2_partitions=2,
+        l2_capacity_fraction=0.649,
+        l2_dirty_fraction=0.473,
+        l2_replacement="nru",
+        l2_random_share=0.3,
+        l2_fetch_bytes=64,
         l2_source=_L2_A100,
     ),
     "h100": Hardware(
@@ -376,7 +429,12 @@ GPUS: dict[str, Hardware] = {
         nonmatmul_flops=66.9e12,
         source="H100 whitepaper 2022; H100 SXM5 datasheet",
         l2_partitions=2,
-        l2_source=_L2_HOPPER,
+        l2_capacity_fraction=0.649,
+        l2_dirty_fraction=0.473,
+        l2_replacement="nru",
+        l2_random_share=0.3,
+        l2_fetch_bytes=64,
+        l2_source=_L2_H100,
     ),
     "h200": Hardware(
         name="H200-SXM-141GB",
@@ -389,7 +447,12 @@ GPUS: dict[str, Hardware] = {
         nonmatmul_flops=66.9e12,
         source="H200 datasheet (H100 SXM compute, HBM3e)",
         l2_partitions=2,
-        l2_source=_L2_HOPPER,
+        l2_capacity_fraction=0.710,
+        l2_dirty_fraction=0.470,
+        l2_replacement="nru",
+        l2_random_share=0.3,
+        l2_fetch_bytes=64,
+        l2_source=_L2_H200,
     ),
 }
 #: Aliases accepted by :func:`get_gpu`.

@@ -16,27 +16,48 @@ The model, piece by piece:
 * **Accesses.**  Each tile of a step is expanded, row by row, into the 128-byte lines it
   touches, each with the mask of the 32-byte sectors it touches (``l2_line_bytes`` and
   ``l2_sector_bytes`` of the preset), tensors laid out as the walker lays them out.
-* **The L2.**  Set-associative (``l2_ways``), LRU, capacity ``l2_effective_bytes``: the preset's
-  L2 divided by ``l2_partitions``.  The H100/H200 (and A100) L2 is two partitions, each caching
-  the data the SMs of its own half use; data read by SMs of both halves (K and V here, which
-  every block of a head reads) is held in both, so what one kernel effectively caches is one
-  partition's worth.  Sets are indexed by line address modulo the number of sets.
-  Reads: a sector that is not valid is fetched from DRAM (sector granularity, as the L2
-  fetches).  Writes: write-allocate without fetch, the written sectors become valid and dirty
-  (write-back).  An evicted line writes its dirty sectors to DRAM.
+* **The L2**, one set-associative cache (``l2_ways``, sets indexed by line address modulo the
+  number of sets) whose parameters come from the calibration microbenchmarks
+  (``python -m analysis.calibrate l2``; records in analysis/data/l2calib/, derived by
+  ``analysis.calibrate.l2_model_parameters``; each preset's ``l2_source`` names them):
+
+  - *capacity* ``l2_effective_bytes`` (``l2_capacity_fraction`` of the L2: 32.4 of 50 MiB on
+    the H100, 42.6 of 60 MiB on the H200): the capacity for which this cache reproduces the
+    measured re-reads of a window by the whole grid (all hit up to 32 MiB, then a gradual ramp:
+    half miss at 45 MiB on the H100, 64 MiB on the H200);
+  - *replacement* ``l2_replacement``: "nru" (a hit marks a line re-referenced; the victim is
+    drawn at random among the ways not re-referenced since they came in, and when every way is,
+    the marks are cleared), with a share ``l2_random_share`` (0.3) of the victims drawn among
+    all the ways instead.  Random choice gives the measured ramp (LRU would give a cliff); the
+    marks keep lines re-read while other data streams by, the random share loses some of them
+    as the H100 does (analysis/data/l2calib/h100_l2_policy.csv: a hot buffer of 1, 4, 8, 16 MiB
+    re-read under a 256 MiB stream loses 0, 2, 8, 25% of its re-reads; this cache 1, 4, 8, 26%;
+    plain NRU 0, 0, 0, 4%, plain random 3, 11, 23, 46%).  "lru" and "random" are there for
+    comparison (and an int k: random among the k least recently used);
+  - *reads*: a missing sector is fetched with the rest of its ``l2_fetch_bytes`` granule (64
+    bytes measured: a strided read touching one sector per 64 bytes or more fetches 64 bytes);
+    only the granule's sectors not already valid are counted;
+  - *writes*: write-allocate without fetch; the written sectors become valid and dirty.  At
+    most ``l2_dirty_bytes`` (``l2_dirty_fraction`` of the L2: 23.7 MiB measured on the H100,
+    28.2 MiB on the H200) are held dirty: beyond it the lines dirtied first are written back
+    and stay, clean (a launch writing W bytes sends max(0, W - limit) to DRAM, as measured).
+    An evicted dirty line writes its dirty sectors back.
 * **Launch boundaries.**  ``cold_launches=False`` (a pass as it runs): the L2's content carries
   from one launch to the next (the dK/dV launch can hit on D written by the preprocess launch);
   the lines still dirty after the last launch are written back eventually and reported as
   ``final_flush_bytes`` (part of the total writes).  ``cold_launches=True`` (what Nsight Compute
   measures with ``--cache-control all``): every launch starts with an empty L2, and its dirty
   lines at the end are written back by ncu's flush before the next replay, outside the measured
-  range: a launch's DRAM writes are only its evictions (the H200 record shows it: a GEMM that
-  writes 134 MB of S shows 107.5 MB of DRAM writes).  They are reported as ``dirty_end_bytes``.
+  range: they are reported as ``dirty_end_bytes``, not as the launch's writes.
 
-What it is not: no timing (the L2 does not write dirty lines back early while DRAM is idle,
-which the hardware appears to do in long kernels), no hashing of addresses across slices, no
-register-limited occupancy, no per-SM placement of blocks, the two partitions folded into one
-cache of half the size.
+What it is not: no timing (the H100 writes to DRAM at about 19 MB/s while any kernel runs,
+whatever it stored: 9.7 MB for 8 MiB stored and the kernel kept alive 512 ms; long launches
+show it as megabytes of writes the model does not predict; analysis.compare reports it apart),
+no partitions (one SM sees about half the capacity the
+whole grid sees, and a launch reading back what other blocks wrote misses about half of it:
+both measured, neither modelled), no read-modify-write of partly written sectors, no local
+memory (the reference kernels measured have none), no register-limited occupancy, no per-SM
+placement of blocks.  The A100 presets have no calibration: they assume the H100's fractions.
 """
 
 from __future__ import annotations
@@ -105,6 +126,8 @@ class DRAMTraffic:
 
 # counters
 _REQ_RD, _REQ_WR, _MISS_RD, _EVICT_WR = 0, 1, 2, 3
+# the cache's scalar state (one int64 array, so the numba functions can update it in place)
+_CLOCK, _RNG, _NDIRTY, _DLIMIT, _FHEAD, _FTAIL, _POLICY, _GRAN, _RSHARE = range(9)
 
 
 @njit(cache=True, inline="always")
@@ -116,38 +139,156 @@ def _popcount(x):
     return n
 
 
+@njit(cache=True, inline="always")
+def _granules(mask, gran):
+    """``mask`` widened to whole fetch granules of ``gran`` sectors (1, 2, 4 or 8)."""
+    if gran == 1:
+        return mask
+    out = 0
+    full = (1 << gran) - 1
+    for g in range(0, 8, gran):
+        if (mask >> g) & full:
+            out |= full << g
+    return out
+
+
 @njit(cache=True)
-def _access(tags, stamp, valid, dirty, clock, set_index, ways, line, mask, wr, ctr):
+def _clean(tags, dirty, st, fifo_way, fifo_tag, ctr):
+    """Write back the oldest dirty lines (first dirtied first) until no more than the dirty limit
+    is held; they stay valid, now clean.  Entries of lines evicted meanwhile are skipped."""
+    size = fifo_way.size
+    while st[_NDIRTY] > st[_DLIMIT] and st[_FHEAD] < st[_FTAIL]:
+        h = st[_FHEAD] % size
+        st[_FHEAD] += 1
+        k = fifo_way[h]
+        if tags[k] == fifo_tag[h] and dirty[k]:
+            n = _popcount(dirty[k])
+            ctr[_EVICT_WR] += n
+            st[_NDIRTY] -= n
+            dirty[k] = 0
+
+
+@njit(cache=True)
+def _compact(tags, dirty, st, fifo_way, fifo_tag):
+    """Keep only the queue entries of lines still dirty, in order, from the start of the arrays
+    (the queue holds at most one live entry per line, so at most half of it survives)."""
+    size = fifo_way.size
+    keep_way = np.empty(size, dtype=np.int64)
+    keep_tag = np.empty(size, dtype=np.int64)
+    n = 0
+    for e in range(st[_FHEAD], st[_FTAIL]):
+        h = e % size
+        k = fifo_way[h]
+        if tags[k] == fifo_tag[h] and dirty[k]:
+            keep_way[n] = k
+            keep_tag[n] = fifo_tag[h]
+            n += 1
+    fifo_way[:n] = keep_way[:n]
+    fifo_tag[:n] = keep_tag[:n]
+    st[_FHEAD] = 0
+    st[_FTAIL] = n
+
+
+@njit(cache=True, inline="always")
+def _dirtied(tags, dirty, st, fifo_way, fifo_tag, k, before, mask, ctr):
+    """Line in way k gains the dirty sectors ``mask`` (``before``: its dirty sectors until now)."""
+    new = mask & ~before
+    if new:
+        st[_NDIRTY] += _popcount(new)
+        if before == 0:  # becomes dirty: queue it for write-back
+            size = fifo_way.size
+            if st[_FTAIL] - st[_FHEAD] == size:  # queue full: drop the entries of evicted lines
+                _compact(tags, dirty, st, fifo_way, fifo_tag)
+            t = st[_FTAIL] % size
+            fifo_way[t] = k
+            fifo_tag[t] = tags[k]
+            st[_FTAIL] += 1
+    dirty[k] = before | mask
+
+
+@njit(cache=True)
+def _access(tags, stamp, valid, dirty, st, fifo_way, fifo_tag, set_index, ways, line, mask, wr, ctr):
     base = set_index * ways
     victim = base
     oldest = stamp[base]
+    clock = st[_CLOCK]
     for k in range(base, base + ways):
         if tags[k] == line:
             if wr:
                 ctr[_REQ_WR] += _popcount(mask)
-                dirty[k] |= mask
+                _dirtied(tags, dirty, st, fifo_way, fifo_tag, k, dirty[k], mask, ctr)
+                valid[k] |= mask
+                if st[_NDIRTY] > st[_DLIMIT]:
+                    _clean(tags, dirty, st, fifo_way, fifo_tag, ctr)
             else:
                 ctr[_REQ_RD] += _popcount(mask)
-                ctr[_MISS_RD] += _popcount(mask & ~valid[k])
-            valid[k] |= mask
-            stamp[k] = clock
+                miss = mask & ~valid[k]
+                if miss:
+                    fetch = _granules(miss, st[_GRAN]) & ~valid[k]
+                    ctr[_MISS_RD] += _popcount(fetch)
+                    valid[k] |= fetch
+            stamp[k] = 1 if st[_POLICY] == 0 else clock  # NRU: the line is re-referenced
             return
-        if stamp[k] < oldest:
+        if stamp[k] < oldest:  # least recently used; an empty way (stamp -1) first
             oldest = stamp[k]
             victim = k
-    # miss: evict the least recently used way (invalid ways have stamp -1)
+    pool = st[_POLICY]
+    if pool != 1 and oldest >= 0:  # a full set (a set with an empty way fills it first)
+        x = st[_RNG]  # xorshift64, from a fixed seed
+        x ^= (x << 13) & 0x7FFFFFFFFFFFFFFF
+        x ^= x >> 7
+        x ^= (x << 17) & 0x7FFFFFFFFFFFFFFF
+        x &= 0x7FFFFFFFFFFFFFFF
+        st[_RNG] = x
+        x >>= 11
+        if pool == 0 and (x >> 20) % 1_000_000 < st[_RSHARE]:  # NRU's share of plain random choices
+            victim = base + x % ways
+        elif pool == 0:  # NRU: a random way among those not re-referenced since they came in
+            n0 = 0
+            for k in range(base, base + ways):
+                if stamp[k] == 0:
+                    n0 += 1
+            if n0 == 0:  # all re-referenced: forget it
+                for k in range(base, base + ways):
+                    stamp[k] = 0
+                n0 = ways
+            want = x % n0
+            for k in range(base, base + ways):
+                if stamp[k] == 0:
+                    if want == 0:
+                        victim = k
+                        break
+                    want -= 1
+        elif pool >= ways:
+            victim = base + x % ways
+        else:  # one of the ``pool`` least recently used ways
+            want = x % pool
+            for k in range(base, base + ways):
+                rank = 0
+                for m in range(base, base + ways):
+                    if stamp[m] < stamp[k]:
+                        rank += 1
+                if rank == want:
+                    victim = k
+                    break
     if tags[victim] >= 0 and dirty[victim]:
-        ctr[_EVICT_WR] += _popcount(dirty[victim])
+        n = _popcount(dirty[victim])
+        ctr[_EVICT_WR] += n
+        st[_NDIRTY] -= n
     tags[victim] = line
-    stamp[victim] = clock
-    valid[victim] = mask
+    stamp[victim] = 0 if pool == 0 else clock
+    dirty[victim] = 0
     if wr:
+        valid[victim] = mask
         ctr[_REQ_WR] += _popcount(mask)
-        dirty[victim] = mask
+        _dirtied(tags, dirty, st, fifo_way, fifo_tag, victim, 0, mask, ctr)
+        if st[_NDIRTY] > st[_DLIMIT]:
+            _clean(tags, dirty, st, fifo_way, fifo_tag, ctr)
     else:
+        fetch = _granules(mask, st[_GRAN])
+        valid[victim] = fetch
         ctr[_REQ_RD] += _popcount(mask)
-        ctr[_MISS_RD] += _popcount(mask)
-        dirty[victim] = 0
+        ctr[_MISS_RD] += _popcount(fetch)
 
 
 @njit(cache=True, inline="always")
@@ -175,7 +316,7 @@ def _sampled_sets(nsets, sample):
 
 
 @njit(cache=True)
-def _range(tags, stamp, valid, dirty, clock, nsets, ways, lshift, sshift, a, n, wr, ctr, gap):
+def _range(tags, stamp, valid, dirty, st, fifo_way, fifo_tag, nsets, ways, lshift, sshift, a, n, wr, ctr, gap):
     """Bytes [a, a + n) through the cache, line by line with their sector masks; only the lines
     of the sampled sets (``gap[set]``: how many sets on the next sampled one is, 0 for a sampled
     set; see :func:`_sampled`).  Set = line address mod sets, kept incrementally."""
@@ -196,24 +337,22 @@ def _range(tags, stamp, valid, dirty, clock, nsets, ways, lshift, sshift, a, n, 
         s0 = lo >> sshift
         s1 = (hi - 1) >> sshift
         mask = ((1 << (s1 + 1)) - 1) ^ ((1 << s0) - 1)
-        _access(tags, stamp, valid, dirty, clock, si, ways, line, mask, wr, ctr)
-        clock += 1
+        _access(tags, stamp, valid, dirty, st, fifo_way, fifo_tag, si, ways, line, mask, wr, ctr)
+        st[_CLOCK] += 1
         line += 1
         si += 1
         if si == nsets:
             si = 0
-    return clock
 
 
 @njit(cache=True)
-def _run(tags, stamp, valid, dirty, clock_arr, nsets, ways, lshift, sshift,
+def _run(tags, stamp, valid, dirty, st, fifo_way, fifo_tag, nsets, ways, lshift, sshift,
          addr, nrows, stride, nbytes, wr, tile_ptr, step_ptr, slot_blk, slot_step, next_blk, final, ctr, gap):
     """Advance the resident blocks round-robin, one step each per round, refilling free slots
     from blocks next_blk.. of this chunk.  Returns (next_blk, done): done is False when a slot
     wants a block beyond the chunk (and the chunk is not the last)."""
     nb = step_ptr.size - 1
     nslots = slot_blk.size
-    clock = clock_arr[0]
     while True:
         active = False
         for s in range(nslots):
@@ -228,22 +367,20 @@ def _run(tags, stamp, valid, dirty, clock_arr, nsets, ways, lshift, sshift,
                         slot_blk[s] = -1
                         continue
                 elif not final:
-                    clock_arr[0] = clock
                     return next_blk, False
                 else:
                     continue
             active = True
-            st = step_ptr[b] + slot_step[s]
-            for t in range(tile_ptr[st], tile_ptr[st + 1]):
+            step = step_ptr[b] + slot_step[s]
+            for t in range(tile_ptr[step], tile_ptr[step + 1]):
                 a = addr[t]
                 for r in range(nrows[t]):
-                    clock = _range(tags, stamp, valid, dirty, clock, nsets, ways, lshift, sshift,
-                                   a + r * stride[t], nbytes[t], wr[t], ctr, gap)
+                    _range(tags, stamp, valid, dirty, st, fifo_way, fifo_tag, nsets, ways, lshift, sshift,
+                           a + r * stride[t], nbytes[t], wr[t], ctr, gap)
             slot_step[s] += 1
-            if st + 1 == step_ptr[b + 1]:
+            if step + 1 == step_ptr[b + 1]:
                 slot_blk[s] = -1
         if not active:
-            clock_arr[0] = clock
             return next_blk, True
 
 
@@ -257,10 +394,19 @@ def _dirty_sectors(tags, dirty):
 
 
 class L2:
-    """An LRU, write-back, set-associative cache of ``capacity`` bytes (see the module docstring)."""
+    """A write-back, set-associative cache of ``capacity`` bytes (see the module docstring).
+
+    ``policy``: "lru", "random" (a full set gives up a pseudo-random way, from a fixed seed:
+    the counts are reproducible) or "nru" (see the module docstring), of whose victims a share
+    ``random_share`` is drawn among all the ways instead.  ``dirty_limit``: the most dirty
+    bytes held; a write that
+    goes beyond it writes the oldest dirty lines back (they stay, clean); None: no limit (dirty
+    lines reach DRAM only when evicted).  ``fetch_bytes``: what a read miss fetches from DRAM,
+    the missing sectors of each aligned ``fetch_bytes`` granule it touches."""
 
     def __init__(self, capacity: int, line_bytes: int = 128, sector_bytes: int = 32, ways: int = 16,
-                 sample: int = 1):
+                 sample: int = 1, *, policy: str = "lru", dirty_limit: int | None = None,
+                 fetch_bytes: int | None = None, random_share: float = 0.0):
         for name, v in (("line_bytes", line_bytes), ("sector_bytes", sector_bytes)):
             if v <= 0 or v & (v - 1):
                 raise ValueError(f"{name}={v}: must be a power of two")
@@ -271,7 +417,19 @@ class L2:
             raise ValueError(f"capacity={capacity}: smaller than one set of {ways} lines of {line_bytes} bytes")
         if isinstance(sample, bool) or not isinstance(sample, (int, np.integer)) or sample < 1:
             raise ValueError(f"sample={sample!r}: must be a positive integer")
+        if policy not in ("lru", "random", "nru") and not (isinstance(policy, int) and 1 <= policy <= ways):
+            raise ValueError(f"policy={policy!r}: must be 'lru', 'random', 'nru' or a victim pool of 1 to {ways=}")
+        fetch_bytes = sector_bytes if fetch_bytes is None else fetch_bytes
+        if fetch_bytes < sector_bytes or fetch_bytes > line_bytes or fetch_bytes & (fetch_bytes - 1):
+            raise ValueError(f"fetch_bytes={fetch_bytes}: must be a power of two from the sector "
+                             f"({sector_bytes}) to the line ({line_bytes})")
+        if isinstance(random_share, bool) or not 0 <= random_share <= 1:
+            raise ValueError(f"random_share={random_share!r}: must be a fraction in [0, 1]")
+        if dirty_limit is not None and (isinstance(dirty_limit, bool) or dirty_limit < 0):
+            raise ValueError(f"dirty_limit={dirty_limit!r}: must be None or a number of bytes >= 0")
         self.ways, self.line_bytes, self.sector_bytes, self.sample = ways, line_bytes, sector_bytes, int(sample)
+        self.policy, self.dirty_limit, self.fetch_bytes = policy, dirty_limit, fetch_bytes
+        self.random_share = float(random_share)
         self.gap, sampled = _sampled_sets(self.nsets, self.sample)
         if sampled == 0:
             raise ValueError(f"sample={sample}: no set of the {self.nsets} is sampled; sample fewer")
@@ -290,7 +448,17 @@ class L2:
         self.stamp = np.full(n, -1, dtype=np.int64)
         self.valid = np.zeros(n, dtype=np.uint8)
         self.dirty = np.zeros(n, dtype=np.uint8)
-        self.clock = np.zeros(1, dtype=np.int64)
+        # the queue of lines in the order they became dirty (write-back order under the limit)
+        self.fifo_way = np.zeros(2 * n + 64, dtype=np.int64)
+        self.fifo_tag = np.zeros(2 * n + 64, dtype=np.int64)
+        self.st = np.zeros(9, dtype=np.int64)
+        self.st[_RNG] = 0x2545F4914F6CDD1D
+        # the dirty limit in sectors of the simulated sets (set sampling: a share of it)
+        lim = self.dirty_limit if self.dirty_limit is not None else self.capacity * 2
+        self.st[_DLIMIT] = int(round(lim / self.sector_bytes / self.scale))
+        self.st[_POLICY] = {"lru": 1, "random": self.ways, "nru": 0}.get(self.policy, self.policy)
+        self.st[_GRAN] = self.fetch_bytes // self.sector_bytes
+        self.st[_RSHARE] = round(self.random_share * 1_000_000)
 
     def dirty_bytes(self) -> int:
         """Dirty bytes held (with set sampling, scaled to the whole cache)."""
@@ -300,9 +468,8 @@ class L2:
         """One byte range through the cache (for tests and small experiments); returns the
         counters [read sectors, written sectors, read misses, dirty sectors evicted]."""
         ctr = np.zeros(4, dtype=np.int64) if ctr is None else ctr
-        self.clock[0] = _range(self.tags, self.stamp, self.valid, self.dirty, self.clock[0], self.nsets,
-                               self.ways, self.lshift, self.sshift, int(addr), int(nbytes), bool(write), ctr,
-                               self.gap)
+        _range(self.tags, self.stamp, self.valid, self.dirty, self.st, self.fifo_way, self.fifo_tag, self.nsets,
+               self.ways, self.lshift, self.sshift, int(addr), int(nbytes), bool(write), ctr, self.gap)
         return ctr
 
 
@@ -338,7 +505,8 @@ def _simulate_launch(cache: L2, launch, tensors, bases, gpu: Hardware, chunk_blo
         tiles = spec.tiles(lo, hi)
         addr, nrows, stride, nbytes, wr = _tile_arrays(tiles, tensors, bases)
         rel = np.where(slot_blk >= 0, slot_blk - lo, -1)
-        nxt, done = _run(cache.tags, cache.stamp, cache.valid, cache.dirty, cache.clock, cache.nsets, cache.ways,
+        nxt, done = _run(cache.tags, cache.stamp, cache.valid, cache.dirty, cache.st, cache.fifo_way,
+                         cache.fifo_tag, cache.nsets, cache.ways,
                          cache.lshift, cache.sshift, addr, nrows, stride, nbytes, wr, tiles.tile_ptr,
                          tiles.step_ptr, rel, slot_step, next_abs - lo, hi == nblk, ctr, cache.gap)
         slot_blk = np.where(rel >= 0, rel + lo, -1)
@@ -363,7 +531,9 @@ def dram_traffic(schedule: Schedule, gpu: Hardware | str, *, cold_launches: bool
     if missing:
         raise ValueError(f"schedule.launches={missing}: no thread-block model (Launch.blocks) for the L2 model; "
                          "it exists for standard, flash1 and flash2")
-    cache = L2(gpu.l2_effective_bytes, gpu.l2_line_bytes, gpu.l2_sector_bytes, gpu.l2_ways, sample)
+    cache = L2(gpu.l2_effective_bytes, gpu.l2_line_bytes, gpu.l2_sector_bytes, gpu.l2_ways, sample,
+               policy=gpu.l2_replacement, dirty_limit=gpu.l2_dirty_bytes, fetch_bytes=gpu.l2_fetch_bytes,
+               random_share=gpu.l2_random_share)
     bases = _tensor_bases(schedule.tensors)
     sec = gpu.l2_sector_bytes
     out = []

@@ -58,6 +58,52 @@ def test_dirty_write_back_and_partial_sectors_by_hand():
     assert ctr.tolist() == [10, 6, 8, 2] and c.dirty_bytes() == 4 * SEC
 
 
+def test_dirty_limit_writes_the_oldest_dirty_lines_back_and_keeps_them_by_hand():
+    # 8 sets x 2 ways; at most 3 dirty sectors: the 4th written sector writes line 0's back
+    c = L2(2048, 128, 32, 2, dirty_limit=3 * SEC)
+    ctr = np.zeros(4, dtype=np.int64)
+    c.access(0, 64, True, ctr)  # line 0: sectors 0, 1 dirty
+    c.access(128, 32, True, ctr)  # line 1: sector 0 dirty (3 in all)
+    assert ctr.tolist() == [0, 3, 0, 0] and c.dirty_bytes() == 3 * SEC
+    c.access(256, 32, True, ctr)  # 4 > 3: line 0, the first dirtied, is written back (2 sectors)
+    print(ctr, c.dirty_bytes())
+    assert ctr.tolist() == [0, 4, 0, 2] and c.dirty_bytes() == 2 * SEC
+    c.access(0, 64, False, ctr)  # line 0 is still there, clean: a hit
+    assert ctr.tolist() == [2, 4, 0, 2]
+    c.access(0, 32, True, ctr)  # dirty again (3 in all): nothing written
+    assert ctr.tolist() == [2, 5, 0, 2] and c.dirty_bytes() == 3 * SEC
+    c.access(128, 64, True, ctr)  # line 1 gains sector 1 (4 > 3): line 1 is now the oldest dirty
+    assert ctr.tolist() == [2, 7, 0, 4] and c.dirty_bytes() == 2 * SEC
+
+
+def test_64_byte_fetches_by_hand():
+    c = L2(512, 128, 32, 2, fetch_bytes=64)
+    ctr = np.zeros(4, dtype=np.int64)
+    c.access(0, 4, False, ctr)  # one float: its 64-byte granule (sectors 0, 1) comes from DRAM
+    assert ctr.tolist() == [1, 0, 2, 0]
+    c.access(32, 4, False, ctr)  # sector 1 came with it: a hit
+    assert ctr.tolist() == [2, 0, 2, 0]
+    c.access(96, 4, True, ctr)  # a written sector is valid without a fetch
+    c.access(64, 64, False, ctr)  # sector 2 misses; its granule partner (3) is valid: 1 sector fetched
+    print(ctr)
+    assert ctr.tolist() == [4, 1, 3, 0]
+
+
+def test_nru_keeps_a_re_referenced_line_while_others_stream_by():
+    """NRU: a victim is drawn among the ways not re-referenced since they came in, so a line
+    read again and again survives a stream of lines read once, which LRU would let push it out
+    when the stream is longer than the set and random replacement would lose at random."""
+    c = L2(512, 128, 32, 2, policy="nru")  # 2 sets x 2 ways
+    ctr = np.zeros(4, dtype=np.int64)
+    c.access(0, 128, False, ctr)
+    c.access(0, 128, False, ctr)  # line 0 re-referenced
+    for k in range(1, 40):
+        c.access(2 * k * 128, 128, False, ctr)  # lines 2, 4, ... of set 0, each read once
+    before = ctr[2]
+    c.access(0, 128, False, ctr)
+    assert ctr[2] == before  # line 0 still there
+
+
 def _sectors(sched, names):
     return sum(-(-sched.tensors[n].slices * sched.tensors[n].slice_bytes // SEC) for n in names)
 
