@@ -258,7 +258,7 @@ def _describe(gname):
     out_w = _outside(recs, "dram_write_err")
     diff = np.median([(r["dram_write_bytes"] - r["sim_dram_write_bytes"]) / 1e6 for r in out_w])
     w = worst[gname]
-    return (f"on the {gname}, DRAM reads are off by a median {100 * s_['dram_read_median_abs_err']:.1f} % "
+    return (f"On the {gname}, DRAM reads are off by a median {100 * s_['dram_read_median_abs_err']:.1f} % "
             f"(95th percentile {100 * s_['dram_read_p95_abs_err']:.1f} %, worst {100 * s_['dram_read_max_abs_err']:.0f} %, "
             f"launches beyond 15 %: {len(_outside(recs, 'dram_read_err'))}) and writes by "
             f"{100 * s_['dram_write_median_abs_err']:.1f} % (95th percentile {100 * s_['dram_write_p95_abs_err']:.0f} %); "
@@ -283,7 +283,7 @@ if stats:
         assert np.median([(r["dram_write_bytes"] - r["sim_dram_write_bytes"]) / 1e6 for r in out_w]) < 2, gname
         assert len(_outside(recs, "dram_write_timed_err")) < len(out_w), gname
     t_launch = (
-        "every launch is within 1 % at the LSU level on both GPUs. " + "; ".join(_describe(g) for g in stats)
+        "every launch is within 1 % at the LSU level on both GPUs. " + ". ".join(_describe(g) for g in stats)
         + ". The reads meet the acceptance's median (≤ 2 %) and 95th percentile (≤ 8 %) on both records; the "
         "writes do not: the launches beyond miss by a megabyte or two each, written while they run, which a "
         "model without timing cannot see (the background rate accounts for part of it), and "
