@@ -10,10 +10,14 @@ DRAM level on a GPU with a smaller L2 (analysis/data/README.md says what differs
 beside torch's attention (``bench``) are the H100's, the GPU the performance targets name
 (``kernels/data/bench_h200.csv`` keeps an earlier run on an H200).  The GPT-2 end-to-end training
 record (``gpt2``, ``gpt2_losses``: ``benchmarks/gpt2_train.py``) is the H100's too.
+``h200_compare`` and ``h100_compare`` are the committed per-launch comparisons of the two traffic
+records with the simulator (``flashsim compare DATA --out analysis/data/GPU/compare --force``),
+which notebook 04 reads instead of recomputing the L2 model (about 40 s a record).
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 from pathlib import Path
@@ -29,6 +33,8 @@ DATA = {
     "gpt2": ("FLASHSIM_GPT2_CSV", "kernels/data/gpt2_train_h100.csv"),
     "gpt2_losses": ("FLASHSIM_GPT2_LOSSES_CSV", "kernels/data/gpt2_train_h100_losses.csv"),
     "calibration": ("FLASHSIM_CALIBRATION_CSV", "tests/data/ncu_raw_calibrate.csv"),
+    "h200_compare": ("FLASHSIM_H200_COMPARE_CSV", "analysis/data/h200/compare/compare_launches.csv"),
+    "h100_compare": ("FLASHSIM_H100_COMPARE_CSV", "analysis/data/h100/compare/compare_launches.csv"),
 }
 
 
@@ -54,6 +60,31 @@ def load_json(name: str) -> dict | None:
     return None if p is None else json.loads(p.read_text())
 
 
+def _typed(value: str):
+    """A CSV field as the value ``analysis.compare`` wrote: bool, int, float, None ("") or str."""
+    if value in ("True", "False"):
+        return value == "True"
+    if value == "":
+        return None
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
+
+
+def load_compare(name: str) -> list[dict] | None:
+    """The per-launch records of a committed comparison (``flashsim compare DATA --out DIR``
+    writes ``DIR/compare_launches.csv``), typed as :func:`analysis.compare.compare` returns them,
+    or None if it has not been written."""
+    p = find(name)
+    if p is None:
+        return None
+    with open(p, newline="") as f:
+        return [{k: _typed(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
 def preset_of(gpu_name: str) -> str:
     """The flashsim GPU preset (``flashsim.config.GPUS``) of a GPU as a data file's provenance
     names it, e.g. "NVIDIA H200" -> "h200", "NVIDIA A100-SXM4-80GB" -> "a100-80gb"."""
@@ -74,4 +105,4 @@ def load_meta(name: str) -> dict:
     return json.loads(meta.read_text()) if meta.exists() else {}
 
 
-__all__ = ["ROOT", "DATA", "data_path", "find", "load_json", "load_meta", "preset_of"]
+__all__ = ["ROOT", "DATA", "data_path", "find", "load_json", "load_meta", "load_compare", "preset_of"]

@@ -8,23 +8,21 @@ within a pass, every dirty line written back at the end) beside the walker's LSU
 for the standard-attention variants (fusion, dropout, causal mask) and FlashAttention-1 and -2
 with the blocks the paper's rule gives for the preset's shared memory.  The paper reports
 40.3 GB (35.3 GB in its later revision) for standard attention and 4.4 GB for FlashAttention.
-Prints a table; writes it as CSV when ``--out`` is given.
+Prints a table; writes it as CSV when ``--out`` is given.  Each row is
+:func:`analysis.figure2.figure2_row`, which notebook 03 uses too.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from flashsim.api import build_schedule, resolve_tiling
-from flashsim.config import Workload, get_gpu
-from flashsim.l2 import dram_traffic
+from analysis.figure2 import figure2_row
+from flashsim.config import get_gpu
 from flashsim.sweep import write_csv
-from flashsim.traffic import walk
 
 
 def main(argv=None) -> int:
@@ -33,7 +31,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sample", type=int, default=16)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
-    gpu = get_gpu(a.gpu)
+    get_gpu(a.gpu)  # an unknown preset is refused before any work
     cases = [
         ("standard", True, {"fuse": "none", "dropout": 0.1}),
         ("standard", True, {"fuse": "softmax", "dropout": 0.1}),
@@ -44,18 +42,7 @@ def main(argv=None) -> int:
     ]
     rows = []
     for algo, causal, opts in cases:
-        w = Workload(batch=64, heads=16, seq_len_q=1024, head_dim=64, dtype="fp16", causal=causal)
-        m = gpu.sram_elems(w.elem_bytes)
-        tiling = resolve_tiling(w, algo, None, m)
-        t0 = time.perf_counter()
-        sched = build_schedule(w, algo, "fwd+bwd", tiling, **opts)
-        lsu = walk(sched)
-        d = dram_traffic(sched, gpu, sample=a.sample)
-        rows.append({"algo": algo, "causal": causal, **{k: opts.get(k, "") for k in ("fuse", "dropout")},
-                     "blocks": "" if tiling is None else f"{tiling.block_m}x{tiling.block_n}",
-                     "lsu_GB": lsu.sectors * 32 / 1e9, "dram_read_GB": d.read_bytes / 1e9,
-                     "dram_write_GB": d.write_bytes / 1e9, "dram_GB": d.bytes / 1e9,
-                     "seconds": time.perf_counter() - t0})
+        rows.append(figure2_row(algo, causal, opts, a.gpu, a.sample))
         r = rows[-1]
         print(f"{algo:<9} causal={causal!s:<5} fuse={r['fuse']!s:<8} dropout={r['dropout']!s:<4} "
               f"blocks={r['blocks']:<7} "

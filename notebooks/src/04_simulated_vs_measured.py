@@ -8,15 +8,18 @@
 #   counts, whether L2 or DRAM serves them. Prediction: the walker's sectors × 32.
 # * **L2** — sectors the SMs ask of the L2 (after the L1, which may serve some re-reads).
 #   Prediction: the same as the LSU level.
-# * **DRAM** — bytes that reach HBM after the L2. Prediction: `analysis.compare`'s
-#   deliberately simple L2 model (a launch whose data fits in L2 reads each distinct byte once
-#   and leaves most writes dirty in L2), reported with its error rather than tuned.
+# * **DRAM** — bytes that reach HBM after the L2. Prediction: the trace-driven L2 model of
+#   `flashsim.l2` on the GPU's preset, every launch starting with an empty L2 as ncu measures
+#   (`--cache-control all`); the next section says what it is and what it is not.
 #
 # First the measurement chain itself, on kernels whose traffic is known exactly; then the
 # measurements of the attention kernels (`analysis/data/h200/h200.csv`, recorded with
 # `python -m analysis.measure --set h200` on the GPU that its `h200.meta.json` names, printed
-# below; the L2 model takes that GPU's preset, L2 size included). `analysis/data/h100/` holds an
-# earlier run on another GPU, at an older commit (`analysis/data/README.md`).
+# below) and of the same 54 configurations on an H100 (`analysis/data/h100/h100.csv`,
+# `analysis/data/README.md`). Each record's comparison is the committed output of
+# `flashsim compare DATA --out analysis/data/GPU/compare --force` (`compare_launches.csv`, read
+# with `analysis.notebook_data.load_compare`): the L2 model takes about 40 s a record, too long
+# to rerun in every notebook build.
 
 # %%
 import sys
@@ -31,12 +34,12 @@ import numpy as np
 
 from analysis.calibrate import EXPECTED
 from analysis.calibrate import N as CAL_N
-from analysis.compare import LSU_TOLERANCE, compare, per_config, read_measured, summarize, theorem2_fits
+from analysis.compare import DRAM_ERR_FLOOR, DRAM_SET_SAMPLE, LSU_TOLERANCE, per_config, summarize, theorem2_fits
 from analysis.configs import workload_of
 from analysis.ncu import parse_raw_csv, split_by_marker
-from analysis.notebook_data import find, preset_of
+from analysis.notebook_data import find, load_compare, load_meta
 from flashsim.bounds import bounds
-from flashsim.config import DTYPE_BYTES
+from flashsim.config import DTYPE_BYTES, get_gpu
 from flashsim.plot import COLORS  # one colour per algorithm, as in flashsim report
 
 plt.rcParams.update({"figure.dpi": 80, "axes.grid": True, "grid.alpha": 0.3, "legend.fontsize": 8})
@@ -92,6 +95,51 @@ for name, rec in cal.items():
 # DRAM-level prediction needs an L2 model and the LSU level is the one to hold the simulator to.
 
 # %% [markdown]
+# ## The DRAM level's L2 model: what it is and what it is not
+#
+# `flashsim.l2.dram_traffic` replays a schedule's thread blocks through one set-associative
+# cache. Blocks are issued in grid order, `num_sms × blocks_per_sm` resident at once (blocks per
+# SM from the thread, block and shared-memory limits; registers not modelled), advancing
+# round-robin one step (what a block loads or stores between two barriers) at a time; each
+# tile is expanded row by row into 128-byte lines with their 32-byte sector masks. The cache:
+#
+# * **capacity** `l2_effective_bytes`: the capacity for which it reproduces the measured
+#   re-reads of a window by the whole grid (all hits up to 32 MiB, then a gradual ramp), not
+#   the nominal L2;
+# * **replacement** NRU with a random share: the victim is drawn among the ways not re-read
+#   since they came in, and a share `l2_random_share` of victims among all ways (random choice
+#   gives the measured ramp, the marks keep re-read lines while data streams by);
+# * **reads**: a missing sector is fetched with the rest of its 64-byte granule
+#   (`l2_fetch_bytes`, measured with strided reads);
+# * **writes**: write-allocate without fetch; at most `l2_dirty_bytes` are held dirty, beyond it
+#   the lines dirtied first are written back (a launch writing W bytes sends max(0, W − limit)
+#   to DRAM, as measured); an evicted dirty line writes its dirty sectors back. In a comparison
+#   the dirty lines left at a launch's end are flushed by ncu outside the measurement, so they
+#   are not the launch's writes.
+#
+# Every parameter comes from the calibration microbenchmarks (`python -m analysis.calibrate l2`,
+# records in `analysis/data/l2calib/`, named by each preset's `l2_source`), none is fitted to
+# the attention records below. What it is not: it has **no timing**, so the H100's background
+# DRAM writes while any kernel runs (about 19 MB/s, whatever it stored) are not predicted —
+# `compare` reports them apart as `sim_dram_write_timed_bytes`, a diagnosis from the launch's
+# measured duration; the L2's **two partitions are not modelled** (one SM sees about half the
+# capacity the whole grid sees; a launch reading back what other blocks wrote misses about half
+# of it: both measured, neither modelled); no read-modify-write of partly written sectors, no
+# per-SM placement of blocks. Comparisons simulate one set in {{DRAM_SET_SAMPLE}} and scale the counts.
+
+# %%
+model_params = {}
+for preset in ("h100", "h200"):
+    g = get_gpu(preset)
+    model_params[preset] = g
+    print(f"{preset}: L2 {g.l2_bytes / 2**20:.0f} MiB, modelled capacity {g.l2_effective_bytes / 2**20:.1f} MiB, "
+          f"dirty limit {g.l2_dirty_bytes / 2**20:.1f} MiB, {g.l2_ways} ways, {g.l2_line_bytes}-B lines of "
+          f"{g.l2_sector_bytes}-B sectors, {g.l2_fetch_bytes}-B fetches, {g.l2_replacement} with random share "
+          f"{g.l2_random_share}; source: {g.l2_source}")
+assert all(g.l2_replacement == "nru" and g.l2_fetch_bytes == 64 and g.l2_dirty_bytes for g in model_params.values())
+assert all(g.l2_source for g in model_params.values())  # every parameter has its calibration record
+
+# %% [markdown]
 # ## The attention kernels: every configuration at three levels
 #
 # One point per measured configuration (a backward pass adds its launches). If
@@ -99,13 +147,12 @@ for name, rec in cal.items():
 # recorded and draw nothing.
 
 # %%
-csv_path = find("h200")
-have_data = csv_path is not None
-t_levels = t_fit = "No measurements yet (`analysis/data/h200/h200.csv` is absent): nothing is drawn above."
+records = load_compare("h200_compare")
+have_data = records is not None
+t_levels = t_fit = "No comparison yet (`analysis/data/h200/compare/compare_launches.csv` is absent): nothing is drawn above."
 if have_data:
-    rows, meta = read_measured(csv_path)
+    meta = load_meta("h200")
     gpu_name = meta.get("gpu", "GPU")
-    records = compare(rows, preset_of(gpu_name))  # the DRAM level's L2 model takes that GPU's L2 size
     configs = per_config(records)
     summary = summarize(records)
     # the L2 level per configuration: measured sectors summed over the configuration's launches
@@ -136,17 +183,117 @@ if have_data:
     plt.show()
     med = {lv: float(np.median([abs(c[f"{lv}_err"]) for c in configs if np.isfinite(c[f"{lv}_err"])]))
            for lv in ("lsu", "l2", "dram")}
+    assert summary["lsu_within_tolerance"] == summary["launches"]  # every launch, as the takeaway says
     t_levels = (
-        f"On the {gpu_name}, {summary['lsu_within_tolerance']} of {summary['launches']} launches match the simulator within "
+        f"On the {gpu_name}, all {summary['launches']} launches match the simulator within "
         f"{100 * LSU_TOLERANCE:.0f} % at the LSU level (largest error {100 * summary['lsu_max_abs_err']:.2f} %); "
         f"per configuration the median |error| is {100 * med['lsu']:.2f} % (LSU), {100 * med['l2']:.1f} % (L2) "
-        f"and {100 * med['dram']:.1f} % (DRAM, simple L2 model; per launch, as `flashsim compare` reports it, "
-        f"median {100 * summary['dram_median_abs_err']:.1f} %, largest {100 * summary['dram_max_abs_err']:.0f} %)."
+        f"and {100 * med['dram']:.1f} % (DRAM, the L2 model of the {meta.get('gpu')} preset)."
     )
 print(t_levels)
 
 # %% [markdown]
 # **Takeaway:** {{t_levels}}
+
+# %% [markdown]
+# ## Per launch, at both levels, on both GPUs
+#
+# Every measured launch's error, reads and writes apart: at the LSU level measured/simulated − 1,
+# at the DRAM level (measured − simulated)/max(simulated, 1 MB) (`analysis.compare`: a launch of a
+# few kilobytes would otherwise show an infinite error for nothing). The issue's acceptance for
+# the DRAM level is |error| median ≤ 2 %, 95th percentile ≤ 8 %, maximum ≤ 15 % on each record
+# (dotted lines). Writes are also shown with the background write rate × the launch's measured
+# duration added (the model has no timing; a diagnosis, not a prediction).
+
+# %%
+both = {"H200": records, "H100": load_compare("h100_compare")}
+both = {k: v for k, v in both.items() if v is not None}
+stats, worst = {}, {}
+if both:
+    fig, axes = plt.subplots(len(both), 2, figsize=(13, 3.6 * len(both)), squeeze=False)
+    for row, (gname, recs) in zip(axes, both.items()):
+        order = sorted(range(len(recs)), key=lambda i: (recs[i]["kernel"], recs[i]["pass"], recs[i]["config_id"],
+                                                        recs[i]["launch_index"]))
+        recs = [recs[i] for i in order]
+        x = np.arange(len(recs))
+        for ax, lv, keys in ((row[0], "LSU", (("lsu_ld_err", "reads", "o"), ("lsu_st_err", "writes", "x"))),
+                             (row[1], "DRAM", (("dram_read_err", "reads", "o"), ("dram_write_err", "writes", "x"),
+                                               ("dram_write_timed_err", "writes + background rate", "+")))):
+            for key, what, mk in keys:
+                for kernel in ("flash2", "flash1", "standard"):
+                    sel = [i for i, r in enumerate(recs) if r["kernel"] == kernel]
+                    ax.plot(x[sel], [100 * recs[i][key] for i in sel], mk, color=COLORS[kernel], ms=4,
+                            alpha=0.35 if "background" in what else 0.85,
+                            label=f"{kernel} {what}" if lv == "DRAM" or what == "reads" else None)
+            if lv == "DRAM":
+                ax.set_yscale("symlog", linthresh=15)
+                for lim in (2, 8, 15):
+                    ax.axhline(lim, color="k", ls=":", lw=0.6)
+                    ax.axhline(-lim, color="k", ls=":", lw=0.6)
+                ax.legend(fontsize=6, ncol=3, loc="upper left")
+            else:
+                ax.legend(fontsize=6)
+            ax.set_xlabel("launch (by kernel, pass, configuration)")
+            ax.set_ylabel(f"{lv} error (%)")
+            ax.set_title(f"{lv} level, {gname}, {len(recs)} launches")
+        s_ = summarize(recs)
+        stats[gname] = s_
+        w = max(recs, key=lambda r: max(abs(r["dram_read_err"]), abs(r["dram_write_err"])))
+        worst[gname] = w
+        print(f"{gname}: LSU {s_['lsu_within_tolerance']}/{s_['launches']} within 1 %; DRAM reads median "
+              f"{100 * s_['dram_read_median_abs_err']:.1f} %, p95 {100 * s_['dram_read_p95_abs_err']:.1f} %, max "
+              f"{100 * s_['dram_read_max_abs_err']:.1f} %; writes median {100 * s_['dram_write_median_abs_err']:.1f} %, "
+              f"p95 {100 * s_['dram_write_p95_abs_err']:.0f} %, max {100 * s_['dram_write_max_abs_err']:.0f} %; "
+              f"writes + background p95 {100 * s_['dram_write_timed_p95_abs_err']:.0f} %")
+    fig.tight_layout()
+    plt.show()
+
+
+def _outside(recs, key, lim=0.15):
+    return [r for r in recs if abs(r[key]) > lim]
+
+
+def _describe(gname):
+    s_, recs = stats[gname], both[gname]
+    out_w = _outside(recs, "dram_write_err")
+    diff = np.median([(r["dram_write_bytes"] - r["sim_dram_write_bytes"]) / 1e6 for r in out_w])
+    w = worst[gname]
+    return (f"On the {gname}, DRAM reads are off by a median {100 * s_['dram_read_median_abs_err']:.1f} % "
+            f"(95th percentile {100 * s_['dram_read_p95_abs_err']:.1f} %, worst {100 * s_['dram_read_max_abs_err']:.0f} %, "
+            f"launches beyond 15 %: {len(_outside(recs, 'dram_read_err'))}) and writes by "
+            f"{100 * s_['dram_write_median_abs_err']:.1f} % (95th percentile {100 * s_['dram_write_p95_abs_err']:.0f} %); "
+            f"the {len(out_w)} launches whose writes are beyond 15 % miss by a median {diff:.1f} MB, and with the "
+            f"background rate added {len(_outside(recs, 'dram_write_timed_err'))} remain beyond; the worst, "
+            f"{w['config_id']} launch {w['launch_index']}, wrote {w['dram_write_bytes'] / 1e6:.1f} MB in "
+            f"{w['time_ns'] / 1e6:.0f} ms against {w['sim_dram_write_bytes'] / 1e6:.1f} MB predicted "
+            f"({w['sim_dram_write_timed_bytes'] / 1e6:.1f} MB with the background rate)")
+
+
+t_launch = "No comparison yet: nothing is drawn above."
+if stats:
+    # what the takeaway says: the LSU level is exact on both, the reads meet the median and the
+    # 95th percentile, the writes' median does not reach their tail, which the background rate
+    # (the model has no timing) accounts for in part
+    for gname, s_ in stats.items():
+        recs = both[gname]
+        assert s_["lsu_within_tolerance"] == s_["launches"], gname
+        assert s_["dram_read_median_abs_err"] <= 0.02 and s_["dram_read_p95_abs_err"] <= 0.08, gname
+        assert s_["dram_write_p95_abs_err"] > 0.15, gname
+        out_w = _outside(recs, "dram_write_err")
+        assert np.median([(r["dram_write_bytes"] - r["sim_dram_write_bytes"]) / 1e6 for r in out_w]) < 2, gname
+        assert len(_outside(recs, "dram_write_timed_err")) < len(out_w), gname
+    t_launch = (
+        "every launch is within 1 % at the LSU level on both GPUs. " + ". ".join(_describe(g) for g in stats)
+        + ". The reads meet the acceptance's median (≤ 2 %) and 95th percentile (≤ 8 %) on both records; the "
+        "writes do not: the launches beyond miss by a megabyte or two each, written while they run, which a "
+        "model without timing cannot see (the background rate accounts for part of it), and "
+        "analysis/data/README.md explains the H100's FlashAttention-1 forward at N = 4,096, whose record does "
+        "not reproduce."
+    )
+print(t_launch)
+
+# %% [markdown]
+# **Takeaway:** {{t_launch}}
 
 # %% [markdown]
 # ## Theorem 2, fitted
