@@ -31,7 +31,13 @@ def main(argv=None) -> int:
     ap.add_argument("--sample", type=int, default=16)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
-    get_gpu(a.gpu)  # an unknown preset is refused before any work
+    try:
+        get_gpu(a.gpu)  # an unknown preset is refused before any work
+        if a.sample < 1:
+            raise ValueError(f"sample={a.sample}: must be a positive integer (--sample)")
+    except ValueError as e:
+        print(f"figure2_dram: error: {e}", file=sys.stderr)
+        return 2
     cases = [
         ("standard", True, {"fuse": "none", "dropout": 0.1}),
         ("standard", True, {"fuse": "softmax", "dropout": 0.1}),
