@@ -319,9 +319,14 @@ def _standard(schedule, w: Workload) -> None:
     gemm_threads = max(1, gb // 4) * gb
     last = 1 << 40
 
+    def listed(launch):
+        """The launch's transfers in order, grouped (``counts``, O(Tr + Tc)) where the schedule has
+        them: the loop-order stream of a 1 x 1-block GEMM at N = 2^20 would hold 2^36 tiles."""
+        return launch.counts() if launch.counts is not None else launch.accesses()
+
     def roles(launch) -> tuple[list[str], str, str]:
         reads, writes = [], []
-        for a in launch.accesses():
+        for a in listed(launch):
             (writes if a.write else reads).append(a.tensor)
             if a.write:
                 break
@@ -384,7 +389,7 @@ def _standard(schedule, w: Workload) -> None:
         elif launch.name in ("gemm_dv", "gemm_dk"):
             launch.blocks = colsg(*roles(launch))
         else:
-            acc = list(launch.accesses())
+            acc = list(listed(launch))
             launch.blocks = rowwise([x.tensor for x in acc if not x.write], [x.tensor for x in acc if x.write])
 
 

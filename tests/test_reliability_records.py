@@ -179,8 +179,8 @@ def test_git_state_uses_the_environment_on_a_copy_without_git(monkeypatch):
 
 def test_measure_default_out_is_not_the_committed_record():
     a = build_parser().parse_args(["measure"])
-    assert a.out is None and a.set == "h100"
-    assert DEFAULT_OUT.format(set="h100") == "out/measure-h100"
+    assert a.out is None and a.set == "h200"
+    assert DEFAULT_OUT.format(set="h200") == "out/measure-h200"
     assert "/out/" in (ROOT / ".gitignore").read_text().split()
 
 
@@ -267,7 +267,8 @@ def test_report_default_folder_works_fresh_and_is_then_refused(tmp_path, capsys,
     rc, out, err = _run(["report"], capsys)
     assert rc == 0, err
     before = _snapshot(tmp_path / "flashsim-report")
-    assert set(before) == {"io_table.csv", "m_sweep.csv", "n_sweep.csv", "m_sweep.png", "n_sweep.png"}
+    assert set(before) == {"io_table.csv", "dram_table.csv", "m_sweep.csv", "n_sweep.csv", "m_sweep.png",
+                           "n_sweep.png"}
     rc, out, err = _run(["report"], capsys)
     assert rc == 2 and out == ""
     line = _one_error_line(err)
