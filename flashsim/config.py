@@ -381,6 +381,10 @@ _L2_H200 = ("H200: L2 in two partitions as on the H100, 128-byte lines of four 3
             "'reread' x2 fits 42.6 MiB (0.710 of the L2) with NRU and a 0.3 share of random victims (the share "
             "ASSUMED as measured on the H100: no H200 hot_stream probe); 'write' W >= 40 MiB leaves 28.2 MiB "
             "dirty (0.470); 'stride' reads fetch 64 bytes")
+#: The H100's calibrated L2 model (see _L2_H100), which the A100 presets borrow for want of an
+#: A100 calibration (see _L2_A100): one dict, so the borrowed numbers cannot drift from the measured.
+_L2_H100_MEASURED = dict(l2_partitions=2, l2_capacity_fraction=0.649, l2_dirty_fraction=0.473, l2_replacement="nru",
+                         l2_random_share=0.3, l2_fetch_bytes=64)
 GPUS: dict[str, Hardware] = {
     "a100-40gb": Hardware(
         name="A100-SXM4-40GB",
@@ -392,12 +396,7 @@ GPUS: dict[str, Hardware] = {
         matmul_flops={"fp16": 312e12, "bf16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
         nonmatmul_flops=19.5e12,
         source="A100 whitepaper 2020; A100 40GB datasheet",
-        l2_partitions=2,
-        l2_capacity_fraction=0.649,
-        l2_dirty_fraction=0.473,
-        l2_replacement="nru",
-        l2_random_share=0.3,
-        l2_fetch_bytes=64,
+        **_L2_H100_MEASURED,
         l2_source=_L2_A100,
     ),
     "a100-80gb": Hardware(
@@ -410,12 +409,7 @@ GPUS: dict[str, Hardware] = {
         matmul_flops={"fp16": 312e12, "bf16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
         nonmatmul_flops=19.5e12,
         source="A100 whitepaper 2020; A100 80GB datasheet",
-        l2_partitions=2,
-        l2_capacity_fraction=0.649,
-        l2_dirty_fraction=0.473,
-        l2_replacement="nru",
-        l2_random_share=0.3,
-        l2_fetch_bytes=64,
+        **_L2_H100_MEASURED,
         l2_source=_L2_A100,
     ),
     "h100": Hardware(
@@ -428,12 +422,7 @@ GPUS: dict[str, Hardware] = {
         matmul_flops={"fp16": 989.4e12, "bf16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12},
         nonmatmul_flops=66.9e12,
         source="H100 whitepaper 2022; H100 SXM5 datasheet",
-        l2_partitions=2,
-        l2_capacity_fraction=0.649,
-        l2_dirty_fraction=0.473,
-        l2_replacement="nru",
-        l2_random_share=0.3,
-        l2_fetch_bytes=64,
+        **_L2_H100_MEASURED,
         l2_source=_L2_H100,
     ),
     "h200": Hardware(
