@@ -596,4 +596,47 @@ def _from_elements(el: dict, walked: IOCount, layouts: dict[str, TensorLayout]) 
     return IOCount(bd)
 
 
-__all__ = ["PARALLEL", "TENSORS", "CPResult", "Step", "check_parallel", "context_parallel"]
+__all__ = ["PARALLEL", "TENSORS", "CPResult", "Step", "check_parallel", "context_parallel", "format_text"]
+
+
+def format_text(r: CPResult) -> str:
+    """What ``flashsim simulate --devices P --parallel ...`` prints: the per-device HBM traffic,
+    the bytes each device sends, and device 0's steps with their roofline verdicts."""
+    from .report import format_table
+
+    w = r.workload
+    lines = [f"{r.parallel} attention on {r.devices} devices, {r.pass_}: batch {w.batch}, heads {w.heads} "
+             f"(kv {w.hkv}), N {w.nq} ({w.nq // r.devices} rows per device), d {w.d}, {w.dtype}"
+             f"{', causal (zig-zag shards)' if w.causal and r.parallel == 'ring' else ', causal' if w.causal else ''}",
+             f"GPU {r.gpu}; each step's flash2 with {r.tiling.block_m} x {r.tiling.block_n} tiles; interconnect "
+             + ("none" if r.link_bytes_per_s is None else f"{r.link_bytes_per_s / 1e9:,.0f} GB/s per direction, "
+                f"{r.topology}"), ""]
+    rows = []
+    for (t, dr), tr in sorted(r.per_device[0].breakdown.items()):
+        rows.append([t, dr, tr.elements, f"{tr.bytes / 1e6:,.3f}", tr.sectors])
+    lines.append("device 0, HBM traffic per tensor:")
+    lines.append(format_table(["tensor", "dir", "elements", "MB", "sectors"], rows,
+                              right=[False, False, True, True, True]))
+    told = [t for t in sorted({k[0] for k in r.per_device[0].breakdown}) if t in TENSORS]
+    if told:
+        lines.append("tensors: " + "; ".join(f"{t} = {TENSORS[t]}" for t in told))
+    lines.append("")
+    lines.append(format_table(
+        ["device", "HBM read MB", "HBM write MB", "HBM total MB", "sent MB"],
+        [[d, f"{io.read_bytes / 1e6:,.3f}", f"{io.write_bytes / 1e6:,.3f}", f"{io.bytes / 1e6:,.3f}",
+          f"{sent / 1e6:,.3f}"] for d, (io, sent) in enumerate(zip(r.per_device, r.sent_bytes))],
+        right=[True] * 5))
+    lines.append("")
+    lines.append("device 0, step by step (overlapped: time = max(compute, HBM, link)):")
+    lines.append(format_table(
+        ["pass", "step", "kind", "block", "HBM MB", "link MB", "compute us", "HBM us", "link us", "transfer"],
+        [[s.pass_, s.index, s.kind, f"{s.q_rows} x {s.k_rows}" if s.q_rows else "", f"{s.io.bytes / 1e6:,.3f}",
+          f"{s.link_bytes / 1e6:,.3f}", f"{s.compute_s * 1e6:,.2f}", f"{s.memory_s * 1e6:,.2f}",
+          f"{s.link_s * 1e6:,.2f}", s.verdict if s.link_bytes else ""] for s in r.device_steps(0)],
+        right=[False, True, False, True, True, True, True, True, True, False]))
+    lines.append("")
+    moving = [s for s in r.steps if s.link_bytes]
+    lines.append(f"closed form agrees with the walker: {'yes' if r.agrees else 'NO'}")
+    lines.append(f"transfers hidden under compute: {sum(s.hidden for s in moving)} of {len(moving)} "
+                 f"(all devices); time {r.time_s * 1e3:.4g} ms overlapped, {r.serial_time_s * 1e3:.4g} ms serial")
+    return "\n".join(lines)

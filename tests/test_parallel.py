@@ -249,3 +249,40 @@ def test_million_tokens_is_fast():
     for parallel in ("ring", "ulysses"):
         assert context_parallel(w, 8, parallel, "fwd+bwd", gpu="h200").agrees
     assert time.perf_counter() - t0 < 5
+
+
+def test_cli(capsys):
+    from flashsim.cli import main
+
+    argv = ["simulate", "--devices", "2", "--parallel", "ring", "--causal", "--batch", "1", "--heads", "2",
+            "--seq-len", "64", "--head-dim", "16", "--block-m", "8", "--block-n", "8", "--pass", "fwd+bwd"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "ring attention on 2 devices" in out and "closed form agrees with the walker: yes" in out
+    assert "K@link" in out and "dK@link" in out and "upper" in out and "lower" not in out.split("device 0, step")[1]
+    assert main(argv + ["--json"]) == 0
+    import json
+
+    d = json.loads(capsys.readouterr().out)
+    assert d["closed_form_agrees"] and d["devices"] == 2 and len(d["per_device"]) == 2
+    assert {s["kind"] for s in d["steps"]} == {"diag", "upper", "lower", "final"}
+    assert main(["simulate", "--devices", "4", "--parallel", "ulysses", "--topology", "ring", "--batch", "1",
+                 "--seq-len", "256"]) == 0
+    assert "a2a_in" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--devices", "3", "--causal"], "seq_len_q=1024"),
+    (["--devices", "0"], "devices=0"),
+    (["--devices", "4", "--parallel", "ulysses", "--heads", "6"], "heads=6"),
+    (["--parallel", "ulysses"], "devices=None"),
+    (["--devices", "2", "--algo", "flash1"], "algo='flash1'"),
+    (["--devices", "2", "--parallel", "tree"], "invalid choice"),
+])
+def test_cli_bad_input(capsys, args, msg):
+    from flashsim.cli import main
+
+    assert main(["simulate", *args]) == 2
+    err = capsys.readouterr().err
+    print(err)
+    assert err.startswith("flashsim: error: ") and msg in err and err.count("\n") == 1
