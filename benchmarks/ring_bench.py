@@ -170,8 +170,6 @@ def timing(p, group, rank, mode, n, args, preset, rows):
         rows.append(row)
         _log(f"{mode} P={p} N={n} {pass_}: ring {t_ring:.2f} ms (kernels alone {t_k:.2f}, transfers alone "
              f"{t_x:.2f}); simulator overlapped {row['sim_overlapped_ms']:.2f} ms, serial {row['sim_serial_ms']:.2f}")
-    del q, k, v, do, kv, o, lse
-    torch.cuda.empty_cache()
 
 
 def _write_csv(path, rows):
@@ -218,7 +216,9 @@ def main(argv=None) -> int:
             for causal in (False, True):
                 exactness(p, groups[p], rank, args.check_n, causal, exact)
             timing(p, groups[p], rank, "strong", args.strong_n, args, preset, timed)
+            torch.cuda.empty_cache()
             timing(p, groups[p], rank, "weak", args.weak_n * p, args, preset, timed)
+            torch.cuda.empty_cache()
         dist.barrier()
     if rank == 0:
         _write_csv(os.path.join(args.out, "ring_nccl_exactness.csv"), exact)
@@ -236,7 +236,8 @@ def main(argv=None) -> int:
         with open(tmp, "w") as f:
             json.dump(meta, f, indent=1)
         os.replace(tmp, os.path.join(args.out, "ring_nccl.meta.json"))
-        print(f"wrote {out} ({len(timed)} rows) and the exactness table ({len(exact)} rows) in {time.time() - t0:.0f} s")
+        print(f"wrote {out} ({len(timed)} rows) and the exactness table ({len(exact)} rows) "
+              f"in {time.time() - t0:.0f} s")
     dist.destroy_process_group()
     return 0
 
