@@ -145,8 +145,8 @@ print(f"first hidden at {first_hidden:,} rows per GPU; compute alone would hide 
 # GPU on (N = {{first_hidden * P8|,}}); below that it is exposed.  FLOPs alone would hide it only from
 # about n = 2F/B = {{n_cross_compute|,.0f}} rows (an off-diagonal step computes n²/2 scores and sends 4nd
 # bytes per head); it hides sooner because the step is HBM-bound in this model: the flash2
-# schedule re-reads K and V once per query block (Br = {{mid[0] and res['ring'][0].tiling.block_m}} at d = 128), which costs more time
-# than the FLOPs, and the transfer only has to beat the slower of the two.
+# schedule re-reads K and V once per query block (Br = {{res['ring'][0].tiling.block_m}} at
+# d = 128), which costs more time than the FLOPs, and the transfer only has to beat the slower of the two.
 
 # %% [markdown]
 # ## Ring against Ulysses: the roofline time
