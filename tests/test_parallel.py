@@ -286,3 +286,18 @@ def test_cli_bad_input(capsys, args, msg):
     err = capsys.readouterr().err
     print(err)
     assert err.startswith("flashsim: error: ") and msg in err and err.count("\n") == 1
+
+
+def test_hardware_link_fields_are_checked():
+    import dataclasses
+
+    h = get_gpu("h100")
+    for kw, field in ((dict(link_bytes_per_s=0.0), "link_bytes_per_s=0.0"),
+                      (dict(link_bytes_per_s=True), "link_bytes_per_s=True"),
+                      (dict(link_topology="torus"), "link_topology='torus'")):
+        with pytest.raises(ValueError) as e:
+            dataclasses.replace(h, **kw)
+        assert str(e.value).startswith(field)
+    # no interconnect: transfers take forever, so every moving step is exposed
+    r = context_parallel(w1(8), 2, "ring", "fwd", gpu=dataclasses.replace(h, link_bytes_per_s=None), tiling=T2)
+    assert r.device_steps(0)[0].verdict == "exposed" and r.agrees

@@ -15,7 +15,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 ngpu=$(nvidia-smi -L | wc -l)
 echo "GPUs: $ngpu"; nvidia-smi -L; nvidia-smi topo -m 2>/dev/null | head -20
 start=$(date +%s)
-torchrun --standalone --nproc-per-node "$ngpu" benchmarks/ring_bench.py --out "$OUT" "$@" 2>&1 | tee "$OUT/ring_nccl.log"
+python3 -m torch.distributed.run --standalone --nproc-per-node "$ngpu" benchmarks/ring_bench.py --out "$OUT" "$@" 2>&1 | tee "$OUT/ring_nccl.log"
 rc=${PIPESTATUS[0]}
 echo "ring_bench: exit $rc in $(( $(date +%s) - start )) s"
 exit "$rc"
