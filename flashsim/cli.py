@@ -49,6 +49,7 @@ _FIELD_FLAGS = {
     "seq_len_k": "--seq-len-k", "head_dim": "--head-dim", "dtype": "--dtype", "sram_bytes": "--sram-bytes",
     "sram_elems": "--sram-bytes", "block_m": "--block-m", "block_n": "--block-n", "gpu": "--gpu",
     "algo": "--algo", "pass_": "--pass", "out": "--out",
+    "devices": "--devices", "parallel": "--parallel", "topology": "--topology",
 }
 
 
@@ -203,6 +204,8 @@ def _with_sram_bytes(e: ValueError, a: argparse.Namespace, w, m: int) -> ValueEr
 
 
 def _cmd_simulate(a: argparse.Namespace) -> int:
+    if a.devices is not None or a.parallel is not None or a.topology is not None:
+        return _cmd_context_parallel(a)
     w = _workload(a)
     gpu = get_gpu(a.gpu)
     given = _given_tiling(a, a.algo)
@@ -230,6 +233,22 @@ def _cmd_simulate(a: argparse.Namespace) -> int:
         if dram is not None:
             print()
             print(format_dram(dram))
+    return 0
+
+
+def _cmd_context_parallel(a: argparse.Namespace) -> int:
+    """simulate --devices P --parallel {ring,ulysses}: flashsim.parallel on the workload."""
+    from .parallel import context_parallel, format_text
+
+    if a.devices is None:
+        raise ValueError("devices=None: --parallel and --topology need --devices P")
+    if a.algo != "flash2" or a.level != "lsu":
+        raise ValueError(f"algo={a.algo!r}, level={a.level!r}: --devices runs flash2 in each step, at the LSU level")
+    w, gpu = _workload(a), get_gpu(a.gpu)
+    given = _given_tiling(a, "flash2")
+    r = context_parallel(w, a.devices, a.parallel or "ring", a.pass_, gpu, tiling=given,
+                         sram_elems=None if given else _sram_elems(a, w, gpu), topology=a.topology)
+    print(json.dumps(r.to_dict(), indent=2) if a.json else format_text(r))
     return 0
 
 
@@ -494,6 +513,11 @@ def add_simulate(sub) -> None:
                     help="with --level dram: simulate about one L2 set in S and scale the counts (faster; "
                          "default 1, exact)")
     _add_algorithm_options(s)
+    cp = s.add_argument_group("context parallelism (flashsim.parallel): the workload split over P devices")
+    cp.add_argument("--devices", type=int, default=None, metavar="P", help="devices P (each runs flash2 steps)")
+    cp.add_argument("--parallel", choices=("ring", "ulysses"), default=None, help="schedule (default ring)")
+    cp.add_argument("--topology", choices=("switch", "ring"), default=None,
+                    help="interconnect topology (default: the GPU preset's, switch)")
     s.set_defaults(func=_cmd_simulate)
 
 
