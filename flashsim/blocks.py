@@ -183,7 +183,8 @@ def _flash2(schedule, w: Workload, t: Tiling) -> None:
     q0, qn = _rows(w.nq, br)
     k0, kn = _rows(w.nk, bc)
     tr, tc = len(q0), len(k0)
-    vis_of = cache(lambda: visible_blocks(w, t))  # computed when a trace is first asked for
+    window = schedule.meta.get("window")
+    vis_of = cache(lambda: visible_blocks(w, t, window))  # computed when a trace is first asked for
     cols = _cols(schedule)
     eb = w.elem_bytes
     last = 1 << 40  # step key of a block's epilogue (keys stay below 2^41)
