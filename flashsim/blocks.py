@@ -394,7 +394,7 @@ def _standard(schedule, w: Workload) -> None:
             launch.blocks = rowwise([x.tensor for x in acc if not x.write], [x.tensor for x in acc if x.write])
 
 
-def attach(schedule, algo: str, w: Workload, tiling: Tiling | None):
+def attach(schedule, algo: str, w: Workload, tiling: Tiling | None, plan=None):
     """Fill ``launch.blocks`` of every launch of ``schedule`` (built by ``algo`` for ``w`` and
     ``tiling``) and return the schedule.  Algorithms without a block model (smallcache) are
     returned as they are."""

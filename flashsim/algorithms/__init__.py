@@ -34,6 +34,7 @@ _MODULES = {
     "flash1": "flash1",
     "flash2": "flash2",
     "smallcache": "smallcache",
+    "decode": "decode",
 }
 
 ALGORITHMS = tuple(_MODULES)
