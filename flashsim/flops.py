@@ -40,6 +40,13 @@ row-level terms:
   flash1 6, flash2 11 (P and dS computed in both kernels).  Per query row: 2·d for
   D = rowsum(dO ∘ O).
 
+``decode`` (flashsim/algorithms/decode.py) computes, per program, its g·Nq query rows against
+every key row it loads (rows before the window's start in the first block included), so
+E = Hq·Nq·Σ_b (L_b - jf_b·Bc) entries over the whole batch, 2 matmul units and 5 nonmatmul
+FLOPs each, plus d + 2 per query row per split program (O /= ℓ, L = m + log ℓ), and with
+S > 1 splits the combine's S·(2d + 3) per output row (rescale and add each partial O, the
+exps and the sum of the weights).
+
 The online-softmax rescaling of the accumulator (d multiplies per row per key block) is not
 counted; it is O(Nq·d·Tc), below the per-entry terms by a factor of about Bc/d.
 """
@@ -119,6 +126,8 @@ def flops(workload: Workload, pass_: str, algo: str | None = None, tiling: Tilin
     passes = pass_.split("+")
     if any(p not in ("fwd", "bwd") for p in passes):
         raise ValueError(f"pass_={pass_!r}: must be 'fwd', 'bwd' or 'fwd+bwd'")
+    if algo == "decode":
+        return _decode_flops(w, passes, tiling, sram_elems, options)
     if algo not in MATMULS_PER_ENTRY:
         raise ValueError(f"algo={algo!r}: no FLOP model; choose one of {[a for a in MATMULS_PER_ENTRY if a]}")
     e = computed_entries(w, algo, tiling, sram_elems)
@@ -133,6 +142,24 @@ def flops(workload: Workload, pass_: str, algo: str | None = None, tiling: Tilin
         if p == "bwd":
             nm += 2 * w.d * w.nq
     return {"matmul": w.bh * mm, "nonmatmul": w.bh * nm, "total": w.bh * (mm + nm), "entries": e}
+
+
+def _decode_flops(w: Workload, passes: list[str], tiling: Tiling | None, sram_elems: int | None,
+                  options: dict) -> dict:
+    """FLOPs of the decode schedule (see the module docstring); forward only."""
+    from .algorithms.decode import decode_plan
+    from .api import resolve_tiling
+
+    if passes != ["fwd"]:
+        raise ValueError(f"pass_={'+'.join(passes)!r}: algorithm 'decode' has only a fwd pass")
+    p = decode_plan(w, resolve_tiling(w, "decode", tiling, sram_elems), **options)
+    e = p.hq * p.nq * int((p.lengths - p.jf * p.bc).sum())
+    rows = p.batch * p.hq * p.nq
+    mm = 2 * 2 * w.d * e
+    nm = 5 * e + (w.d + 2) * rows * p.splits
+    if p.splits > 1:
+        nm += rows * p.splits * (2 * w.d + 3)
+    return {"matmul": mm, "nonmatmul": nm, "total": mm + nm, "entries": e}
 
 
 __all__ = ["flops", "computed_entries", "block_entries", "MATMULS_PER_ENTRY", "NONMATMUL_PER_ENTRY"]

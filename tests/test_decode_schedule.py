@@ -298,3 +298,25 @@ def test_large_cache_is_fast():
     r = simulate(w, "decode", "fwd", tiling=Tiling(1, 256), num_splits=16, page_size=16)
     assert r.agrees
     assert r.io.elements_by_key()[("K", "read")] == 8 * 128 * 8 * 2**20
+
+
+# ---------------------------------------------------------------------------------------------
+# The thread-block model (Launch.blocks) for the L2 model
+
+
+@settings(max_examples=40, deadline=None)
+@given(decode_cases())
+def test_blocks_request_what_the_walker_counts(case):
+    # Every launch's thread blocks, run through the L2 model, request exactly the walker's
+    # sectors: the block model lists the same transfers, grid block by grid block.
+    from flashsim.l2 import dram_traffic
+
+    w, bc, opts = case
+    sched = build_schedule(w, "decode", "fwd", tiling=Tiling(1, bc), **opts)
+    io = walk(sched)
+    d = dram_traffic(sched, "h100")
+    for launch in d.launches:
+        c = io.per_launch[launch.name]
+        assert launch.requested_read_bytes == 32 * c.read_sectors
+        assert launch.requested_write_bytes == 32 * c.write_sectors
+    assert [x.grid[0] * x.grid[1] * x.grid[2] for x in d.launches] == list(sched.meta["grids"].values())

@@ -521,5 +521,18 @@ def computed_entries(w: Workload, tiling: Tiling | None, **options) -> int:
     return p.hq * p.nq * int((p.lengths - p.jf * p.bc).sum())
 
 
-__all__ = ["schedule", "closed_form", "plan", "blocks", "TILING_TEXT", "PASSES", "NEEDS_TILING", "DESCRIPTION",
-           "OPTIONS", "DecodePlan", "decode_plan", "floor_sum", "block_table_reads", "computed_entries", "cdiv"]
+def summary(w: Workload, tiling: Tiling | None, gpu, **options) -> dict:
+    """What ``flashsim simulate`` adds for this algorithm (``flashsim.report.simulate_summary``
+    calls a module's ``summary`` where it has one, in place of the paper's forward-attention IO
+    bounds, which do not describe a decode step): the decoding bounds and the proposed split count."""
+    from ..decode_splits import decode_bounds, propose
+
+    pr = propose(w, gpu, tiling, **options)
+    return {"decode_bounds": decode_bounds(w, tiling, **options),
+            "proposed_splits": {"num_splits": pr.num_splits, "fa2_choice": pr.fa2_choice,
+                                "programs_per_split": pr.programs_per_split, "slots": pr.slots}}
+
+
+__all__ = ["summary", "schedule", "closed_form", "plan", "blocks", "TILING_TEXT", "PASSES", "NEEDS_TILING",
+           "DESCRIPTION", "OPTIONS", "DecodePlan", "decode_plan", "floor_sum", "block_table_reads", "computed_entries",
+           "cdiv"]
