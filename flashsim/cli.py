@@ -31,7 +31,7 @@ import textwrap
 import warnings
 from collections.abc import Callable, Sequence
 
-from .algorithms import ALGORITHMS, get_algorithm
+from .algorithms import ALGORITHMS, ALL_ALGORITHMS, get_algorithm
 from .api import simulate
 from .bounds import bounds_table
 from .config import GPU_ALIASES, GPUS, Tiling, Workload, get_gpu
@@ -123,7 +123,7 @@ _RESERVED_OPTIONS = ("sram_elems",)
 def _algorithm_options() -> dict[str, tuple[object, str, list[str]]]:
     """option name -> (default, help, algorithms taking it), over every algorithm."""
     opts: dict[str, tuple[object, str, list[str]]] = {}
-    for name in ALGORITHMS:
+    for name in ALL_ALGORITHMS:
         for opt, (default, text) in get_algorithm(name).OPTIONS.items():
             if opt in _RESERVED_OPTIONS:
                 continue
@@ -480,7 +480,7 @@ def add_simulate(sub) -> None:
                        description="Walk one algorithm's tile schedule and count every HBM transfer: "
                                    "elements, bytes and 32-byte sectors per tensor, with the closed form, "
                                    "the FLOPs, the IO bounds and the roofline time on a GPU preset.")
-    s.add_argument("--algo", "-a", choices=ALGORITHMS, default="flash2", help="algorithm (default flash2)")
+    s.add_argument("--algo", "-a", choices=ALL_ALGORITHMS, default="flash2", help="algorithm (default flash2)")
     s.add_argument("--pass", dest="pass_", choices=("fwd", "bwd", "fwd+bwd"), default="fwd",
                    help="forward, backward or both (default fwd)")
     _add_workload(s)

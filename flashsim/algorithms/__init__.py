@@ -37,7 +37,14 @@ _MODULES = {
     "decode": "decode",
 }
 
-ALGORITHMS = tuple(_MODULES)
+#: Decoding schedules: they take a KV cache's options (lengths, splits, pages) and mask causally
+#: whatever the workload says, so the attention-wide lists (``bounds``, ``sweep``, the lower-bound
+#: checks) leave them out; ``simulate`` takes them.
+DECODERS = ("decode",)
+#: The attention algorithms: every workload, the paper's bounds apply.
+ALGORITHMS = tuple(a for a in _MODULES if a not in DECODERS)
+#: Everything ``get_algorithm`` knows.
+ALL_ALGORITHMS = tuple(_MODULES)
 
 
 def get_algorithm(name: str) -> ModuleType:
