@@ -52,6 +52,7 @@ gives the real grids.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -141,11 +142,11 @@ def _lengths(w: Workload, lengths, cu_seqlens) -> np.ndarray:
     return np.asarray(out, dtype=np.int64)
 
 
-def _block_table(w: Workload, page: int, table) -> np.ndarray:
+def _block_table(w: Workload, page: int, table) -> np.ndarray | None:
     max_pages = w.nk // page
     num_pages = w.batch * max_pages
     if table is None:
-        return np.random.default_rng(0).permutation(num_pages).astype(np.int64).reshape(w.batch, max_pages)
+        return None
     if isinstance(table, str):
         rows = [r for r in table.replace(" ", "").split(";") if r != ""]
         table = [_int_list(f"block_table[{b}]", r) for b, r in enumerate(rows)]
@@ -189,7 +190,19 @@ class DecodePlan:
     nblk: np.ndarray      # key blocks per sequence
     bps: np.ndarray       # key blocks per split
     nonempty: np.ndarray  # splits with at least one key block
-    block_table: np.ndarray | None
+    table_given: np.ndarray | None  # the block table given (checked), None: the default
+
+    @cached_property
+    def block_table(self) -> np.ndarray | None:
+        """The block table (B x Nk/P physical pages; None without paging): the one given, else
+        ``numpy.random.default_rng(0).permutation(num_pages)`` reshaped (made when first asked for:
+        the closed form does not need it)."""
+        if self.page is None:
+            return None
+        if self.table_given is not None:
+            return self.table_given
+        return np.random.default_rng(0).permutation(self.num_pages).astype(np.int64).reshape(self.batch,
+                                                                                              self.max_pages)
 
     @property
     def max_pages(self) -> int:
