@@ -102,7 +102,10 @@ def simulate_summary(res: SimResult, gpu: Hardware, sram_elems: int | None) -> d
     out["closed_form_agrees"] = res.agrees
     out["flops"] = count_flops(w, res.pass_, res.algorithm, tiling=res.tiling, **res.options)
     extra = getattr(get_algorithm(res.algorithm), "summary", None)  # decode: its own bounds
-    out["bounds"] = None if sram_elems is None or extra is not None else compute_bounds(w, sram_elems)
+    # the attention bounds assume every visible pair of the workload; a window (flash2's option) is not in them
+    windowed = res.options.get("window") is not None
+    out["bounds"] = (None if sram_elems is None or extra is not None or windowed
+                     else compute_bounds(w, sram_elems))
     if extra is not None:
         out.update(extra(w, res.tiling, gpu, **res.options))
     out["roofline"] = roofline(res, gpu)

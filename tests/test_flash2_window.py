@@ -49,6 +49,13 @@ def test_window_blocks_and_counts(case):
         if not r.agrees:
             print(p, r.io.elements_by_key(), r.closed_form.elements_by_key())
         assert r.agrees
+    # FLOPs: the entries of the visible blocks, masked ones inside included
+    from flashsim.flops import block_entries, flops
+
+    rows_i = np.minimum(t.block_m, w.nq - np.arange(tr) * t.block_m)
+    cols_j = np.minimum(t.block_n, w.nk - np.arange(tc) * t.block_n)
+    assert block_entries(w, t, win) == int(rows_i @ want.astype(np.int64) @ cols_j)
+    assert flops(w, "fwd", "flash2", t, window=win)["entries"] == block_entries(w, t, win)
     # forward K reads: each query head loads the rows of every visible block once
     rows = np.minimum(t.block_n, w.nk - np.arange(tc) * t.block_n)
     k = simulate(w, "flash2", "fwd", tiling=t, window=win).io.elements_by_key().get(("K", "read"), 0)
