@@ -416,16 +416,21 @@ def _decode(schedule, w: Workload, plan) -> None:
 
     p = plan
     cols = _cols(schedule)
-    blk = _blocks(p)
-    segs = None if p.page is None else _segments(p, blk)
-    pg0, npg = (None, None) if p.page is None else _pages_of(p, blk["r0"], blk["n"])
     nsplit, bk, gq = p.splits, p.batch * p.hkv, p.group * p.nq
-    key_of = blk["b"] * nsplit + blk["s"]  # nondecreasing: blocks in (b, j) order, s = k // bps
-    seg_start = None if segs is None else np.searchsorted(segs["blk"], np.arange(blk["b"].size), "left")
-    seg_count = None if segs is None else np.bincount(segs["blk"], minlength=blk["b"].size)
     last = 1 << 40
 
+    @cache
+    def arrays():  # made when a trace is first asked for
+        blk = _blocks(p)
+        segs = None if p.page is None else _segments(p, blk)
+        pages = (None, None) if p.page is None else _pages_of(p, blk["r0"], blk["n"])
+        key_of = blk["b"] * nsplit + blk["s"]  # nondecreasing: blocks in (b, j) order, s = k // bps
+        seg_start = None if segs is None else np.searchsorted(segs["blk"], np.arange(blk["b"].size), "left")
+        seg_count = None if segs is None else np.bincount(segs["blk"], minlength=blk["b"].size)
+        return blk, segs, pages, key_of, seg_start, seg_count
+
     def main(lo, hi):
+        blk, segs, (pg0, npg), key_of, seg_start, seg_count = arrays()
         P = _Parts(lo, hi, cols)
         q, s, y, _ = _grid_index(lo, hi, nsplit)  # block (s, y): split s of program y = b·Hkv + h
         b, h = y // p.hkv, y % p.hkv

@@ -127,6 +127,17 @@ def test_cli_decode_bad_input(extra, words, capsys):
     assert words in err, err
 
 
+def test_cli_lengths_file(tmp_path, capsys):
+    f = tmp_path / "lengths.txt"
+    f.write_text("256\n40, 100\n")
+    rc, out, err = run([*DEC, "--lengths", f"@{f}", "--json"], capsys)
+    assert rc == 0, err
+    rc2, out2, _ = run([*DEC, "--lengths", "256,40,100", "--json"], capsys)
+    assert json.loads(out)["hbm_bytes"] == json.loads(out2)["hbm_bytes"]
+    rc, out, err = run([*DEC, "--lengths", f"@{tmp_path / 'missing.txt'}"], capsys)
+    assert rc == 2 and err.startswith("flashsim: error: lengths=") and "cannot read" in err and err.count("\n") == 1
+
+
 def test_cli_flash2_window(capsys):
     rc, out, err = run(["simulate", "--algo", "flash2", "--batch", "1", "--heads", "2", "--seq-len", "256",
                         "--head-dim", "16", "--causal", "--window", "64,0", "--block-m", "32", "--block-n", "32",

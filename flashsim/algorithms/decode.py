@@ -76,9 +76,10 @@ OPTIONS: dict[str, tuple[object, str]] = {
     "page_size": (None, "paged KV cache: pages of P rows (P must divide Nk), addressed through a block table"),
     "window": (None, "sliding window LEFT,RIGHT: query row at position pos sees keys pos - LEFT .. pos "
                      "(RIGHT is capped by causality)"),
-    "lengths": (None, "per-sequence cache lengths L_1,...,L_B (1 <= Nq <= L_b <= Nk; default all Nk)"),
+    "lengths": (None, "per-sequence cache lengths L_1,...,L_B (1 <= Nq <= L_b <= Nk; default all Nk), or @FILE "
+                      "holding them"),
     "cu_seqlens": (None, "cumulative cache lengths 0,c_1,...,c_B (B + 1 values, as flash-attention's "
-                         "cu_seqlens_k), instead of --lengths"),
+                         "cu_seqlens_k), or @FILE, instead of --lengths"),
     "block_table": (None, "the paged cache's block table: B rows of Nk/P physical pages, rows separated by "
                           "';' and entries by ',' (default a fixed permutation of the B·Nk/P pages)"),
 }
@@ -92,12 +93,24 @@ MAX_SEGMENTS = 2**23
 
 
 def _int_list(name: str, value) -> list[int]:
-    """A 1-D list of ints from a list/tuple/array or the text "a,b,c"."""
+    """A 1-D list of ints from a list/tuple/array, the text "a,b,c", or "@FILE": the integers of
+    a text file, separated by commas, spaces or newlines."""
     if isinstance(value, str):
+        text = value
+        if value.startswith("@"):
+            try:
+                with open(value[1:]) as f:
+                    text = f.read()
+            except OSError as e:
+                raise ValueError(f"{name}={value!r}: cannot read {value[1:]!r} ({e.strerror or e})") from None
         try:
-            return [int(x) for x in value.replace(" ", "").split(",") if x != ""]
+            out = [int(x) for x in text.replace(",", " ").split()]
         except ValueError:
-            raise ValueError(f"{name}={value!r}: must be comma-separated integers") from None
+            raise ValueError(f"{name}={value!r}: must be integers separated by commas (or a file of them, @FILE)") \
+                from None
+        if not out:
+            raise ValueError(f"{name}={value!r}: holds no integer")
+        return out
     arr = np.asarray(value)
     if arr.ndim != 1 or arr.size == 0:
         raise ValueError(f"{name}: must be a non-empty 1-D list of integers (got shape {arr.shape})")
@@ -294,17 +307,30 @@ def _group(weight: np.ndarray, **fields: np.ndarray) -> dict[str, np.ndarray]:
     """Transfers merged where no count can tell them apart: the row and slice offsets are reduced
     mod 32 (all a sector count sees of them; a residue is never above the value, so the
     representative stays in bounds) and equal (offsets, sizes) summed into one weight."""
-    keys = []
-    for name, v in fields.items():
-        v = np.asarray(v, dtype=np.int64)
-        keys.append(v % SECTOR_BYTES if name in ("row0", "soff") else v)
-    stack = np.stack([np.broadcast_to(k, weight.shape) for k in keys], axis=1)
-    if stack.shape[0] == 0:
+    weight = np.asarray(weight, dtype=np.int64)
+    if weight.size == 0:
         return {**{n: np.zeros(0, dtype=np.int64) for n in fields}, "repeat": np.zeros(0, dtype=np.int64)}
-    uniq, inv = np.unique(stack, axis=0, return_inverse=True)
-    tot = np.zeros(uniq.shape[0], dtype=np.int64)
-    np.add.at(tot, inv.ravel(), weight)
-    out = {name: uniq[:, k] for k, name in enumerate(fields)}
+    key = np.zeros(weight.shape, dtype=np.int64)
+    values = {}
+    for name, v in fields.items():
+        v = np.broadcast_to(np.asarray(v, dtype=np.int64), weight.shape)
+        if name in ("row0", "soff"):
+            code, radix = v % SECTOR_BYTES, SECTOR_BYTES
+            values[name] = np.arange(SECTOR_BYTES, dtype=np.int64)
+        else:
+            values[name], code = np.unique(v, return_inverse=True)
+            radix = values[name].size
+        key = key * radix + code.reshape(weight.shape)  # mixed radix: < 32·32·(distinct sizes)
+    uniq, inv = np.unique(key, return_inverse=True)
+    # float64 sums are exact: a total is at most the number of transfers times B (< 2^53)
+    tot = np.rint(np.bincount(inv.ravel(), weights=weight.ravel().astype(np.float64))).astype(np.int64)
+    out = {}
+    rest = uniq
+    for name in reversed(list(fields)):
+        radix = values[name].size
+        out[name] = values[name][rest % radix]
+        rest = rest // radix
+    out = {n: out[n] for n in fields}
     out["repeat"] = tot
     return out
 
@@ -313,9 +339,8 @@ def _residue_rows(start: np.ndarray, length: np.ndarray) -> np.ndarray:
     """For ranges [start, start + length), how many of all their integers are ≡ c (mod 32), c = 0..31."""
     hist = np.full(SECTOR_BYTES, int((length // SECTOR_BYTES).sum()), dtype=np.int64)
     s, rem = start % SECTOR_BYTES, length % SECTOR_BYTES
-    diff = np.zeros(2 * SECTOR_BYTES + 1, dtype=np.int64)
-    np.add.at(diff, s, 1)
-    np.add.at(diff, s + rem, -1)
+    diff = (np.bincount(s, minlength=2 * SECTOR_BYTES + 1)
+            - np.bincount(s + rem, minlength=2 * SECTOR_BYTES + 1)).astype(np.int64)
     cum = np.cumsum(diff)[:2 * SECTOR_BYTES]
     return hist + cum[:SECTOR_BYTES] + cum[SECTOR_BYTES:]
 
@@ -344,16 +369,16 @@ def _layouts(w: Workload, p: DecodePlan) -> dict[str, TensorLayout]:
     return out
 
 
-def _kv_access(p: DecodePlan, name: str, segs: dict | None, blk: dict, sel=slice(None)):
-    """Loop-order K or V transfers of the key blocks ``sel`` (a boolean mask or slice of blk)."""
+def _kv_access(p: DecodePlan, name: str, segs: dict | None, blk: dict, lo: int, hi: int):
+    """Loop-order K or V transfers of the key blocks lo .. hi - 1 (indices into ``blk``)."""
     if p.page is None:
-        return [read(name, blk["r0"][sel], blk["n"][sel], slice_offset=blk["b"][sel] * p.hkv)]
-    keep = np.ones(segs["blk"].size, dtype=bool) if isinstance(sel, slice) else sel[segs["blk"]]
-    phys, a, n = segs["phys"][keep], segs["a"][keep], segs["n"][keep]
+        return read(name, blk["r0"][lo:hi], blk["n"][lo:hi], slice_offset=blk["b"][lo:hi] * p.hkv)
+    s0, s1 = np.searchsorted(segs["blk"], [lo, hi], "left")
+    phys, a, n = segs["phys"][s0:s1], segs["a"][s0:s1], segs["n"][s0:s1]
     if p.hkv == 1:
-        return [read(name, a, n, slice_offset=phys)]
+        return read(name, a, n, slice_offset=phys)
     rows = np.repeat(phys * p.page + a, n) + np.arange(int(n.sum()), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
-    return [read(name, 0, 1, slice_offset=rows * p.hkv)]
+    return read(name, 0, 1, slice_offset=rows * p.hkv)
 
 
 def _main_launch(w: Workload, p: DecodePlan) -> Launch:
@@ -366,21 +391,23 @@ def _main_launch(w: Workload, p: DecodePlan) -> Launch:
     slice_of["V"] = slice_of["K"]
     gq = p.group * p.nq
 
+    key_of = blk["b"] * p.splits + blk["s"]  # nondecreasing: blocks listed by (b, j), s = k // bps
+
     def accesses():
-        # per sequence b, per split s: Q; per key block: BT entries, K, V; then O, L or Op, Lp
+        # per sequence b, per split s: Q; its key blocks' block-table entries, K rows and V rows
+        # (each tensor's transfers of the split one array, in loop order: only the interleaving
+        # of the tensors inside a split is not kept, which changes no count); then O, L or Op, Lp
+        bounds = np.searchsorted(key_of, np.arange(p.batch * p.splits + 1, dtype=np.int64), "left")
         for b in range(p.batch):
             for s in range(p.splits):
-                sel = (blk["b"] == b) & (blk["s"] == s)
-                if sel.any():
+                lo, hi = int(bounds[b * p.splits + s]), int(bounds[b * p.splits + s + 1])
+                if hi > lo:
                     yield read("Q", 0, gq, slice_offset=b * p.hkv)
-                    for j in np.flatnonzero(sel).tolist():
-                        one = np.zeros(sel.size, dtype=bool)
-                        one[j] = True
-                        if p.page is not None:
-                            pg0, npg = _pages_of(p, blk["r0"][j], blk["n"][j])
-                            yield read("BT", int(pg0), int(npg), slice_offset=b)
-                        yield from _kv_access(p, "K", segs, blk, one)
-                        yield from _kv_access(p, "V", segs, blk, one)
+                    if p.page is not None:
+                        pg0, npg = _pages_of(p, blk["r0"][lo:hi], blk["n"][lo:hi])
+                        yield read("BT", pg0, npg, slice_offset=b)
+                    yield _kv_access(p, "K", segs, blk, lo, hi)
+                    yield _kv_access(p, "V", segs, blk, lo, hi)
                 if p.splits == 1:
                     yield write("O", 0, gq, slice_offset=b * p.hkv)
                     yield write("L", 0, gq, slice_offset=b * p.hkv)
