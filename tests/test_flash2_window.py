@@ -76,3 +76,18 @@ def test_window_bad():
     for bad in [(-1, 0), (1,), "a,b", (1.5, 0)]:
         with pytest.raises(ValueError, match="window"):
             simulate(w, "flash2", "fwd", tiling=Tiling(2, 2), window=bad)
+
+
+@pytest.mark.parametrize("pass_", ["fwd", "bwd"])
+def test_window_block_model_requests_what_the_walker_counts(pass_):
+    from flashsim.api import build_schedule
+    from flashsim.l2 import dram_traffic
+    from flashsim.traffic import walk
+
+    w = Workload(batch=1, heads=2, kv_heads=1, seq_len_q=40, seq_len_k=56, head_dim=8, causal=True)
+    sched = build_schedule(w, "flash2", pass_, tiling=Tiling(8, 8), window=(12, 0))
+    io = walk(sched)
+    for launch in dram_traffic(sched, "h100").launches:
+        c = io.per_launch[launch.name]
+        assert launch.requested_read_bytes == 32 * c.read_sectors
+        assert launch.requested_write_bytes == 32 * c.write_sectors
