@@ -320,3 +320,26 @@ def test_blocks_request_what_the_walker_counts(case):
         assert launch.requested_read_bytes == 32 * c.read_sectors
         assert launch.requested_write_bytes == 32 * c.write_sectors
     assert [x.grid[0] * x.grid[1] * x.grid[2] for x in d.launches] == list(sched.meta["grids"].values())
+
+
+JUNK = st.one_of(st.none(), st.booleans(), st.floats(allow_nan=True), st.text(max_size=6),
+                 st.integers(-3, 40), st.lists(st.integers(-2, 40), max_size=4),
+                 st.lists(st.lists(st.integers(-1, 9), max_size=3), max_size=3),
+                 st.sampled_from([np.int64(2), np.float64(2.0), np.array([3, 4]), np.array([[0, 1]]), "3,2", "@",
+                                  "1;2", (1, 2), (np.int32(1), 0)]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(["num_splits", "page_size", "window", "lengths", "cu_seqlens", "block_table"]), JUNK,
+       st.sampled_from([None, 2, 5]))
+def test_junk_options_give_value_errors(name, value, page):
+    # any value of any option: a result that agrees with the walker, or a ValueError with a message
+    opts = {name: value}
+    if page is not None and name != "page_size":
+        opts["page_size"] = page
+    try:
+        r = simulate(w_(), "decode", "fwd", tiling=Tiling(1, 4), **opts)
+    except ValueError as e:
+        assert str(e)
+        return
+    assert r.agrees
