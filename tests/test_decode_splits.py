@@ -138,6 +138,19 @@ def test_cli_lengths_file(tmp_path, capsys):
     assert rc == 2 and err.startswith("flashsim: error: lengths=") and "cannot read" in err and err.count("\n") == 1
 
 
+def test_cli_one_sequence(capsys):
+    # "--lengths 100" and "--block-table 1" are read as ints by the option parser: one sequence
+    one = ["simulate", "--algo", "decode", "--batch", "1", "--heads", "2", "--nq", "1", "--seq-len-k", "128",
+           "--head-dim", "8", "--block-m", "1", "--block-n", "32", "--json"]
+    rc, out, err = run([*one, "--lengths", "100"], capsys)
+    assert rc == 0, err
+    assert json.loads(out)["breakdown"]["K"]["read"]["elements"] == 2 * 8 * 100
+    rc, out, err = run([*one, "--page-size", "128", "--block-table", "0"], capsys)
+    assert rc == 0, err
+    rc, out, err = run([*one, "--page-size", "128", "--block-table", "1"], capsys)
+    assert rc == 2 and "block_table[0][0]=1: out of range" in err
+
+
 def test_cli_flash2_window(capsys):
     rc, out, err = run(["simulate", "--algo", "flash2", "--batch", "1", "--heads", "2", "--seq-len", "256",
                         "--head-dim", "16", "--causal", "--window", "64,0", "--block-m", "32", "--block-n", "32",

@@ -111,6 +111,8 @@ def _int_list(name: str, value) -> list[int]:
         if not out:
             raise ValueError(f"{name}={value!r}: holds no integer")
         return out
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        value = [value]  # one sequence (the command line reads "--lengths 100" as the int 100)
     arr = np.asarray(value)
     if arr.ndim != 1 or arr.size == 0:
         raise ValueError(f"{name}: must be a non-empty 1-D list of integers (got shape {arr.shape})")
@@ -163,6 +165,8 @@ def _block_table(w: Workload, page: int, table) -> np.ndarray | None:
     if isinstance(table, str):
         rows = [r for r in table.replace(" ", "").split(";") if r != ""]
         table = [_int_list(f"block_table[{b}]", r) for b, r in enumerate(rows)]
+    elif isinstance(table, (int, np.integer)) and not isinstance(table, (bool, np.bool_)):
+        table = [[table]]  # one sequence of one page (the command line reads "--block-table 3" as 3)
     try:
         arr = np.asarray(table)
     except (ValueError, TypeError):
