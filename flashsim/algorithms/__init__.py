@@ -19,6 +19,9 @@ Each algorithm lives in its own module, which defines
   for a run (None for an algorithm that is not tiled).
 * ``TILING_TEXT``: how the command line shows the tiling, a format string of ``block_m`` and
   ``block_n``.
+* optionally ``summary(workload, tiling, gpu, **options) -> dict``: what ``flashsim simulate``
+  reports for it in place of the paper's forward-attention IO bounds (decode: its own bounds and
+  the proposed split count).
 
 Code above this package asks the module, never the algorithm's name, what to do.
 """
