@@ -94,7 +94,7 @@ def key_block(BK: int, BQ: int, CAUSAL: bool):
         i0 = 0
         if CAUSAL:
             i0 = max(0, c0 - shift) // BQ
-        nblk = max(0, tr - i0) if c0 < nk else 0
+        nblk = max(0, tr - i0)  # (c0 < nk: the grid has ceil(Nk / BK) blocks)
         return b, hk, nh, group, nq, nk, shift, c0, i0, nblk, group * nblk
 
     return start
@@ -299,3 +299,134 @@ def f16_pack(NN: int, S: int):
             smw[w0 + 4 * nt + 4 * S] = tc.pack_f16x2(acc[x + 2] * s1, acc[x + 3] * s1)
 
     return pack
+
+
+# ---------------------------------------------------------------------------------------------
+# fp32 tiles: rows of D floats in shared memory, addressed by byte addresses in the shared window
+# (``tc.smem_u32_f32``), read by 16-byte ``ld.shared.v4`` (``tc.lds128_f32_a``).
+
+
+def f32_copier(NROWS: int, NT: int, D: int, SROW: int, ROWSTEP: bool = True):
+    """``copy(sm, sa0, g, g0, left, tid)``: an NROWS x D fp32 tile from ``g`` (its rows from flat
+    element offset g0, of which ``left`` exist: the rest are zero-filled) to shared byte address
+    ``sa0`` with row stride SROW floats, 16 bytes a cp.async, chunk e = tid + u·NT at row e // CH.
+    With ROWSTEP, where NT is a multiple of CH (a thread's chunks are then NT / CH rows apart in
+    one column), the thread's row, column and addresses are computed once and a tile whose rows
+    all exist is copied without a test per chunk (fwd_fp32); bwd_fp32 was measured without it."""
+    CH = D // 4  # 16-byte chunks a row
+    CP = -(-NROWS * CH // NT)
+    RSTEP = NT // CH if ROWSTEP and NT % CH == 0 else 0  # rows between a thread's chunks, if constant
+
+    @_device
+    def copy(sm, sa0, g, g0, left, tid):
+        if RSTEP:
+            ra = tid // CH
+            ca = (tid % CH) * 4
+            sa = sa0 + 4 * (ra * SROW + ca)
+            ga = g0 + ra * D + ca
+            la = left - ra
+            if la > (CP - 1) * RSTEP:  # every row this thread copies exists
+                for u in range(CP):
+                    if NROWS % RSTEP == 0 or ra + u * RSTEP < NROWS:
+                        tc.cp_async16_f32_a(sm, sa + 4 * u * RSTEP * SROW, g, ga + u * RSTEP * D, 4)
+            else:
+                for u in range(CP):
+                    if NROWS % RSTEP == 0 or ra + u * RSTEP < NROWS:
+                        ok = u * RSTEP < la
+                        tc.cp_async16_f32_a(sm, sa + 4 * u * RSTEP * SROW, g, ga + u * RSTEP * D if ok else 0,
+                                            4 if ok else 0)
+        else:
+            for u in range(CP):
+                e = tid + u * NT
+                if CP * NT == NROWS * CH or e < NROWS * CH:
+                    r = e // CH
+                    c = (e % CH) * 4
+                    ok = r < left
+                    tc.cp_async16_f32_a(sm, sa0 + 4 * (r * SROW + c), g, g0 + r * D + c if ok else 0,
+                                        4 if ok else 0)
+
+    return copy
+
+
+def _twice(step, n: int):
+    @_device
+    def block(acc, a, b, sm, aa, ba, k):
+        step(acc, a, b, sm, aa, ba, k)
+        step(acc, a, b, sm, aa, ba, k + n)
+
+    return block
+
+
+def steps(step, UNROLL: int, K0: int, K: int):
+    """``run(acc, a, b, sm, aa, ba)``: ``step(acc, a, b, sm, aa, ba, k)`` for k = K0 .. K - 1,
+    UNROLL (1, 2 or 4) steps a loop trip by nesting calls (LLVM does not unroll loops this
+    large), the remainder one at a time."""
+    block, n = step, 1
+    while n < UNROLL:
+        block, n = _twice(block, n), 2 * n
+    NB = (K - K0) // UNROLL
+    R = K0 + NB * UNROLL
+
+    @_device
+    def run(acc, a, b, sm, aa, ba):
+        for kb in range(NB):
+            block(acc, a, b, sm, aa, ba, K0 + kb * UNROLL)
+        for k in range(R, K):
+            step(acc, a, b, sm, aa, ba, k)
+
+    return run
+
+
+def ffma_abt(M: int, N: int, SA: int, SB: int, KC: int, UNROLL: int):
+    """``abt(acc, af, bf, sm, aa, ba)``: acc[m·N + n] = Σ_k A_m[k]·B_n[k] over KC steps of 4 on
+    FFMA, the thread's M rows of A at shared byte address aa + 4·SA·m and N rows of B at
+    ba + 4·SB·n: per 4 dims M + N 16-byte loads (into af, bf) feed 4·M·N FFMA.  The first step
+    sets acc (peeled), the rest run UNROLL a loop trip (:func:`steps`).  S = Q Kᵀ of fwd_fp32,
+    Sᵀ = K Qᵀ and dPᵀ = V dOᵀ of bwd_fp32_v1."""
+
+    @_device
+    def step(acc, af, bf, sm, aa, ba, kc, first):
+        for m in range(M):
+            tc.lds128_f32_a(af, 4 * m, sm, aa, SA * m + 4 * kc)
+        for n in range(N):
+            tc.lds128_f32_a(bf, 4 * n, sm, ba, SB * n + 4 * kc)
+        for m in range(M):
+            for n in range(N):
+                a_ = float32(0.0) if first else acc[m * N + n]
+                for e in range(4):
+                    a_ += af[4 * m + e] * bf[4 * n + e]
+                acc[m * N + n] = a_
+
+    @_device
+    def add(acc, af, bf, sm, aa, ba, kc):
+        step(acc, af, bf, sm, aa, ba, kc, False)
+
+    rest = steps(add, UNROLL, 1, KC)
+
+    @_device
+    def abt(acc, af, bf, sm, aa, ba):
+        step(acc, af, bf, sm, aa, ba, 0, True)
+        rest(acc, af, bf, sm, aa, ba)
+
+    return abt
+
+
+def ffma_ab(M: int, U: int, SA: int, SB: int, PC: int, UNROLL: int):
+    """``ab(acc, af, bf, sm, aa, ba)``: acc += A B over PC steps of 4 on FFMA: the thread's M rows of
+    A at aa + 4·SA·m (4 consecutive k a load), B's rows k at ba + 4·SB·k, its columns 32u + (0..3)
+    (u < U); acc[(m·U + u)·4 + f].  Per 4 k, M + 4·U loads feed 16·M·U FFMA.  O += P̃ V of
+    fwd_fp32, dV += Pᵀ dO and dK += dSᵀ Q of bwd_fp32_v1."""
+
+    @_device
+    def step(acc, af, bf, sm, aa, ba, pc):
+        for m in range(M):
+            tc.lds128_f32_a(af, 4 * m, sm, aa, SA * m + 4 * pc)
+        for e in range(4):
+            for u in range(U):
+                tc.lds128_f32_a(bf, 4 * u, sm, ba, (4 * pc + e) * SB + 32 * u)
+            for m in range(M):
+                for u in range(U):
+                    for f in range(4):
+                        acc[(m * U + u) * 4 + f] += af[4 * m + e] * bf[4 * u + f]
+
+    return steps(step, UNROLL, 0, PC)
