@@ -5,7 +5,8 @@ D = rowsum(dO ∘ O) first (:func:`kernels.perf._launch.row_dots`); key columns 
 entries (bottom-right aligned) get P = 0; rows that see no key have L = +inf in log2 units, so
 P = 0 there too; grouped-query attention sums dK, dV over the query heads of a kv head.  The
 helpers, fragment layouts and instruction-count lessons are ``fwd_fp16``'s (and
-:mod:`kernels.perf.tc`'s).  Measurements: ``kernels/perf/NOTES.md`` ("fp16 backward").
+:mod:`kernels.perf.tc`'s); the set-up, tile copies, products and epilogue packing are
+:mod:`kernels.perf._tiles`'s.  Measurements: ``kernels/perf/NOTES.md`` ("fp16 backward").
 
 * ``bwd_fp16_v1``: the reference's deterministic pair of kernels (dK/dV per key block, then dQ
   per query block, no atomics) on the tensor cores: 7 products where a backward with atomics
@@ -416,7 +417,7 @@ def backward_v1(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
 # The element-wise step keeps its L and D in registers loaded as pairs (``ld.shared.v2``) after
 # the products and stores Pᵀ and dSᵀ as packed f16 pairs through 32-bit shared addresses
 # (``st.shared.u32``, one base a lane plus constant offsets); the cp.async of Q_i and dO_i uses
-# one row and column a thread.  Q_i, dO_i, L_i and D_i are double-buffered (issued at the top of
+# one row and column a thread (``load_step``).  Q_i, dO_i, L_i and D_i are double-buffered (issued at the top of
 # a step for the next one), so a step has two barriers: one before phase A (the step's tiles
 # have landed, every warp is done with the last step's Pᵀ, dSᵀ and buffers), one after it (Pᵀ,
 # dSᵀ written).  Each phase takes its shared addresses through ``tc.opaque_u32`` (one register
@@ -481,7 +482,6 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
     KK = BK // 16  # phase C: k-steps over keys
     CH = D // 8  # 16-byte chunks of a row
     QU = BQ // RPU  # passes to load a Q (or dO) tile
-    KU = BK // RPU
     NS4, NACC, NQACC = 4 * MA * NA, 4 * MB * NB, 4 * MC * NC
     NFA, NFQ, NFB, NFC = 4 * MA, 2 * NA, 4 * MB, 4 * MC  # fragment registers of phases A, B, C
     KOFF = 0
@@ -493,6 +493,19 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
     FOFF = (DSOFF + BK * SQ) // 2  # f32 words: L·log2e (2 x BQ), then D (2 x BQ)
     start = key_block(BK, BQ, CAUSAL)
     pack = f16_pack(NB, S)
+    _, kv_load2, _, kv_store2 = f16_copy(BK, D, S, NT)
+
+    @tc.device_inline
+    def load_step(sm, sbase, q, do, g0, rn, nq, buf, lrow, lcol):
+        """Q, dO rows rn.. (a head's rows from element offset g0) into buffer buf: the thread's
+        row lrow + u·RPU and column lcol of each pass u."""
+        for u in range(QU):
+            r = lrow + u * RPU
+            ok = rn + r < nq
+            goff = g0 + (rn + r) * D + lcol if ok else 0
+            so = buf * (BQ * S) + r * S + lcol
+            tc.cp_async16_a(sm, sbase, QOFF + so, q, goff, 8 if ok else 0)
+            tc.cp_async16_a(sm, sbase, OOFF + so, do, goff, 8 if ok else 0)
 
     @tc.device_inline
     def _products_a(c, fa, fq, sm, aa, ab):
@@ -544,20 +557,9 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
         lrow = tid // CH
         lcol = (tid % CH) * 8
         kbase = ((b * k.shape[1] + hk) * nk) * D
-        for u in range(KU):
-            r = lrow + u * RPU
-            ok = c0 + r < nk
-            goff = kbase + ((c0 + r) if ok else 0) * D + lcol
-            tc.cp_async16_a(sm, sbase, KOFF + r * S + lcol, k, goff, 8 if ok else 0)
-            tc.cp_async16_a(sm, sbase, VOFF + r * S + lcol, v, goff, 8 if ok else 0)
+        kv_load2(sm, sbase, KOFF, VOFF, k, v, kbase, c0, nk, tid)
         if total > 0:
-            qb = ((b * nh + hk * group) * nq + i0 * BQ) * D
-            for u in range(QU):
-                r = lrow + u * RPU
-                ok = i0 * BQ + r < nq
-                goff = qb + r * D + lcol if ok else 0
-                tc.cp_async16_a(sm, sbase, QOFF + r * S + lcol, q, goff, 8 if ok else 0)
-                tc.cp_async16_a(sm, sbase, OOFF + r * S + lcol, do, goff, 8 if ok else 0)
+            load_step(sm, sbase, q, do, ((b * nh + hk * group) * nq) * D, i0 * BQ, nq, 0, lrow, lcol)
             if tid < BQ:
                 row = i0 * BQ + tid
                 smf[FOFF + tid] = lse_log2(lse, b, hk * group, row, nq)
@@ -603,16 +605,8 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
             cuda.syncthreads()
             if it + 1 < total:
                 nb_ = (it + 1) % 2
-                hn = hk * group + (it + 1) // nblk
-                rn = (i0 + (it + 1) % nblk) * BQ
-                qb = ((b * nh + hn) * nq + rn) * D
-                for u in range(QU):
-                    r = lrow + u * RPU
-                    ok = rn + r < nq
-                    goff = qb + r * D + lcol if ok else 0
-                    so = nb_ * (BQ * S) + r * S + lcol
-                    tc.cp_async16_a(sm, sbase, QOFF + so, q, goff, 8 if ok else 0)
-                    tc.cp_async16_a(sm, sbase, OOFF + so, do, goff, 8 if ok else 0)
+                load_step(sm, sbase, q, do, ((b * nh + hk * group + (it + 1) // nblk) * nq) * D,
+                          (i0 + (it + 1) % nblk) * BQ, nq, nb_, lrow, lcol)
                 if tid < BQ:
                     smf[FOFF + nb_ * BQ + tid] = lnext * float32(LOG2E) if lnext != NEG_INF else POS_INF
                     smf[FOFF + 2 * BQ + nb_ * BQ + tid] = dnext
@@ -731,11 +725,7 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
             pack(smw, KOFF // 2 + w0, acck, 4 * mt * NB, scale, scale)
             pack(smw, VOFF // 2 + w0, accv, 4 * mt * NB, float32(1.0), float32(1.0))
         cuda.syncthreads()
-        for u in range(KU):
-            r = lrow + u * RPU
-            if c0 + r < nk:
-                tc.st_global16_a(dk, kbase + (c0 + r) * D + lcol, sm, sbase, KOFF + r * S + lcol)
-                tc.st_global16_a(dv, kbase + (c0 + r) * D + lcol, sm, sbase, VOFF + r * S + lcol)
+        kv_store2(dk, dv, kbase, c0, nk, sm, sbase, KOFF, VOFF, tid)
 
     return bwd, NT, BK
 

@@ -4,7 +4,8 @@ A block of NW warps owns Br = 16·NW·MT query rows (MT m-tiles a warp) and walk
 (Bc keys) it can see, K and V double-buffered through cp.async; S = Q Kᵀ, P and O stay in
 registers (the C layout of two adjacent 16 x 8 tiles is the A layout of one 16 x 16 tile, so P
 feeds P·V straight from registers); O is stored through shared memory.  The online softmax, in
-log2 units (``sl2`` = τ·log2 e), is the block marked "online softmax" in :func:`_source`.
+log2 units (``sl2`` = τ·log2 e), is the block marked "online softmax" in :func:`_source`; the
+tile copies and the products (Q Kᵀ, P V) are :mod:`kernels.perf._tiles`'s.
 
 * ``fwd_fp16_v3`` (``LAZY`` off): fwd_fp16_v2 (read at commit f09d49e) with its integer
   overhead removed: compile-time d, shared memory through its 32-bit window address and the

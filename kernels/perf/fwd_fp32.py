@@ -43,6 +43,9 @@ Two barriers per block and half the shared memory of double buffering (d = 64, B
 than one FFMA s·τlog2e − m·τlog2e: the latter loses ~ulp(m·τ log2 e) in every exponent, 4e-4
 relative at logits of 1e4, the former stays exact at any logit size.
 
+The copier (``f32_copier``) and the two FFMA products (``ffma_abt``, ``ffma_ab``) are
+:mod:`kernels.perf._tiles`'s, shared with bwd_fp32_v1.
+
 Every per-thread array (S 4·RM·Bc/8... accumulators, fragments) is indexed by compile-time
 constants in constant-trip loops, d is a compile-time constant, and shared memory is
 addressed by 32-bit window addresses: a thread's base address is computed once and every

@@ -115,24 +115,16 @@ def opaque_u32(x):
 # ``lane_offset``): ``addr`` is twice the element offset of the tile's first element.
 
 
-@cuda.jit(device=True)
-def ldsm_x4(r, ri, smem, addr, stride):
-    _ldsm(r, ri, smem, addr // 2, stride, 0, 0, False)
+def _ldsm_twin(trans, border):
+    @cuda.jit(device=True)
+    def ldsm(r, ri, smem, addr, stride):
+        _ldsm(r, ri, smem, addr // 2, stride, 0, 0, trans, border)
+
+    return ldsm
 
 
-@cuda.jit(device=True)
-def ldsm_x4_b(r, ri, smem, addr, stride):
-    _ldsm(r, ri, smem, addr // 2, stride, 0, 0, False, True)
-
-
-@cuda.jit(device=True)
-def ldsm_x4_trans(r, ri, smem, addr, stride):
-    _ldsm(r, ri, smem, addr // 2, stride, 0, 0, True)
-
-
-@cuda.jit(device=True)
-def ldsm_x4_trans_b(r, ri, smem, addr, stride):
-    _ldsm(r, ri, smem, addr // 2, stride, 0, 0, True, True)
+ldsm_x4, ldsm_x4_b = _ldsm_twin(False, False), _ldsm_twin(False, True)
+ldsm_x4_trans, ldsm_x4_trans_b = _ldsm_twin(True, False), _ldsm_twin(True, True)
 
 
 @cuda.jit(device=True)
