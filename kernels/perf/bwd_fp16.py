@@ -493,7 +493,6 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
     FOFF = (DSOFF + BK * SQ) // 2  # f32 words: L·log2e (2 x BQ), then D (2 x BQ)
     start = key_block(BK, BQ, CAUSAL)
     pack = f16_pack(NB, S)
-    _, kv_load2, _, kv_store2 = f16_copy(BK, D, S, NT)
 
     @tc.device_inline
     def load_step(sm, sbase, q, do, g0, rn, nq, buf, lrow, lcol):
@@ -557,7 +556,12 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
         lrow = tid // CH
         lcol = (tid % CH) * 8
         kbase = ((b * k.shape[1] + hk) * nk) * D
-        kv_load2(sm, sbase, KOFF, VOFF, k, v, kbase, c0, nk, tid)
+        for u in range(BK // RPU):  # K_j, V_j: a constant trip count (f16_copy's loop spilled more here)
+            r = lrow + u * RPU
+            ok = c0 + r < nk
+            goff = kbase + ((c0 + r) if ok else 0) * D + lcol
+            tc.cp_async16_a(sm, sbase, KOFF + r * S + lcol, k, goff, 8 if ok else 0)
+            tc.cp_async16_a(sm, sbase, VOFF + r * S + lcol, v, goff, 8 if ok else 0)
         if total > 0:
             load_step(sm, sbase, q, do, ((b * nh + hk * group) * nq) * D, i0 * BQ, nq, 0, lrow, lcol)
             if tid < BQ:
@@ -725,7 +729,11 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
             pack(smw, KOFF // 2 + w0, acck, 4 * mt * NB, scale, scale)
             pack(smw, VOFF // 2 + w0, accv, 4 * mt * NB, float32(1.0), float32(1.0))
         cuda.syncthreads()
-        kv_store2(dk, dv, kbase, c0, nk, sm, sbase, KOFF, VOFF, tid)
+        for u in range(BK // RPU):
+            r = lrow + u * RPU
+            if c0 + r < nk:
+                tc.st_global16_a(dk, kbase + (c0 + r) * D + lcol, sm, sbase, KOFF + r * S + lcol)
+                tc.st_global16_a(dv, kbase + (c0 + r) * D + lcol, sm, sbase, VOFF + r * S + lcol)
 
     return bwd, NT, BK
 
