@@ -5,7 +5,8 @@ D = rowsum(dO ∘ O) first (:func:`kernels.perf._launch.row_dots`); key columns 
 entries (bottom-right aligned) get P = 0; rows that see no key have L = +inf in log2 units, so
 P = 0 there too; grouped-query attention sums dK, dV over the query heads of a kv head.  The
 helpers, fragment layouts and instruction-count lessons are ``fwd_fp16``'s (and
-:mod:`kernels.perf.tc`'s).  Measurements: ``kernels/perf/NOTES.md`` ("fp16 backward").
+:mod:`kernels.perf.tc`'s); the set-up, tile copies, products and epilogue packing are
+:mod:`kernels.perf._tiles`'s.  Measurements: ``kernels/perf/NOTES.md`` ("fp16 backward").
 
 * ``bwd_fp16_v1``: the reference's deterministic pair of kernels (dK/dV per key block, then dQ
   per query block, no atomics) on the tensor cores: 7 products where a backward with atomics
@@ -20,7 +21,6 @@ helpers, fragment layouts and instruction-count lessons are ``fwd_fp16``'s (and
 
 from __future__ import annotations
 
-import math
 from functools import cache
 from types import SimpleNamespace
 
@@ -31,10 +31,20 @@ from ..flash2 import padded_head_dim
 from . import tc
 from ._launch import LOG2E, dq_to_f16, finish_dq, prepare_backward, raise_smem_limit, row_dots, zeroed_dq
 from ._launch import saved_forward as saved_forward  # the shipped forward (BEST) of the dtype
-
-NEG_INF = float32(-math.inf)
-POS_INF = float32(math.inf)
-
+from ._tiles import (
+    NEG_INF,
+    POS_INF,
+    f16_ab,
+    f16_abt,
+    f16_chunks,
+    f16_copy,
+    f16_frags,
+    f16_pack,
+    f16_zero_pad,
+    key_block,
+    lse_log2,
+    query_block,
+)
 
 # ---------------------------------------------------------------------------------------------
 # bwd_fp16_v1: two deterministic kernels.
@@ -82,8 +92,6 @@ def _dkdv_source_v1(D: int, BQ: int, NW: int, MT: int, CAUSAL: bool, KVREG: bool
     NQ = BQ // 8  # n-tiles over queries (Sᵀ, dPᵀ)
     KQ = BQ // 16  # k-steps over queries (dV, dK)
     NO = DP // 8  # n-tiles over d (dV, dK)
-    CH = D // 8
-    CPT = -(-BQ * CH // NT)  # 16-byte chunks of a Q (or dO) tile per thread
     NKV = 4 * KT * MT if KVREG else 4 * MT
     NS4, NACC, NPA = 4 * NQ * MT, 4 * NO * MT, 4 * KQ * MT
     KOFF = 0
@@ -91,6 +99,23 @@ def _dkdv_source_v1(D: int, BQ: int, NW: int, MT: int, CAUSAL: bool, KVREG: bool
     QOFF = 2 * BK * S  # Q buffers 0, 1
     OOFF = QOFF + 2 * BQ * S  # dO buffers 0, 1
     FOFF = (OOFF + 2 * BQ * S) // 2  # f32 words: L·log2e (2 x BQ), then D (2 x BQ)
+    start = key_block(BK, BQ, CAUSAL)
+    zero_pad = f16_zero_pad(2 * BK + 4 * BQ, D, S, NT)
+    _, kv_load2, _, kv_store2 = f16_copy(BK, D, S, NT)
+    CPT, q_chunks, q_load2c = f16_chunks(BQ, D, S, NT)
+    _, frags_all = f16_frags(MT, NW, KT, S)
+    _, products = f16_abt(MT, NW, KT, NQ, S, KVREG)
+    ab = f16_ab(MT, KQ, NO, S)
+    pack = f16_pack(NO, S)
+
+    @tc.device_inline
+    def load_step(sm, smf, sbase, q, do, lse, dvec, b, h, nq, rn, buf, crow, cgof, csof, tid):
+        """Q, dO rows rn.. of query head h into buffer buf (cp.async), and their L·log2e and D."""
+        q_load2c(sm, sbase, QOFF + buf * BQ * S, OOFF + buf * BQ * S, q, do, ((b * q.shape[1] + h) * nq) * D, rn,
+                 nq, crow, cgof, csof, tid)
+        for r in range(tid, BQ, NT):
+            smf[FOFF + buf * BQ + r] = lse_log2(lse, b, h, rn + r, nq)
+            smf[FOFF + 2 * BQ + buf * BQ + r] = dvec[b, h, rn + r] if rn + r < nq else float32(0.0)
 
     def dkdv(q, k, v, do, lse, dvec, dk, dv, sl2, scale):
         sm = cuda.shared.array(0, types.float16)
@@ -101,62 +126,19 @@ def _dkdv_source_v1(D: int, BQ: int, NW: int, MT: int, CAUSAL: bool, KVREG: bool
         lane = tid % 32
         t = lane % 4
         g = lane // 4
-        j = cuda.blockIdx.x
-        bk = cuda.blockIdx.y
-        nhk = k.shape[1]
-        b = bk // nhk
-        hk = bk % nhk
-        nh = q.shape[1]
-        group = nh // nhk
-        nq = q.shape[2]
-        nk = k.shape[2]
-        shift = nk - nq
-        c0 = j * BK
+        b, hk, nh, group, nq, nk, shift, c0, i0, nblk, total = start(q, k)
         sbase = tc.smem_u32(sm)
         loff = tc.lane_offset(S)
         loffb = tc.lane_offset_b(S)
-        if DP > D:
-            for e in range(tid, (2 * BK + 4 * BQ) * (DP - D), NT):
-                sm[(e // (DP - D)) * S + D + e % (DP - D)] = 0.0
-        kbase = ((b * nhk + hk) * nk) * D
-        for e in range(tid, BK * CH, NT):
-            r = e // CH
-            c = (e % CH) * 8
-            ok = c0 + r < nk
-            goff = kbase + ((c0 + r) if ok else 0) * D + c
-            tc.cp_async16_a(sm, sbase, KOFF + r * S + c, k, goff, 8 if ok else 0)
-            tc.cp_async16_a(sm, sbase, VOFF + r * S + c, v, goff, 8 if ok else 0)
-        # Query blocks that see key block j: causal rows r see keys <= r + shift, so the first
-        # is the one holding row c0 - shift.
-        tr = (nq + BQ - 1) // BQ
-        i0 = 0
-        if CAUSAL:
-            i0 = max(0, c0 - shift) // BQ
-        nblk = max(0, tr - i0) if c0 < nk else 0
-        total = group * nblk
-        # This thread's chunks of a Q/dO tile: row crow[u], offsets in memory and shared memory.
-        crow = cuda.local.array(CPT, int32)
+        zero_pad(sm, tid)
+        kbase = ((b * k.shape[1] + hk) * nk) * D
+        kv_load2(sm, sbase, KOFF, VOFF, k, v, kbase, c0, nk, tid)
+        crow = cuda.local.array(CPT, int32)  # this thread's chunks of a Q/dO tile (f16_chunks)
         cgof = cuda.local.array(CPT, int32)
         csof = cuda.local.array(CPT, int32)
-        for u in range(CPT):
-            e = tid + u * NT
-            crow[u] = e // CH
-            cgof[u] = (e // CH) * D + (e % CH) * 8
-            csof[u] = (e // CH) * S + (e % CH) * 8
-        # Prefetch step 0 (head hk·group, block i0) with K_j, V_j.
-        if total > 0:
-            qb = ((b * nh + hk * group) * nq + i0 * BQ) * D
-            for u in range(CPT):
-                if CPT * NT == BQ * CH or tid + u * NT < BQ * CH:
-                    ok = i0 * BQ + crow[u] < nq
-                    goff = qb + cgof[u] if ok else 0
-                    tc.cp_async16_a(sm, sbase, QOFF + csof[u], q, goff, 8 if ok else 0)
-                    tc.cp_async16_a(sm, sbase, OOFF + csof[u], do, goff, 8 if ok else 0)
-            for r in range(tid, BQ, NT):
-                row = i0 * BQ + r
-                lv = lse[b, hk * group, row] if row < nq else NEG_INF
-                smf[FOFF + r] = lv * float32(LOG2E) if lv != NEG_INF else POS_INF
-                smf[FOFF + 2 * BQ + r] = dvec[b, hk * group, row] if row < nq else float32(0.0)
+        q_chunks(crow, cgof, csof, tid)
+        if total > 0:  # step 0 (head hk·group, block i0) with K_j, V_j
+            load_step(sm, smf, sbase, q, do, lse, dvec, b, hk * group, nq, i0 * BQ, 0, crow, cgof, csof, tid)
         tc.cp_async_commit()
         kf = cuda.local.array(NKV, uint32)
         vf = cuda.local.array(NKV, uint32)
@@ -174,65 +156,20 @@ def _dkdv_source_v1(D: int, BQ: int, NW: int, MT: int, CAUSAL: bool, KVREG: bool
             i = i0 + it % nblk
             r0 = i * BQ
             if it + 1 < total:
-                nb_ = (it + 1) % 2
-                hn = hk * group + (it + 1) // nblk
-                rn = (i0 + (it + 1) % nblk) * BQ
-                qb = ((b * nh + hn) * nq + rn) * D
-                for u in range(CPT):
-                    if CPT * NT == BQ * CH or tid + u * NT < BQ * CH:
-                        ok = rn + crow[u] < nq
-                        goff = qb + cgof[u] if ok else 0
-                        so = nb_ * (BQ * S) + csof[u]
-                        tc.cp_async16_a(sm, sbase, QOFF + so, q, goff, 8 if ok else 0)
-                        tc.cp_async16_a(sm, sbase, OOFF + so, do, goff, 8 if ok else 0)
-                for r in range(tid, BQ, NT):
-                    row = rn + r
-                    lv = lse[b, hn, row] if row < nq else NEG_INF
-                    smf[FOFF + nb_ * BQ + r] = lv * float32(LOG2E) if lv != NEG_INF else POS_INF
-                    smf[FOFF + 2 * BQ + nb_ * BQ + r] = dvec[b, hn, row] if row < nq else float32(0.0)
+                load_step(sm, smf, sbase, q, do, lse, dvec, b, hk * group + (it + 1) // nblk, nq,
+                          (i0 + (it + 1) % nblk) * BQ, (it + 1) % 2, crow, cgof, csof, tid)
             tc.cp_async_commit()
             tc.cp_async_wait(1)
             cuda.syncthreads()  # Q_i, dO_i, L_i, D_i (and K_j, V_j the first time) have landed
             if it == 0 and KVREG:
-                for mt in range(MT):
-                    for kk in range(KT):
-                        tc.ldsm_x4(kf, 4 * (mt * KT + kk), sm,
-                                   tc.tile_addr(sbase, loff, KOFF, S, 16 * (NW * mt + warp), 16 * kk), S)
-                        tc.ldsm_x4(vf, 4 * (mt * KT + kk), sm,
-                                   tc.tile_addr(sbase, loff, VOFF, S, 16 * (NW * mt + warp), 16 * kk), S)
+                frags_all(kf, sm, sbase, loff, KOFF, warp)
+                frags_all(vf, sm, sbase, loff, VOFF, warp)
             qofs = QOFF + buf * BQ * S
             oofs = OOFF + buf * BQ * S
             lofs = FOFF + buf * BQ
             dofs = FOFF + 2 * BQ + buf * BQ
             # Sᵀ = K Q_iᵀ and dPᵀ = V dO_iᵀ: both have B operands stored [query, d].
-            for kk in range(KT):
-                if not KVREG:
-                    for mt in range(MT):
-                        tc.ldsm_x4(kf, 4 * mt, sm,
-                                   tc.tile_addr(sbase, loff, KOFF, S, 16 * (NW * mt + warp), 16 * kk), S)
-                        tc.ldsm_x4(vf, 4 * mt, sm,
-                                   tc.tile_addr(sbase, loff, VOFF, S, 16 * (NW * mt + warp), 16 * kk), S)
-                for n2 in range(NQ // 2):
-                    tc.ldsm_x4_b(fb, 0, sm, tc.tile_addr(sbase, loffb, qofs, S, 16 * n2, 16 * kk), S)
-                    for mt in range(MT):
-                        ai = 4 * (mt * KT + kk) if KVREG else 4 * mt
-                        x = 4 * (mt * NQ + 2 * n2)
-                        if kk == 0:
-                            tc.mma_z(s, x, kf, ai, fb[0], fb[1])
-                            tc.mma_z(s, x + 4, kf, ai, fb[2], fb[3])
-                        else:
-                            tc.mma(s, x, kf, ai, fb[0], fb[1])
-                            tc.mma(s, x + 4, kf, ai, fb[2], fb[3])
-                    tc.ldsm_x4_b(fb, 0, sm, tc.tile_addr(sbase, loffb, oofs, S, 16 * n2, 16 * kk), S)
-                    for mt in range(MT):
-                        ai = 4 * (mt * KT + kk) if KVREG else 4 * mt
-                        x = 4 * (mt * NQ + 2 * n2)
-                        if kk == 0:
-                            tc.mma_z(dp, x, vf, ai, fb[0], fb[1])
-                            tc.mma_z(dp, x + 4, vf, ai, fb[2], fb[3])
-                        else:
-                            tc.mma(dp, x, vf, ai, fb[0], fb[1])
-                            tc.mma(dp, x + 4, vf, ai, fb[2], fb[3])
+            products(s, dp, kf, vf, fb, sm, sbase, loff, loffb, KOFF, VOFF, qofs, oofs, warp)
             # Pᵀ and dSᵀ, element by element: lane holds keys (g, g+8) of each m-tile and
             # queries 8·nt + 2t, +1 of each n-tile.
             diag = CAUSAL and r0 + shift < c0 + BK - 1  # some key of the block is after some query
@@ -265,13 +202,7 @@ def _dkdv_source_v1(D: int, BQ: int, NW: int, MT: int, CAUSAL: bool, KVREG: bool
                     dp[x + 1] = p1 * (dp[x + 1] - d1)
                     dp[x + 2] = p2 * (dp[x + 2] - d0)
                     dp[x + 3] = p3 * (dp[x + 3] - d1)
-            # dV += Pᵀ dO_i (B = dO stored [query, d]: transposed loads).
-            for kk in range(KQ):
-                for n2 in range(NO // 2):
-                    tc.ldsm_x4_trans(fb, 0, sm, tc.tile_addr(sbase, loff, oofs, S, 16 * kk, 16 * n2), S)
-                    for mt in range(MT):
-                        tc.mma(accv, 4 * (mt * NO + 2 * n2), pa, 4 * (mt * KQ + kk), fb[0], fb[1])
-                        tc.mma(accv, 4 * (mt * NO + 2 * n2 + 1), pa, 4 * (mt * KQ + kk), fb[2], fb[3])
+            ab(accv, pa, fb, sm, sbase, loff, oofs)  # dV += Pᵀ dO_i (B = dO stored [query, d]: transposed loads)
             # dK += dSᵀ Q_i: dSᵀ packed to f16 in the A layout (reusing pa).
             for mt in range(MT):
                 for nt in range(NQ):
@@ -279,33 +210,18 @@ def _dkdv_source_v1(D: int, BQ: int, NW: int, MT: int, CAUSAL: bool, KVREG: bool
                     y = 4 * (mt * KQ + nt // 2) + 2 * (nt % 2)
                     pa[y] = tc.pack_f16x2(dp[x], dp[x + 1])
                     pa[y + 1] = tc.pack_f16x2(dp[x + 2], dp[x + 3])
-            for kk in range(KQ):
-                for n2 in range(NO // 2):
-                    tc.ldsm_x4_trans(fb, 0, sm, tc.tile_addr(sbase, loff, qofs, S, 16 * kk, 16 * n2), S)
-                    for mt in range(MT):
-                        tc.mma(acck, 4 * (mt * NO + 2 * n2), pa, 4 * (mt * KQ + kk), fb[0], fb[1])
-                        tc.mma(acck, 4 * (mt * NO + 2 * n2 + 1), pa, 4 * (mt * KQ + kk), fb[2], fb[3])
+            ab(acck, pa, fb, sm, sbase, loff, qofs)
             cuda.syncthreads()  # every warp is done with buffer it % 2 before it is refilled
         tc.cp_async_wait(0)
         cuda.syncthreads()  # K_j, V_j landed even when no query block was visible
         # Epilogue: dK·τ and dV, packed to f16 into the warp's own rows of the K and V tiles
         # (only this warp read them), then 16 bytes per thread to memory.
         for mt in range(MT):
-            rl = 16 * (NW * mt + warp) + g
-            for nt in range(NO):
-                x = 4 * (mt * NO + nt)
-                w0 = (rl * S + 8 * nt + 2 * t) // 2
-                smw[KOFF // 2 + w0] = tc.pack_f16x2(acck[x] * scale, acck[x + 1] * scale)
-                smw[KOFF // 2 + w0 + 4 * S] = tc.pack_f16x2(acck[x + 2] * scale, acck[x + 3] * scale)
-                smw[VOFF // 2 + w0] = tc.pack_f16x2(accv[x], accv[x + 1])
-                smw[VOFF // 2 + w0 + 4 * S] = tc.pack_f16x2(accv[x + 2], accv[x + 3])
+            w0 = ((16 * (NW * mt + warp) + g) * S + 2 * t) // 2
+            pack(smw, KOFF // 2 + w0, acck, 4 * mt * NO, scale, scale)
+            pack(smw, VOFF // 2 + w0, accv, 4 * mt * NO, float32(1.0), float32(1.0))
         cuda.syncthreads()
-        for e in range(tid, BK * CH, NT):
-            r = e // CH
-            c = (e % CH) * 8
-            if c0 + r < nk:
-                tc.st_global16_a(dk, kbase + (c0 + r) * D + c, sm, sbase, KOFF + r * S + c)
-                tc.st_global16_a(dv, kbase + (c0 + r) * D + c, sm, sbase, VOFF + r * S + c)
+        kv_store2(dk, dv, kbase, c0, nk, sm, sbase, KOFF, VOFF, tid)
 
     return dkdv, NT, BK
 
@@ -323,14 +239,20 @@ def _dq_source_v1(D: int, BK: int, NW: int, MT: int, CAUSAL: bool, QREG: bool):
     NS = BK // 8  # n-tiles over keys (S, dP)
     KK = BK // 16  # k-steps over keys (dQ)
     NO = DP // 8  # n-tiles over d (dQ)
-    CH = D // 8
-    CPT = -(-BK * CH // NT)
     NQA = 4 * KT * MT if QREG else 4 * MT
     NS4, NACC, NPA, M2 = 4 * NS * MT, 4 * NO * MT, 4 * KK * MT, 2 * MT
     QOFF = 0
     OOFF = BQ * S
     KOFF = 2 * BQ * S  # K buffers 0, 1
     VOFF = KOFF + 2 * BK * S  # V buffers 0, 1
+    start = query_block(BQ, BK, CAUSAL)
+    zero_pad = f16_zero_pad(2 * BQ + 4 * BK, D, S, NT)
+    _, q_load2, q_store, _ = f16_copy(BQ, D, S, NT)
+    CPT, kv_chunks, kv_load2c = f16_chunks(BK, D, S, NT)
+    _, frags_all = f16_frags(MT, NW, KT, S)
+    _, products = f16_abt(MT, NW, KT, NS, S, QREG)
+    ab = f16_ab(MT, KK, NO, S)
+    pack = f16_pack(NO, S)
 
     def dq_kernel(q, k, v, do, lse, dvec, dq, sl2, scale):
         sm = cuda.shared.array(0, types.float16)
@@ -340,50 +262,20 @@ def _dq_source_v1(D: int, BK: int, NW: int, MT: int, CAUSAL: bool, QREG: bool):
         lane = tid % 32
         t = lane % 4
         g = lane // 4
-        i = cuda.gridDim.x - 1 - cuda.blockIdx.x if CAUSAL else cuda.blockIdx.x
-        bh = cuda.blockIdx.y
-        nh = q.shape[1]
-        b = bh // nh
-        h = bh % nh
-        hk = h // (nh // k.shape[1])
-        nq = q.shape[2]
-        nk = k.shape[2]
-        shift = nk - nq
-        r0 = i * BQ
+        i, b, h, hk, nq, nk, shift, r0, nblk = start(q, k)
         sbase = tc.smem_u32(sm)
         loff = tc.lane_offset(S)
         loffb = tc.lane_offset_b(S)
-        if DP > D:
-            for e in range(tid, (2 * BQ + 4 * BK) * (DP - D), NT):
-                sm[(e // (DP - D)) * S + D + e % (DP - D)] = 0.0
-        qbase = ((b * nh + h) * nq) * D
+        zero_pad(sm, tid)
+        qbase = ((b * q.shape[1] + h) * nq) * D
         kbase = ((b * k.shape[1] + hk) * nk) * D
-        tck = (nk + BK - 1) // BK
-        nblk = tck
-        if CAUSAL:
-            nblk = min(tck, max(0, (min(r0 + BQ, nq) - 1 + shift + BK) // BK))
-        for e in range(tid, BQ * CH, NT):
-            r = e // CH
-            c = (e % CH) * 8
-            ok = r0 + r < nq
-            goff = qbase + (r0 + r if ok else 0) * D + c
-            tc.cp_async16_a(sm, sbase, QOFF + r * S + c, q, goff, 8 if ok else 0)
-            tc.cp_async16_a(sm, sbase, OOFF + r * S + c, do, goff, 8 if ok else 0)
-        crow = cuda.local.array(CPT, int32)
+        q_load2(sm, sbase, QOFF, OOFF, q, do, qbase, r0, nq, tid)
+        crow = cuda.local.array(CPT, int32)  # this thread's chunks of a K/V tile (f16_chunks)
         cgof = cuda.local.array(CPT, int32)
         csof = cuda.local.array(CPT, int32)
-        for u in range(CPT):
-            e = tid + u * NT
-            crow[u] = e // CH
-            cgof[u] = (e // CH) * D + (e % CH) * 8
-            csof[u] = (e // CH) * S + (e % CH) * 8
+        kv_chunks(crow, cgof, csof, tid)
         if nblk > 0:
-            for u in range(CPT):
-                if CPT * NT == BK * CH or tid + u * NT < BK * CH:
-                    ok = crow[u] < nk
-                    goff = kbase + cgof[u] if ok else kbase
-                    tc.cp_async16_a(sm, sbase, KOFF + csof[u], k, goff, 8 if ok else 0)
-                    tc.cp_async16_a(sm, sbase, VOFF + csof[u], v, goff, 8 if ok else 0)
+            kv_load2c(sm, sbase, KOFF, VOFF, k, v, kbase, 0, nk, crow, cgof, csof, tid)
         tc.cp_async_commit()
         # Each lane's rows: g and g + 8 of every m-tile; their L·log2e (+inf: row sees nothing)
         # and D, kept in registers.
@@ -392,8 +284,7 @@ def _dq_source_v1(D: int, BK: int, NW: int, MT: int, CAUSAL: bool, QREG: bool):
         for mt in range(MT):
             for e in range(2):
                 row = r0 + 16 * (NW * mt + warp) + g + 8 * e
-                lv = lse[b, h, row] if row < nq else NEG_INF
-                lr[2 * mt + e] = lv * float32(LOG2E) if lv != NEG_INF else POS_INF
+                lr[2 * mt + e] = lse_log2(lse, b, h, row, nq)
                 dr[2 * mt + e] = dvec[b, h, row] if row < nq else float32(0.0)
         qa = cuda.local.array(NQA, uint32)
         oa = cuda.local.array(NQA, uint32)
@@ -409,55 +300,18 @@ def _dq_source_v1(D: int, BK: int, NW: int, MT: int, CAUSAL: bool, QREG: bool):
             c0 = j * BK
             if j + 1 < nblk:
                 nb_ = (j + 1) % 2
-                gnext = kbase + (c0 + BK) * D
-                for u in range(CPT):
-                    if CPT * NT == BK * CH or tid + u * NT < BK * CH:
-                        ok = c0 + BK + crow[u] < nk
-                        goff = gnext + cgof[u] if ok else kbase
-                        so = nb_ * (BK * S) + csof[u]
-                        tc.cp_async16_a(sm, sbase, KOFF + so, k, goff, 8 if ok else 0)
-                        tc.cp_async16_a(sm, sbase, VOFF + so, v, goff, 8 if ok else 0)
+                kv_load2c(sm, sbase, KOFF + nb_ * BK * S, VOFF + nb_ * BK * S, k, v, kbase, c0 + BK, nk,
+                          crow, cgof, csof, tid)
             tc.cp_async_commit()
             tc.cp_async_wait(1)
             cuda.syncthreads()  # K_j, V_j (and Q_i, dO_i the first time) have landed
             if j == 0 and QREG:
-                for mt in range(MT):
-                    for kk in range(KT):
-                        tc.ldsm_x4(qa, 4 * (mt * KT + kk), sm,
-                                   tc.tile_addr(sbase, loff, QOFF, S, 16 * (NW * mt + warp), 16 * kk), S)
-                        tc.ldsm_x4(oa, 4 * (mt * KT + kk), sm,
-                                   tc.tile_addr(sbase, loff, OOFF, S, 16 * (NW * mt + warp), 16 * kk), S)
+                frags_all(qa, sm, sbase, loff, QOFF, warp)
+                frags_all(oa, sm, sbase, loff, OOFF, warp)
             kofs = KOFF + buf * BK * S
             vofs = VOFF + buf * BK * S
             # S = Q_i K_jᵀ and dP = dO_i V_jᵀ: B operands stored [key, d].
-            for kk in range(KT):
-                if not QREG:
-                    for mt in range(MT):
-                        tc.ldsm_x4(qa, 4 * mt, sm,
-                                   tc.tile_addr(sbase, loff, QOFF, S, 16 * (NW * mt + warp), 16 * kk), S)
-                        tc.ldsm_x4(oa, 4 * mt, sm,
-                                   tc.tile_addr(sbase, loff, OOFF, S, 16 * (NW * mt + warp), 16 * kk), S)
-                for n2 in range(NS // 2):
-                    tc.ldsm_x4_b(fb, 0, sm, tc.tile_addr(sbase, loffb, kofs, S, 16 * n2, 16 * kk), S)
-                    for mt in range(MT):
-                        ai = 4 * (mt * KT + kk) if QREG else 4 * mt
-                        x = 4 * (mt * NS + 2 * n2)
-                        if kk == 0:
-                            tc.mma_z(s, x, qa, ai, fb[0], fb[1])
-                            tc.mma_z(s, x + 4, qa, ai, fb[2], fb[3])
-                        else:
-                            tc.mma(s, x, qa, ai, fb[0], fb[1])
-                            tc.mma(s, x + 4, qa, ai, fb[2], fb[3])
-                    tc.ldsm_x4_b(fb, 0, sm, tc.tile_addr(sbase, loffb, vofs, S, 16 * n2, 16 * kk), S)
-                    for mt in range(MT):
-                        ai = 4 * (mt * KT + kk) if QREG else 4 * mt
-                        x = 4 * (mt * NS + 2 * n2)
-                        if kk == 0:
-                            tc.mma_z(dp, x, oa, ai, fb[0], fb[1])
-                            tc.mma_z(dp, x + 4, oa, ai, fb[2], fb[3])
-                        else:
-                            tc.mma(dp, x, oa, ai, fb[0], fb[1])
-                            tc.mma(dp, x + 4, oa, ai, fb[2], fb[3])
+            products(s, dp, qa, oa, fb, sm, sbase, loff, loffb, QOFF, OOFF, kofs, vofs, warp)
             edge = c0 + BK > nk or (CAUSAL and c0 + BK - 1 > r0 + shift)
             for mt in range(MT):
                 row = r0 + 16 * (NW * mt + warp) + g
@@ -480,29 +334,14 @@ def _dq_source_v1(D: int, BK: int, NW: int, MT: int, CAUSAL: bool, QREG: bool):
                     y = 4 * (mt * KK + nt // 2) + 2 * (nt % 2)
                     pa[y] = tc.pack_f16x2(p0 * (dp[x] - dr[2 * mt]), p1 * (dp[x + 1] - dr[2 * mt]))
                     pa[y + 1] = tc.pack_f16x2(p2 * (dp[x + 2] - dr[2 * mt + 1]), p3 * (dp[x + 3] - dr[2 * mt + 1]))
-            # dQ += dS K_j (B = K stored [key, d]: transposed loads).
-            for kk in range(KK):
-                for n2 in range(NO // 2):
-                    tc.ldsm_x4_trans(fb, 0, sm, tc.tile_addr(sbase, loff, kofs, S, 16 * kk, 16 * n2), S)
-                    for mt in range(MT):
-                        tc.mma(acc, 4 * (mt * NO + 2 * n2), pa, 4 * (mt * KK + kk), fb[0], fb[1])
-                        tc.mma(acc, 4 * (mt * NO + 2 * n2 + 1), pa, 4 * (mt * KK + kk), fb[2], fb[3])
+            ab(acc, pa, fb, sm, sbase, loff, kofs)  # dQ += dS K_j (B = K stored [key, d]: transposed loads)
             cuda.syncthreads()  # every warp is done with buffer j % 2 before it is refilled
         tc.cp_async_wait(0)
         cuda.syncthreads()  # Q_i landed even when no key block was visible
         for mt in range(MT):
-            rl = 16 * (NW * mt + warp) + g
-            for nt in range(NO):
-                x = 4 * (mt * NO + nt)
-                w0 = (QOFF + rl * S + 8 * nt + 2 * t) // 2
-                smw[w0] = tc.pack_f16x2(acc[x] * scale, acc[x + 1] * scale)
-                smw[w0 + 4 * S] = tc.pack_f16x2(acc[x + 2] * scale, acc[x + 3] * scale)
+            pack(smw, (QOFF + (16 * (NW * mt + warp) + g) * S + 2 * t) // 2, acc, 4 * mt * NO, scale, scale)
         cuda.syncthreads()
-        for e in range(tid, BQ * CH, NT):
-            r = e // CH
-            c = (e % CH) * 8
-            if r0 + r < nq:
-                tc.st_global16_a(dq, qbase + (r0 + r) * D + c, sm, sbase, QOFF + r * S + c)
+        q_store(dq, qbase, r0, nq, sm, sbase, QOFF, tid)
 
     return dq_kernel, NT, BQ
 
@@ -578,7 +417,7 @@ def backward_v1(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
 # The element-wise step keeps its L and D in registers loaded as pairs (``ld.shared.v2``) after
 # the products and stores Pᵀ and dSᵀ as packed f16 pairs through 32-bit shared addresses
 # (``st.shared.u32``, one base a lane plus constant offsets); the cp.async of Q_i and dO_i uses
-# one row and column a thread.  Q_i, dO_i, L_i and D_i are double-buffered (issued at the top of
+# one row and column a thread (``load_step``).  Q_i, dO_i, L_i and D_i are double-buffered (issued at the top of
 # a step for the next one), so a step has two barriers: one before phase A (the step's tiles
 # have landed, every warp is done with the last step's Pᵀ, dSᵀ and buffers), one after it (Pᵀ,
 # dSᵀ written).  Each phase takes its shared addresses through ``tc.opaque_u32`` (one register
@@ -643,7 +482,6 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
     KK = BK // 16  # phase C: k-steps over keys
     CH = D // 8  # 16-byte chunks of a row
     QU = BQ // RPU  # passes to load a Q (or dO) tile
-    KU = BK // RPU
     NS4, NACC, NQACC = 4 * MA * NA, 4 * MB * NB, 4 * MC * NC
     NFA, NFQ, NFB, NFC = 4 * MA, 2 * NA, 4 * MB, 4 * MC  # fragment registers of phases A, B, C
     KOFF = 0
@@ -653,6 +491,20 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
     POFF = OOFF + 2 * BQ * S  # Pᵀ [key, query]
     DSOFF = POFF + BK * SQ  # dSᵀ [key, query]
     FOFF = (DSOFF + BK * SQ) // 2  # f32 words: L·log2e (2 x BQ), then D (2 x BQ)
+    start = key_block(BK, BQ, CAUSAL)
+    pack = f16_pack(NB, S)
+
+    @tc.device_inline
+    def load_step(sm, sbase, q, do, g0, rn, nq, buf, lrow, lcol):
+        """Q, dO rows rn.. (a head's rows from element offset g0) into buffer buf: the thread's
+        row lrow + u·RPU and column lcol of each pass u."""
+        for u in range(QU):
+            r = lrow + u * RPU
+            ok = rn + r < nq
+            goff = g0 + (rn + r) * D + lcol if ok else 0
+            so = buf * (BQ * S) + r * S + lcol
+            tc.cp_async16_a(sm, sbase, QOFF + so, q, goff, 8 if ok else 0)
+            tc.cp_async16_a(sm, sbase, OOFF + so, do, goff, 8 if ok else 0)
 
     @tc.device_inline
     def _products_a(c, fa, fq, sm, aa, ab):
@@ -694,17 +546,7 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
         cb0 = 8 * NB * (warp // WBK)
         qc0 = 16 * MC * (warp % WCQ)  # phase C: first query and first column
         cc0 = 8 * NC * (warp // WCQ)
-        j = cuda.blockIdx.x
-        bk = cuda.blockIdx.y
-        nhk = k.shape[1]
-        b = bk // nhk
-        hk = bk % nhk
-        nh = q.shape[1]
-        group = nh // nhk
-        nq = q.shape[2]
-        nk = k.shape[2]
-        shift = nk - nq
-        c0 = j * BK
+        b, hk, nh, group, nq, nk, shift, c0, i0, nblk, total = start(q, k)
         sbase = tc.smem_u32(sm)
         loff = tc.lane_offset(S)
         loffb = tc.lane_offset_b(S)
@@ -713,32 +555,18 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
         # This thread's row and column of every tile load (RPU rows a pass).
         lrow = tid // CH
         lcol = (tid % CH) * 8
-        kbase = ((b * nhk + hk) * nk) * D
-        for u in range(KU):
+        kbase = ((b * k.shape[1] + hk) * nk) * D
+        for u in range(BK // RPU):  # K_j, V_j: a constant trip count (f16_copy's loop spilled more here)
             r = lrow + u * RPU
             ok = c0 + r < nk
             goff = kbase + ((c0 + r) if ok else 0) * D + lcol
             tc.cp_async16_a(sm, sbase, KOFF + r * S + lcol, k, goff, 8 if ok else 0)
             tc.cp_async16_a(sm, sbase, VOFF + r * S + lcol, v, goff, 8 if ok else 0)
-        # Query blocks that see key block j: causal rows r see keys <= r + shift.
-        tr = (nq + BQ - 1) // BQ
-        i0 = 0
-        if CAUSAL:
-            i0 = max(0, c0 - shift) // BQ
-        nblk = max(0, tr - i0) if c0 < nk else 0
-        total = group * nblk
         if total > 0:
-            qb = ((b * nh + hk * group) * nq + i0 * BQ) * D
-            for u in range(QU):
-                r = lrow + u * RPU
-                ok = i0 * BQ + r < nq
-                goff = qb + r * D + lcol if ok else 0
-                tc.cp_async16_a(sm, sbase, QOFF + r * S + lcol, q, goff, 8 if ok else 0)
-                tc.cp_async16_a(sm, sbase, OOFF + r * S + lcol, do, goff, 8 if ok else 0)
+            load_step(sm, sbase, q, do, ((b * nh + hk * group) * nq) * D, i0 * BQ, nq, 0, lrow, lcol)
             if tid < BQ:
                 row = i0 * BQ + tid
-                lv = lse[b, hk * group, row] if row < nq else NEG_INF
-                smf[FOFF + tid] = lv * float32(LOG2E) if lv != NEG_INF else POS_INF
+                smf[FOFF + tid] = lse_log2(lse, b, hk * group, row, nq)
                 smf[FOFF + 2 * BQ + tid] = dvec[b, hk * group, row] if row < nq else float32(0.0)
         tc.cp_async_commit()
         # L and D of row tid of the step after next: loaded from memory a step before they are
@@ -781,16 +609,8 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
             cuda.syncthreads()
             if it + 1 < total:
                 nb_ = (it + 1) % 2
-                hn = hk * group + (it + 1) // nblk
-                rn = (i0 + (it + 1) % nblk) * BQ
-                qb = ((b * nh + hn) * nq + rn) * D
-                for u in range(QU):
-                    r = lrow + u * RPU
-                    ok = rn + r < nq
-                    goff = qb + r * D + lcol if ok else 0
-                    so = nb_ * (BQ * S) + r * S + lcol
-                    tc.cp_async16_a(sm, sbase, QOFF + so, q, goff, 8 if ok else 0)
-                    tc.cp_async16_a(sm, sbase, OOFF + so, do, goff, 8 if ok else 0)
+                load_step(sm, sbase, q, do, ((b * nh + hk * group + (it + 1) // nblk) * nq) * D,
+                          (i0 + (it + 1) % nblk) * BQ, nq, nb_, lrow, lcol)
                 if tid < BQ:
                     smf[FOFF + nb_ * BQ + tid] = lnext * float32(LOG2E) if lnext != NEG_INF else POS_INF
                     smf[FOFF + 2 * BQ + nb_ * BQ + tid] = dnext
@@ -905,16 +725,11 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
         # Epilogue: dK·τ and dV packed to f16 into the K and V tiles (phase B's layout), then 16
         # bytes a thread to memory.
         for mt in range(MB):
-            rl = kb0 + 16 * mt + g
-            for nt in range(NB):
-                x = 4 * (mt * NB + nt)
-                w0 = (rl * S + cb0 + 8 * nt + 2 * t) // 2
-                smw[KOFF // 2 + w0] = tc.pack_f16x2(acck[x] * scale, acck[x + 1] * scale)
-                smw[KOFF // 2 + w0 + 4 * S] = tc.pack_f16x2(acck[x + 2] * scale, acck[x + 3] * scale)
-                smw[VOFF // 2 + w0] = tc.pack_f16x2(accv[x], accv[x + 1])
-                smw[VOFF // 2 + w0 + 4 * S] = tc.pack_f16x2(accv[x + 2], accv[x + 3])
+            w0 = ((kb0 + 16 * mt + g) * S + cb0 + 2 * t) // 2
+            pack(smw, KOFF // 2 + w0, acck, 4 * mt * NB, scale, scale)
+            pack(smw, VOFF // 2 + w0, accv, 4 * mt * NB, float32(1.0), float32(1.0))
         cuda.syncthreads()
-        for u in range(KU):
+        for u in range(BK // RPU):
             r = lrow + u * RPU
             if c0 + r < nk:
                 tc.st_global16_a(dk, kbase + (c0 + r) * D + lcol, sm, sbase, KOFF + r * S + lcol)

@@ -31,7 +31,6 @@ computed.  The measurements behind each line are in ``kernels/perf/NOTES.md`` ("
 
 from __future__ import annotations
 
-import math
 from functools import cache
 from types import SimpleNamespace
 
@@ -40,35 +39,47 @@ from numba import cuda, float32, types
 
 from ..flash2 import padded_head_dim
 from . import tc
-from ._launch import LOG2E, launch_fp32_backward
+from ._launch import launch_fp32_backward
 from ._launch import saved_forward as saved_forward  # the shipped forward (BEST) of the dtype
+from ._tiles import f32_copier, ffma_ab, ffma_abt, key_block, lse_log2, steps
 
-NEG_INF = float32(-math.inf)
-POS_INF = float32(math.inf)
 _device = tc.device_inline
 
 
 # ---------------------------------------------------------------------------------------------
-# What the two versions share: the tile copier, the warp-grid search, the kernel signature.
+# What the two versions share: the block set-up and tile copies, the warp-grid search, the kernel
+# signature.
 
 
-def _copier(NROWS: int, NT: int, CH: int, D: int, STRIDE: int):
-    """A device function copying an NROWS x D tile (global rows from element offset ``g0``, of
-    which ``left`` exist: the rest are zero-filled) to shared byte address ``sa0`` with row
-    stride STRIDE floats, 16 bytes per cp.async, chunk e = tid + u·NT at row e // CH."""
-    CP = -(-NROWS * CH // NT)
+def _walk(BC: int, BR: int, NT: int, D: int, S: int, CAUSAL: bool, KOFF: int, VOFF: int, QOFF: int, OOFF: int):
+    """(start, load_step) of a key-block kernel (both versions; row stride S floats, tile offsets
+    in floats).  ``start(sm, sbase, q, k, v, do, tid)`` is :func:`kernels.perf._tiles.key_block`'s
+    tuple, after issuing the cp.async copies of K_j, V_j and of step 0's Q_i, dO_i (rows past
+    the ends zero-filled; the caller commits the group); ``load_step(sm, sbase, q, do, b, hk, nh,
+    group, nq, i0, nblk, it, tid)`` issues those of step ``it`` (query head hk·group + it // nblk,
+    block i0 + it % nblk)."""
+    block = key_block(BC, BR, CAUSAL)
+    copy_k = f32_copier(BC, NT, D, S, ROWSTEP=False)
+    copy_q = f32_copier(BR, NT, D, S, ROWSTEP=False)
 
     @_device
-    def copy(sm, sa0, g, g0, left, tid):
-        for u in range(CP):
-            e = tid + u * NT
-            if CP * NT == NROWS * CH or e < NROWS * CH:
-                r = e // CH
-                c = (e % CH) * 4
-                ok = r < left
-                tc.cp_async16_f32_a(sm, sa0 + 4 * (r * STRIDE + c), g, g0 + r * D + c if ok else 0, 4 if ok else 0)
+    def load_step(sm, sbase, q, do, b, hk, nh, group, nq, i0, nblk, it, tid):
+        rn = (i0 + it % nblk) * BR
+        g0 = ((b * nh + hk * group + it // nblk) * nq + rn) * D
+        copy_q(sm, sbase + 4 * QOFF, q, g0, nq - rn, tid)
+        copy_q(sm, sbase + 4 * OOFF, do, g0, nq - rn, tid)
 
-    return copy
+    @_device
+    def start(sm, sbase, q, k, v, do, tid):
+        b, hk, nh, group, nq, nk, shift, c0, i0, nblk, total = block(q, k)
+        kbase = ((b * k.shape[1] + hk) * nk + c0) * D
+        copy_k(sm, sbase + 4 * KOFF, k, kbase, nk - c0, tid)
+        copy_k(sm, sbase + 4 * VOFF, v, kbase, nk - c0, tid)
+        if total > 0:
+            load_step(sm, sbase, q, do, b, hk, nh, group, nq, i0, nblk, 0, tid)
+        return b, hk, nh, group, nq, nk, shift, c0, i0, nblk, total
+
+    return start, load_step
 
 
 def _warp_grid(nw: int, rows: int, ur: int, cols: int, uc: int, cost, cap: int | None = None):
@@ -152,7 +163,6 @@ def _source_v1(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, UNROLL: int = 2,
     WK2, TK2, TC2 = t_["wk2"], t_["tk2"], t_["tc2"]
     WQ3, TQ3, TC3 = t_["wq3"], t_["tq3"], t_["tc3"]
     NT = 32 * NW
-    CH = D // 4  # 16-byte chunks per row of Q, K, V, dO
     KC = D // 4  # 4-dim steps of Sᵀ, dPᵀ
     QC = BR // 4  # 4-query steps of dV, dK
     EC = BC // 4  # 4-key steps of dQ
@@ -167,57 +177,11 @@ def _source_v1(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, UNROLL: int = 2,
     SOFF = POFF + BC * PS
     assert BC % 16 == 0 and BR % 16 == 0 and D % 4 == 0 and 1 <= NW <= tc.MAX_WARPS and UNROLL in (1, 2, 4)
 
-    copy_k = _copier(BC, NT, CH, D, QKS)
-    copy_q = _copier(BR, NT, CH, D, QKS)
-
-    @_device
-    def st_step(acc, af, bf, sm, aa, ba, kc, first):
-        """Sᵀ (or dPᵀ) += A[:, 4kc:4kc+4] B[:, 4kc:4kc+4]ᵀ for the thread's TK keys x TQ queries;
-        A = K (V) rows k1 + 8m, B = Q (dO) rows q1 + 4n.  Sets instead of adding if ``first``."""
-        for m in range(TK):
-            tc.lds128_f32_a(af, 4 * m, sm, aa, 8 * m * QKS + 4 * kc)
-        for n in range(TQ):
-            tc.lds128_f32_a(bf, 4 * n, sm, ba, 4 * n * QKS + 4 * kc)
-        for m in range(TK):
-            for n in range(TQ):
-                a_ = float32(0.0) if first else acc[m * TQ + n]
-                for e in range(4):
-                    a_ += af[4 * m + e] * bf[4 * n + e]
-                acc[m * TQ + n] = a_
-
-    @_device
-    def st_step2(acc, af, bf, sm, aa, ba, kc, first):
-        st_step(acc, af, bf, sm, aa, ba, kc, False)
-        st_step(acc, af, bf, sm, aa, ba, kc + 1, False)
-
-    @_device
-    def st_step4(acc, af, bf, sm, aa, ba, kc, first):
-        st_step2(acc, af, bf, sm, aa, ba, kc, False)
-        st_step2(acc, af, bf, sm, aa, ba, kc + 2, False)
-
-    @_device
-    def kv_step(acc, pf, bf, sm, pa, ba, pc):
-        """dV (dK) += Pᵀ (dSᵀ)[keys, 4pc:4pc+4] dO (Q)[4pc:4pc+4, cols] for the thread's TK2 keys
-        x 4·TC2 columns."""
-        for m in range(TK2):
-            tc.lds128_f32_a(pf, 4 * m, sm, pa, 4 * m * PS + 4 * pc)
-        for e in range(4):
-            for u in range(TC2):
-                tc.lds128_f32_a(bf, 4 * u, sm, ba, (4 * pc + e) * QKS + 32 * u)
-            for m in range(TK2):
-                for u in range(TC2):
-                    for f in range(4):
-                        acc[(m * TC2 + u) * 4 + f] += pf[4 * m + e] * bf[4 * u + f]
-
-    @_device
-    def kv_step2(acc, pf, bf, sm, pa, ba, pc):
-        kv_step(acc, pf, bf, sm, pa, ba, pc)
-        kv_step(acc, pf, bf, sm, pa, ba, pc + 1)
-
-    @_device
-    def kv_step4(acc, pf, bf, sm, pa, ba, pc):
-        kv_step2(acc, pf, bf, sm, pa, ba, pc)
-        kv_step2(acc, pf, bf, sm, pa, ba, pc + 2)
+    start, load_step = _walk(BC, BR, NT, D, QKS, CAUSAL, KOFF, VOFF, QOFF, OOFF)
+    # Sᵀ (dPᵀ): keys 8m apart x queries 4n apart, over d; dV (dK): keys 4m apart x columns
+    # 32u + (0..3), over the queries.
+    st_product = ffma_abt(TK, TQ, 8 * QKS, 4 * QKS, KC, UNROLL)
+    kv_product = ffma_ab(TK2, TC2, 4 * PS, QKS, QC, UNROLL)
 
     @_device
     def dq_step(acc, sf, bf, sm, sa, ka, ec):
@@ -234,22 +198,7 @@ def _source_v1(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, UNROLL: int = 2,
                         for f in range(4):
                             acc[((t * 4 + g) * TC3 + u) * 4 + f] += sf[4 * t + g] * bf[4 * u + f]
 
-    @_device
-    def dq_step2(acc, sf, bf, sm, sa, ka, ec):
-        dq_step(acc, sf, bf, sm, sa, ka, ec)
-        dq_step(acc, sf, bf, sm, sa, ka, ec + 1)
-
-    @_device
-    def dq_step4(acc, sf, bf, sm, sa, ka, ec):
-        dq_step2(acc, sf, bf, sm, sa, ka, ec)
-        dq_step2(acc, sf, bf, sm, sa, ka, ec + 2)
-
-    st_block = {1: st_step, 2: st_step2, 4: st_step4}[UNROLL]
-    kv_block = {1: kv_step, 2: kv_step2, 4: kv_step4}[UNROLL]
-    dq_block = {1: dq_step, 2: dq_step2, 4: dq_step4}[UNROLL]
-    KB, KR = (KC - 1) // UNROLL, 1 + (KC - 1) // UNROLL * UNROLL  # step 0 is peeled (S = ...)
-    QB, QR = QC // UNROLL, QC // UNROLL * UNROLL
-    EB, ER = EC // UNROLL, EC // UNROLL * UNROLL
+    dq_product = steps(dq_step, UNROLL, 0, EC)
 
     def bwd(q, k, v, do, lse, dvec, dq, dk, dv, sl2, scale):
         sm = cuda.shared.array(0, float32)
@@ -258,18 +207,6 @@ def _source_v1(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, UNROLL: int = 2,
         lane = tid & 31
         ly = lane >> 3
         lx = lane & 7
-        j = cuda.blockIdx.x
-        bk = cuda.blockIdx.y
-        nhk = k.shape[1]
-        b = bk // nhk
-        hk = bk % nhk
-        nh = q.shape[1]
-        group = nh // nhk
-        nq = q.shape[2]
-        nk = k.shape[2]
-        shift = nk - nq
-        c0 = j * BC
-        kbase = ((b * nhk + hk) * nk + c0) * D
         sbase = tc.smem_u32_f32(sm)
         # The thread's places in the three products' tiles (the layout above).
         k1 = 8 * TK * (warp % WK1) + lx
@@ -290,21 +227,8 @@ def _source_v1(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, UNROLL: int = 2,
         qa2 = sbase + 4 * (QOFF + c2)  # Q[0, c2]
         sa3 = sbase + 4 * (SOFF + q3)  # dSᵀ[0, q3]
         ka3 = sbase + 4 * (KOFF + c3)  # K[0, c3]
-        # Query blocks that see key block j: causal row r sees keys <= r + shift.
-        tr = (nq + BR - 1) // BR
-        i0 = 0
-        if CAUSAL:
-            i0 = max(0, c0 - shift) // BR
-        nblk = max(0, tr - i0)
-        total = group * nblk
-        # K_j, V_j and the first Q_i, dO_i: one cp.async group (rows past the ends zero-filled).
-        copy_k(sm, sbase + 4 * KOFF, k, kbase, nk - c0, tid)
-        copy_k(sm, sbase + 4 * VOFF, v, kbase, nk - c0, tid)
-        if total > 0:
-            g0 = ((b * nh + hk * group) * nq + i0 * BR) * D
-            copy_q(sm, sbase + 4 * QOFF, q, g0, nq - i0 * BR, tid)
-            copy_q(sm, sbase + 4 * OOFF, do, g0, nq - i0 * BR, tid)
-        tc.cp_async_commit()
+        b, hk, nh, group, nq, nk, shift, c0, i0, nblk, total = start(sm, sbase, q, k, v, do, tid)
+        tc.cp_async_commit()  # K_j, V_j and the first Q_i, dO_i: one group
         acck = cuda.local.array(NA2, float32)
         accv = cuda.local.array(NA2, float32)
         for x in range(NA2):
@@ -328,22 +252,13 @@ def _source_v1(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, UNROLL: int = 2,
             # thread's queries, straight from global memory.
             for n in range(TQ):
                 row = r0 + q1 + 4 * n
-                lv = lse[b, hq, row] if row < nq else NEG_INF
-                lr[n] = lv * float32(LOG2E) if lv != NEG_INF else POS_INF
+                lr[n] = lse_log2(lse, b, hq, row, nq)
                 dr[n] = dvec[b, hq, row] if row < nq else float32(0.0)
             tc.cp_async_wait(0)  # this thread's copies of Q_i, dO_i (and K_j, V_j) have landed
             cuda.syncthreads()  # everyone's have; every warp is done with the last dSᵀ
             # dPᵀ = V dO_iᵀ and Sᵀ = K Q_iᵀ: per 4 dims, TK + TQ loads and 4·TK·TQ FFMA each.
-            st_step(dp, af, bf, sm, va1, oa1, 0, True)
-            for kb in range(KB):
-                st_block(dp, af, bf, sm, va1, oa1, 1 + kb * UNROLL, False)
-            for kc in range(KR, KC):
-                st_step(dp, af, bf, sm, va1, oa1, kc, False)
-            st_step(s, af, bf, sm, ka1, qa1, 0, True)
-            for kb in range(KB):
-                st_block(s, af, bf, sm, ka1, qa1, 1 + kb * UNROLL, False)
-            for kc in range(KR, KC):
-                st_step(s, af, bf, sm, ka1, qa1, kc, False)
+            st_product(dp, af, bf, sm, va1, oa1)
+            st_product(s, af, bf, sm, ka1, qa1)
             # Pᵀ and dSᵀ of the entries the thread owns, to shared memory.
             edge = c0 + BC > nk or (CAUSAL and c0 + BC - 1 > r0 + shift)
             for m in range(TK):
@@ -358,29 +273,16 @@ def _source_v1(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, UNROLL: int = 2,
                     tc.sts32_f32_a(sm, dsw, 8 * m * PS + 4 * n, (p * scale) * (dp[x] - dr[n]))
             cuda.syncthreads()  # Pᵀ, dSᵀ are visible
             # dV += Pᵀ dO_i and dK += dSᵀ Q_i: per 4 queries, TK2 + 4·TC2 loads, 16·TK2·TC2 FFMA.
-            for qb in range(QB):
-                kv_block(accv, pf, vf, sm, pa2, oa2, qb * UNROLL)
-            for pc in range(QR, QC):
-                kv_step(accv, pf, vf, sm, pa2, oa2, pc)
-            for qb in range(QB):
-                kv_block(acck, pf, vf, sm, sa2, qa2, qb * UNROLL)
-            for pc in range(QR, QC):
-                kv_step(acck, pf, vf, sm, sa2, qa2, pc)
+            kv_product(accv, pf, vf, sm, pa2, oa2)
+            kv_product(acck, pf, vf, sm, sa2, qa2)
             cuda.syncthreads()  # every warp is done with Q_i, dO_i
             if it + 1 < total:
-                hn = hk * group + (it + 1) // nblk
-                rn = (i0 + (it + 1) % nblk) * BR
-                g0 = ((b * nh + hn) * nq + rn) * D
-                copy_q(sm, sbase + 4 * QOFF, q, g0, nq - rn, tid)
-                copy_q(sm, sbase + 4 * OOFF, do, g0, nq - rn, tid)
+                load_step(sm, sbase, q, do, b, hk, nh, group, nq, i0, nblk, it + 1, tid)
             tc.cp_async_commit()  # Q_{i+1}, dO_{i+1} land while dQ_i is computed
             # dQ_i partial = dS K_j: per key, TQ3 + TC3 loads and 16·TQ3·TC3 FFMA.
             for x in range(NA3):
                 acq[x] = 0.0
-            for eb in range(EB):
-                dq_block(acq, sf, kf, sm, sa3, ka3, eb * UNROLL)
-            for ec in range(ER, EC):
-                dq_step(acq, sf, kf, sm, sa3, ka3, ec)
+            dq_product(acq, sf, kf, sm, sa3, ka3)
             qrow = (b * nh + hq) * nq
             for t in range(TQ3):
                 for g in range(4):
@@ -489,7 +391,6 @@ def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, PIPE: bool = Fal
     WB, MB, UB = t_["wb"], t_["mb"], t_["ub"]
     WC, MC, UC = t_["wc"], t_["mc"], t_["uc"]
     NT = 32 * NW
-    CH = D // 4  # 16-byte chunks per row of Q, K, V, dO
     KS, QS, ES = D // 8, BR // 8, BC // 8  # k-steps of phases A, B, C
     KOFF = 0
     VOFF = BC * S
@@ -508,8 +409,7 @@ def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, PIPE: bool = Fal
     NRAW2, NFA2, NFB2 = (4 * MA + 2 * NA, 4 * MA, 2 * NA) if FUSE else (1, 1, 1)  # fused phase A's second set
     assert BC % 16 == 0 and BR % 16 == 0 and D % 32 == 0 and 1 <= NW <= tc.MAX_WARPS and KS % AK == 0
 
-    copy_k = _copier(BC, NT, CH, D, S)
-    copy_q = _copier(BR, NT, CH, D, S)
+    start, load_step = _walk(BC, BR, NT, D, S, CAUSAL, KOFF, VOFF, QOFF, OOFF)
 
     @_device
     def split(x, hi, lo, i):
@@ -623,19 +523,9 @@ def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, PIPE: bool = Fal
         lane = tid & 31
         g = lane >> 2
         t = lane & 3
-        j = cuda.blockIdx.x
-        bk = cuda.blockIdx.y
-        nhk = k.shape[1]
-        b = bk // nhk
-        hk = bk % nhk
-        nh = q.shape[1]
-        group = nh // nhk
-        nq = q.shape[2]
-        nk = k.shape[2]
-        shift = nk - nq
-        c0 = j * BC
-        kbase = ((b * nhk + hk) * nk + c0) * D
         sbase = tc.smem_u32_f32(sm)
+        b, hk, nh, group, nq, nk, shift, c0, i0, nblk, total = start(sm, sbase, q, k, v, do, tid)
+        tc.cp_async_commit()  # K_j, V_j and the first Q_i, dO_i: one group
         # Warp tiles: A keys kw.., queries qw..; B keys kb.., columns cb..; C queries qc.., columns cc..
         kw = 16 * MA * (warp % WA)
         qw = 8 * NA * (warp // WA)
@@ -653,19 +543,6 @@ def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, PIPE: bool = Fal
         ob = sbase + 4 * (OOFF + t * S + cb + 4 * g)
         qb = sbase + 4 * (QOFF + t * S + cb + 4 * g)
         kc = sbase + 4 * (KOFF + t * S + cc + 4 * g)
-        tr = (nq + BR - 1) // BR
-        i0 = 0
-        if CAUSAL:
-            i0 = max(0, c0 - shift) // BR
-        nblk = max(0, tr - i0)
-        total = group * nblk
-        copy_k(sm, sbase + 4 * KOFF, k, kbase, nk - c0, tid)
-        copy_k(sm, sbase + 4 * VOFF, v, kbase, nk - c0, tid)
-        if total > 0:
-            g0 = ((b * nh + hk * group) * nq + i0 * BR) * D
-            copy_q(sm, sbase + 4 * QOFF, q, g0, nq - i0 * BR, tid)
-            copy_q(sm, sbase + 4 * OOFF, do, g0, nq - i0 * BR, tid)
-        tc.cp_async_commit()
         acck = cuda.local.array(NACC_B, float32)
         accv = cuda.local.array(NACC_B, float32)
         acb = cuda.local.array(NACC_B, float32)
@@ -694,8 +571,7 @@ def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, PIPE: bool = Fal
             for n in range(NA):
                 for f in range(2):
                     row = r0 + qw + 8 * n + 2 * t + f
-                    lv = lse[b, hq, row] if row < nq else NEG_INF
-                    lr[2 * n + f] = lv * float32(LOG2E) if lv != NEG_INF else POS_INF
+                    lr[2 * n + f] = lse_log2(lse, b, hq, row, nq)
                     dr[2 * n + f] = dvec[b, hq, row] if row < nq else float32(0.0)
             for x in range(NACC_A):
                 s[x] = 0.0
@@ -747,11 +623,7 @@ def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, PIPE: bool = Fal
                 acck[x] += acb[x]
             cuda.syncthreads()  # every warp is done with Q_i, dO_i
             if it + 1 < total:
-                hn = hk * group + (it + 1) // nblk
-                rn = (i0 + (it + 1) % nblk) * BR
-                g0 = ((b * nh + hn) * nq + rn) * D
-                copy_q(sm, sbase + 4 * QOFF, q, g0, nq - rn, tid)
-                copy_q(sm, sbase + 4 * OOFF, do, g0, nq - rn, tid)
+                load_step(sm, sbase, q, do, b, hk, nh, group, nq, i0, nblk, it + 1, tid)
             tc.cp_async_commit()  # Q_{i+1}, dO_{i+1} land while dQ_i is computed
             for x in range(NACC_C):
                 acq[x] = 0.0

@@ -4,7 +4,8 @@ A block of NW warps owns Br = 16·NW·MT query rows (MT m-tiles a warp) and walk
 (Bc keys) it can see, K and V double-buffered through cp.async; S = Q Kᵀ, P and O stay in
 registers (the C layout of two adjacent 16 x 8 tiles is the A layout of one 16 x 16 tile, so P
 feeds P·V straight from registers); O is stored through shared memory.  The online softmax, in
-log2 units (``sl2`` = τ·log2 e), is the block marked "online softmax" in :func:`_source`.
+log2 units (``sl2`` = τ·log2 e), is the block marked "online softmax" in :func:`_source`; the
+tile copies and the products (Q Kᵀ, P V) are :mod:`kernels.perf._tiles`'s.
 
 * ``fwd_fp16_v3`` (``LAZY`` off): fwd_fp16_v2 (read at commit f09d49e) with its integer
   overhead removed: compile-time d, shared memory through its 32-bit window address and the
@@ -35,8 +36,7 @@ from numba import cuda, float32, int32, types, uint32
 from ..flash2 import padded_head_dim
 from . import tc
 from ._launch import launch_forward
-
-NEG_INF = float32(-math.inf)
+from ._tiles import NEG_INF, f16_ab, f16_abt, f16_chunks, f16_copy, f16_frags, f16_pack, f16_zero_pad, query_block
 
 
 def smem_bytes(dp: int, br: int, bc: int) -> int:
@@ -54,8 +54,6 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
     NO = DP // 8  # n-tiles of O
     NQA = 4 * KT * MT if QREG else 4 * MT
     NACC, NS4, NPA, M2 = 4 * NO * MT, 4 * NS * MT, 4 * KV * MT, 2 * MT
-    CH = D // 8  # 16-byte chunks per row
-    CPT = -(-BC * CH // NT)  # chunks of a K (or V) tile per thread
     QOFF = 0
     KOFF = BR * S  # K buffers 0 and 1
     VOFF = KOFF + 2 * BC * S  # V buffers 0 and 1
@@ -70,6 +68,16 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
             acc[x + 2] *= alpha_1
             acc[x + 3] *= alpha_1
 
+    start = query_block(BR, BC, CAUSAL)
+    q_load, _, q_store, _ = f16_copy(BR, D, S, NT)
+    _, kv_load2, _, _ = f16_copy(BC, D, S, NT)
+    CPT, kv_chunks, kv_load2c = f16_chunks(BC, D, S, NT)
+    zero_pad = f16_zero_pad(BR + 4 * BC, D, S, NT)
+    _, frags_all = f16_frags(MT, NW, KT, S)
+    qk, _ = f16_abt(MT, NW, KT, NS, S, QREG)
+    pv = f16_ab(MT, KV, NO, S)
+    pack = f16_pack(NO, S)
+
     def fwd(q, k, v, o, lse, sl2, scale):
         sm = cuda.shared.array(0, types.float16)
         smw = cuda.shared.array(0, uint32)  # the same bytes as 32-bit words
@@ -78,53 +86,23 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
         lane = tid % 32
         g = lane // 4
         t = lane % 4
-        i = cuda.gridDim.x - 1 - cuda.blockIdx.x if CAUSAL else cuda.blockIdx.x
-        bh = cuda.blockIdx.y
-        nh = q.shape[1]
-        b = bh // nh
-        h = bh % nh
-        hk = h // (nh // k.shape[1])
-        nq = q.shape[2]
-        nk = k.shape[2]
-        d = D
-        ch = D // 8  # 16-byte chunks per row
+        i, b, h, hk, nq, nk, shift, r0, nblk = start(q, k)
         sbase = tc.smem_u32(sm)
         loff = tc.lane_offset(S)
         loffb = tc.lane_offset_b(S)
-        r0 = i * BR
-        shift = nk - nq
-        qbase = ((b * nh + h) * nq) * d
-        kbase = ((b * k.shape[1] + hk) * nk) * d
-        if DP > D:
-            for e in range(tid, (BR + 4 * BC) * (DP - D), NT):
-                sm[(e // (DP - D)) * S + D + e % (DP - D)] = 0.0
-        tc_ = (nk + BC - 1) // BC
-        nblk = tc_
-        if CAUSAL:
-            nblk = min(tc_, max(0, (min(r0 + BR, nq) - 1 + shift + BC) // BC))
-        for e in range(tid, BR * ch, NT):
-            r = e // ch
-            c = (e % ch) * 8
-            ok = r0 + r < nq
-            tc.cp_async16_a(sm, sbase, QOFF + r * S + c, q, qbase + (r0 + r if ok else 0) * d + c, 8 if ok else 0)
+        qbase = ((b * q.shape[1] + h) * nq) * D
+        kbase = ((b * k.shape[1] + hk) * nk) * D
+        zero_pad(sm, tid)
+        q_load(sm, sbase, QOFF, q, qbase, r0, nq, tid)
         if nblk > 0:
-            for e in range(tid, BC * ch, NT):
-                r = e // ch
-                c = (e % ch) * 8
-                ok = r < nk
-                goff = kbase + (r if ok else 0) * d + c
-                tc.cp_async16_a(sm, sbase, KOFF + r * S + c, k, goff, 8 if ok else 0)
-                tc.cp_async16_a(sm, sbase, VOFF + r * S + c, v, goff, 8 if ok else 0)
+            kv_load2(sm, sbase, KOFF, VOFF, k, v, kbase, 0, nk, tid)
         tc.cp_async_commit()
         tc.cp_async_wait(0)
         cuda.syncthreads()  # Q_i, K_0, V_0 and the zeroed padding are in shared memory
         # Warp w owns m-tiles mt = 0..MT-1: rows 16·(NW·mt + w) + (0..15) of the block.
         qa = cuda.local.array(NQA, uint32)
         if QREG:
-            for mt in range(MT):
-                for kk in range(KT):
-                    tc.ldsm_x4(qa, 4 * (mt * KT + kk), sm,
-                               tc.tile_addr(sbase, loff, QOFF, S, 16 * (NW * mt + warp), 16 * kk), S)
+            frags_all(qa, sm, sbase, loff, QOFF, warp)
         acc = cuda.local.array(NACC, float32)
         for e in range(NACC):
             acc[e] = 0.0
@@ -136,50 +114,24 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
         for e in range(M2):
             m[e] = NEG_INF
             ll[e] = 0.0
-        # This thread's chunks of a K/V tile (the same every block): chunk u is row crow[u],
-        # element offset cgof[u] in the tile in memory and csof[u] in shared memory.
-        crow = cuda.local.array(CPT, int32)
+        crow = cuda.local.array(CPT, int32)  # this thread's chunks of a K/V tile (f16_chunks)
         cgof = cuda.local.array(CPT, int32)
         csof = cuda.local.array(CPT, int32)
-        for u in range(CPT):
-            e = tid + u * NT
-            crow[u] = e // CH
-            cgof[u] = (e // CH) * D + (e % CH) * 8
-            csof[u] = (e // CH) * S + (e % CH) * 8
+        kv_chunks(crow, cgof, csof, tid)
         for j in range(nblk):
             buf = j % 2
             c0 = j * BC
-            if j + 1 < nblk:
+            if j + 1 < nblk:  # K_{j+1}, V_{j+1} into the other buffer
                 nb_ = (j + 1) % 2
-                gnext = kbase + (c0 + BC) * D  # K_{j+1}, V_{j+1} start here
-                for u in range(CPT):
-                    if CPT * NT == BC * CH or tid + u * NT < BC * CH:
-                        ok = c0 + BC + crow[u] < nk
-                        goff = gnext + cgof[u] if ok else kbase
-                        soff = nb_ * (BC * S) + csof[u]
-                        tc.cp_async16_a(sm, sbase, KOFF + soff, k, goff, 8 if ok else 0)
-                        tc.cp_async16_a(sm, sbase, VOFF + soff, v, goff, 8 if ok else 0)
+                kv_load2c(sm, sbase, KOFF + nb_ * BC * S, VOFF + nb_ * BC * S, k, v, kbase, c0 + BC, nk,
+                              crow, cgof, csof, tid)
             tc.cp_async_commit()  # (empty on the last block) so that one wait fits every iteration
             tc.cp_async_wait(1)  # everything but the newest group, i.e. K_j, V_j, has landed
             cuda.syncthreads()  # K_j, V_j have landed for every warp
             kofs = KOFF + buf * BC * S
             vofs = VOFF + buf * BC * S
             # S = Q Kᵀ: every K fragment pair feeds MT m-tiles.
-            for kk in range(KT):
-                if not QREG:
-                    for mt in range(MT):
-                        tc.ldsm_x4(qa, 4 * mt, sm,
-                                   tc.tile_addr(sbase, loff, QOFF, S, 16 * (NW * mt + warp), 16 * kk), S)
-                for n2 in range(NS // 2):
-                    tc.ldsm_x4_b(kb, 0, sm, tc.tile_addr(sbase, loffb, kofs, S, 16 * n2, 16 * kk), S)
-                    for mt in range(MT):
-                        qi = 4 * (mt * KT + kk) if QREG else 4 * mt
-                        if kk == 0:
-                            tc.mma_z(s, 4 * (mt * NS + 2 * n2), qa, qi, kb[0], kb[1])
-                            tc.mma_z(s, 4 * (mt * NS + 2 * n2 + 1), qa, qi, kb[2], kb[3])
-                        else:
-                            tc.mma(s, 4 * (mt * NS + 2 * n2), qa, qi, kb[0], kb[1])
-                            tc.mma(s, 4 * (mt * NS + 2 * n2 + 1), qa, qi, kb[2], kb[3])
+            qk(s, qa, kb, sm, sbase, loff, loffb, QOFF, kofs, warp)
             if c0 + BC > nk or (CAUSAL and c0 + BC - 1 > r0 + shift):
                 for mt in range(MT):
                     for nt in range(NS):
@@ -242,12 +194,7 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
                     ll[2 * mt] = ll[2 * mt] * alpha_0 + ps_0
                     ll[2 * mt + 1] = ll[2 * mt + 1] * alpha_1 + ps_1
                     _rescale(acc, mt, alpha_0, alpha_1)
-            for kk in range(KV):
-                for n2 in range(NO // 2):
-                    tc.ldsm_x4_trans(kb, 0, sm, tc.tile_addr(sbase, loff, vofs, S, 16 * kk, 16 * n2), S)
-                    for mt in range(MT):
-                        tc.mma(acc, 4 * (mt * NO + 2 * n2), pa, 4 * (mt * KV + kk), kb[0], kb[1])
-                        tc.mma(acc, 4 * (mt * NO + 2 * n2 + 1), pa, 4 * (mt * KV + kk), kb[2], kb[3])
+            pv(acc, pa, kb, sm, sbase, loff, vofs)  # O += P V
             cuda.syncthreads()  # every warp is done with buffer j % 2 before it is refilled
         # Epilogue: ℓ over the quad; O = acc/ℓ packed to f16 into the warp's own rows of the Q
         # tile (only this warp read them), then copied out 16 bytes per thread.
@@ -256,11 +203,7 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
             inv_0 = float32(1.0) / l_0 if l_0 > 0 else float32(0.0)
             inv_1 = float32(1.0) / l_1 if l_1 > 0 else float32(0.0)
             rl = 16 * (NW * mt + warp) + g
-            for nt in range(NO):
-                x = 4 * (mt * NO + nt)
-                w0 = (QOFF + rl * S + 8 * nt + 2 * t) // 2
-                smw[w0] = tc.pack_f16x2(acc[x] * inv_0, acc[x + 1] * inv_0)
-                smw[w0 + 4 * S] = tc.pack_f16x2(acc[x + 2] * inv_1, acc[x + 3] * inv_1)
+            pack(smw, (QOFF + rl * S + 2 * t) // 2, acc, 4 * mt * NO, inv_0, inv_1)
             if t == 0:
                 row_0 = r0 + rl
                 if row_0 < nq:
@@ -268,11 +211,7 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
                 if row_0 + 8 < nq:
                     lse[b, h, row_0 + 8] = m[2 * mt + 1] * scale + math.log(l_1) if l_1 != 0 else NEG_INF
         cuda.syncthreads()  # the whole O tile is in shared memory
-        for e in range(tid, BR * ch, NT):
-            r = e // ch
-            c = (e % ch) * 8
-            if r0 + r < nq:
-                tc.st_global16_a(o, qbase + (r0 + r) * d + c, sm, sbase, QOFF + r * S + c)
+        q_store(o, qbase, r0, nq, sm, sbase, QOFF, tid)
 
     return fwd, NT, BR
 

@@ -43,6 +43,9 @@ Two barriers per block and half the shared memory of double buffering (d = 64, B
 than one FFMA s·τlog2e − m·τlog2e: the latter loses ~ulp(m·τ log2 e) in every exponent, 4e-4
 relative at logits of 1e4, the former stays exact at any logit size.
 
+The copier (``f32_copier``) and the two FFMA products (``ffma_abt``, ``ffma_ab``) are
+:mod:`kernels.perf._tiles`'s, shared with bwd_fp32_v1.
+
 Every per-thread array (S 4·RM·Bc/8... accumulators, fragments) is indexed by compile-time
 constants in constant-trip loops, d is a compile-time constant, and shared memory is
 addressed by 32-bit window addresses: a thread's base address is computed once and every
@@ -63,10 +66,7 @@ from numba import cuda, float32, types
 
 from ..flash2 import padded_head_dim
 from . import tc
-
-NEG_INF = float32(-math.inf)
-#: Device functions are inlined into the kernel (the simulator's jit has no such option).
-_device = cuda.jit(device=True) if tc.SIM else cuda.jit(device=True, forceinline=True)
+from ._tiles import NEG_INF, f32_copier, ffma_ab, ffma_abt, query_block
 
 
 def _strides(d16: int, bc: int) -> tuple[int, int, int]:
@@ -91,7 +91,6 @@ def _source(D: int, BC: int, NW: int, RM: int, CAUSAL: bool, UNROLL: int = 2):
     RW = 4 * RM  # rows per warp
     KC = D // 4  # 4-dim steps of S = Q Kᵀ
     PC = BC // 4  # 4-key steps of O += P̃ V
-    CH = D // 4  # 16-byte chunks per row of Q, K, V
     NO = RM * NV * 4  # O accumulators per thread
     NS, NQF, NKF, NVF = RM * TN, 4 * RM, 4 * TN, 4 * NV  # local array sizes (literals for Numba)
     QOFF = 0
@@ -100,99 +99,13 @@ def _source(D: int, BC: int, NW: int, RM: int, CAUSAL: bool, UNROLL: int = 2):
     POFF = VOFF + BC * VS
     assert BC % 16 == 0 and D % 4 == 0 and RM >= 1 and 1 <= NW <= tc.MAX_WARPS and UNROLL in (1, 2, 4)
 
-    def copier(NROWS, SROW):
-        """A device function copying an NROWS x D tile (global rows from element offset ``g0``, of
-        which ``left`` exist: the rest are zero-filled) to shared memory at byte address ``sa0``
-        with row stride SROW, 16 bytes per cp.async, chunk e = tid + u·NT at row e // CH."""
-        CP = -(-NROWS * CH // NT)
-        RSTEP = NT // CH if NT % CH == 0 else 0  # rows between a thread's chunks, if constant
-
-        @_device
-        def copy(sm, sa0, g, g0, left, tid):
-            if RSTEP:
-                ra = tid // CH
-                ca = (tid % CH) * 4
-                sa = sa0 + 4 * (ra * SROW + ca)
-                ga = g0 + ra * D + ca
-                la = left - ra
-                if la > (CP - 1) * RSTEP:  # every row this thread copies exists
-                    for u in range(CP):
-                        if NROWS % RSTEP == 0 or ra + u * RSTEP < NROWS:
-                            tc.cp_async16_f32_a(sm, sa + 4 * u * RSTEP * SROW, g, ga + u * RSTEP * D, 4)
-                else:
-                    for u in range(CP):
-                        if NROWS % RSTEP == 0 or ra + u * RSTEP < NROWS:
-                            ok = u * RSTEP < la
-                            tc.cp_async16_f32_a(sm, sa + 4 * u * RSTEP * SROW, g, ga + u * RSTEP * D if ok else 0,
-                                                4 if ok else 0)
-            else:
-                for u in range(CP):
-                    e = tid + u * NT
-                    if CP * NT == NROWS * CH or e < NROWS * CH:
-                        r = e // CH
-                        c = (e % CH) * 4
-                        ok = r < left
-                        tc.cp_async16_f32_a(sm, sa0 + 4 * (r * SROW + c), g, g0 + r * D + c if ok else 0,
-                                            4 if ok else 0)
-
-        return copy
-
-    copy_q = copier(BR, QKS)
-    copy_k = copier(BC, QKS)
-    copy_v = copier(BC, VS)
-
-    @_device
-    def s_step(s, qf, kf, sm, qa, ka, kc, first):
-        """S += Q[:, 4kc:4kc+4] K[:, 4kc:4kc+4]ᵀ for the thread's RM x TN entries (S = that if first)."""
-        for m in range(RM):
-            tc.lds128_f32_a(qf, 4 * m, sm, qa, 4 * m * QKS + 4 * kc)
-        for n in range(TN):
-            tc.lds128_f32_a(kf, 4 * n, sm, ka, 8 * n * QKS + 4 * kc)
-        for m in range(RM):
-            for n in range(TN):
-                a_ = float32(0.0) if first else s[m * TN + n]
-                for e in range(4):
-                    a_ += qf[4 * m + e] * kf[4 * n + e]
-                s[m * TN + n] = a_
-
-    @_device
-    def o_step(acc, qf, vf, sm, pa, va, pc):
-        """O += P̃[:, 4pc:4pc+4] V[4pc:4pc+4, :] for the thread's RM x 4·NV entries."""
-        for m in range(RM):
-            tc.lds128_f32_a(qf, 4 * m, sm, pa, 4 * m * PS + 4 * pc)
-        for e in range(4):
-            for u in range(NV):
-                tc.lds128_f32_a(vf, 4 * u, sm, va, (4 * pc + e) * VS + 32 * u)
-            for m in range(RM):
-                for u in range(NV):
-                    for f in range(4):
-                        acc[(m * NV + u) * 4 + f] += qf[4 * m + e] * vf[4 * u + f]
-
-    # UNROLL steps per loop trip, by nesting calls (LLVM does not unroll loops this large).
-    @_device
-    def s_step2(s, qf, kf, sm, qa, ka, kc, first):
-        s_step(s, qf, kf, sm, qa, ka, kc, False)
-        s_step(s, qf, kf, sm, qa, ka, kc + 1, False)
-
-    @_device
-    def s_step4(s, qf, kf, sm, qa, ka, kc, first):
-        s_step2(s, qf, kf, sm, qa, ka, kc, False)
-        s_step2(s, qf, kf, sm, qa, ka, kc + 2, False)
-
-    @_device
-    def o_step2(acc, qf, vf, sm, pa, va, pc):
-        o_step(acc, qf, vf, sm, pa, va, pc)
-        o_step(acc, qf, vf, sm, pa, va, pc + 1)
-
-    @_device
-    def o_step4(acc, qf, vf, sm, pa, va, pc):
-        o_step2(acc, qf, vf, sm, pa, va, pc)
-        o_step2(acc, qf, vf, sm, pa, va, pc + 2)
-
-    s_block = {1: s_step, 2: s_step2, 4: s_step4}[UNROLL]
-    o_block = {1: o_step, 2: o_step2, 4: o_step4}[UNROLL]
-    KB, KR = (KC - 1) // UNROLL, 1 + (KC - 1) // UNROLL * UNROLL  # step 0 is peeled (S = ...)
-    PB, PR = PC // UNROLL, PC // UNROLL * UNROLL
+    start = query_block(BR, BC, CAUSAL)
+    copy_q = f32_copier(BR, NT, D, QKS)
+    copy_k = f32_copier(BC, NT, D, QKS)
+    copy_v = f32_copier(BC, NT, D, VS)
+    # S = Q Kᵀ: the thread's rows 4m apart, keys 8n apart; O += P̃ V: its rows, columns 32u + (0..3).
+    qk = ffma_abt(RM, TN, 4 * QKS, 8 * QKS, KC, UNROLL)
+    pv = ffma_ab(RM, NV, 4 * PS, VS, PC, UNROLL)
 
     def fwd(q, k, v, o, lse, sl2, scale):
         sm = cuda.shared.array(0, float32)
@@ -201,17 +114,8 @@ def _source(D: int, BC: int, NW: int, RM: int, CAUSAL: bool, UNROLL: int = 2):
         lane = tid & 31
         ty = lane >> 3
         tx = lane & 7
-        i = cuda.gridDim.x - 1 - cuda.blockIdx.x if CAUSAL else cuda.blockIdx.x
-        bh = cuda.blockIdx.y
-        nh = q.shape[1]
-        b = bh // nh
-        h = bh % nh
-        hk = h // (nh // k.shape[1])
-        nq = q.shape[2]
-        nk = k.shape[2]
-        r0 = i * BR
-        shift = nk - nq
-        qbase = ((b * nh + h) * nq) * D
+        i, b, h, hk, nq, nk, shift, r0, nblk = start(q, k)
+        qbase = ((b * q.shape[1] + h) * nq) * D
         kbase = ((b * k.shape[1] + hk) * nk) * D
         sbase = tc.smem_u32_f32(sm)
         rl = warp * RW + ty  # the thread's first row in the block; its rows are rl + 4m
@@ -220,10 +124,6 @@ def _source(D: int, BC: int, NW: int, RM: int, CAUSAL: bool, UNROLL: int = 2):
         va = sbase + 4 * (VOFF + 4 * tx)  # V[0, 4tx]
         pa = sbase + 4 * (POFF + rl * PS)  # P̃[rl, 0]
         pw = pa + 4 * tx  # P̃[rl, tx]
-        tcount = (nk + BC - 1) // BC
-        nblk = tcount
-        if CAUSAL:
-            nblk = min(tcount, max(0, (min(r0 + BR, nq) - 1 + shift + BC) // BC))
         # Q_i and K_0 (rows past N zero-filled), one cp.async group.
         copy_q(sm, sbase + 4 * QOFF, q, qbase + r0 * D, nq - r0, tid)
         if nblk > 0:
@@ -248,11 +148,7 @@ def _source(D: int, BC: int, NW: int, RM: int, CAUSAL: bool, UNROLL: int = 2):
             copy_v(sm, sbase + 4 * VOFF, v, kbase + c0 * D, nk - c0, tid)
             tc.cp_async_commit()  # V_j lands while S_j is computed
             # S = Q Kᵀ: per 4 dims, RM + TN 16-byte loads and 4·RM·TN FFMA.
-            s_step(s, qf, kf, sm, qa, ka, 0, True)
-            for kb in range(KB):
-                s_block(s, qf, kf, sm, qa, ka, 1 + kb * UNROLL, False)
-            for kc in range(KR, KC):
-                s_step(s, qf, kf, sm, qa, ka, kc, False)
+            qk(s, qf, kf, sm, qa, ka)
             if c0 + BC > nk or (CAUSAL and c0 + BC - 1 > r0 + shift):
                 for m in range(RM):
                     row = r0 + rl + 4 * m
@@ -284,10 +180,7 @@ def _source(D: int, BC: int, NW: int, RM: int, CAUSAL: bool, UNROLL: int = 2):
                 copy_k(sm, sbase + 4 * KOFF, k, kbase + (c0 + BC) * D, nk - c0 - BC, tid)
             tc.cp_async_commit()  # K_{j+1} (empty on the last block) lands while O += P̃ V
             # O += P̃ V: per 4 keys, RM loads of P̃, 4·NV of V and 16·RM·NV FFMA.
-            for pb in range(PB):
-                o_block(acc, qf, vf, sm, pa, va, pb * UNROLL)
-            for pc in range(PR, PC):
-                o_step(acc, qf, vf, sm, pa, va, pc)
+            pv(acc, qf, vf, sm, pa, va)
         tc.cp_async_wait(0)
         # Epilogue: ℓ over the lane group, O = acc/ℓ and L = m·τ + log ℓ straight to global memory.
         for m in range(RM):

@@ -189,18 +189,14 @@ def ldsm_x4(r, ri, smem, addr, stride):
 
 
 @cuda.jit(device=True, forceinline=True)
-def ldsm_x4_b(r, ri, smem, addr, stride):
-    _ldsm_a_raw(_ffi.from_buffer(r[ri:]), uint32(addr))
-
-
-@cuda.jit(device=True, forceinline=True)
 def ldsm_x4_trans(r, ri, smem, addr, stride):
     _ldsm_t_a_raw(_ffi.from_buffer(r[ri:]), uint32(addr))
 
 
-@cuda.jit(device=True, forceinline=True)
-def ldsm_x4_trans_b(r, ri, smem, addr, stride):
-    _ldsm_t_a_raw(_ffi.from_buffer(r[ri:]), uint32(addr))
+# The ``_b`` forms differ only in the lane offsets folded into ``addr`` (:func:`lane_offset_b`):
+# on the GPU the same instruction.
+ldsm_x4_b = ldsm_x4
+ldsm_x4_trans_b = ldsm_x4_trans
 
 
 @cuda.jit(device=True, forceinline=True)

@@ -115,24 +115,16 @@ def opaque_u32(x):
 # ``lane_offset``): ``addr`` is twice the element offset of the tile's first element.
 
 
-@cuda.jit(device=True)
-def ldsm_x4(r, ri, smem, addr, stride):
-    _ldsm(r, ri, smem, addr // 2, stride, 0, 0, False)
+def _ldsm_twin(trans, border):
+    @cuda.jit(device=True)
+    def ldsm(r, ri, smem, addr, stride):
+        _ldsm(r, ri, smem, addr // 2, stride, 0, 0, trans, border)
+
+    return ldsm
 
 
-@cuda.jit(device=True)
-def ldsm_x4_b(r, ri, smem, addr, stride):
-    _ldsm(r, ri, smem, addr // 2, stride, 0, 0, False, True)
-
-
-@cuda.jit(device=True)
-def ldsm_x4_trans(r, ri, smem, addr, stride):
-    _ldsm(r, ri, smem, addr // 2, stride, 0, 0, True)
-
-
-@cuda.jit(device=True)
-def ldsm_x4_trans_b(r, ri, smem, addr, stride):
-    _ldsm(r, ri, smem, addr // 2, stride, 0, 0, True, True)
+ldsm_x4, ldsm_x4_b = _ldsm_twin(False, False), _ldsm_twin(False, True)
+ldsm_x4_trans, ldsm_x4_trans_b = _ldsm_twin(True, False), _ldsm_twin(True, True)
 
 
 @cuda.jit(device=True)
@@ -159,19 +151,29 @@ def cp_async_wait(pending):
     pass
 
 
-def _quad(x, y, op):
+def _lanes(n, op, *xs):
+    """op over the n lanes n·(l // n) .. + n - 1 of each of the values xs (quad: n = 4, octet: 8)."""
     warp, lane = _lane()
     tid = warp * 32 + lane
     with _ALLOC_LOCK:
-        sx = cuda.shared.array(32 * MAX_WARPS, float32)
-        sy = cuda.shared.array(32 * MAX_WARPS, float32)
-    sx[tid] = x
-    sy[tid] = y
+        sx = cuda.shared.array((2, 32 * MAX_WARPS), float32)
+    for i, x in enumerate(xs):
+        sx[i, tid] = x
     cuda.syncthreads()
-    q = tid - tid % 4
-    rx, ry = op(sx[q:q + 4]), op(sy[q:q + 4])
+    q = tid - tid % n
+    r = tuple(float32(op(sx[i, q:q + n])) for i in range(len(xs)))
     cuda.syncthreads()
-    return float32(rx), float32(ry)
+    return r
+
+
+def _tree_sum(v):
+    # the butterfly's order: lanes (0+1)+(2+3) ... in float32, as the shuffles on the GPU
+    a = [np.float32(x) for x in v]
+    step = 1
+    while step < len(a):
+        a = [a[i] + a[i ^ step] for i in range(len(a))]
+        step *= 2
+    return a[0]
 
 
 _RED_LOCK = threading.Lock()
@@ -197,12 +199,12 @@ def red_v4(g, off, a, b, c, d):
 
 @cuda.jit(device=True)
 def quad_max2(x, y):
-    return _quad(x, y, np.max)
+    return _lanes(4, np.max, x, y)
 
 
 @cuda.jit(device=True)
 def quad_sum2(x, y):
-    return _quad(x, y, lambda v: np.float32(v[0] + v[1] + v[2] + v[3]))
+    return _lanes(4, _tree_sum, x, y)
 
 
 @cuda.jit(device=True)
@@ -241,34 +243,14 @@ def cp_async16_f32_a(smem, a, gmem, goff, nvalid):
         smem[base + e] = flat[goff + e] if e < nvalid else 0.0
 
 
-def _oct(x, op):
-    warp, lane = _lane()
-    tid = warp * 32 + lane
-    with _ALLOC_LOCK:
-        sx = cuda.shared.array(32 * MAX_WARPS, float32)
-    sx[tid] = x
-    cuda.syncthreads()
-    g = tid - tid % 8
-    r = op(sx[g:g + 8])
-    cuda.syncthreads()
-    return float32(r)
-
-
-def _tree_sum8(v):
-    # the butterfly's order: lanes (0+1)+(2+3) ... in float32, as the shuffles on the GPU
-    a = [np.float32(v[i]) + np.float32(v[i ^ 1]) for i in range(8)]
-    b = [a[i] + a[i ^ 2] for i in range(8)]
-    return b[0] + b[4]
-
-
 @cuda.jit(device=True)
 def oct_max(x):
-    return _oct(x, np.max)
+    return _lanes(8, np.max, x)[0]
 
 
 @cuda.jit(device=True)
 def oct_sum(x):
-    return _oct(x, _tree_sum8)
+    return _lanes(8, _tree_sum, x)[0]
 
 
 def _tf32_trunc(x) -> np.ndarray:
