@@ -1,0 +1,285 @@
+"""The fast decode kernel (split-KV, paged, variable length, GQA-packed, windowed), v1.
+
+Same schedule and combine as the readable kernel (``kernels/decode.py``, whose module docstring
+states it), with the key block Bc = T (64 keys for 2-byte precisions, 32 for fp32, smaller where
+the query rows need the room), and the work inside a block arranged for a memory-bound loop:
+
+* grid (S, B·Hkv), 128 threads; the number of splits S, unless given, fills the GPU: about four
+  thread blocks per SM (:func:`default_splits`), each split at least four key blocks long;
+* K_T and V_T tiles are loaded by all 128 threads, consecutive threads on consecutive elements of
+  a row (a warp loads 64 contiguous bytes of fp16 per instruction: whole sectors), into shared
+  memory in the input precision with rows padded to an odd number of 4-byte words (the score loop
+  has consecutive threads on consecutive keys: no bank conflicts);
+* Q is held in shared memory in float32, multiplied by the softmax scale once;
+* the products are register-blocked by four query rows: a thread takes (key c, rows 4i..4i+3) of
+  S = Q Kᵀ and loads K[c, x] once for four FMAs, and (dim x, rows 4i..4i+3) of P·V, loading
+  V[c, x] once for four FMAs; the padded rows (g·Nq rounded up to 4) are zeros never written;
+* the online softmax is split into a per-row max, an exponent over all (row, key) pairs by all
+  threads, and a per-row sum (one thread per row walks T values twice, not 3T).
+
+No warp shuffles (the kernel runs as is under the CUDA simulator).  bf16 as in the reference
+kernel: int16 bits widened in the kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+
+import numpy as np
+from numba import cuda, float32, int32
+
+from .. import decode as ref
+
+NT = 128
+SMEM_LIMIT = ref.SMEM_LIMIT
+NEG_INF = ref.NEG_INF
+ZERO = ref.ZERO
+#: Thread blocks per SM the default split count aims at.
+BLOCKS_PER_SM = 4
+#: Fewest key blocks a split gets from :func:`default_splits`.
+MIN_BLOCKS_PER_SPLIT = 4
+
+
+def _kstride(dt: str, d: int) -> int:
+    """Row length of the K, V tiles in shared memory: an odd number of 4-byte words."""
+    if ref._EB[dt] == 4:
+        return d + (1 - d % 2)
+    w = -(-d // 2)
+    return 2 * (w + (1 - w % 2))
+
+
+def rows_padded(rows: int) -> int:
+    return -(-rows // 4) * 4
+
+
+def smem_bytes(dt: str, d: int, rows: int, t: int, page_size: int) -> int:
+    rp = rows_padded(rows)
+    pages = t // page_size + 2 if page_size else 1
+    return (ref._EB[dt] * 2 * t * _kstride(dt, d) + 4 * (rp * d + rp * (t + 1) + rp * d + 3 * rp + 4 * pages))
+
+
+def tile_keys(dt: str, d: int, rows: int, page_size: int = 0) -> int | None:
+    """The key tile T (= Bc) of the fast kernel, or None if even 16 keys do not fit 48 KB."""
+    for t in ((64, 32, 16) if ref._EB[dt] == 2 else (32, 16)):
+        if smem_bytes(dt, d, rows, t, page_size) <= SMEM_LIMIT:
+            return t
+    return None
+
+
+def supports(dt: str, d: int, rows: int, page_size: int = 0) -> bool:
+    return dt in ref.DTYPES and tile_keys(dt, d, rows, page_size) is not None
+
+
+def sm_count() -> int:
+    try:
+        return int(cuda.get_current_device().MULTIPROCESSOR_COUNT)
+    except Exception:  # the simulator has no such attribute
+        return 132
+
+
+def default_splits(batch: int, kv_heads: int, longest_blocks: int, sms: int | None = None) -> int:
+    """Splits that give about BLOCKS_PER_SM thread blocks per SM, none shorter than
+    MIN_BLOCKS_PER_SPLIT key blocks, at most ``ref.MAX_SPLITS``."""
+    sms = sm_count() if sms is None else sms
+    want = -(-BLOCKS_PER_SM * sms // max(1, batch * kv_heads))
+    cap = max(1, longest_blocks // MIN_BLOCKS_PER_SPLIT)
+    return int(max(1, min(want, cap, ref.MAX_SPLITS)))
+
+
+def _source(dt, D, T, G, NQ, PAGED, SPLIT, WINDOW, CAUSAL, PSZ):
+    ST = ref._ST[dt]
+    LD = ref.loader(dt)
+    CV = ref.storer(dt)
+    ROWS = G * NQ
+    RP = rows_padded(ROWS)
+    RC = RP // 4  # row chunks of four
+    KS = _kstride(dt, D)
+    TS = T + 1
+    NPG = T // PSZ + 2 if PAGED else 1
+
+    def decode_fast(q, k, v, bt, lens, o, lse, op, lp, scale, wl, wr):
+        s = cuda.blockIdx.x
+        nsplit = cuda.gridDim.x
+        bh = cuda.blockIdx.y
+        tid = cuda.threadIdx.x
+        hkv = v.shape[2] if PAGED else v.shape[1]
+        b = bh // hkv
+        h = bh % hkv
+        length = lens[b]
+        lo = max(0, length - NQ - wl) if WINDOW and wl >= 0 else 0
+        j0 = lo // T
+        nblk = (length - 1) // T - j0 + 1
+        bps = (nblk + nsplit - 1) // nsplit
+        a = min(nblk, s * bps)
+        e = min(nblk, (s + 1) * bps)
+        sK = cuda.shared.array((T, KS), ST)
+        sV = cuda.shared.array((T, KS), ST)
+        sQ = cuda.shared.array((RP, D), float32)
+        sS = cuda.shared.array((RP, TS), float32)
+        sAcc = cuda.shared.array((RP, D), float32)
+        sM = cuda.shared.array(RP, float32)
+        sL = cuda.shared.array(RP, float32)
+        sAlpha = cuda.shared.array(RP, float32)
+        sPage = cuda.shared.array(NPG, int32)
+
+        for x in range(tid, RP * D, NT):
+            r = x // D
+            c = x % D
+            val = ZERO
+            if r < ROWS and e > a:
+                val = LD(q[b, h * G + r // NQ, r % NQ, c]) * scale
+            sQ[r, c] = val
+            sAcc[r, c] = ZERO
+        for r in range(tid, RP, NT):
+            sM[r] = NEG_INF
+            sL[r] = ZERO
+        for jj in range(a, e):
+            c0 = (j0 + jj) * T
+            cols = min(T, length - c0)
+            if PAGED:
+                p0 = c0 // PSZ
+                npages = (c0 + cols - 1) // PSZ - p0 + 1
+                for t in range(tid, npages, NT):
+                    sPage[t] = bt[b, p0 + t]
+                cuda.syncthreads()  # page numbers in before the gather
+            # K_T, V_T: consecutive threads on consecutive elements of a row.
+            for x in range(tid, cols * D, NT):
+                c = x // D
+                t = x % D
+                if PAGED:
+                    jrow = c0 + c
+                    page = sPage[jrow // PSZ - p0]
+                    sK[c, t] = k[page, jrow % PSZ, h, t]
+                    sV[c, t] = v[page, jrow % PSZ, h, t]
+                else:
+                    sK[c, t] = k[b, h, c0 + c, t]
+                    sV[c, t] = v[b, h, c0 + c, t]
+            cuda.syncthreads()  # tiles (and Q, the first time) in shared memory
+            # S = (τQ) Kᵀ, four rows per thread; -inf where masked or past the cache.
+            for it in range(tid, T * RC, NT):
+                c = it % T
+                r0 = (it // T) * 4
+                s0 = ZERO
+                s1 = ZERO
+                s2 = ZERO
+                s3 = ZERO
+                if c < cols:
+                    for t in range(D):
+                        kx = LD(sK[c, t])
+                        s0 += sQ[r0, t] * kx
+                        s1 += sQ[r0 + 1, t] * kx
+                        s2 += sQ[r0 + 2, t] * kx
+                        s3 += sQ[r0 + 3, t] * kx
+                j = c0 + c
+                for i in range(4):
+                    r = r0 + i
+                    pos = length - NQ + r % NQ
+                    ok = c < cols
+                    if CAUSAL:
+                        ok = ok and j <= pos
+                    if WINDOW:
+                        ok = ok and (wl < 0 or j >= pos - wl) and (wr < 0 or j <= pos + wr)
+                    val = s0 if i == 0 else (s1 if i == 1 else (s2 if i == 2 else s3))
+                    sS[r, c] = val if ok else NEG_INF
+            cuda.syncthreads()  # S complete
+            for r in range(tid, RP, NT):
+                m_old = sM[r]
+                m_new = m_old
+                for c in range(T):
+                    if sS[r, c] > m_new:
+                        m_new = sS[r, c]
+                m_use = m_new if m_new != NEG_INF else ZERO
+                sAlpha[r] = math.exp(m_old - m_use)
+                sM[r] = m_new
+            cuda.syncthreads()  # the new maxima are in
+            for it in range(tid, RP * T, NT):
+                r = it // T
+                c = it % T
+                m_new = sM[r]
+                sS[r, c] = math.exp(sS[r, c] - (m_new if m_new != NEG_INF else ZERO))
+            cuda.syncthreads()  # P̃ complete
+            for r in range(tid, RP, NT):
+                lsum = ZERO
+                for c in range(T):
+                    lsum += sS[r, c]
+                sL[r] = sL[r] * sAlpha[r] + lsum
+            # acc = α acc + P̃ V, four rows per thread (reads P̃ and α, not ℓ: no barrier needed)
+            for it in range(tid, D * RC, NT):
+                t = it % D
+                r0 = (it // D) * 4
+                a0 = sAcc[r0, t] * sAlpha[r0]
+                a1 = sAcc[r0 + 1, t] * sAlpha[r0 + 1]
+                a2 = sAcc[r0 + 2, t] * sAlpha[r0 + 2]
+                a3 = sAcc[r0 + 3, t] * sAlpha[r0 + 3]
+                for c in range(cols):
+                    vx = LD(sV[c, t])
+                    a0 += sS[r0, c] * vx
+                    a1 += sS[r0 + 1, c] * vx
+                    a2 += sS[r0 + 2, c] * vx
+                    a3 += sS[r0 + 3, c] * vx
+                sAcc[r0, t] = a0
+                sAcc[r0 + 1, t] = a1
+                sAcc[r0 + 2, t] = a2
+                sAcc[r0 + 3, t] = a3
+            cuda.syncthreads()  # P̃, α, V_T, ℓ done with before the next tile
+        cuda.syncthreads()
+        for x in range(tid, ROWS * D, NT):
+            r = x // D
+            t = x % D
+            l_r = sL[r]
+            val = ZERO if l_r == ZERO else sAcc[r, t] / l_r
+            if SPLIT:
+                op[s, b, h * G + r // NQ, r % NQ, t] = val
+            else:
+                o[b, h * G + r // NQ, r % NQ, t] = CV(val)
+        for r in range(tid, ROWS, NT):
+            l_r = sL[r]
+            val = NEG_INF if l_r == ZERO else sM[r] + math.log(l_r)
+            if SPLIT:
+                lp[s, b, h * G + r // NQ, r % NQ] = val
+            else:
+                lse[b, h * G + r // NQ, r % NQ] = val
+
+    return decode_fast
+
+
+@cache
+def kernel(dt, d, t, g, nq, paged, split, window, causal, psz):
+    return cuda.jit(_source(dt, d, t, g, nq, paged, split, window, causal, psz))
+
+
+def forward(q, k_cache, v_cache, *, cache_seqlens=None, cu_seqlens_k=None, block_table=None, page_size=None,
+            num_splits=None, window=None, causal=True, scale=None, stream=None, _plan=None):
+    """The fast decode: see :func:`kernels.decode_attention` (``impl="fast"``)."""
+    p = _plan or ref.plan(q, k_cache, v_cache, cache_seqlens=cache_seqlens, cu_seqlens_k=cu_seqlens_k,
+                          block_table=block_table, page_size=page_size, window=window, causal=causal,
+                          scale=scale, stream=stream)
+    rows = p.group * p.nq
+    t = tile_keys(p.dt, p.d, rows, p.page_size)
+    if t is None:
+        raise ValueError(f"impl='fast': head_dim={p.d} with {rows} query rows per kv head does not fit "
+                         f"{SMEM_LIMIT} bytes of shared memory")
+    if num_splits is None:
+        longest = max(ref.visible_blocks(int(n), p.nq, t, p.left)[1] for n in p.lengths)
+        splits = default_splits(p.b, p.hkv, longest)
+    else:
+        splits = ref.check_splits(p, num_splits, t)
+    if p.b * p.hkv > 65535:
+        raise ValueError(f"batch*kv_heads={p.b * p.hkv}: at most 65535")
+    o, o_res = p.empty((p.b, p.hq, p.nq, p.d), p.dt)
+    lse, lse_res = p.empty((p.b, p.hq, p.nq), np.float32)
+    split = splits > 1
+    if split:
+        op, _ = p.empty((splits, p.b, p.hq, p.nq, p.d), np.float32)
+        lp, _ = p.empty((splits, p.b, p.hq, p.nq), np.float32)
+    else:
+        op = cuda.device_array((1, 1, 1, 1, 1), np.float32, stream=p.stream)
+        lp = cuda.device_array((1, 1, 1, 1), np.float32, stream=p.stream)
+    kern = kernel(p.dt, p.d, t, p.group, p.nq, p.page_size > 0, split, p.windowed, p.causal, max(p.page_size, 1))
+    kern[(splits, p.b * p.hkv), NT, p.stream](p.q, p.k, p.v, p.bt, p.lens, o, lse, op, lp, float32(p.scale),
+                                               p.left, p.right)
+    if split:
+        cnt = cuda.device_array((1, 2), np.int64, stream=p.stream)
+        ref.run_combine(p, op, lp, o, lse, splits, cnt, False)
+    return p.out(o_res, p.dt), p.out(lse_res, "fp32")
