@@ -363,38 +363,39 @@ def _main_source(dt, DP, BC, G, NQ, PAGED, SPLIT, WINDOW, CAUSAL, COUNT, PSZ):
     return decode_main
 
 
-def _combine_source(dt, NSPLIT, COUNT):
+def _combine_source(dt, COUNT):
     CV = storer(dt)
 
     def decode_combine(op, lp, o, lse, counters):
-        # Grid (B·Hq·Nq): block x combines the NSPLIT partial results of one query row:
+        # Grid (B·Hq·Nq): block x combines the S partial results of one query row:
         # m = max_s Lp_s, w_s = exp(Lp_s - m), O = Σ_s w_s Op_s / Σ_s w_s, L = m + log Σ_s w_s.
         x = cuda.blockIdx.x
         tid = cuda.threadIdx.x
+        nsplit = op.shape[0]
         nh = o.shape[1]
         nq = o.shape[2]
         d = o.shape[3]
         b = x // (nh * nq)
         hq = (x // nq) % nh
         i = x % nq
-        sW = cuda.shared.array(NSPLIT, float32)
+        sW = cuda.shared.array(MAX_SPLITS, float32)
         sTot = cuda.shared.array(2, float32)
-        for s in range(tid, NSPLIT, NT):
+        for s in range(tid, nsplit, NT):
             sW[s] = lp[s, b, hq, i]
         if COUNT and tid == 0:
-            cuda.atomic.add(counters, (ILP, READ), NSPLIT)
-            cuda.atomic.add(counters, (IOP, READ), NSPLIT * d)
+            cuda.atomic.add(counters, (ILP, READ), nsplit)
+            cuda.atomic.add(counters, (IOP, READ), nsplit * d)
             cuda.atomic.add(counters, (IO, WRITE), d)
             cuda.atomic.add(counters, (IL, WRITE), 1)
         cuda.syncthreads()  # every split's Lp is in
         if tid == 0:
             m = NEG_INF
-            for s in range(NSPLIT):
+            for s in range(nsplit):
                 if sW[s] > m:
                     m = sW[s]
             m_use = m if m != NEG_INF else ZERO
             tot = ZERO
-            for s in range(NSPLIT):
+            for s in range(nsplit):
                 w = math.exp(sW[s] - m_use)
                 sW[s] = w
                 tot += w
@@ -404,7 +405,7 @@ def _combine_source(dt, NSPLIT, COUNT):
         tot = sTot[0]
         for t in range(tid, d, NT):
             acc = ZERO
-            for s in range(NSPLIT):
+            for s in range(nsplit):
                 w = sW[s]
                 if w != ZERO:
                     acc += w * op[s, b, hq, i, t]
@@ -421,8 +422,8 @@ def main_kernel(dt, dp, bc, g, nq, paged, split, window, causal, count, psz):
 
 
 @cache
-def combine_kernel(dt, nsplit, count):
-    return cuda.jit(_combine_source(dt, nsplit, count))
+def combine_kernel(dt, count):
+    return cuda.jit(_combine_source(dt, count))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -702,7 +703,7 @@ def counter_array(counters, stream):
 
 
 def run_combine(p: Plan, op, lp, o, lse, splits: int, cnt, count: bool):
-    kern = combine_kernel(p.dt, splits, count)
+    kern = combine_kernel(p.dt, count)
     kern[p.b * p.hq * p.nq, NT, p.stream](op, lp, o, lse, cnt)
 
 

@@ -11,9 +11,10 @@ the query rows need the room), and the work inside a block arranged for a memory
   memory in the input precision with rows padded to an odd number of 4-byte words (the score loop
   has consecutive threads on consecutive keys: no bank conflicts);
 * Q is held in shared memory in float32, multiplied by the softmax scale once;
-* the products are register-blocked by four query rows: a thread takes (key c, rows 4i..4i+3) of
-  S = Q Kᵀ and loads K[c, x] once for four FMAs, and (dim x, rows 4i..4i+3) of P·V, loading
-  V[c, x] once for four FMAs; the padded rows (g·Nq rounded up to 4) are zeros never written;
+* the products are register-blocked by RB query rows (the power of two >= g·Nq, at most 8): a
+  thread takes (key c, rows RB·i .. RB·i + RB - 1) of S = Q Kᵀ and loads K[c, x] once for RB FMAs,
+  and (dim x, the same rows) of P·V, loading V[c, x] once for RB FMAs; the padded rows (g·Nq
+  rounded up to RB) are zeros, never written;
 * the online softmax is split into a per-row max, an exponent over all (row, key) pairs by all
   threads, and a per-row sum (one thread per row walks T values twice, not 3T).
 
@@ -49,8 +50,17 @@ def _kstride(dt: str, d: int) -> int:
     return 2 * (w + (1 - w % 2))
 
 
+def row_block(rows: int) -> int:
+    """Query rows per thread in the products: the power of two >= rows, at most 8."""
+    rb = 1
+    while rb < min(rows, 8):
+        rb *= 2
+    return rb
+
+
 def rows_padded(rows: int) -> int:
-    return -(-rows // 4) * 4
+    rb = row_block(rows)
+    return -(-rows // rb) * rb
 
 
 def smem_bytes(dt: str, d: int, rows: int, t: int, page_size: int) -> int:
@@ -92,8 +102,9 @@ def _source(dt, D, T, G, NQ, PAGED, SPLIT, WINDOW, CAUSAL, PSZ):
     LD = ref.loader(dt)
     CV = ref.storer(dt)
     ROWS = G * NQ
+    RB = row_block(ROWS)  # rows per thread in the products
     RP = rows_padded(ROWS)
-    RC = RP // 4  # row chunks of four
+    RC = RP // RB  # row chunks
     KS = _kstride(dt, D)
     TS = T + 1
     NPG = T // PSZ + 2 if PAGED else 1
@@ -156,23 +167,21 @@ def _source(dt, D, T, G, NQ, PAGED, SPLIT, WINDOW, CAUSAL, PSZ):
                     sK[c, t] = k[b, h, c0 + c, t]
                     sV[c, t] = v[b, h, c0 + c, t]
             cuda.syncthreads()  # tiles (and Q, the first time) in shared memory
-            # S = (τQ) Kᵀ, four rows per thread; -inf where masked or past the cache.
+            # S = (τQ) Kᵀ, RB rows per thread (K[c, x] loaded once for RB FMAs); -inf where masked
+            # or past the cache.
             for it in range(tid, T * RC, NT):
                 c = it % T
-                r0 = (it // T) * 4
-                s0 = ZERO
-                s1 = ZERO
-                s2 = ZERO
-                s3 = ZERO
+                r0 = (it // T) * RB
+                acc = cuda.local.array(RB, float32)
+                for i in range(RB):
+                    acc[i] = ZERO
                 if c < cols:
                     for t in range(D):
                         kx = LD(sK[c, t])
-                        s0 += sQ[r0, t] * kx
-                        s1 += sQ[r0 + 1, t] * kx
-                        s2 += sQ[r0 + 2, t] * kx
-                        s3 += sQ[r0 + 3, t] * kx
+                        for i in range(RB):
+                            acc[i] += sQ[r0 + i, t] * kx
                 j = c0 + c
-                for i in range(4):
+                for i in range(RB):
                     r = r0 + i
                     pos = length - NQ + r % NQ
                     ok = c < cols
@@ -180,8 +189,7 @@ def _source(dt, D, T, G, NQ, PAGED, SPLIT, WINDOW, CAUSAL, PSZ):
                         ok = ok and j <= pos
                     if WINDOW:
                         ok = ok and (wl < 0 or j >= pos - wl) and (wr < 0 or j <= pos + wr)
-                    val = s0 if i == 0 else (s1 if i == 1 else (s2 if i == 2 else s3))
-                    sS[r, c] = val if ok else NEG_INF
+                    sS[r, c] = acc[i] if ok else NEG_INF
             cuda.syncthreads()  # S complete
             for r in range(tid, RP, NT):
                 m_old = sM[r]
@@ -204,24 +212,20 @@ def _source(dt, D, T, G, NQ, PAGED, SPLIT, WINDOW, CAUSAL, PSZ):
                 for c in range(T):
                     lsum += sS[r, c]
                 sL[r] = sL[r] * sAlpha[r] + lsum
-            # acc = α acc + P̃ V, four rows per thread (reads P̃ and α, not ℓ: no barrier needed)
+            # acc = α acc + P̃ V, RB rows per thread (V[c, x] loaded once for RB FMAs); reads P̃ and
+            # α, not ℓ: no barrier after the sums
             for it in range(tid, D * RC, NT):
                 t = it % D
-                r0 = (it // D) * 4
-                a0 = sAcc[r0, t] * sAlpha[r0]
-                a1 = sAcc[r0 + 1, t] * sAlpha[r0 + 1]
-                a2 = sAcc[r0 + 2, t] * sAlpha[r0 + 2]
-                a3 = sAcc[r0 + 3, t] * sAlpha[r0 + 3]
+                r0 = (it // D) * RB
+                acc = cuda.local.array(RB, float32)
+                for i in range(RB):
+                    acc[i] = sAcc[r0 + i, t] * sAlpha[r0 + i]
                 for c in range(cols):
                     vx = LD(sV[c, t])
-                    a0 += sS[r0, c] * vx
-                    a1 += sS[r0 + 1, c] * vx
-                    a2 += sS[r0 + 2, c] * vx
-                    a3 += sS[r0 + 3, c] * vx
-                sAcc[r0, t] = a0
-                sAcc[r0 + 1, t] = a1
-                sAcc[r0 + 2, t] = a2
-                sAcc[r0 + 3, t] = a3
+                    for i in range(RB):
+                        acc[i] += sS[r0 + i, c] * vx
+                for i in range(RB):
+                    sAcc[r0 + i, t] = acc[i]
             cuda.syncthreads()  # P̃, α, V_T, ℓ done with before the next tile
         cuda.syncthreads()
         for x in range(tid, ROWS * D, NT):
