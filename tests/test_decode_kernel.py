@@ -272,3 +272,21 @@ def test_gpu_long_cache_torch(hkv, g):
             errs.append(((o_ref[bb].double() - want).norm() / want.norm()).item())
         print(f"{name} hkv={hkv} g={g}: rel errs {errs}")
         assert max(errs) < (2e-3 if name == "fp16" else 1.6e-2)
+
+
+def test_decode_measure_set_and_worker_call():
+    """The `flashsim measure --set decode` configurations are distinct and valid (splits within the
+    key blocks, pages dividing nothing they must not), and the worker's call runs a tiny one under
+    the simulator to the float64 result."""
+    from analysis.configs import SETS, config_id
+    from analysis.worker import _decode_call
+
+    cfgs = SETS["decode"]()
+    assert len({config_id(c) for c in cfgs}) == len(cfgs) == 11
+    for c in cfgs:
+        assert c["kernel"] == "decode" and c["heads"] == 8 * c["kv_heads"]
+        assert c["num_splits"] <= visible_blocks(c["seq_len_k"], c["seq_len_q"], c["block_n"], -1)[1]
+    tiny = dict(cfgs[-1], batch=1, heads=2, kv_heads=1, seq_len_k=40, num_splits=2, block_n=16, page_size=8,
+                head_dim=8)
+    o, lse = _decode_call(tiny, np.random.default_rng(0))()
+    assert o.shape == (1, 2, 1, 8) and np.isfinite(o.copy_to_host()).all()
