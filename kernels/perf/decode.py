@@ -1,4 +1,4 @@
-"""The fast decode kernel (split-KV, paged, variable length, GQA-packed, windowed), v1.
+"""The fast decode kernel (split-KV, paged, variable length, GQA-packed, windowed), v2.
 
 Same schedule and combine as the readable kernel (``kernels/decode.py``, whose module docstring
 states it), with the key block Bc = T (64 keys for 2-byte precisions, 32 for fp32, smaller where
@@ -6,20 +6,25 @@ the query rows need the room), and the work inside a block arranged for a memory
 
 * grid (S, B·Hkv), 128 threads; the number of splits S, unless given, fills the GPU: about four
   thread blocks per SM (:func:`default_splits`), each split at least four key blocks long;
-* K_T and V_T tiles are loaded by all 128 threads, consecutive threads on consecutive elements of
-  a row (a warp loads 64 contiguous bytes of fp16 per instruction: whole sectors), into shared
-  memory in the input precision with rows padded to an odd number of 4-byte words (the score loop
-  has consecutive threads on consecutive keys: no bank conflicts);
-* Q is held in shared memory in float32, multiplied by the softmax scale once;
+* K_T and V_T are loaded by all 128 threads from flat views of the caches, consecutive threads on
+  consecutive elements of a row (a warp moves 64 contiguous bytes of fp16 per instruction: whole
+  sectors); where d divides 128 each thread keeps one column and walks the rows, so the loads of
+  a tile are unrolled with immediate offsets, 16 in flight per thread (sm_90 SASS, ptxas 13.0);
+  into shared memory in the input precision, rows padded to an odd number of 4-byte words;
+* τQ and S (then P̃) are kept transposed in shared memory, [x, row] and [key, row], 16-byte
+  aligned, so that the RB query rows one thread works on are consecutive words (``LDS.128``);
 * the products are register-blocked by RB query rows (the power of two >= g·Nq, at most 8): a
-  thread takes (key c, rows RB·i .. RB·i + RB - 1) of S = Q Kᵀ and loads K[c, x] once for RB FMAs,
-  and (dim x, the same rows) of P·V, loading V[c, x] once for RB FMAs; the padded rows (g·Nq
-  rounded up to RB) are zeros, never written;
+  thread takes (key c, RB rows) of S = Q Kᵀ and loads K[c, x] once for RB FMAs, and (dim x, the
+  same rows) of P·V, loading V[c, x] once for RB FMAs; the padded rows (g·Nq rounded up to RB) are
+  zeros, never written; the inner loops run on unsigned counters and flat arrays, which keeps
+  Numba's negative-index wraparound out of them (about 1.5 instructions per FMA in the SASS at
+  g = 8, d = 128, against 5.6 in v1);
 * the online softmax is split into a per-row max, an exponent over all (row, key) pairs by all
-  threads, and a per-row sum (one thread per row walks T values twice, not 3T).
+  threads, and a per-row sum.
 
 No warp shuffles (the kernel runs as is under the CUDA simulator).  bf16 as in the reference
-kernel: int16 bits widened in the kernel.
+kernel: int16 bits widened in the kernel.  v1 (2-D shared arrays with signed indices, Q and S
+row-major, one element a thread per step of the tile load) is read at commit d983c1c.
 """
 
 from __future__ import annotations
@@ -28,11 +33,15 @@ import math
 from functools import cache
 
 import numpy as np
-from numba import cuda, float32, int32
+from numba import cuda, float32, int32, uint64
 
 from .. import decode as ref
 
 NT = 128
+U = uint64
+#: Alignment (bytes) of the transposed Q and S arrays, so that a thread's RB consecutive words can
+#: be read as vectors; none under the simulator (where kernels/_sim.py locks only unaligned arrays).
+ALIGN = None if ref.SIM else 16
 SMEM_LIMIT = ref.SMEM_LIMIT
 NEG_INF = ref.NEG_INF
 ZERO = ref.ZERO
@@ -106,15 +115,15 @@ def _source(dt, D, T, G, NQ, PAGED, SPLIT, WINDOW, CAUSAL, PSZ):
     RP = rows_padded(ROWS)
     RC = RP // RB  # row chunks
     KS = _kstride(dt, D)
-    TS = T + 1
+    NKV, NQT, NPT = T * KS, D * RP, T * RP  # flat shared array sizes
     NPG = T // PSZ + 2 if PAGED else 1
 
-    def decode_fast(q, k, v, bt, lens, o, lse, op, lp, scale, wl, wr):
+    def decode_fast(q, k, v, bt, lens, o, lse, op, lp, scale, wl, wr, hkv, nkmax):
+        # k, v: flat (1-D) views of the caches, (B, Hkv, nkmax, D) or (pages, PSZ, Hkv, D).
         s = cuda.blockIdx.x
         nsplit = cuda.gridDim.x
         bh = cuda.blockIdx.y
         tid = cuda.threadIdx.x
-        hkv = v.shape[2] if PAGED else v.shape[1]
         b = bh // hkv
         h = bh % hkv
         length = lens[b]
@@ -124,10 +133,13 @@ def _source(dt, D, T, G, NQ, PAGED, SPLIT, WINDOW, CAUSAL, PSZ):
         bps = (nblk + nsplit - 1) // nsplit
         a = min(nblk, s * bps)
         e = min(nblk, (s + 1) * bps)
-        sK = cuda.shared.array((T, KS), ST)
-        sV = cuda.shared.array((T, KS), ST)
-        sQ = cuda.shared.array((RP, D), float32)
-        sS = cuda.shared.array((RP, TS), float32)
+        # Flat shared arrays indexed by unsigned offsets (a signed index costs Numba's negative-
+        # index wraparound on every access): K, V [c·KS + x]; τQ transposed [x·RP + r] and S, P̃
+        # transposed [c·RP + r], so that the RB rows of one thread sit in consecutive words.
+        sK = cuda.shared.array(NKV, ST)
+        sV = cuda.shared.array(NKV, ST)
+        sQT = cuda.shared.array(NQT, float32, alignment=ALIGN)
+        sPT = cuda.shared.array(NPT, float32, alignment=ALIGN)
         sAcc = cuda.shared.array((RP, D), float32)
         sM = cuda.shared.array(RP, float32)
         sL = cuda.shared.array(RP, float32)
@@ -140,7 +152,7 @@ def _source(dt, D, T, G, NQ, PAGED, SPLIT, WINDOW, CAUSAL, PSZ):
             val = ZERO
             if r < ROWS and e > a:
                 val = LD(q[b, h * G + r // NQ, r % NQ, c]) * scale
-            sQ[r, c] = val
+            sQT[U(c) * U(RP) + U(r)] = val
             sAcc[r, c] = ZERO
         for r in range(tid, RP, NT):
             sM[r] = NEG_INF
@@ -154,18 +166,37 @@ def _source(dt, D, T, G, NQ, PAGED, SPLIT, WINDOW, CAUSAL, PSZ):
                 for t in range(tid, npages, NT):
                     sPage[t] = bt[b, p0 + t]
                 cuda.syncthreads()  # page numbers in before the gather
-            # K_T, V_T: consecutive threads on consecutive elements of a row.
-            for x in range(tid, cols * D, NT):
-                c = x // D
-                t = x % D
-                if PAGED:
+            # K_T, V_T: consecutive threads on consecutive elements of a row, from flat views of
+            # the caches with unsigned offsets; where D divides the block, each thread keeps one
+            # column and walks rows NT/D apart.
+            if NT % D == 0:
+                t = tid % D
+                c = tid // D
+                dst = U(c) * U(KS) + U(t)
+                while c < cols:
                     jrow = c0 + c
-                    page = sPage[jrow // PSZ - p0]
-                    sK[c, t] = k[page, jrow % PSZ, h, t]
-                    sV[c, t] = v[page, jrow % PSZ, h, t]
-                else:
-                    sK[c, t] = k[b, h, c0 + c, t]
-                    sV[c, t] = v[b, h, c0 + c, t]
+                    if PAGED:
+                        page = sPage[jrow // PSZ - p0]
+                        src = ((U(page) * U(PSZ) + U(jrow % PSZ)) * U(hkv) + U(h)) * U(D) + U(t)
+                    else:
+                        src = ((U(b) * U(hkv) + U(h)) * U(nkmax) + U(jrow)) * U(D) + U(t)
+                    sK[dst] = k[src]
+                    sV[dst] = v[src]
+                    c += NT // D
+                    dst += U(NT // D) * U(KS)
+            else:
+                for x in range(tid, cols * D, NT):
+                    c = x // D
+                    t = x % D
+                    jrow = c0 + c
+                    if PAGED:
+                        page = sPage[jrow // PSZ - p0]
+                        src = ((U(page) * U(PSZ) + U(jrow % PSZ)) * U(hkv) + U(h)) * U(D) + U(t)
+                    else:
+                        src = ((U(b) * U(hkv) + U(h)) * U(nkmax) + U(jrow)) * U(D) + U(t)
+                    dst = U(c) * U(KS) + U(t)
+                    sK[dst] = k[src]
+                    sV[dst] = v[src]
             cuda.syncthreads()  # tiles (and Q, the first time) in shared memory
             # S = (τQ) Kᵀ, RB rows per thread (K[c, x] loaded once for RB FMAs); -inf where masked
             # or past the cache.
@@ -176,11 +207,17 @@ def _source(dt, D, T, G, NQ, PAGED, SPLIT, WINDOW, CAUSAL, PSZ):
                 for i in range(RB):
                     acc[i] = ZERO
                 if c < cols:
-                    for t in range(D):
-                        kx = LD(sK[c, t])
+                    kb = U(c) * U(KS)
+                    qb = U(r0)
+                    t = U(0)
+                    while t < U(D):  # (a while loop on an unsigned counter: the leanest loop code)
+                        kx = LD(sK[kb + t])
                         for i in range(RB):
-                            acc[i] += sQ[r0 + i, t] * kx
+                            acc[i] += sQT[qb + U(i)] * kx
+                        t += U(1)
+                        qb += U(RP)
                 j = c0 + c
+                pb = U(c) * U(RP) + U(r0)
                 for i in range(RB):
                     r = r0 + i
                     pos = length - NQ + r % NQ
@@ -189,28 +226,27 @@ def _source(dt, D, T, G, NQ, PAGED, SPLIT, WINDOW, CAUSAL, PSZ):
                         ok = ok and j <= pos
                     if WINDOW:
                         ok = ok and (wl < 0 or j >= pos - wl) and (wr < 0 or j <= pos + wr)
-                    sS[r, c] = acc[i] if ok else NEG_INF
+                    sPT[pb + U(i)] = acc[i] if ok else NEG_INF
             cuda.syncthreads()  # S complete
             for r in range(tid, RP, NT):
                 m_old = sM[r]
                 m_new = m_old
                 for c in range(T):
-                    if sS[r, c] > m_new:
-                        m_new = sS[r, c]
+                    sc = sPT[U(c) * U(RP) + U(r)]
+                    if sc > m_new:
+                        m_new = sc
                 m_use = m_new if m_new != NEG_INF else ZERO
                 sAlpha[r] = math.exp(m_old - m_use)
                 sM[r] = m_new
             cuda.syncthreads()  # the new maxima are in
-            for it in range(tid, RP * T, NT):
-                r = it // T
-                c = it % T
-                m_new = sM[r]
-                sS[r, c] = math.exp(sS[r, c] - (m_new if m_new != NEG_INF else ZERO))
+            for it in range(tid, T * RP, NT):
+                m_new = sM[it % RP]
+                sPT[U(it)] = math.exp(sPT[U(it)] - (m_new if m_new != NEG_INF else ZERO))
             cuda.syncthreads()  # P̃ complete
             for r in range(tid, RP, NT):
                 lsum = ZERO
                 for c in range(T):
-                    lsum += sS[r, c]
+                    lsum += sPT[U(c) * U(RP) + U(r)]
                 sL[r] = sL[r] * sAlpha[r] + lsum
             # acc = α acc + P̃ V, RB rows per thread (V[c, x] loaded once for RB FMAs); reads P̃ and
             # α, not ℓ: no barrier after the sums
@@ -220,10 +256,16 @@ def _source(dt, D, T, G, NQ, PAGED, SPLIT, WINDOW, CAUSAL, PSZ):
                 acc = cuda.local.array(RB, float32)
                 for i in range(RB):
                     acc[i] = sAcc[r0 + i, t] * sAlpha[r0 + i]
-                for c in range(cols):
-                    vx = LD(sV[c, t])
+                vb = U(t)
+                pb = U(r0)
+                c = U(0)
+                while c < U(cols):
+                    vx = LD(sV[vb])
                     for i in range(RB):
-                        acc[i] += sS[r0 + i, c] * vx
+                        acc[i] += sPT[pb + U(i)] * vx
+                    c += U(1)
+                    vb += U(KS)
+                    pb += U(RP)
                 for i in range(RB):
                     sAcc[r0 + i, t] = acc[i]
             cuda.syncthreads()  # P̃, α, V_T, ℓ done with before the next tile
@@ -281,8 +323,11 @@ def forward(q, k_cache, v_cache, *, cache_seqlens=None, cu_seqlens_k=None, block
         op = cuda.device_array((1, 1, 1, 1, 1), np.float32, stream=p.stream)
         lp = cuda.device_array((1, 1, 1, 1), np.float32, stream=p.stream)
     kern = kernel(p.dt, p.d, t, p.group, p.nq, p.page_size > 0, split, p.windowed, p.causal, max(p.page_size, 1))
-    kern[(splits, p.b * p.hkv), NT, p.stream](p.q, p.k, p.v, p.bt, p.lens, o, lse, op, lp, float32(p.scale),
-                                               p.left, p.right)
+    kf = p.k.reshape(int(np.prod(p.k.shape)))  # flat views, no copy
+    vf = p.v.reshape(int(np.prod(p.v.shape)))
+    nkmax = 0 if p.page_size else p.k.shape[2]
+    kern[(splits, p.b * p.hkv), NT, p.stream](p.q, kf, vf, p.bt, p.lens, o, lse, op, lp, float32(p.scale),
+                                               p.left, p.right, p.hkv, nkmax)
     if split:
         cnt = cuda.device_array((1, 2), np.int64, stream=p.stream)
         ref.run_combine(p, op, lp, o, lse, splits, cnt, False)
