@@ -9,6 +9,8 @@ Groups of configurations (fp16, d = 128, Hkv = 8; GQA 8:1 is Hq = 64, 1:1 is Hq 
   least 1 GiB: far beyond the L2), both GQA ratios; ours with its default splits
   (``kernels.perf.decode.default_splits``), the copy, and SDPA's flash, memory-efficient, cuDNN and
   math backends (``enable_gqa=True``; a backend that refuses the shape is recorded with its error);
+  also two tunings of ours: ``ours_fast_t32b8`` (32-key tiles, registers for 8 blocks per SM) and
+  ``ours_fast_b5`` (the default tile, registers for 5 blocks per SM);
 * ``splits``: num_splits swept 1, 2, 4, … 64 (those the longest sequence allows) at Nk = 65,536
   (B = 4) and Nk = 1,048,576 (B = 1), GQA 8:1; the default is marked (``default_splits``), and so
   is the simulator's choice where ``flashsim.decode_splits`` exists (column ``model_splits``);
@@ -160,24 +162,31 @@ def run_config(torch, cfg, trials, inner, sdpa_fns) -> list[dict]:
     else:
         kc, vc, table = k, v, None
     p = ref_decode.plan(q, kc, vc, cache_seqlens=lens, block_table=table, causal=causal)
-    t = fast.tile_keys(p.dt, D, g * nq, p.page_size)
-    longest = ref_decode.visible_blocks(nk, nq, t, -1)[1]
-    default = fast.default_splits(b, HKV, longest)
-    splits = cfg["splits"] or default
-    rec = dict(base, variant="ours_fast", num_splits=splits, default_splits=default,
-               model_splits=_model_splits(cfg, hq), tile_keys=t)
-    try:
-        if splits > longest:
-            raise ValueError(f"num_splits={splits} > {longest} key blocks")
-        o, _ = fast.forward(q, kc, vc, num_splits=splits, _plan=p)
-        rec["rel_err"] = _reference_error(torch, o, q, k, v, nq, causal)
-        if not rec["rel_err"] < 5e-3:
-            raise AssertionError(f"failed the check against float64: rel err {rec['rel_err']:.2e}")
-        ms, lo, hi = _time(torch, lambda: fast.forward(q, kc, vc, num_splits=splits, _plan=p), trials, inner)
-        rec.update(ms=ms, ms_min=lo, ms_max=hi, gbps=io_bytes / ms / 1e6)
-    except Exception as e:
-        rec["error"] = repr(e)[:200]
-    rows.append(rec)
+    # ours with its defaults, and (main group) the tuning variants: a 32-key tile with registers for
+    # 8 blocks per SM (more blocks in flight), and the default tile limited to 5 blocks' registers
+    tunings = [("ours_fast", None, 0)]
+    if cfg["group"] == "main":
+        tunings += [("ours_fast_t32b8", 32, 8), ("ours_fast_b5", None, 5)]
+    for name, tile, minb in tunings:
+        t = tile or fast.tile_keys(p.dt, D, g * nq, p.page_size)
+        longest = ref_decode.visible_blocks(nk, nq, t, -1)[1]
+        default = fast.default_splits(b, HKV, longest)
+        splits = cfg["splits"] or default
+        rec = dict(base, variant=name, num_splits=splits, default_splits=default,
+                   model_splits=_model_splits(cfg, hq), tile_keys=t)
+        kw = dict(num_splits=splits, tile=tile, min_blocks=minb, _plan=p)
+        try:
+            if splits > longest:
+                raise ValueError(f"num_splits={splits} > {longest} key blocks")
+            o, _ = fast.forward(q, kc, vc, **kw)
+            rec["rel_err"] = _reference_error(torch, o, q, k, v, nq, causal)
+            if not rec["rel_err"] < 5e-3:
+                raise AssertionError(f"failed the check against float64: rel err {rec['rel_err']:.2e}")
+            ms, lo, hi = _time(torch, lambda kw=kw: fast.forward(q, kc, vc, **kw), trials, inner)
+            rec.update(ms=ms, ms_min=lo, ms_max=hi, gbps=io_bytes / ms / 1e6)
+        except Exception as e:
+            rec["error"] = repr(e)[:200]
+        rows.append(rec)
     kc = vc = p = None
     # SDPA's backends (main and nq groups)
     if cfg["group"] in ("main", "nq"):
@@ -202,7 +211,7 @@ def run_config(torch, cfg, trials, inner, sdpa_fns) -> list[dict]:
     for r in rows:
         if "gbps" in r and r["variant"] != "copy":
             r["x_copy"] = r["gbps"] / copy_gbps
-        if r["variant"] == "ours_fast" and "ms" in r and best is not None:
+        if r["variant"].startswith("ours_fast") and "ms" in r and best is not None:
             r["x_sdpa_best"] = best / r["ms"]
     return rows
 
@@ -246,7 +255,7 @@ def _line(r) -> str:
     if "ms" not in r:
         return f"{r['variant']:13s} {tag} {r.get('error', '')}"
     extra = ""
-    if r["variant"] == "ours_fast":
+    if r["variant"].startswith("ours_fast"):
         extra = (f" S={r['num_splits']:<3d}{'*' if r['num_splits'] == r['default_splits'] else ' '}"
                  f" x copy {r.get('x_copy', float('nan')):5.2f} x sdpa {r.get('x_sdpa_best', float('nan')):5.2f}")
     return (f"{r['variant']:13s} {tag} {r['ms']:8.3f} ms [{r['ms_min']:.3f}-{r['ms_max']:.3f}] "

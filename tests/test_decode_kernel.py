@@ -206,6 +206,10 @@ def test_bad_inputs():
     _bad(r"v_cache.shape", k_cache=kcont, v_cache=vcont[:, :, :8], block_table=None)
     _bad(r"k_cache.shape\[0\]=1", k_cache=kcont[:1], v_cache=vcont[:1], block_table=None)
     _bad(r"causal='yes'", causal="yes")
+    from kernels.perf import decode as fast
+
+    with pytest.raises(ValueError, match=r"tile=48"):
+        fast.forward(np.zeros((2, 4, 1, 8), np.float32), kcont, vcont, tile=48)
 
 
 # ---------------------------------------------------------------------------------------------

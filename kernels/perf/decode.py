@@ -291,18 +291,27 @@ def _source(dt, D, T, G, NQ, PAGED, SPLIT, WINDOW, CAUSAL, PSZ):
 
 
 @cache
-def kernel(dt, d, t, g, nq, paged, split, window, causal, psz):
-    return cuda.jit(_source(dt, d, t, g, nq, paged, split, window, causal, psz))
+def kernel(dt, d, t, g, nq, paged, split, window, causal, psz, min_blocks=0):
+    """The compiled kernel; ``min_blocks`` > 0 asks ptxas for registers that let that many blocks
+    share an SM (launch bounds; not under the simulator)."""
+    fn = _source(dt, d, t, g, nq, paged, split, window, causal, psz)
+    if ref.SIM or not min_blocks:
+        return cuda.jit(fn)
+    return cuda.jit(fn, launch_bounds=(NT, min_blocks))
 
 
 def forward(q, k_cache, v_cache, *, cache_seqlens=None, cu_seqlens_k=None, block_table=None, page_size=None,
-            num_splits=None, window=None, causal=True, scale=None, stream=None, _plan=None):
-    """The fast decode: see :func:`kernels.decode_attention` (``impl="fast"``)."""
+            num_splits=None, window=None, causal=True, scale=None, stream=None, tile=None, min_blocks=0, _plan=None):
+    """The fast decode: see :func:`kernels.decode_attention` (``impl="fast"``).  Tuning knobs (the
+    bench's variants): ``tile``, the key block T (16, 32 or 64; default :func:`tile_keys`), and
+    ``min_blocks``, thread blocks per SM the registers must allow (0: ptxas decides)."""
     p = _plan or ref.plan(q, k_cache, v_cache, cache_seqlens=cache_seqlens, cu_seqlens_k=cu_seqlens_k,
                           block_table=block_table, page_size=page_size, window=window, causal=causal,
                           scale=scale, stream=stream)
     rows = p.group * p.nq
-    t = tile_keys(p.dt, p.d, rows, p.page_size)
+    t = tile_keys(p.dt, p.d, rows, p.page_size) if tile is None else tile
+    if tile is not None and (tile not in (16, 32, 64) or smem_bytes(p.dt, p.d, rows, tile, p.page_size) > SMEM_LIMIT):
+        raise ValueError(f"tile={tile!r}: must be 16, 32 or 64 keys and fit {SMEM_LIMIT} bytes of shared memory")
     if t is None:
         raise ValueError(f"impl='fast': head_dim={p.d} with {rows} query rows per kv head does not fit "
                          f"{SMEM_LIMIT} bytes of shared memory")
@@ -322,7 +331,8 @@ def forward(q, k_cache, v_cache, *, cache_seqlens=None, cu_seqlens_k=None, block
     else:
         op = cuda.device_array((1, 1, 1, 1, 1), np.float32, stream=p.stream)
         lp = cuda.device_array((1, 1, 1, 1), np.float32, stream=p.stream)
-    kern = kernel(p.dt, p.d, t, p.group, p.nq, p.page_size > 0, split, p.windowed, p.causal, max(p.page_size, 1))
+    kern = kernel(p.dt, p.d, t, p.group, p.nq, p.page_size > 0, split, p.windowed, p.causal, max(p.page_size, 1),
+                  int(min_blocks))
     kf = p.k.reshape(int(np.prod(p.k.shape)))  # flat views, no copy
     vf = p.v.reshape(int(np.prod(p.v.shape)))
     nkmax = 0 if p.page_size else p.k.shape[2]

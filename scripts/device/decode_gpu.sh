@@ -33,4 +33,4 @@ t0=$(date +%s)
 q=""; [ "${1:-}" = "quick" ] && q="--quick"
 timeout 300 python3 -m kernels.bench_decode $q --out "$OUT/bench_decode_${gpu}.csv" > "$OUT/bench_decode_${gpu}.log" 2>&1
 echo "bench_decode: exit $? in $(( $(date +%s) - t0 )) s"
-grep -E "^(ours_fast|copy) +main" "$OUT/bench_decode_${gpu}.log" | head -30
+grep -E "^(ours_fast\S*|copy|sdpa\S*) +main" "$OUT/bench_decode_${gpu}.log" | head -90
