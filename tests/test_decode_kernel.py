@@ -8,6 +8,11 @@ hand-derived integers for a small case), bad inputs.  ``@pytest.mark.gpu``: larg
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -210,6 +215,63 @@ def test_bad_inputs():
 
     with pytest.raises(ValueError, match=r"tile=48"):
         fast.forward(np.zeros((2, 4, 1, 8), np.float32), kcont, vcont, tile=48)
+
+
+PTX_SCRIPT = textwrap.dedent("""
+    import sys
+    import numba.cuda.dispatcher as dispatcher
+    from numba import cuda, float32, int32, int64, types
+    try:  # is there a compiler at all?  (NVRTC/NVVM wheels or a CUDA toolkit)
+        cuda.compile_ptx(lambda a: None, "void(float32[::1])", cc=(9, 0))
+    except Exception as e:
+        print("NO_COMPILER", type(e).__name__, e)
+        sys.exit(0)
+
+    class Device:  # device functions compile for the current device's cc; there is no GPU here
+        compute_capability = (9, 0)
+
+    dispatcher.get_current_device = lambda: Device()
+    from kernels import decode as ref
+    from kernels.perf import decode as fast
+
+    f32 = lambda n: types.Array(float32, n, "C")
+    bt, lens, cnt = types.Array(int32, 2, "C"), types.Array(int32, 1, "C"), types.Array(int64, 2, "C")
+    for dt, which in (("fp16", "fast"), ("bf16", "reference")):
+        t = ref._ST[dt]
+        a4, a1 = types.Array(t, 4, "C"), types.Array(t, 1, "C")
+        if which == "fast":
+            src = fast._source(dt, 64, 64, 4, 1, True, True, True, True, 16)
+            sig = types.void(a4, a1, a1, bt, lens, a4, f32(3), f32(5), f32(4), float32, int64, int64, int64, int64)
+        else:
+            src = ref._main_source(dt, 64, 32, 4, 1, True, True, True, True, True, 16)
+            sig = types.void(a4, a4, a4, bt, lens, a4, f32(3), f32(5), f32(4), float32, int64, int64, cnt)
+        text, _ = cuda.compile_ptx(src, sig, cc=(9, 0))
+        assert ".local" not in text, (dt, which)
+        if which == "fast":
+            assert "ld.shared.v4.f32" in text  # the RB = 4 rows of a thread read as one vector
+        print(dt, which, "ok", len(text))
+    cuda.compile_ptx(ref._combine_source("bf16", True), types.void(f32(5), f32(4), types.Array(ref._ST["bf16"], 4, "C"),
+                                                                  f32(3), cnt), cc=(9, 0))
+    print("combine ok")
+""")
+
+
+def test_ptx_sm90_compiles_without_local_memory():
+    """The fast kernel (fp16, paged, split, windowed, g = 4) and the reference kernel and combine
+    (bf16: the bit conversions through libdevice) compile for sm_90 with nothing in local memory,
+    and the fast kernel reads its rows of τQ and S as 16-byte vectors.  The simulator runs neither
+    libdevice nor the GPU's typing: this is what catches a kernel that only the GPU would refuse.
+    In a subprocess without NUMBA_ENABLE_CUDASIM; skipped when NVRTC/NVVM are missing."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run([sys.executable, "-c", PTX_SCRIPT], env=env, capture_output=True, text=True, timeout=600,
+                       cwd=root)
+    print(r.stdout[-2000:], r.stderr[-4000:])
+    if "NO_COMPILER" in r.stdout:
+        pytest.skip(r.stdout.strip())
+    assert r.returncode == 0
+    assert r.stdout.count(" ok") == 3
 
 
 # ---------------------------------------------------------------------------------------------
