@@ -239,7 +239,7 @@ def write(out, rows: list[dict], meta: dict) -> None:
               "gbps", "x_copy", "x_sdpa_best", "rel_err", "error"]
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
     tmp.replace(path)

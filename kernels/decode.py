@@ -520,7 +520,7 @@ def _wrap_float(name, x, stream, explicit_stream):
         dt = _dt_name(x.dtype)
         if dt is None:
             raise ValueError(f"{name}.dtype={x.dtype}: must be float32, float16 or bfloat16")
-        bits = x.view(torch.int16) if dt == "bf16" else x
+        bits = (x.view(torch.int16) if dt == "bf16" else x).detach()  # (no interface on grad-requiring tensors)
         if x.device.type == "cuda":
             if not x.is_contiguous():
                 raise ValueError(f"{name}: device array must be C-contiguous (got strides {tuple(x.stride())})")
