@@ -178,8 +178,9 @@ def decode_attention(q, k_cache, v_cache, *, cache_seqlens=None, cu_seqlens_k=No
     ``impl``: "reference" (``kernels/decode.py``, whose ``counters=`` -- an int64 array from
     :func:`kernels.counters.new_counters` -- count every transfer in elements, per tensor Q, K,
     V, O, L, Op, Lp and BT), "fast" (``kernels/perf/decode.py``), "auto" (the fast one unless
-    ``counters`` or ``block_n`` is given).  ``stream``: as :func:`flash_attention`; block tables
-    and lengths given on the device are copied to the host to be checked (a synchronisation).
+    ``counters`` or ``block_n`` is given, or its tiles would not fit shared memory).  ``stream``:
+    as :func:`flash_attention`; block tables and lengths given on the device are copied to the
+    host to be checked (a synchronisation).
 
     ValueError, naming the field, for: shapes that disagree (q not 4-D, k_cache and v_cache
     different, batch or head_dim that differ, Hkv not dividing Hq), a block table that is not
@@ -205,7 +206,10 @@ def decode_attention(q, k_cache, v_cache, *, cache_seqlens=None, cu_seqlens_k=No
         return _decode.forward(q, k_cache, v_cache, block_n=block_n, counters=counters, **kw)
     from .perf import decode as _fast_decode
 
-    return _fast_decode.forward(q, k_cache, v_cache, **kw)
+    p = _decode.plan(q, k_cache, v_cache, **{n: kw[n] for n in kw if n != "num_splits"})
+    if impl == "auto" and not _fast_decode.supports(p.dt, p.d, p.group * p.nq, p.page_size):
+        return _decode.forward(q, k_cache, v_cache, _plan=p, **kw)  # tiles too large for the fast kernel
+    return _fast_decode.forward(q, k_cache, v_cache, _plan=p, **kw)
 
 
 __all__ = ["flash_attention", "flash_attention_backward", "flash1_attention", "standard_attention",

@@ -708,11 +708,13 @@ def run_combine(p: Plan, op, lp, o, lse, splits: int, cnt, count: bool):
 
 
 def forward(q, k_cache, v_cache, *, cache_seqlens=None, cu_seqlens_k=None, block_table=None, page_size=None,
-            num_splits=None, window=None, causal=True, scale=None, block_n=None, counters=None, stream=None):
-    """The reference decode kernel: see :func:`kernels.decode_attention`."""
-    p = plan(q, k_cache, v_cache, cache_seqlens=cache_seqlens, cu_seqlens_k=cu_seqlens_k,
-             block_table=block_table, page_size=page_size, window=window, causal=causal, scale=scale,
-             stream=stream)
+            num_splits=None, window=None, causal=True, scale=None, block_n=None, counters=None, stream=None,
+            _plan=None):
+    """The reference decode kernel: see :func:`kernels.decode_attention` (``_plan``: the inputs
+    already checked by :func:`plan`)."""
+    p = _plan or plan(q, k_cache, v_cache, cache_seqlens=cache_seqlens, cu_seqlens_k=cu_seqlens_k,
+                      block_table=block_table, page_size=page_size, window=window, causal=causal, scale=scale,
+                      stream=stream)
     rows = p.group * p.nq
     if block_n is None:
         bc = default_block_n(p.dt, p.d, rows, p.page_size)

@@ -356,3 +356,19 @@ def test_decode_measure_set_and_worker_call():
                 head_dim=8)
     o, lse = _decode_call(tiny, np.random.default_rng(0))()
     assert o.shape == (1, 2, 1, 8) and np.isfinite(o.copy_to_host()).all()
+
+
+def test_auto_falls_back_to_the_reference_kernel():
+    """fp32, d = 256, 8 query heads per kv head: the fast kernel's tiles do not fit 48 KB, the
+    reference kernel's (Bc = 8) do; impl="auto" runs the reference one, impl="fast" refuses."""
+    from kernels.perf import decode as fast
+
+    assert not fast.supports("fp32", 256, 8) and fast.supports("fp16", 128, 8)
+    rng = np.random.default_rng(8)
+    q = rng.standard_normal((1, 8, 1, 256)).astype(np.float32)
+    k, v, _ = _cache(rng, 1, 1, [3], 256, np.float32)
+    o, lse = kernels.decode_attention(q, k, v)
+    ro, _ = ref.decode_forward(q, k, v)
+    assert ref.rel_error(o, ro) < FP32_TOL
+    with pytest.raises(ValueError, match="impl='fast': head_dim=256"):
+        kernels.decode_attention(q, k, v, impl="fast")
