@@ -22,6 +22,15 @@ the query rows need the room), and the work inside a block arranged for a memory
 * the online softmax is split into a per-row max, an exponent over all (row, key) pairs by all
   threads, and a per-row sum.
 
+Prediction (not measured yet; ``python -m kernels.bench_decode`` measures it): at HBM speed an
+H100 SM receives about 14.5 bytes a clock, 35 clocks for a key's 512 bytes of K and V (fp16,
+d = 128), time for about 140 warp instructions.  Counted in the sm_90 SASS, a key costs about 55
+of them at g·Nq = 1 (memory-bound: the target of 80% of a copy's bandwidth is in reach, if four
+or five resident blocks keep enough loads in flight: the kernel does not overlap a block's tile
+loads with its arithmetic) and about 125-140 at g·Nq = 8 (at the edge: expect 60-80%); the next
+version for GQA packing would put the products on the tensor cores (``mma.m16n8k16``, 8 query
+rows as the n = 8 side).
+
 No warp shuffles (the kernel runs as is under the CUDA simulator).  bf16 as in the reference
 kernel: int16 bits widened in the kernel.  v1 (2-D shared arrays with signed indices, Q and S
 row-major, one element a thread per step of the tile load) is read at commit d983c1c.
