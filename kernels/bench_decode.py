@@ -10,7 +10,8 @@ Groups of configurations (fp16, d = 128, Hkv = 8; GQA 8:1 is Hq = 64, 1:1 is Hq 
   (``kernels.perf.decode.default_splits``), the copy, and SDPA's flash, memory-efficient, cuDNN and
   math backends (``enable_gqa=True``; a backend that refuses the shape is recorded with its error);
   also two tunings of ours: ``ours_fast_t32b8`` (32-key tiles, registers for 8 blocks per SM) and
-  ``ours_fast_b5`` (the default tile, registers for 5 blocks per SM);
+  ``ours_fast_b5`` (the default tile, registers for 5 blocks per SM), and ``ours_fast_tc`` (v3,
+  the products on the tensor cores; also in the pages and nq groups) where it applies;
 * ``splits``: num_splits swept 1, 2, 4, … 64 (those the longest sequence allows) at Nk = 65,536
   (B = 4) and Nk = 1,048,576 (B = 1), GQA 8:1; the default is marked (``default_splits``), and so
   is the simulator's choice where ``flashsim.decode_splits`` exists (column ``model_splits``);
@@ -167,6 +168,8 @@ def run_config(torch, cfg, trials, inner, sdpa_fns) -> list[dict]:
     tunings = [("ours_fast", None, 0)]
     if cfg["group"] == "main":
         tunings += [("ours_fast_t32b8", 32, 8), ("ours_fast_b5", None, 5)]
+    if cfg["group"] in ("main", "pages", "nq") and fast.tc_supports(p.dt, D, g * nq):
+        tunings.append(("ours_fast_tc", 64, -1))  # v3, the tensor-core variant (min_blocks -1 marks it)
     for name, tile, minb in tunings:
         t = tile or fast.tile_keys(p.dt, D, g * nq, p.page_size)
         longest = ref_decode.visible_blocks(nk, nq, t, -1)[1]
@@ -174,15 +177,17 @@ def run_config(torch, cfg, trials, inner, sdpa_fns) -> list[dict]:
         splits = cfg["splits"] or default
         rec = dict(base, variant=name, num_splits=splits, default_splits=default,
                    model_splits=_model_splits(cfg, hq), tile_keys=t)
-        kw = dict(num_splits=splits, tile=tile, min_blocks=minb, _plan=p)
+        fn = fast.forward_tc if minb < 0 else fast.forward
+        kw = dict(num_splits=splits, _plan=p) if minb < 0 else dict(num_splits=splits, tile=tile, min_blocks=minb,
+                                                                     _plan=p)
         try:
             if splits > longest:
                 raise ValueError(f"num_splits={splits} > {longest} key blocks")
-            o, _ = fast.forward(q, kc, vc, **kw)
+            o, _ = fn(q, kc, vc, **kw)
             rec["rel_err"] = _reference_error(torch, o, q, k, v, nq, causal)
             if not rec["rel_err"] < 5e-3:
                 raise AssertionError(f"failed the check against float64: rel err {rec['rel_err']:.2e}")
-            ms, lo, hi = _time(torch, lambda kw=kw: fast.forward(q, kc, vc, **kw), trials, inner)
+            ms, lo, hi = _time(torch, lambda fn=fn, kw=kw: fn(q, kc, vc, **kw), trials, inner)
             rec.update(ms=ms, ms_min=lo, ms_max=hi, gbps=io_bytes / ms / 1e6)
         except Exception as e:
             rec["error"] = repr(e)[:200]

@@ -35,7 +35,8 @@ def only(name: str) -> None:
 def decode() -> None:
     """The decode kernels (kernels/decode.py, kernels/perf/decode.py) at ragged sizes: variable
     lengths (one below a key block), GQA 4:1, Nq = 1 and 3, d = 40, contiguous and paged (P = 16)
-    caches, one and three splits (the combine), a window; fp32 and fp16, bf16 through torch."""
+    caches, one and three splits (the combine), a window; fp32 and fp16, bf16 through torch; the
+    tensor-core variant (v3) at d = 64."""
     import kernels
 
     rng = np.random.default_rng(7)
@@ -54,6 +55,15 @@ def decode() -> None:
                                              impl=impl)
                     kernels.decode_attention(q, kp, vp, cache_seqlens=lengths, block_table=table,
                                              num_splits=splits, window=window, impl=impl)
+            if dt == np.float16:  # v3, the tensor-core variant: d = 64, 4 or 8 query rows per kv head
+                from kernels.perf import decode as fast
+
+                q6, k6, v6, kp6, vp6 = (np.concatenate([x, x[..., :24]], axis=-1) for x in (q, k, v, kp, vp))
+                hq = 8 if nq == 1 else 4  # g·Nq = 4 or 6 rows
+                for splits, window in ((1, None), (3, None), (2, (50, -1))):
+                    fast.forward_tc(q6[:, :hq], k6, v6, cache_seqlens=lengths, num_splits=splits, window=window)
+                    fast.forward_tc(q6[:, :hq], kp6, vp6, cache_seqlens=lengths, block_table=table,
+                                    num_splits=splits, window=window)
             cuda.synchronize()
             print(f"ran decode: {np.dtype(dt).name}, Nq={nq}", flush=True)
     try:

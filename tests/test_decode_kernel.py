@@ -128,6 +128,25 @@ def test_fp16_two_x_rule(impl):
     assert o.dtype == np.float16 and j.ok
 
 
+def test_tensor_core_variant_fp16():
+    """v3 (``kernels.perf.decode.forward_tc``: the products on the tensor cores, through the
+    simulator's twins of mma.sync): paged, windowed, two splits, GQA 4:1 with Nq = 2 (8 rows)."""
+    from kernels.perf import decode as fast
+
+    rng = np.random.default_rng(9)
+    lengths = [130, 66]
+    q = rng.standard_normal((2, 4, 2, 64)).astype(np.float16)
+    k, v, table = _cache(rng, 2, 1, lengths, 64, np.float16, page_size=16)
+    o, lse = fast.forward_tc(q, k, v, cache_seqlens=lengths, block_table=table, num_splits=2, window=(90, -1))
+    j = ref.judge_decode(o, q, k, v, lengths, block_table=table, window=(90, -1))
+    _, rl = ref.decode_forward(q, k, v, lengths, block_table=table, window=(90, -1))
+    print(f"fp16 tensor cores: {j}; L rel err {ref.rel_error(lse, rl):.1e}")
+    assert o.dtype == np.float16 and j.ok and ref.rel_error(lse, rl) < 1e-5
+    with pytest.raises(ValueError, match="tensor-core decode takes fp16"):
+        fast.forward_tc(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), cache_seqlens=lengths,
+                        block_table=table)
+
+
 def test_bf16_through_torch():
     """bf16 (torch CPU tensors; the kernels read the int16 bits) within 2x plain bf16 decoding,
     on the fast kernel with two splits (the combine rounds O to bf16)."""
@@ -309,6 +328,25 @@ def test_gpu_exactness_and_counters(impl, dtype, page):
             want = expected_counts(lengths, heads=hkv * g, kv_heads=hkv, nq=nq, d=d, bc=bc, splits=splits,
                                    page_size=page or 0, window=window)
             assert to_elements(c) == want
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page", [None, 16, 256])
+@pytest.mark.parametrize("g,nq,d", [(8, 1, 128), (4, 2, 64), (1, 1, 128)])
+def test_gpu_tensor_core_variant(page, g, nq, d):
+    from kernels.perf import decode as fast
+
+    rng = np.random.default_rng(12)
+    b, hkv = 4, 2
+    lengths = [3000, 17, 2048, 1025]
+    q = rng.standard_normal((b, hkv * g, nq, d)).astype(np.float16)
+    k, v, table = _cache(rng, b, hkv, lengths, d, np.float16, page)
+    for splits, window in ((1, None), (7, None), (3, (500, -1)), (None, None)):
+        o, lse = fast.forward_tc(q, k, v, cache_seqlens=lengths, block_table=table, num_splits=splits, window=window)
+        j = ref.judge_decode(o, q, k, v, lengths, block_table=table, window=window)
+        _, rl = ref.decode_forward(q, k, v, lengths, block_table=table, window=window)
+        print(f"tensor cores page={page} g={g} nq={nq} d={d} S={splits} window={window}: {j}")
+        assert j.ok and ref.rel_error(lse, rl) < 1e-5
 
 
 @pytest.mark.gpu
