@@ -35,37 +35,36 @@ def only(name: str) -> None:
 def decode() -> None:
     """The decode kernels (kernels/decode.py, kernels/perf/decode.py) at ragged sizes: variable
     lengths (one below a key block), GQA 4:1, Nq = 1 and 3, d = 40, contiguous and paged (P = 16)
-    caches, one and three splits (the combine), a window; fp32 and fp16, bf16 through torch; the
-    tensor-core variant (v3) at d = 64."""
+    caches, one split and two with a window (the combine); fp32 (Nq = 1) and fp16 (Nq = 1, 3),
+    bf16 through torch; the tensor-core variant (v3) at d = 64."""
     import kernels
 
     rng = np.random.default_rng(7)
     lengths = np.array([130, 5, 97], dtype=np.int32)
-    for dt in (np.float32, np.float16):
-        for nq in (1, 3):
-            q = rng.standard_normal((3, 8, nq, 40)).astype(dt)
-            k = rng.standard_normal((3, 2, 140, 40)).astype(dt)
-            v = rng.standard_normal((3, 2, 140, 40)).astype(dt)
-            kp = rng.standard_normal((30, 16, 2, 40)).astype(dt)
-            vp = rng.standard_normal((30, 16, 2, 40)).astype(dt)
-            table = rng.permutation(30)[:27].reshape(3, 9).astype(np.int32)
-            for impl in ("reference", "fast"):
-                for splits, window in ((1, None), (3, None), (2, (50, -1))):
-                    kernels.decode_attention(q, k, v, cache_seqlens=lengths, num_splits=splits, window=window,
-                                             impl=impl)
-                    kernels.decode_attention(q, kp, vp, cache_seqlens=lengths, block_table=table,
-                                             num_splits=splits, window=window, impl=impl)
-            if dt == np.float16:  # v3, the tensor-core variant: d = 64, 4 or 8 query rows per kv head
-                from kernels.perf import decode as fast
+    for dt, nq in ((np.float32, 1), (np.float16, 1), (np.float16, 3)):
+        q = rng.standard_normal((3, 8, nq, 40)).astype(dt)
+        k = rng.standard_normal((3, 2, 140, 40)).astype(dt)
+        v = rng.standard_normal((3, 2, 140, 40)).astype(dt)
+        kp = rng.standard_normal((30, 16, 2, 40)).astype(dt)
+        vp = rng.standard_normal((30, 16, 2, 40)).astype(dt)
+        table = rng.permutation(30)[:27].reshape(3, 9).astype(np.int32)
+        for impl in ("reference", "fast"):
+            for splits, window in ((1, None), (2, (50, -1))):
+                kernels.decode_attention(q, k, v, cache_seqlens=lengths, num_splits=splits, window=window,
+                                         impl=impl)
+                kernels.decode_attention(q, kp, vp, cache_seqlens=lengths, block_table=table,
+                                         num_splits=splits, window=window, impl=impl)
+        if dt == np.float16:  # v3, the tensor-core variant: d = 64, 4 or 6 query rows per kv head
+            from kernels.perf import decode as fast
 
-                q6, k6, v6, kp6, vp6 = (np.concatenate([x, x[..., :24]], axis=-1) for x in (q, k, v, kp, vp))
-                hq = 8 if nq == 1 else 4  # g·Nq = 4 or 6 rows
-                for splits, window in ((1, None), (3, None), (2, (50, -1))):
-                    fast.forward_tc(q6[:, :hq], k6, v6, cache_seqlens=lengths, num_splits=splits, window=window)
-                    fast.forward_tc(q6[:, :hq], kp6, vp6, cache_seqlens=lengths, block_table=table,
-                                    num_splits=splits, window=window)
-            cuda.synchronize()
-            print(f"ran decode: {np.dtype(dt).name}, Nq={nq}", flush=True)
+            q6, k6, v6, kp6, vp6 = (np.concatenate([x, x[..., :24]], axis=-1) for x in (q, k, v, kp, vp))
+            hq = 8 if nq == 1 else 4
+            for splits, window in ((1, None), (2, (50, -1))):
+                fast.forward_tc(q6[:, :hq], k6, v6, cache_seqlens=lengths, num_splits=splits, window=window)
+                fast.forward_tc(q6[:, :hq], kp6, vp6, cache_seqlens=lengths, block_table=table,
+                                num_splits=splits, window=window)
+        cuda.synchronize()
+        print(f"ran decode: {np.dtype(dt).name}, Nq={nq}", flush=True)
     try:
         import torch
     except ImportError:

@@ -307,7 +307,7 @@ def test_gpu_exactness_and_counters(impl, dtype, page):
     lengths = [3000, 17, 2048, 1025]
     q = rng.standard_normal((b, hkv * g, nq, d)).astype(dtype)
     k, v, table = _cache(rng, b, hkv, lengths, d, dtype, page)
-    for splits, window in ((1, None), (7, None), (3, (500, -1))):
+    for splits, window in ((1, None), (5, (500, -1))):
         c = new_counters() if impl == "reference" else None
         o, lse = kernels.decode_attention(q, k, v, cache_seqlens=lengths, block_table=table, num_splits=splits,
                                           window=window, impl=impl, counters=c)
@@ -331,8 +331,8 @@ def test_gpu_exactness_and_counters(impl, dtype, page):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("page", [None, 16, 256])
-@pytest.mark.parametrize("g,nq,d", [(8, 1, 128), (4, 2, 64), (1, 1, 128)])
+@pytest.mark.parametrize("page", [None, 16])
+@pytest.mark.parametrize("g,nq,d", [(8, 1, 128), (4, 2, 64)])
 def test_gpu_tensor_core_variant(page, g, nq, d):
     from kernels.perf import decode as fast
 
@@ -341,7 +341,7 @@ def test_gpu_tensor_core_variant(page, g, nq, d):
     lengths = [3000, 17, 2048, 1025]
     q = rng.standard_normal((b, hkv * g, nq, d)).astype(np.float16)
     k, v, table = _cache(rng, b, hkv, lengths, d, np.float16, page)
-    for splits, window in ((1, None), (7, None), (3, (500, -1)), (None, None)):
+    for splits, window in ((1, None), (3, (500, -1)), (None, None)):
         o, lse = fast.forward_tc(q, k, v, cache_seqlens=lengths, block_table=table, num_splits=splits, window=window)
         j = ref.judge_decode(o, q, k, v, lengths, block_table=table, window=window)
         _, rl = ref.decode_forward(q, k, v, lengths, block_table=table, window=window)
