@@ -15,6 +15,12 @@ from flashsim.config import DTYPE_BYTES, Tiling, Workload
 
 #: The kernels a configuration may name (the worker runs them, the simulator models them).
 KERNELS = ("flash2", "flash1", "standard")
+#: Kernels the worker runs whose records ``compare`` does not read yet: the reference decode
+#: kernel (``kernels/decode.py``; its schedule is ``flashsim.algorithms.decode``'s).
+MEASURED_ONLY = ("decode",)
+#: Configuration fields of the decode set beyond :data:`analysis.measure.CONFIG_FIELDS`
+#: (``num_splits``; ``page_size``, 0 for a contiguous cache), recorded when a set has them.
+DECODE_FIELDS = ("num_splits", "page_size")
 
 
 def workload_of(cfg: dict) -> Workload:
@@ -53,6 +59,10 @@ def config_id(cfg: dict) -> str:
         parts.append(f"br{cfg['block_m']}bc{cfg['block_n']}")
     if cfg.get("gemm_block"):
         parts.append(f"g{cfg['gemm_block']}")
+    if cfg["kernel"] == "decode":
+        parts.append(f"s{cfg['num_splits']}")
+        if cfg.get("page_size"):
+            parts.append(f"p{cfg['page_size']}")
     return "-".join(parts)
 
 
@@ -126,6 +136,32 @@ def smoke_set() -> list[dict]:
     ]
 
 
+def _decode(nk, splits, page=0, nq=1, batch=1, kv_heads=8, group=8, d=128, dtype="fp16") -> dict:
+    """A reference decode kernel configuration: Nq query rows against a full cache of Nk rows
+    (every sequence of length Nk), GQA packing of ``group`` query heads per kv head, the kernel's
+    default key block (``kernels.decode.default_block_n``), contiguous (page 0) or paged."""
+    from kernels.decode import default_block_n
+
+    bc = default_block_n(dtype, d, group * nq, page)
+    c = _cfg("decode", "fwd", nq, d, dtype, causal=True, batch=batch, heads=kv_heads * group, block_n=bc,
+             num_splits=splits, page_size=page)
+    c.update(kv_heads=kv_heads, seq_len_k=nk)
+    return c
+
+
+def decode_set() -> list[dict]:
+    """The decode set (issue 19): the reference decode kernel, fp16, d = 128, GQA 8:1 (64 query
+    heads on 8 kv heads), batch 1, Nq = 1 unless said: Nk = 4,096, 65,536 and 1,048,576 at 16
+    splits; 1, 4 and 64 splits at Nk = 65,536; pages of 16, 64 and 256 rows at Nk = 65,536 and 16
+    splits; Nq = 4 there; Nk = 262,144 paged (128 rows) at 64 splits.  11 configurations, 21
+    launches (more than one split adds the combine launch)."""
+    out = [_decode(nk, 16) for nk in (4096, 65536, 1048576)]
+    out += [_decode(65536, s) for s in (1, 4, 64)]
+    out += [_decode(65536, 16, page=p) for p in (16, 64, 256)]
+    out += [_decode(65536, 16, nq=4), _decode(262144, 64, page=128)]
+    return out
+
+
 #: Named sets.  The data file is named after the set, so "h100" and "h200" name the same
 #: configurations measured on each GPU.
-SETS = {"main": main_set, "h100": main_set, "h200": main_set, "smoke": smoke_set}
+SETS = {"main": main_set, "h100": main_set, "h200": main_set, "smoke": smoke_set, "decode": decode_set}

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from flashsim.output import check_overwrite, staged
 
+from .configs import DECODE_FIELDS
 from .ncu import METRICS, ncu_command, parse_raw_csv, split_by_marker
 
 CONFIG_FIELDS = ("kernel", "pass", "batch", "heads", "kv_heads", "seq_len_q", "seq_len_k", "head_dim", "dtype",
@@ -179,10 +180,12 @@ def measure(configs: list[dict], out_dir: str | Path, name: str, cache_control: 
             raise MeasureError(f"{len(groups)} launch groups for {len(manifest)} configurations; nothing written "
                                f"({out_dir} unchanged)")
         rows = []
+        # the decode set's own fields (splits, page size) as extra columns, only in records that have them
+        extra = [f for f in DECODE_FIELDS if any(f in e["config"] for e in manifest)]
         for entry, group in zip(manifest, groups):
             for k, rec in enumerate(group):
                 row = {"config_id": entry["id"], "launch_index": k}
-                row.update({f: entry["config"].get(f) for f in CONFIG_FIELDS})
+                row.update({f: entry["config"].get(f) for f in (*CONFIG_FIELDS, *extra)})
                 row["kernel_name"] = rec["kernel"]
                 row["grid"], row["block"] = rec["grid"], rec["block"]
                 row.update({f: rec[f] for f in METRIC_FIELDS})

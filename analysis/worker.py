@@ -39,12 +39,40 @@ def _inputs(cfg: dict, rng):
     return tuple(cuda.to_device(x) for x in (q, k, v, do))
 
 
+def _decode_call(cfg: dict, rng):
+    """A decode configuration's call: every sequence fills its cache of Nk rows (contiguous, or
+    paged with its pages shuffled in the pool), the reference kernel with the configuration's key
+    block and splits.  The block table and lengths are checked on the host once, here, so the
+    measured call makes the kernel launches and no copy of them."""
+    import kernels
+    from kernels.decode import plan
+
+    dt = np.float16 if cfg["dtype"] == "fp16" else np.float32
+    b, h, hkv = cfg["batch"], cfg["heads"], cfg["kv_heads"]
+    nq, nk, d, page = cfg["seq_len_q"], cfg["seq_len_k"], cfg["head_dim"], cfg.get("page_size") or 0
+    q = cuda.to_device(rng.standard_normal((b, h, nq, d), dtype=np.float32).astype(dt))
+    if page:
+        per = -(-nk // page)
+        shape = (b * per, page, hkv, d)
+        table = rng.permutation(b * per).reshape(b, per).astype(np.int32)
+    else:
+        shape, table = (b, hkv, nk, d), None
+    k, v = (cuda.to_device(rng.standard_normal(shape, dtype=np.float32).astype(dt)) for _ in range(2))
+    lens = np.full(b, nk, dtype=np.int32)
+    plan(q, k, v, cache_seqlens=lens, block_table=table)  # bad input fails here, not under ncu
+    return lambda: kernels.decode_attention(q, k, v, cache_seqlens=lens, block_table=table,
+                                            num_splits=cfg["num_splits"], block_n=cfg["block_n"],
+                                            impl="reference")
+
+
 def make_call(cfg: dict, rng):
     """Prepare a configuration; return the zero-argument call to be measured."""
     # imported here, not at the top: analysis.calibrate imports this module for its marker
     # kernel, and the CPU-side tests that read calibrate's constants should not load the kernels
     import kernels
 
+    if cfg["kernel"] == "decode":
+        return _decode_call(cfg, rng)
     q, k, v, do = _inputs(cfg, rng)
     causal = bool(cfg.get("causal"))
     if cfg["kernel"] == "flash2":
@@ -74,6 +102,9 @@ def _warm_up(cfg: dict, rng) -> None:
     group = cfg["heads"] // (cfg.get("kv_heads") or cfg["heads"])
     nk = cfg.get("seq_len_k") or cfg["seq_len_q"]
     small = dict(cfg, batch=1, heads=group, kv_heads=1, seq_len_q=min(cfg["seq_len_q"], 256), seq_len_k=min(nk, 256))
+    if cfg["kernel"] == "decode":  # the same kernels (splits, pages, rows per block) on a short cache
+        unit = max(cfg["block_n"], cfg.get("page_size") or 1)
+        small.update(seq_len_q=cfg["seq_len_q"], seq_len_k=min(nk, cfg["num_splits"] * unit))
     make_call(small, rng)()
     cuda.synchronize()
 

@@ -5,7 +5,9 @@ Public API (arrays are (B, H, N, d); K and V may have fewer heads, Hkv dividing 
 * :func:`flash_attention` and :func:`flash_attention_backward`: FlashAttention-2
   (``kernels/flash2.py``);
 * :func:`flash1_attention` (``kernels/flash1.py``) and :func:`standard_attention` /
-  :func:`standard_attention_backward` (``kernels/standard.py``).
+  :func:`standard_attention_backward` (``kernels/standard.py``);
+* :func:`decode_attention`: decoding against a KV cache, split-KV with a combine, paged caches,
+  variable lengths, sliding windows (``kernels/decode.py``, fast: ``kernels/perf/decode.py``).
 
 Every launcher takes ``counters=`` (an int64 array from :func:`kernels.counters.new_counters`,
 on the host or the device): the counting variant of the kernels then adds every global-memory
@@ -144,5 +146,71 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, b
                             block_mask=block_mask, counters=counters, stream=stream)
 
 
+def decode_attention(q, k_cache, v_cache, *, cache_seqlens=None, cu_seqlens_k=None, block_table=None,
+                     page_size=None, num_splits=None, window=None, causal=True, scale=None, block_n=None,
+                     impl="auto", counters=None, stream=None):
+    """Decoding: Nq query rows per sequence against its KV cache; returns (O, L).
+
+    ``q`` is (B, Hq, Nq, d).  The cache is contiguous, ``k_cache``/``v_cache`` (B, Hkv, Nk_max, d),
+    or paged with ``block_table`` (B, max_pages_per_seq) of int32 page numbers: (num_pages, P, Hkv,
+    d) as in vLLM and flash-attention (or (num_pages·P, Hkv, d) with ``page_size=P``).  Hkv
+    divides Hq (query head h uses kv head h // (Hq/Hkv)).  ``cache_seqlens`` (B,) gives each
+    sequence's length L_b (or ``cu_seqlens_k`` (B+1,), cumulative: L_b = cu[b+1] - cu[b]; neither:
+    every sequence fills the cache), Nq <= L_b <= Nk_max (max_pages_per_seq·P when paged).  Query
+    row i of sequence b sits at position L_b - Nq + i and sees keys j <= that position (``causal``,
+    bottom-right; ``causal=False``: every key j < L_b), and with ``window=(left, right)`` only
+    pos - left <= j <= pos + right (-1: unbounded on that side).  Rows are never empty (each sees
+    its own position).  ``scale`` τ defaults to 1/sqrt(d).
+
+    Returns O (B, Hq, Nq, d) in the input precision and L (B, Hq, Nq), the float32 logsumexp of
+    the scaled scores, in the query's kind (numpy for numpy; torch tensors, CPU or CUDA, for
+    torch; a device array for device arrays).  float32, float16 and bfloat16 (torch tensors only:
+    numpy has no bfloat16); accumulation in float32.
+
+    The key range of each (sequence, kv head) is cut into ``num_splits`` parts run by separate
+    thread blocks, each writing a float32 partial O and logsumexp, and a combine launch merges
+    them (flash-decoding); the g = Hq/Hkv query heads of one kv head share a thread block, so K
+    and V are read once (GQA packing).  The schedule is in ``kernels/decode.py``'s docstring.
+    ``num_splits`` None: 1 on the reference kernel, a count that fills the GPU on the fast one
+    (``kernels.perf.decode.default_splits``).  ``block_n``: the reference kernel's key block Bc
+    (default ``kernels.decode.default_block_n``).
+
+    ``impl``: "reference" (``kernels/decode.py``, whose ``counters=`` -- an int64 array from
+    :func:`kernels.counters.new_counters` -- count every transfer in elements, per tensor Q, K,
+    V, O, L, Op, Lp and BT), "fast" (``kernels/perf/decode.py``), "auto" (the fast one unless
+    ``counters`` or ``block_n`` is given, or its tiles would not fit shared memory).  ``stream``:
+    as :func:`flash_attention`; block tables and lengths given on the device are copied to the
+    host to be checked (a synchronisation).
+
+    ValueError, naming the field, for: shapes that disagree (q not 4-D, k_cache and v_cache
+    different, batch or head_dim that differ, Hkv not dividing Hq), a block table that is not
+    (B, pages) or holds a page number outside [0, num_pages) for a page a sequence uses, a
+    ``page_size`` that does not divide a 3-D cache or differs from the cache's, lengths of the
+    wrong count, above Nk_max or below Nq, ``cu_seqlens_k`` not starting at 0 or decreasing, both
+    length forms given, ``num_splits`` above the key blocks of the longest sequence (or < 1), a
+    window that is not a pair of integers >= -1, dtypes other than float32/float16/bfloat16 or
+    mixed, host and device inputs mixed, query rows per kv head whose tiles do not fit 48 KB of
+    shared memory.
+    """
+    from . import decode as _decode
+
+    if impl not in ("auto", "fast", "reference"):
+        raise ValueError(f"impl={impl!r}: must be 'auto', 'fast' or 'reference'")
+    kw = dict(cache_seqlens=cache_seqlens, cu_seqlens_k=cu_seqlens_k, block_table=block_table,
+              page_size=page_size, num_splits=num_splits, window=window, causal=causal, scale=scale,
+              stream=stream)
+    given = [name for name, x in (("counters", counters), ("block_n", block_n)) if x is not None]
+    if impl == "fast" and given:
+        raise ValueError(f"impl='fast': {', '.join(given)} are options of the reference kernel only")
+    if impl == "reference" or given:
+        return _decode.forward(q, k_cache, v_cache, block_n=block_n, counters=counters, **kw)
+    from .perf import decode as _fast_decode
+
+    p = _decode.plan(q, k_cache, v_cache, **{n: kw[n] for n in kw if n != "num_splits"})
+    if impl == "auto" and not _fast_decode.supports(p.dt, p.d, p.group * p.nq, p.page_size):
+        return _decode.forward(q, k_cache, v_cache, _plan=p, **kw)  # tiles too large for the fast kernel
+    return _fast_decode.forward(q, k_cache, v_cache, _plan=p, **kw)
+
+
 __all__ = ["flash_attention", "flash_attention_backward", "flash1_attention", "standard_attention",
-           "standard_attention_backward"]
+           "standard_attention_backward", "decode_attention"]

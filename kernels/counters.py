@@ -17,7 +17,8 @@ from __future__ import annotations
 import numpy as np
 
 #: Row index of each tensor in a counter array.  Append only: indices are baked into kernels.
-TENSORS = ("Q", "K", "V", "O", "L", "m", "l", "D", "dO", "dQ", "dK", "dV", "S", "P", "dP", "dS", "Z")
+TENSORS = ("Q", "K", "V", "O", "L", "m", "l", "D", "dO", "dQ", "dK", "dV", "S", "P", "dP", "dS", "Z",
+           "Op", "Lp", "BT")
 INDEX = {name: i for i, name in enumerate(TENSORS)}
 READ, WRITE = 0, 1
 

@@ -262,3 +262,126 @@ def judge_low_precision_backward(grads, q, k, v, do, *, dtype=np.float16, causal
         out[name] = Judgement(err, berr, float(np.nanmax(diff)) if diff.size else 0.0,
                               float(np.nanmean(diff)) if diff.size else 0.0, ratio, tolerance_ratio)
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Decoding against a KV cache (kernels/decode.py): variable lengths, paged caches, windows
+
+
+def round_bf16(x) -> np.ndarray:
+    """float32 values rounded to bfloat16 (to nearest even), returned as float32."""
+    u = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    r = np.where((u & 0x7FFFFFFF) > 0x7F800000, u | 0x400000, r)  # NaN stays NaN
+    return (r & 0xFFFFFFFF).astype(np.uint32).view(np.float32)
+
+
+def _round_to(x, dtype):
+    """float32 of ``x`` rounded to ``dtype`` (a numpy dtype, or "bf16")."""
+    if isinstance(dtype, str) and dtype == "bf16":
+        return round_bf16(x)
+    return _round(x, dtype)
+
+
+def decode_mask(length: int, nq: int, *, causal: bool = True, window=None) -> np.ndarray:
+    """Boolean (Nq, length): query row i (at position length - Nq + i) may attend key j."""
+    pos = length - nq + np.arange(nq)[:, None]
+    j = np.arange(length)[None, :]
+    allowed = np.ones((nq, length), dtype=bool)
+    if causal:
+        allowed &= j <= pos
+    if window is not None:
+        left, right = int(window[0]), int(window[1])
+        if left >= 0:
+            allowed &= j >= pos - left
+        if right >= 0:
+            allowed &= j <= pos + right
+    return allowed
+
+
+def gather_cache(cache, b: int, length: int, block_table=None) -> np.ndarray:
+    """The first ``length`` rows of sequence b's K (or V) as (Hkv, length, d): from a contiguous
+    cache (B, Hkv, Nk_max, d), or from a paged one (num_pages, P, Hkv, d) through the block table."""
+    cache = np.asarray(cache)
+    if block_table is None:
+        return cache[b, :, :length]
+    psz = cache.shape[1]
+    rows = np.arange(length)
+    pages = np.asarray(block_table)[b, rows // psz]
+    return np.swapaxes(cache[pages, rows % psz], 0, 1)  # (length, Hkv, d) -> (Hkv, length, d)
+
+
+def _masked_attention64(q, k, v, allowed, scale):
+    """Float64 (O, L) of q (H, Nq, d) against k, v (Hkv, N, d) under a boolean (Nq, N) mask."""
+    k, v = _expand_kv(k[None], q.shape[0])[0], _expand_kv(v[None], q.shape[0])[0]
+    s = scale * (q @ np.swapaxes(k, -1, -2))
+    s = np.where(allowed, s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    m_safe = np.where(np.isfinite(m), m, 0.0)
+    p = np.exp(s - m_safe)
+    l = p.sum(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        o = np.where(l != 0, (p @ v) / np.where(l != 0, l, 1.0), 0.0)
+        lse = np.where(l[..., 0] != 0, m_safe[..., 0] + np.log(l[..., 0]), -np.inf)
+    return o, lse
+
+
+def decode_forward(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, window=None, causal: bool = True,
+                   scale: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Float64 decoding: O (B, Hq, Nq, d) and L (B, Hq, Nq) of each sequence's Nq query rows
+    against the first L_b rows of its cache (contiguous, or paged through ``block_table``), with
+    the masks of :func:`decode_mask`.  ``cache_seqlens`` None: every sequence fills the cache."""
+    q = np.asarray(q, dtype=np.float64)
+    kc, vc = np.asarray(k_cache, dtype=np.float64), np.asarray(v_cache, dtype=np.float64)
+    b, hq, nq, d = q.shape
+    if cache_seqlens is None:
+        full = kc.shape[2] if block_table is None else np.asarray(block_table).shape[1] * kc.shape[1]
+        cache_seqlens = [full] * b
+    scale = default_scale(d) if scale is None else float(scale)
+    o = np.zeros(q.shape)
+    lse = np.zeros((b, hq, nq))
+    for bb, length in enumerate(int(x) for x in np.asarray(cache_seqlens).ravel()):
+        k = gather_cache(kc, bb, length, block_table)
+        v = gather_cache(vc, bb, length, block_table)
+        o[bb], lse[bb] = _masked_attention64(q[bb], k, v, decode_mask(length, nq, causal=causal, window=window),
+                                             scale)
+    return o, lse
+
+
+def decode_plain_lowp(q, k_cache, v_cache, cache_seqlens=None, *, dtype=np.float16, block_table=None, window=None,
+                      causal: bool = True, scale: float | None = None) -> np.ndarray:
+    """Decoding as plain low-precision code computes it (:func:`plain_attention_lowp`'s steps, each
+    intermediate rounded to ``dtype``; "bf16" for bfloat16): the baseline of the 2x rule."""
+    q = _round_to(q, dtype)
+    kc, vc = _round_to(k_cache, dtype), _round_to(v_cache, dtype)
+    b, hq, nq, d = q.shape
+    if cache_seqlens is None:
+        full = kc.shape[2] if block_table is None else np.asarray(block_table).shape[1] * kc.shape[1]
+        cache_seqlens = [full] * b
+    scale = default_scale(d) if scale is None else float(scale)
+    out = np.zeros(q.shape, dtype=np.float32)
+    for bb, length in enumerate(int(x) for x in np.asarray(cache_seqlens).ravel()):
+        k = _expand_kv(gather_cache(kc, bb, length, block_table)[None], hq)[0]
+        v = _expand_kv(gather_cache(vc, bb, length, block_table)[None], hq)[0]
+        s = _round_to(_round_to(q[bb] @ np.swapaxes(k, -1, -2), dtype) * np.float32(scale), dtype)
+        s = np.where(decode_mask(length, nq, causal=causal, window=window), s, -np.inf)
+        m = s.max(axis=-1, keepdims=True)
+        m = np.where(np.isfinite(m), m, 0.0)
+        p = _round_to(np.exp(s - m), dtype)
+        l = _round_to(p.sum(axis=-1, keepdims=True), dtype)
+        p = _round_to(p / np.where(l > 0, l, 1.0), dtype)
+        out[bb] = _round_to(p @ v, dtype)
+    return out
+
+
+def judge_decode(out, q, k_cache, v_cache, cache_seqlens=None, *, dtype=np.float16, block_table=None, window=None,
+                 causal: bool = True, scale: float | None = None, tolerance_ratio: float = 2.0) -> Judgement:
+    """The 2x rule for a low-precision decode output (:func:`judge_low_precision`, for decoding)."""
+    qr, kr, vr = (_round_to(x, dtype) for x in (q, k_cache, v_cache))
+    kw = dict(block_table=block_table, window=window, causal=causal, scale=scale)
+    ref, _ = decode_forward(qr, kr, vr, cache_seqlens, **kw)
+    base = decode_plain_lowp(qr, kr, vr, cache_seqlens, dtype=dtype, **kw)
+    err, berr = rel_error(out, ref), rel_error(base, ref)
+    diff = np.abs(np.asarray(out, dtype=np.float64) - ref)
+    ratio = err / berr if berr > 0 else (0.0 if err == 0 else float("inf"))
+    return Judgement(err, berr, float(np.nanmax(diff)), float(np.nanmean(diff)), ratio, tolerance_ratio)

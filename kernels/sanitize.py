@@ -1,7 +1,7 @@
 """Every kernel once at a small, ragged size: the program compute-sanitizer runs.
 
     compute-sanitizer --tool memcheck  python -m kernels.sanitize
-    compute-sanitizer --tool racecheck python -m kernels.sanitize [--only bwd_fp16_v3|bwd_fp32_v2]
+    compute-sanitizer --tool racecheck python -m kernels.sanitize [--only bwd_fp16_v3|bwd_fp32_v2|decode]
 
 Sizes are ragged (N = 97 queries, 130 keys, d = 40) so that partial tiles, masked rows and
 the bounds checks all run; causal and grouped-query variants included; fp32 and fp16; the fp16
@@ -32,14 +32,64 @@ def only(name: str) -> None:
         print(f"ran {name}: causal={causal}", flush=True)
 
 
+def decode() -> None:
+    """The decode kernels (kernels/decode.py, kernels/perf/decode.py) at ragged sizes: variable
+    lengths (one below a key block), GQA 4:1, Nq = 1 and 3, d = 40, contiguous and paged (P = 16)
+    caches, one split and two with a window (the combine); fp32 (Nq = 1) and fp16 (Nq = 1, 3),
+    bf16 through torch; the tensor-core variant (v3) at d = 64."""
+    import kernels
+
+    rng = np.random.default_rng(7)
+    lengths = np.array([130, 5, 97], dtype=np.int32)
+    for dt, nq in ((np.float32, 1), (np.float16, 1), (np.float16, 3)):
+        q = rng.standard_normal((3, 8, nq, 40)).astype(dt)
+        k = rng.standard_normal((3, 2, 140, 40)).astype(dt)
+        v = rng.standard_normal((3, 2, 140, 40)).astype(dt)
+        kp = rng.standard_normal((30, 16, 2, 40)).astype(dt)
+        vp = rng.standard_normal((30, 16, 2, 40)).astype(dt)
+        table = rng.permutation(30)[:27].reshape(3, 9).astype(np.int32)
+        for impl in ("reference", "fast"):
+            for splits, window in ((1, None), (2, (50, -1))):
+                kernels.decode_attention(q, k, v, cache_seqlens=lengths, num_splits=splits, window=window,
+                                         impl=impl)
+                kernels.decode_attention(q, kp, vp, cache_seqlens=lengths, block_table=table,
+                                         num_splits=splits, window=window, impl=impl)
+        if dt == np.float16:  # v3, the tensor-core variant: d = 64, 4 or 6 query rows per kv head
+            from kernels.perf import decode as fast
+
+            q6, k6, v6, kp6, vp6 = (np.concatenate([x, x[..., :24]], axis=-1) for x in (q, k, v, kp, vp))
+            hq = 8 if nq == 1 else 4
+            for splits, window in ((1, None), (2, (50, -1))):
+                fast.forward_tc(q6[:, :hq], k6, v6, cache_seqlens=lengths, num_splits=splits, window=window)
+                fast.forward_tc(q6[:, :hq], kp6, vp6, cache_seqlens=lengths, block_table=table,
+                                num_splits=splits, window=window)
+        cuda.synchronize()
+        print(f"ran decode: {np.dtype(dt).name}, Nq={nq}", flush=True)
+    try:
+        import torch
+    except ImportError:
+        return
+    q = torch.randn(3, 8, 1, 40, device="cuda").to(torch.bfloat16)
+    k = torch.randn(3, 2, 140, 40, device="cuda").to(torch.bfloat16)
+    v = torch.randn(3, 2, 140, 40, device="cuda").to(torch.bfloat16)
+    for impl in ("reference", "fast"):
+        kernels.decode_attention(q, k, v, cache_seqlens=lengths, num_splits=3, impl=impl)
+    torch.cuda.synchronize()
+    print("ran decode: bfloat16", flush=True)
+
+
 def main(argv=None) -> int:
     import argparse
 
     import kernels
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", default=None, help="one fast backward variant of kernels/perf, e.g. bwd_fp16_v3")
+    ap.add_argument("--only", default=None, help="one fast backward variant of kernels/perf, e.g. bwd_fp16_v3; "
+                    "or 'decode': the decode kernels")
     args = ap.parse_args(argv)
+    if args.only == "decode":
+        decode()
+        return 0
     if args.only:
         only(args.only)
         return 0
