@@ -86,17 +86,18 @@ def _time(torch, fn, trials, inner):
     return float(np.median(per)), float(min(per)), float(max(per))
 
 
-def _model_splits(cfg, hq):
-    """The simulator's split choice, if this flashsim has one (``flashsim.decode_splits``)."""
-    try:
-        import flashsim
+def _model_splits(cfg, hq, tile):
+    """The simulator's split choice (``flashsim.decode_splits.propose`` on the H100 preset) for
+    this configuration with the kernel's key tile as Bc; None (and a printed reason) if it refuses."""
+    from flashsim import Tiling, Workload
+    from flashsim.decode_splits import propose
 
-        fn = getattr(flashsim, "decode_splits", None)
-        if fn is None:
-            return None
-        return int(fn(batch=cfg["batch"], heads=hq, kv_heads=HKV, seq_len_q=cfg["nq"], seq_len_k=cfg["nk"],
-                      head_dim=D, dtype="fp16", gpu="h100", page_size=cfg["page"]))
-    except Exception:
+    w = Workload(batch=cfg["batch"], heads=hq, kv_heads=HKV, seq_len_q=cfg["nq"], seq_len_k=cfg["nk"],
+                 head_dim=D, dtype="fp16")
+    try:
+        return propose(w, "h100", Tiling(1, tile), **({"page_size": cfg["page"]} if cfg["page"] else {})).num_splits
+    except ValueError as e:
+        print(f"model splits: {e}", flush=True)
         return None
 
 
@@ -176,7 +177,7 @@ def run_config(torch, cfg, trials, inner, sdpa_fns) -> list[dict]:
         default = fast.default_splits(b, HKV, longest)
         splits = cfg["splits"] or default
         rec = dict(base, variant=name, num_splits=splits, default_splits=default,
-                   model_splits=_model_splits(cfg, hq), tile_keys=t)
+                   model_splits=_model_splits(cfg, hq, t), tile_keys=t)
         fn = fast.forward_tc if minb < 0 else fast.forward
         kw = dict(num_splits=splits, _plan=p) if minb < 0 else dict(num_splits=splits, tile=tile, min_blocks=minb,
                                                                      _plan=p)
