@@ -34,16 +34,21 @@ def block_of(cfg: dict) -> int:
     return int(cfg["block_m"])
 
 
+_CONFIG_KEYS = ("config_id", "kernel", "pass", "batch", "heads", "seq_len_q", "seq_len_k", "head_dim", "dtype",
+                "causal", "block_m", "block_n", "sram_bytes", "gemm_block")
+
+
 def measured_configs(rows: list[dict], timing: list[dict] | None = None) -> list[dict]:
     """Launches of one configuration of a measured record added up (LSU, DRAM bytes, ncu time, the
     largest launch's grid), with the CUDA-event times of ``timing`` (median, min, max over the
     repeats) where given.  Rows as :func:`analysis.notebook_data.load_csv` reads them."""
     agg: dict[str, dict] = {}
     for r in rows:
-        a = agg.setdefault(r["config_id"], {k: r.get(k) for k in (
-            "config_id", "kernel", "pass", "batch", "heads", "seq_len_q", "seq_len_k", "head_dim", "dtype", "causal",
-            "block_m", "block_n", "sram_bytes", "gemm_block")} | {"lsu_bytes": 0, "dram_bytes": 0, "dram_read_bytes": 0,
-                                                                  "dram_write_bytes": 0, "time_ns": 0.0, "grid_blocks": 0})
+        if r["config_id"] not in agg:
+            agg[r["config_id"]] = {k: r.get(k) for k in _CONFIG_KEYS} | {
+                "lsu_bytes": 0, "dram_bytes": 0, "dram_read_bytes": 0, "dram_write_bytes": 0, "time_ns": 0.0,
+                "grid_blocks": 0}
+        a = agg[r["config_id"]]
         a["lsu_bytes"] += r["lsu_ld_bytes"] + r["lsu_st_bytes"]
         a["dram_read_bytes"] += r["dram_read_bytes"]
         a["dram_write_bytes"] += r["dram_write_bytes"]
@@ -86,7 +91,8 @@ def figure2_claims(points: list[dict], peak_bytes_per_s: float) -> dict[str, dic
             "blocks": [p["block"] for p in pts], "grid_blocks": min(p["grid_blocks"] for p in pts),
             "lsu_drop": lsu[0] / lsu[-1], "dram_drop": dram[0] / dram[-1], "time_drop": t[0] / t[-1],
             "time_min_block": pts[int(np.argmin(t))]["block"], "rank_corr_time_dram": rho,
-            "bw_share_max": float(bw.max() / peak_bytes_per_s), "memory_bound": bool(bw.max() >= 0.5 * peak_bytes_per_s),
+            "bw_share_max": float(bw.max() / peak_bytes_per_s),
+            "memory_bound": bool(bw.max() >= 0.5 * peak_bytes_per_s),
             "tflops_max": float(max(p["flops"] / (tt / 1e3) for p, tt in zip(pts, t)) / 1e12),
         }
     return out

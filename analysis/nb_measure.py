@@ -188,10 +188,12 @@ def draw(rng, shape, dist: str) -> np.ndarray:
     raise ValueError(f"dist={dist!r}: must be one of {DISTRIBUTIONS}")
 
 
-def _reference(torch, q, k, v, lowp: bool, chunk: int = 2048):
-    """float64 softmax attention of torch (B, H, N, d) tensors by row chunks (no N x N matrix
-    beyond ``chunk`` rows); ``lowp``: plain fp16 attention instead (kernels.reference's
-    ``plain_attention_lowp``: every intermediate rounded to fp16, products accumulated in fp32)."""
+def _reference(torch, q, k, v, lowp: bool, chunk: int | None = None):
+    """float64 softmax attention of torch (B, H, N, d) tensors by row chunks (S of ``chunk`` rows
+    at a time, by default 4 GiB of float64); ``lowp``: plain fp16 attention instead
+    (kernels.reference's ``plain_attention_lowp``: every intermediate rounded to fp16, products
+    accumulated in fp32)."""
+    chunk = chunk or max(1, 2**32 // (8 * k.shape[0] * k.shape[1] * k.shape[2]))
     scale = q.shape[-1] ** -0.5
     outs = []
     for r0 in range(0, q.shape[2], chunk):
@@ -256,7 +258,8 @@ def run_exact(root: Path, gpu: str) -> None:
                     one(dist, seed, n, dt)
     for seed in SEEDS[:3]:
         one("normal", seed, 32768, np.float32)
-    # O(N) memory: what one forward call allocates on the device beyond its inputs, at several N
+    # O(N) memory: what one forward call allocates on the device beyond its inputs, at several N;
+    # from N = 65,536 on, its output checked against float64 on every row as well
     for n in (16384, 32768, 65536, 131072):
         rng = np.random.default_rng(0)
         q, k, v = (cuda.to_device(draw(rng, (1, 16, n, 64), "normal").astype(np.float16)) for _ in range(3))
@@ -265,9 +268,19 @@ def run_exact(root: Path, gpu: str) -> None:
         o, lse = kernels.flash_attention(q, k, v, return_lse=True)  # impl="auto": the fast kernels
         cuda.synchronize()
         free1, _ = cuda.current_context().get_memory_info()
-        rows.append({"kernel": "flash2", "impl": "auto", "dist": "memory", "seed": 0, "batch": 1, "heads": 16, "n": n,
-                     "d": 64, "dtype": "float16", "inputs_bytes": 3 * q.nbytes, "outputs_bytes": o.nbytes + lse.nbytes,
-                     "device_bytes_allocated_by_call": free0 - free1, "S_would_need_bytes": 16 * n * n * 2})
+        rec = {"kernel": "flash2", "impl": "auto", "dist": "memory", "seed": 0, "batch": 1, "heads": 16, "n": n,
+               "d": 64, "dtype": "float16", "inputs_bytes": 3 * q.nbytes, "outputs_bytes": o.nbytes + lse.nbytes,
+               "device_bytes_allocated_by_call": free0 - free1, "S_would_need_bytes": 16 * n * n * 2}
+        if n >= 65536:
+            tq, tk, tv = (torch.as_tensor(x, device="cuda") for x in (q, k, v))
+            want = _reference(torch, tq, tk, tv, lowp=False)
+            rec["rel_err"] = _rel(torch, torch.as_tensor(o, device="cuda"), want)
+            rec["plain_fp16_rel_err"] = _rel(torch, _reference(torch, tq, tk, tv, lowp=True), want)
+            rec["ratio"] = rec["rel_err"] / rec["plain_fp16_rel_err"]
+            rec["rows_checked"] = "all"
+            del tq, tk, tv, want
+            torch.cuda.empty_cache()
+        rows.append(rec)
         print(f"memory N={n}: call allocated {(free0 - free1) / 2**20:.0f} MiB; O + L "
               f"{(o.nbytes + lse.nbytes) / 2**20:.0f} MiB; S would need {16 * n * n * 2 / 2**30:.0f} GiB",
               file=sys.stderr, flush=True)
