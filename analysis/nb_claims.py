@@ -98,4 +98,55 @@ def figure2_claims(points: list[dict], peak_bytes_per_s: float) -> dict[str, dic
     return out
 
 
-__all__ = ["attention_flops", "block_of", "measured_configs", "figure2_claims"]
+
+
+def fmt_ratio(x: float, rel_spread: float) -> str:
+    """A ratio to the decimals its relative spread allows: the last digit printed is no finer
+    than the spread (x·rel_spread), at most 2 decimals, at least 0 ("5.6", "0.64", "12")."""
+    if not math.isfinite(x):
+        return "–"
+    unc = abs(x) * max(rel_spread, 1e-12)
+    decimals = min(2, max(0, -math.floor(math.log10(unc)))) if unc > 0 else 2
+    return f"{x:.{decimals}f}"
+
+
+def ratio_spreads(rows: list[dict], peers: tuple[str, ...]) -> dict[tuple, dict[str, float]]:
+    """For each timed row of ours (key: its configuration tuple and variant), the relative spread
+    of its ratio to each peer timed on the same configuration: √((σ_ours/ms_ours)² + (σ_peer/ms_peer)²)
+    from the recorded ``ms_std``."""
+    from .perf import config_of, is_ours, split_failed
+
+    timed, _ = split_failed(rows)
+    rel = {(config_of(r), r["variant"]): (r.get("ms_std") or 0.0) / r["ms"] for r in timed}
+    out = {}
+    for r in timed:
+        if is_ours(r["variant"]):
+            mine = rel[(config_of(r), r["variant"])]
+            out[(config_of(r), r["variant"])] = {p: math.hypot(mine, rel[(config_of(r), p)]) for p in peers
+                                                 if (config_of(r), p) in rel}
+    return out
+
+
+def gpt2_summary(rows: list[dict]) -> dict[tuple, dict]:
+    """Per (variant, causal, mode) of the GPT-2-medium attention timing: the median over every
+    timed call, each run's median, their smallest and largest, and the status of failed runs."""
+    groups: dict[tuple, dict] = {}
+    for r in rows:
+        key = (r["variant"], bool(r["causal"]), r.get("mode") or "fwd_bwd")
+        g = groups.setdefault(key, {"calls": [], "runs": defaultdict(list), "failed": []})
+        if r.get("status") == "ok":
+            g["calls"].append(float(r["ms"]))
+            g["runs"][r["run"]].append(float(r["ms"]))
+        else:
+            g["failed"].append(r.get("status"))
+    out = {}
+    for key, g in groups.items():
+        run_med = [float(np.median(v)) for v in g["runs"].values()]
+        out[key] = {"ms": float(np.median(g["calls"])) if g["calls"] else math.nan, "run_medians": run_med,
+                    "lo": min(run_med) if run_med else math.nan, "hi": max(run_med) if run_med else math.nan,
+                    "runs": len(run_med), "failed": g["failed"]}
+    return out
+
+
+__all__ = ["attention_flops", "block_of", "measured_configs", "figure2_claims", "fmt_ratio", "ratio_spreads",
+           "gpt2_summary"]
