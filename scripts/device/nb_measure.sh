@@ -10,7 +10,7 @@
 #           (LSU, L2, DRAM bytes, time) + CUDA-event times                   -> analysis/data/<gpu>/fig2/
 #   dsweep  d = 32..256 at fixed N under ncu: FA1 (M 32 KB, 64 KB), FA2     -> analysis/data/<gpu>/dsweep/
 # Everything lands under $OUT at its repository path (copy with `cp -r $OUT/. .`), with a log per
-# step in $OUT/nb_measure_logs/.  About 7 minutes on an H100.
+# step in $OUT/nb_measure_logs/.  At most 8 minutes on an H100 (the four limits add up to 480 s).
 #   usage: FLASHSIM_GIT_COMMIT=<sha> FLASHSIM_GIT_DIRTY=0 bash scripts/device/nb_measure.sh [STEP ...]
 set -u
 : "${OUT:?OUT must name the output folder}"
@@ -21,7 +21,7 @@ mkdir -p "$OUT/nb_measure_logs"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=(gpt2 exact fig2 dsweep)
-declare -A limit=([gpt2]=100 [exact]=140 [fig2]=100 [dsweep]=130)
+declare -A limit=([gpt2]=80 [exact]=160 [fig2]=120 [dsweep]=120)
 for s in "${steps[@]}"; do
     t0=$(date +%s)
     timeout "${limit[$s]:-120}" python3 -m analysis.nb_measure "$s" --out "$OUT" > "$OUT/nb_measure_logs/$s.log" 2>&1
