@@ -6,7 +6,7 @@ exist, in the order the hardware issues them: x fastest, then y, then z), how ma
 SM holds at once (threads and shared memory per block), and each block's global accesses as a
 sequence of *steps* (one step = the tiles a block loads or stores between two barriers of its
 main loop).  :class:`BlockSpec` carries that; :func:`attach` fills ``Launch.blocks`` of every
-launch of a schedule built by ``flashsim.algorithms`` (standard, flash1, flash2), from the same
+launch of a schedule built by ``flashsim.algorithms`` (standard, flash1, flash2, decode), from the same
 workload and tiling.
 
 The block programs follow the reference kernels (kernels/flash2.py, kernels/flash1.py,
@@ -23,6 +23,12 @@ kernels/standard.py) launch by launch:
   visible query block), then per visible (query head, i) one step that reads Q_i, O_i, ℓ_i, m_i
   (backward: Q_i, O_i, dO_i, dQ_i, ℓ_i, m_i) and writes O_i, ℓ_i, m_i (backward dQ_i); the
   backward writes dK_j, dV_j in a step after each j.
+* **decode**: grid (S, B·Hkv) (split fastest), block (s, b·Hkv + h): step Q (if the split has a
+  key block); one step per key block (its block-table entries, then K and V, page segment by
+  page segment, row by row when Hkv > 1); step O, L (S = 1) or Op, Lp.  Combine grid
+  (B·Hq·Nq): one step reading Lp and Op of every split, then O and L.  128 threads; shared
+  memory an estimate (Q, a K and a V block, the fp32 scores and accumulator), not a kernel's
+  declaration.
 * **standard**: C = A Bᵀ (S = Q Kᵀ, dP = dO Vᵀ) grid (Tc, Tr, B·H), block (j, i, p): one step
   per b-wide slice of the head dimension (A[i, c0:c0+b] and B[j, c0:c0+b]), then the b x b tile
   of C; C = A B (O = P V, dQ = dS K) grid (Tr, B·H): one step per key slice k0 (A[i, k0:k0+b],
@@ -183,7 +189,8 @@ def _flash2(schedule, w: Workload, t: Tiling) -> None:
     q0, qn = _rows(w.nq, br)
     k0, kn = _rows(w.nk, bc)
     tr, tc = len(q0), len(k0)
-    vis_of = cache(lambda: visible_blocks(w, t))  # computed when a trace is first asked for
+    window = schedule.meta.get("window")
+    vis_of = cache(lambda: visible_blocks(w, t, window))  # computed when a trace is first asked for
     cols = _cols(schedule)
     eb = w.elem_bytes
     last = 1 << 40  # step key of a block's epilogue (keys stay below 2^41)
@@ -393,11 +400,99 @@ def _standard(schedule, w: Workload) -> None:
             launch.blocks = rowwise([x.tensor for x in acc if not x.write], [x.tensor for x in acc if x.write])
 
 
-def attach(schedule, algo: str, w: Workload, tiling: Tiling | None):
+# ---------------------------------------------------------------------------------------------
+# Decoding (flashsim/algorithms/decode.py)
+
+
+def _expand(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For groups of ``counts`` items: each item's group and its index inside the group."""
+    counts = np.asarray(counts, dtype=np.int64)
+    grp = np.repeat(np.arange(counts.size, dtype=np.int64), counts)
+    return grp, np.arange(grp.size, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+
+
+def _decode(schedule, w: Workload, plan) -> None:
+    from .algorithms.decode import _blocks, _pages_of, _segments
+
+    p = plan
+    cols = _cols(schedule)
+    nsplit, bk, gq = p.splits, p.batch * p.hkv, p.group * p.nq
+    last = 1 << 40
+
+    @cache
+    def arrays():  # made when a trace is first asked for
+        blk = _blocks(p)
+        segs = None if p.page is None else _segments(p, blk)
+        pages = (None, None) if p.page is None else _pages_of(p, blk["r0"], blk["n"])
+        key_of = blk["b"] * nsplit + blk["s"]  # nondecreasing: blocks in (b, j) order, s = k // bps
+        seg_start = None if segs is None else np.searchsorted(segs["blk"], np.arange(blk["b"].size), "left")
+        seg_count = None if segs is None else np.bincount(segs["blk"], minlength=blk["b"].size)
+        return blk, segs, pages, key_of, seg_start, seg_count
+
+    def main(lo, hi):
+        blk, segs, (pg0, npg), key_of, seg_start, seg_count = arrays()
+        P = _Parts(lo, hi, cols)
+        q, s, y, _ = _grid_index(lo, hi, nsplit)  # block (s, y): split s of program y = b·Hkv + h
+        b, h = y // p.hkv, y % p.hkv
+        st = np.searchsorted(key_of, b * nsplit + s, "left")
+        cnt = np.searchsorted(key_of, b * nsplit + s, "right") - st
+        has = cnt > 0
+        P.add("Q", False, q[has], 0, y[has], 0, gq)
+        gi, k = _expand(cnt)
+        e = st[gi] + k  # the key blocks of each grid block, in order
+        step = 1 + k
+        if p.page is None:
+            for name in ("K", "V"):
+                P.add(name, False, q[gi], step, y[gi], blk["r0"][e], blk["n"][e])
+        else:
+            P.add("BT", False, q[gi], step, b[gi], pg0[e], npg[e])
+            si, sk = _expand(seg_count[e])
+            sg = seg_start[e][si] + sk  # the page segments of each key block
+            qq, kk, hh = q[gi][si], step[si], h[gi][si]
+            if p.hkv == 1:
+                for name in ("K", "V"):
+                    P.add(name, False, qq, kk, segs["phys"][sg], segs["a"][sg], segs["n"][sg])
+            else:  # one row per transfer: slice (page row)·Hkv + h
+                ri, rk = _expand(segs["n"][sg])
+                x = segs["phys"][sg][ri] * p.page + segs["a"][sg][ri] + rk
+                for name in ("K", "V"):
+                    P.add(name, False, qq[ri], kk[ri], x * p.hkv + hh[ri], 0, 1)
+        if nsplit == 1:
+            P.add("O", True, q, last, y, 0, gq)
+            P.add("L", True, q, last, y, 0, gq)
+        else:
+            P.add("Op", True, q, last, s * bk + y, 0, gq)
+            P.add("Lp", True, q, last, s * bk + y, 0, gq)
+        return P.pack()
+
+    def combine(lo, hi):
+        P = _Parts(lo, hi, cols)
+        c = np.arange(lo, hi, dtype=np.int64)  # (b, query head, row) = (y, r) with r < g·Nq
+        y, r = c // gq, c % gq
+        sp = np.arange(nsplit, dtype=np.int64)[None, :]
+        cc, yy, rr = c[:, None], y[:, None], r[:, None]
+        P.add("Lp", False, cc, 0, sp * bk + yy, rr, 1)
+        P.add("Op", False, cc, 0, sp * bk + yy, rr, 1)
+        P.add("O", True, c, last, y, r, 1)
+        P.add("L", True, c, last, y, r, 1)
+        return P.pack()
+
+    eb, d, bc = w.elem_bytes, w.d, p.bc
+    smem = eb * (gq * d + 2 * bc * d) + STAT_BYTES * (gq * bc + gq * d + 3 * gq)
+    specs = {"decode": BlockSpec((nsplit, bk, 1), 128, smem, main),
+             "decode_split": BlockSpec((nsplit, bk, 1), 128, smem, main),
+             "decode_combine": BlockSpec((bk * gq, 1, 1), 128, STAT_BYTES * nsplit * (d + 1), combine)}
+    for launch in schedule.launches:
+        launch.blocks = specs[launch.name]
+
+
+def attach(schedule, algo: str, w: Workload, tiling: Tiling | None, plan=None):
     """Fill ``launch.blocks`` of every launch of ``schedule`` (built by ``algo`` for ``w`` and
-    ``tiling``) and return the schedule.  Algorithms without a block model (smallcache) are
-    returned as they are."""
-    if algo == "flash2":
+    ``tiling``; ``plan``: decode's resolved options) and return the schedule.  Algorithms without
+    a block model (smallcache) are returned as they are."""
+    if algo == "decode":
+        _decode(schedule, w, plan)
+    elif algo == "flash2":
         _flash2(schedule, w, tiling)
     elif algo == "flash1":
         _flash1(schedule, w, tiling)

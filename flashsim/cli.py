@@ -31,7 +31,7 @@ import textwrap
 import warnings
 from collections.abc import Callable, Sequence
 
-from .algorithms import ALGORITHMS, get_algorithm
+from .algorithms import ALGORITHMS, ALL_ALGORITHMS, get_algorithm
 from .api import simulate
 from .bounds import bounds_table
 from .config import GPU_ALIASES, GPUS, Tiling, Workload, get_gpu
@@ -49,6 +49,9 @@ _FIELD_FLAGS = {
     "seq_len_k": "--seq-len-k", "head_dim": "--head-dim", "dtype": "--dtype", "sram_bytes": "--sram-bytes",
     "sram_elems": "--sram-bytes", "block_m": "--block-m", "block_n": "--block-n", "gpu": "--gpu",
     "algo": "--algo", "pass_": "--pass", "out": "--out",
+    "devices": "--devices", "parallel": "--parallel", "topology": "--topology",
+    "num_splits": "--num-splits", "page_size": "--page-size", "window": "--window", "lengths": "--lengths",
+    "cu_seqlens": "--cu-seqlens", "block_table": "--block-table",
 }
 
 
@@ -73,8 +76,8 @@ def _add_workload(p: argparse.ArgumentParser, seq_len: bool = True) -> None:
     g.add_argument("--kv-heads", type=int, default=None, metavar="Hkv",
                    help="key/value heads, must divide H (grouped-query attention; default H)")
     if seq_len:
-        g.add_argument("--seq-len", "-N", type=int, default=1024, metavar="N",
-                       help="query sequence length Nq (default 1024)")
+        g.add_argument("--seq-len", "-N", "--nq", type=int, default=1024, metavar="N",
+                       help="query sequence length Nq (default 1024; decode: query rows per sequence)")
     g.add_argument("--seq-len-k", type=int, default=None, metavar="Nk", help="key sequence length (default Nq)")
     g.add_argument("--head-dim", "-d", type=int, default=64, metavar="d", help="head dimension (default 64)")
     g.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default="fp16", help="storage precision (default fp16)")
@@ -121,7 +124,7 @@ _RESERVED_OPTIONS = ("sram_elems",)
 def _algorithm_options() -> dict[str, tuple[object, str, list[str]]]:
     """option name -> (default, help, algorithms taking it), over every algorithm."""
     opts: dict[str, tuple[object, str, list[str]]] = {}
-    for name in ALGORITHMS:
+    for name in ALL_ALGORITHMS:
         for opt, (default, text) in get_algorithm(name).OPTIONS.items():
             if opt in _RESERVED_OPTIONS:
                 continue
@@ -203,6 +206,8 @@ def _with_sram_bytes(e: ValueError, a: argparse.Namespace, w, m: int) -> ValueEr
 
 
 def _cmd_simulate(a: argparse.Namespace) -> int:
+    if a.devices is not None or a.parallel is not None or a.topology is not None:
+        return _cmd_context_parallel(a)
     w = _workload(a)
     gpu = get_gpu(a.gpu)
     given = _given_tiling(a, a.algo)
@@ -230,6 +235,22 @@ def _cmd_simulate(a: argparse.Namespace) -> int:
         if dram is not None:
             print()
             print(format_dram(dram))
+    return 0
+
+
+def _cmd_context_parallel(a: argparse.Namespace) -> int:
+    """simulate --devices P --parallel {ring,ulysses}: flashsim.parallel on the workload."""
+    from .parallel import context_parallel, format_text
+
+    if a.devices is None:
+        raise ValueError("devices=None: --parallel and --topology need --devices P")
+    if a.algo != "flash2" or a.level != "lsu":
+        raise ValueError(f"algo={a.algo!r}, level={a.level!r}: --devices runs flash2 in each step, at the LSU level")
+    w, gpu = _workload(a), get_gpu(a.gpu)
+    given = _given_tiling(a, "flash2")
+    r = context_parallel(w, a.devices, a.parallel or "ring", a.pass_, gpu, tiling=given,
+                         sram_elems=None if given else _sram_elems(a, w, gpu), topology=a.topology)
+    print(json.dumps(r.to_dict(), indent=2) if a.json else format_text(r))
     return 0
 
 
@@ -276,6 +297,12 @@ def _simulate_text(s: dict) -> str:
         lines.append(f"FLOPs: matmul {fmt_num(f['matmul'])}, non-matmul {fmt_num(f['nonmatmul'])}")
     if s["bounds"] is not None:
         lines.append("forward IO bounds at this M, in elements: " + _bounds_line(s["bounds"]))
+    if s.get("decode_bounds") is not None:
+        b = s["decode_bounds"]
+        lines.append("decoding, in bytes: " + ", ".join(f"{k} {fmt_num(v)}" for k, v in b.items()))
+        pr = s["proposed_splits"]
+        lines.append(f"proposed num_splits on {s['gpu']}: {pr['num_splits']} (flash-attention's heuristic: "
+                     f"{pr['fa2_choice']}; {pr['programs_per_split']} programs per split, {pr['slots']} SM slots)")
     if s["roofline"] is not None:
         r = s["roofline"]
         lines.append(f"roofline on {s['gpu']}: {r['time_s'] * 1e3:.4g} ms ({r['bound']}-bound)")
@@ -294,6 +321,8 @@ TENSORS = {
     "D": "rowsum(dO∘O), N, fp32",
     "dO": "gradient of O, N x d", "dQ": "gradient of Q", "dK": "gradient of K", "dV": "gradient of V",
     "dS": "gradient of S, N x N", "dP": "gradient of P, N x N",
+    "BT": "decode's block table, int32, one entry per page of a paged KV cache",
+    "Op": "decode's partial outputs of the splits, fp32, S x N x d", "Lp": "decode's partial logsumexps, fp32, S x N",
 }
 
 
@@ -470,7 +499,7 @@ def add_simulate(sub) -> None:
                        description="Walk one algorithm's tile schedule and count every HBM transfer: "
                                    "elements, bytes and 32-byte sectors per tensor, with the closed form, "
                                    "the FLOPs, the IO bounds and the roofline time on a GPU preset.")
-    s.add_argument("--algo", "-a", choices=ALGORITHMS, default="flash2", help="algorithm (default flash2)")
+    s.add_argument("--algo", "-a", choices=ALL_ALGORITHMS, default="flash2", help="algorithm (default flash2)")
     s.add_argument("--pass", dest="pass_", choices=("fwd", "bwd", "fwd+bwd"), default="fwd",
                    help="forward, backward or both (default fwd)")
     _add_workload(s)
@@ -494,6 +523,11 @@ def add_simulate(sub) -> None:
                     help="with --level dram: simulate about one L2 set in S and scale the counts (faster; "
                          "default 1, exact)")
     _add_algorithm_options(s)
+    cp = s.add_argument_group("context parallelism (flashsim.parallel): the workload split over P devices")
+    cp.add_argument("--devices", type=int, default=None, metavar="P", help="devices P (each runs flash2 steps)")
+    cp.add_argument("--parallel", choices=("ring", "ulysses"), default=None, help="schedule (default ring)")
+    cp.add_argument("--topology", choices=("switch", "ring"), default=None,
+                    help="interconnect topology (default: the GPU preset's, switch)")
     s.set_defaults(func=_cmd_simulate)
 
 

@@ -296,6 +296,14 @@ class Hardware:
     max_threads_per_sm: int = 2048
     max_blocks_per_sm: int = 32
     l2_source: str = ""
+    #: The GPU-to-GPU interconnect (NVLink) for context parallelism (flashsim.parallel):
+    #: ``link_bytes_per_s`` is one GPU's bandwidth per direction (None: no interconnect modelled);
+    #: ``link_topology`` is "switch" (every GPU's links go to an NVSwitch: a GPU's sends, to any
+    #: peers, share its per-direction bandwidth) or "ring" (each GPU is linked to its two ring
+    #: neighbours, ``link_bytes_per_s`` per direction on each link).
+    link_bytes_per_s: float | None = None
+    link_topology: str = "switch"
+    link_source: str = ""
 
     def __post_init__(self) -> None:
         for name in ("sram_bytes_per_sm", "max_shared_bytes_per_block", "num_sms", "l2_bytes", "l2_line_bytes",
@@ -326,6 +334,11 @@ class Hardware:
             v = getattr(self, name)
             if isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise ValueError(f"{name}={v!r}: must be a positive finite number")
+        v = self.link_bytes_per_s
+        if v is not None and (isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0)):
+            raise ValueError(f"link_bytes_per_s={v!r}: must be None or a positive finite number")
+        if self.link_topology not in LINK_TOPOLOGIES:
+            raise ValueError(f"link_topology={self.link_topology!r}: must be one of {list(LINK_TOPOLOGIES)}")
         if not isinstance(self.matmul_flops, dict):
             raise ValueError(f"matmul_flops={self.matmul_flops!r}: must be a dict of precision -> FLOP/s")
         for key, v in self.matmul_flops.items():
@@ -352,6 +365,14 @@ class Hardware:
 
 KIB = 1024
 MIB = 1024 * 1024
+
+#: Interconnect topologies the context-parallel model knows (see Hardware.link_topology).
+LINK_TOPOLOGIES = ("switch", "ring")
+_NVLINK_H100 = ("H100 SXM5 datasheet / whitepaper 2022: NVLink 4, 18 links, 900 GB/s bidirectional per GPU "
+                "= 450 GB/s per direction, through NVSwitch in HGX H100 8-GPU boards")
+_NVLINK_H200 = "H200 SXM datasheet: NVLink 900 GB/s bidirectional per GPU (450 GB/s per direction), NVSwitch (HGX)"
+_NVLINK_A100 = ("A100 whitepaper 2020: NVLink 3, 12 links, 600 GB/s bidirectional per GPU = 300 GB/s per "
+                "direction, through NVSwitch in HGX A100 8-GPU boards")
 
 #: GPU presets.  Sources: NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020), table 1
 #: and "A100 SM architecture" (192 KB combined L1/shared per SM, up to 164 KB shared per block,
@@ -398,6 +419,9 @@ GPUS: dict[str, Hardware] = {
         source="A100 whitepaper 2020; A100 40GB datasheet",
         **_L2_H100_MEASURED,
         l2_source=_L2_A100,
+        link_bytes_per_s=300e9,
+        link_topology="switch",
+        link_source=_NVLINK_A100,
     ),
     "a100-80gb": Hardware(
         name="A100-SXM4-80GB",
@@ -411,6 +435,9 @@ GPUS: dict[str, Hardware] = {
         source="A100 whitepaper 2020; A100 80GB datasheet",
         **_L2_H100_MEASURED,
         l2_source=_L2_A100,
+        link_bytes_per_s=300e9,
+        link_topology="switch",
+        link_source=_NVLINK_A100,
     ),
     "h100": Hardware(
         name="H100-SXM5-80GB",
@@ -424,6 +451,9 @@ GPUS: dict[str, Hardware] = {
         source="H100 whitepaper 2022; H100 SXM5 datasheet",
         **_L2_H100_MEASURED,
         l2_source=_L2_H100,
+        link_bytes_per_s=450e9,
+        link_topology="switch",
+        link_source=_NVLINK_H100,
     ),
     "h200": Hardware(
         name="H200-SXM-141GB",
@@ -442,6 +472,9 @@ GPUS: dict[str, Hardware] = {
         l2_random_share=0.3,
         l2_fetch_bytes=64,
         l2_source=_L2_H200,
+        link_bytes_per_s=450e9,
+        link_topology="switch",
+        link_source=_NVLINK_H200,
     ),
 }
 #: Aliases accepted by :func:`get_gpu`.

@@ -10,7 +10,8 @@ blocks cut by the causal rule — :func:`flashsim.bounds.visible_pairs`).  A til
 (flash1, flash2) skips invisible blocks but computes a visible block whole, masked entries
 included (a real kernel computes the full Br x Bc tile and then masks it), so it counts
 E_blk = Σ over visible blocks of Br_i·Bc_j.  Standard attention and the small-cache algorithm
-compute the dense Nq x Nk score matrix (E = Nq·Nk) whatever the mask.
+compute the dense Nq x Nk score matrix (E = Nq·Nk) whatever the mask.  flash2's sliding
+``window`` option narrows each query block's visible key blocks to a range (masking.block_range).
 
 Matmul FLOPs per computed entry, in units of 2·d (one length-d multiply-add):
 
@@ -40,6 +41,13 @@ row-level terms:
   flash1 6, flash2 11 (P and dS computed in both kernels).  Per query row: 2·d for
   D = rowsum(dO ∘ O).
 
+``decode`` (flashsim/algorithms/decode.py) computes, per program, its g·Nq query rows against
+every key row it loads (rows before the window's start in the first block included), so
+E = Hq·Nq·Σ_b (L_b - jf_b·Bc) entries over the whole batch, 2 matmul units and 5 nonmatmul
+FLOPs each, plus d + 2 per query row per split program (O /= ℓ, L = m + log ℓ), and with
+S > 1 splits the combine's S·(2d + 3) per output row (rescale and add each partial O, the
+exps and the sum of the weights).
+
 The online-softmax rescaling of the accumulator (d multiplies per row per key block) is not
 counted; it is O(Nq·d·Tc), below the per-entry terms by a factor of about Bc/d.
 """
@@ -51,7 +59,7 @@ import numpy as np
 from .algorithms._common import check_blocks
 from .bounds import visible_pairs
 from .config import Tiling, Workload
-from .masking import causal_block_limit, visible_blocks
+from .masking import causal_block_limit, check_window, visible_blocks, window_block_range
 
 #: matmul units (2·d FLOPs each) per computed entry, by algorithm and pass
 MATMULS_PER_ENTRY: dict[str | None, dict[str, int]] = {
@@ -73,9 +81,20 @@ _TILED = ("flash1", "flash2")
 _DENSE = ("standard", "smallcache")
 
 
-def block_entries(w: Workload, tiling: Tiling) -> int:
-    """E_blk: entries of the visible (Br x Bc) blocks, masked ones inside them included."""
-    if w.block_mask is None:
+def block_entries(w: Workload, tiling: Tiling, window=None) -> int:
+    """E_blk: entries of the visible (Br x Bc) blocks, masked ones inside them included (with a
+    sliding ``window``, flash2's option: the blocks of each query block's window range)."""
+    window = check_window(window)
+    if window is not None and w.block_mask is None:
+        check_blocks(w.nq, tiling.block_m, "seq_len_q")
+        i = np.arange(tiling.t_r(w.nq), dtype=np.int64)
+        rows = np.minimum(tiling.block_m, w.nq - i * tiling.block_m)
+        first, lim = window_block_range(w, tiling, i, window)
+        cols = np.where(lim > first, np.minimum(lim * tiling.block_n, w.nk) - first * tiling.block_n, 0)
+        return int(np.dot(rows, cols))
+    if window is not None:
+        vis = visible_blocks(w, tiling, window)
+    elif w.block_mask is None:
         # query block i sees a prefix of lim_i key blocks: min(lim_i·Bc, Nk) columns
         tr = tiling.t_r(w.nq)
         if not w.causal:
@@ -85,14 +104,15 @@ def block_entries(w: Workload, tiling: Tiling) -> int:
         rows = np.minimum(tiling.block_m, w.nq - i * tiling.block_m)
         cols = np.minimum(causal_block_limit(w, tiling, i) * tiling.block_n, w.nk)
         return int(np.dot(rows, cols))
-    vis = visible_blocks(w, tiling)
+    else:
+        vis = visible_blocks(w, tiling)
     rows = np.minimum(tiling.block_m, w.nq - np.arange(vis.shape[0], dtype=np.int64) * tiling.block_m)
     cols = np.minimum(tiling.block_n, w.nk - np.arange(vis.shape[1], dtype=np.int64) * tiling.block_n)
     return int(rows @ vis.astype(np.int64) @ cols)
 
 
 def computed_entries(w: Workload, algo: str | None = None, tiling: Tiling | None = None,
-                     sram_elems: int | None = None) -> int:
+                     sram_elems: int | None = None, window=None) -> int:
     """Entries of S (per head) that ``algo`` computes; see the module docstring."""
     if algo is None:
         return visible_pairs(w)
@@ -102,7 +122,7 @@ def computed_entries(w: Workload, algo: str | None = None, tiling: Tiling | None
         from .api import resolve_tiling
 
         t = resolve_tiling(w, algo, tiling, sram_elems)
-        return block_entries(w, t)
+        return block_entries(w, t, window)
     raise ValueError(f"algo={algo!r}: no FLOP model; choose one of {[a for a in MATMULS_PER_ENTRY if a]}")
 
 
@@ -112,16 +132,19 @@ def flops(workload: Workload, pass_: str, algo: str | None = None, tiling: Tilin
 
     Returns {"matmul", "nonmatmul", "total", "entries"} (entries: computed score entries per
     head).  ``tiling``/``sram_elems`` matter only for tiled algorithms with masks.  ``options``
-    are accepted for symmetry with :func:`flashsim.api.simulate` and ignored (no algorithm
-    option changes the arithmetic).
+    are those of :func:`flashsim.api.simulate`: flash2's ``window`` and decode's options change
+    the entries computed; the others (fusion, dropout, tiles) do not change the arithmetic and
+    are ignored.
     """
     w = workload
     passes = pass_.split("+")
     if any(p not in ("fwd", "bwd") for p in passes):
         raise ValueError(f"pass_={pass_!r}: must be 'fwd', 'bwd' or 'fwd+bwd'")
+    if algo == "decode":
+        return _decode_flops(w, passes, tiling, sram_elems, options)
     if algo not in MATMULS_PER_ENTRY:
         raise ValueError(f"algo={algo!r}: no FLOP model; choose one of {[a for a in MATMULS_PER_ENTRY if a]}")
-    e = computed_entries(w, algo, tiling, sram_elems)
+    e = computed_entries(w, algo, tiling, sram_elems, options.get("window") if algo in _TILED else None)
     mm = nm = 0
     for p in passes:
         if p not in MATMULS_PER_ENTRY[algo]:
@@ -133,6 +156,24 @@ def flops(workload: Workload, pass_: str, algo: str | None = None, tiling: Tilin
         if p == "bwd":
             nm += 2 * w.d * w.nq
     return {"matmul": w.bh * mm, "nonmatmul": w.bh * nm, "total": w.bh * (mm + nm), "entries": e}
+
+
+def _decode_flops(w: Workload, passes: list[str], tiling: Tiling | None, sram_elems: int | None,
+                  options: dict) -> dict:
+    """FLOPs of the decode schedule (see the module docstring); forward only."""
+    from .algorithms.decode import decode_plan
+    from .api import resolve_tiling
+
+    if passes != ["fwd"]:
+        raise ValueError(f"pass_={'+'.join(passes)!r}: algorithm 'decode' has only a fwd pass")
+    p = decode_plan(w, resolve_tiling(w, "decode", tiling, sram_elems), **options)
+    e = p.hq * p.nq * int((p.lengths - p.jf * p.bc).sum())
+    rows = p.batch * p.hq * p.nq
+    mm = 2 * 2 * w.d * e
+    nm = 5 * e + (w.d + 2) * rows * p.splits
+    if p.splits > 1:
+        nm += rows * p.splits * (2 * w.d + 3)
+    return {"matmul": mm, "nonmatmul": nm, "total": mm + nm, "entries": e}
 
 
 __all__ = ["flops", "computed_entries", "block_entries", "MATMULS_PER_ENTRY", "NONMATMUL_PER_ENTRY"]

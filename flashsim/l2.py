@@ -530,7 +530,7 @@ def dram_traffic(schedule: Schedule, gpu: Hardware | str, *, cold_launches: bool
     missing = [ln.name for ln in schedule.launches if ln.blocks is None]
     if missing:
         raise ValueError(f"schedule.launches={missing}: no thread-block model (Launch.blocks) for the L2 model; "
-                         "it exists for standard, flash1 and flash2")
+                         "it exists for standard, flash1, flash2 and decode")
     cache = L2(gpu.l2_effective_bytes, gpu.l2_line_bytes, gpu.l2_sector_bytes, gpu.l2_ways, sample,
                policy=gpu.l2_replacement, dirty_limit=gpu.l2_dirty_bytes, fetch_bytes=gpu.l2_fetch_bytes,
                random_share=gpu.l2_random_share)

@@ -101,7 +101,13 @@ def simulate_summary(res: SimResult, gpu: Hardware, sram_elems: int | None) -> d
     }
     out["closed_form_agrees"] = res.agrees
     out["flops"] = count_flops(w, res.pass_, res.algorithm, tiling=res.tiling, **res.options)
-    out["bounds"] = None if sram_elems is None else compute_bounds(w, sram_elems)
+    extra = getattr(get_algorithm(res.algorithm), "summary", None)  # decode: its own bounds
+    # the attention bounds assume every visible pair of the workload; a window (flash2's option) is not in them
+    windowed = res.options.get("window") is not None
+    out["bounds"] = (None if sram_elems is None or extra is not None or windowed
+                     else compute_bounds(w, sram_elems))
+    if extra is not None:
+        out.update(extra(w, res.tiling, gpu, **res.options))
     out["roofline"] = roofline(res, gpu)
     return _plain(out)
 
@@ -273,15 +279,69 @@ N_SWEEP = (256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
 #: The report's files, by the key :func:`run_report` returns them under.
-REPORT_FILES = {"io_table": "io_table.csv", "dram_table": "dram_table.csv", "m_sweep": "m_sweep.csv",
+REPORT_FILES = {"io_table": "io_table.csv", "dram_table": "dram_table.csv", "decode_table": "decode_table.csv",
+                "m_sweep": "m_sweep.csv",
                 "n_sweep": "n_sweep.csv", "m_sweep_png": "m_sweep.png", "n_sweep_png": "n_sweep.png"}
+
+
+#: The report's decoding section: one decode step (Nq = 1) of a Llama-3-8B-like attention layer
+#: (32 query heads, 8 kv heads, d = 128, bf16), Bc = 128 key rows per block, a paged cache of
+#: DECODE_PAGE-row pages, on the DECODE_GPU preset, for each batch size and cache length.
+DECODE_SHAPE = dict(heads=32, kv_heads=8, seq_len_q=1, head_dim=128, dtype="bf16")
+DECODE_BATCHES = (1, 16)
+DECODE_NK = (4096, 65536, 1048576)
+DECODE_BLOCK_N = 128
+DECODE_PAGE = 16
+DECODE_GPU = "h100"
+
+
+def decode_records(batches: Sequence[int] = DECODE_BATCHES, nks: Sequence[int] = DECODE_NK,
+                   gpu: str = DECODE_GPU) -> list[dict]:
+    """Bytes per generated token of one decode step (flashsim.decode_splits): the compulsory
+    traffic and what the proposed split count and the paged cache add, per (batch, Nk)."""
+    from .api import simulate
+    from .config import Tiling
+    from .decode_splits import decode_bounds, propose
+
+    g = get_gpu(gpu)
+    t = Tiling(1, DECODE_BLOCK_N)
+    recs = []
+    for b in batches:
+        for nk in nks:
+            w = Workload(batch=b, seq_len_k=nk, **DECODE_SHAPE)
+            pr = propose(w, g, t, page_size=DECODE_PAGE)
+            opts = {"num_splits": pr.num_splits, "page_size": DECODE_PAGE}
+            bd = decode_bounds(w, t, sectors=False, **opts)
+            r = simulate(w, "decode", "fwd", tiling=t, **opts)
+            tokens = b * w.nq
+            recs.append({"gpu": g.name, "batch": b, "seq_len_k": nk, "heads": w.heads, "kv_heads": w.hkv,
+                         "head_dim": w.d, "dtype": w.dtype, "block_n": DECODE_BLOCK_N, "page_size": DECODE_PAGE,
+                         "num_splits": pr.num_splits, "fa2_num_splits": pr.fa2_choice,
+                         "programs": b * w.hkv * pr.num_splits, "num_sms": g.num_sms,
+                         **{f"{k}_bytes": v for k, v in bd.items()},
+                         "bytes_per_token": bd["schedule"] / tokens,
+                         "compulsory_bytes_per_token": bd["compulsory"] / tokens,
+                         "hbm_time_s": bd["schedule"] / g.hbm_bytes_per_s,
+                         "walker_bytes": r.io.bytes, "agrees": r.agrees and r.io.bytes == bd["schedule"]})
+    return recs
+
+
+def decode_table(recs: Sequence[dict]) -> str:
+    rows = [[r["batch"], f"{r['seq_len_k']:,}", f"{r['num_splits']} ({r['fa2_num_splits']})",
+             f"{r['compulsory_bytes_per_token'] / 1e6:.2f}", f"{100 * r['split_bytes'] / r['compulsory_bytes']:.2f}",
+             f"{100 * r['paging_bytes'] / r['compulsory_bytes']:.3f}", f"{r['bytes_per_token'] / 1e6:.2f}",
+             f"{(r['schedule_bytes'] + r['no_gqa_packing_bytes']) / r['schedule_bytes']:.1f}x",
+             f"{r['hbm_time_s'] * 1e6:.1f}"] for r in recs]
+    return format_table(["batch", "Nk", "S (FA2)", "compulsory MB/token", "split +%", "paging +%",
+                         "MB/token", "no GQA packing", "HBM us"], rows,
+                        right=[True] * 9)
 
 
 def run_report(out: str | Path = "flashsim-report", workload: Workload = DEFAULT_WORKLOAD,
                gpus: Sequence[str] = DEFAULT_GPUS, algos: Sequence[str] = DEFAULT_ALGOS,
                echo: Callable[[str], None] | None = print, plots: bool = True, force: bool = False) -> dict:
     """Run the report, write its files into ``out`` and return what it computed:
-    ``{"io": records, "m_sweep": records, "n_sweep": records, "m_exponents": fits,
+    ``{"io": records, "dram": records, "decode": records, "m_sweep": records, "n_sweep": records, "m_exponents": fits,
     "n_exponents": fits, "files": {name: Path}}``.
 
     ``out`` may be absent or an empty folder; one that holds a file of an earlier report is
@@ -359,6 +419,21 @@ def run_report(out: str | Path = "flashsim-report", workload: Workload = DEFAULT
         say(f"N sweep (N = {N_SWEEP[0]:,} .. {N_SWEEP[-1]:,}, M of each GPU): HBM bytes ∝ N^exponent")
         say(_exponent_table(n_fits))
 
+        # Decoding: bytes per generated token against the cache length
+        dec = decode_records()
+        write_csv(dec, target("decode_table"))
+        say("")
+        say(_wrap(f"Decoding (flashsim.decode_splits): one step, Nq = 1, of 32 query heads on 8 kv heads, d = 128, "
+                  f"bf16, Bc = {DECODE_BLOCK_N}, pages of {DECODE_PAGE} rows, on the {dec[0]['gpu']} preset; S = the "
+                  "proposed num_splits (flash-attention's heuristic in brackets); compulsory = Q, each cached K/V "
+                  "byte, O and L once; split and paging: what the Op/Lp round trip and Q re-reads, and the "
+                  "block-table reads, add; no GQA packing: the bytes if each query head's program read K/V itself; "
+                  "HBM us: the bytes at the preset's bandwidth"))
+        say(decode_table(dec))
+        bad = [f"B {r['batch']} Nk {r['seq_len_k']}" for r in dec if not r["agrees"]]
+        say("walker, closed form and compulsory + overheads agree on every row: "
+            + ("yes" if not bad else "NO: " + ", ".join(bad)))
+
         if plots:
             plot_two_panels(m_recs, "sram_elems", target("m_sweep_png"),
                             f"forward, N = {w.nq}, d = {w.d}, {w.dtype}, B·H = {w.bh}: effect of the SRAM size M",
@@ -373,5 +448,5 @@ def run_report(out: str | Path = "flashsim-report", workload: Workload = DEFAULT
     say(f"wrote {len(files)} files to {out}/ in {time.perf_counter() - t0:.1f} s:")
     for p in files.values():
         say(f"  {p}")
-    return {"io": io, "dram": dram, "m_sweep": m_recs, "n_sweep": n_recs, "m_exponents": m_fits, "n_exponents": n_fits,
-            "files": files}
+    return {"io": io, "dram": dram, "decode": dec, "m_sweep": m_recs, "n_sweep": n_recs, "m_exponents": m_fits,
+            "n_exponents": n_fits, "files": files}

@@ -75,7 +75,8 @@ def roofline(sim_result, gpu, tf32: bool = False, sectors: bool = False, use_clo
     form's bytes).
     """
     r = sim_result
-    f = count_flops(r.workload, r.pass_, algo=r.algorithm, tiling=r.tiling)
+    opts = {k: v for k, v in r.options.items() if k != "sram_elems"}  # decode's lengths, splits, ...
+    f = count_flops(r.workload, r.pass_, algo=r.algorithm, tiling=r.tiling, **opts)
     io = r.closed_form if use_closed_form else r.io
     if sectors:
         if io.sectors is None:

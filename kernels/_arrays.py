@@ -86,15 +86,31 @@ def launch_stream(stream, first):
     Numba's default stream.  torch is imported only for torch inputs or streams."""
     if stream is not None:
         if _is_torch(stream):
-            return cuda.external_stream(int(stream.cuda_stream))
+            return _external_stream(str(getattr(stream, "device", "")), int(stream.cuda_stream))
         if not hasattr(stream, "synchronize"):
             raise ValueError(f"stream={stream!r}: must be a Numba or torch CUDA stream")
         return stream
     if _is_torch(first) and _kind(first) == "torch":
         import torch
 
-        return cuda.external_stream(int(torch.cuda.current_stream(first.device).cuda_stream))
+        return _external_stream(str(first.device), int(torch.cuda.current_stream(first.device).cuda_stream))
     return cuda.default_stream()
+
+
+#: (device, stream handle) -> Numba's wrapper of that torch stream, made once: wrapping costs
+#: more host time than a short kernel's launch (scripts/device/host_ab.py).  A wrapper holds only
+#: the handle, so a stream torch later frees and reallocates at the same address is still right.
+_EXTERNAL: dict = {}
+
+
+def _external_stream(device: str, handle: int):
+    key = (device, handle)
+    st = _EXTERNAL.get(key)
+    if st is None:
+        if len(_EXTERNAL) >= 256:  # a program that makes streams without end: start again
+            _EXTERNAL.clear()
+        st = _EXTERNAL[key] = cuda.external_stream(handle)
+    return st
 
 
 @dataclass

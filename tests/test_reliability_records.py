@@ -267,8 +267,8 @@ def test_report_default_folder_works_fresh_and_is_then_refused(tmp_path, capsys,
     rc, out, err = _run(["report"], capsys)
     assert rc == 0, err
     before = _snapshot(tmp_path / "flashsim-report")
-    assert set(before) == {"io_table.csv", "dram_table.csv", "m_sweep.csv", "n_sweep.csv", "m_sweep.png",
-                           "n_sweep.png"}
+    assert set(before) == {"io_table.csv", "dram_table.csv", "decode_table.csv", "m_sweep.csv", "n_sweep.csv",
+                           "m_sweep.png", "n_sweep.png"}
     rc, out, err = _run(["report"], capsys)
     assert rc == 2 and out == ""
     line = _one_error_line(err)

@@ -25,7 +25,8 @@ def report(tmp_path_factory):
 def test_files_written(report):
     out, res, text = report
     names = {p.name for p in out.iterdir()}
-    assert names == {"io_table.csv", "dram_table.csv", "m_sweep.csv", "n_sweep.csv", "m_sweep.png", "n_sweep.png"}
+    assert names == {"io_table.csv", "dram_table.csv", "decode_table.csv", "m_sweep.csv", "n_sweep.csv", "m_sweep.png",
+                     "n_sweep.png"}
     for p in res["files"].values():
         assert p.parent == out and p.stat().st_size > 0
         if p.suffix == ".png":
@@ -46,6 +47,25 @@ def test_dram_table(report):
     f2 = [r for r in rows if r["algo"] == "flash2"]
     assert all(r["dram_bytes"] < 0.5 * r["lsu_bytes"] for r in f2)
     assert "DRAM/LSU" in text
+
+
+def test_decode_table(report):
+    """The decoding section: every row walked, equal to the closed form and to compulsory + the
+    overheads; bytes per token grow with Nk; a batch of one sequence is split, and the proposed
+    split count fills the GPU."""
+    out, res, text = report
+    rows = read_csv(out / "decode_table.csv")
+    assert len(rows) == 6 and all(r["agrees"] is True for r in rows)
+    assert "walker, closed form and compulsory + overheads agree on every row: yes" in text
+    for b in (1, 16):
+        per = [r["bytes_per_token"] for r in rows if r["batch"] == b]
+        assert per == sorted(per) and per[-1] > 200 * per[0]
+    one = [r for r in rows if r["batch"] == 1]
+    assert all(r["num_splits"] > 1 and r["programs"] >= 0.9 * r["num_sms"] for r in one)
+    for r in rows:
+        assert r["schedule_bytes"] == r["compulsory_bytes"] + r["split_bytes"] + r["paging_bytes"]
+        assert r["no_gqa_packing_bytes"] > 2 * r["schedule_bytes"]  # 4 query heads per kv head
+    assert "compulsory MB/token" in text
 
 
 def test_io_table(report):

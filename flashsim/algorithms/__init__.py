@@ -19,6 +19,9 @@ Each algorithm lives in its own module, which defines
   for a run (None for an algorithm that is not tiled).
 * ``TILING_TEXT``: how the command line shows the tiling, a format string of ``block_m`` and
   ``block_n``.
+* optionally ``summary(workload, tiling, gpu, **options) -> dict``: what ``flashsim simulate``
+  reports for it in place of the paper's forward-attention IO bounds (decode: its own bounds and
+  the proposed split count).
 
 Code above this package asks the module, never the algorithm's name, what to do.
 """
@@ -34,9 +37,17 @@ _MODULES = {
     "flash1": "flash1",
     "flash2": "flash2",
     "smallcache": "smallcache",
+    "decode": "decode",
 }
 
-ALGORITHMS = tuple(_MODULES)
+#: Decoding schedules: they take a KV cache's options (lengths, splits, pages) and mask causally
+#: whatever the workload says, so the attention-wide lists (``bounds``, ``sweep``, the lower-bound
+#: checks) leave them out; ``simulate`` takes them.
+DECODERS = ("decode",)
+#: The attention algorithms: every workload, the paper's bounds apply.
+ALGORITHMS = tuple(a for a in _MODULES if a not in DECODERS)
+#: Everything ``get_algorithm`` knows.
+ALL_ALGORITHMS = tuple(_MODULES)
 
 
 def get_algorithm(name: str) -> ModuleType:

@@ -42,7 +42,7 @@ import numpy as np
 
 from ..blocks import attach
 from ..config import Tiling, Workload, cdiv
-from ..masking import visible_blocks, visible_cols, visible_counts, visible_rows
+from ..masking import check_window, visible_blocks, visible_cols, visible_counts, visible_rows, window_block_range
 from ..traffic import Launch, Schedule, read, write
 from ._common import (
     block_rows,
@@ -67,7 +67,11 @@ blocks = tiling_blocks
 TILING_TEXT = "Br = {block_m}, Bc = {block_n}"
 DESCRIPTION = ("FlashAttention-2: outer loop over query blocks; O and L written once; "
                "backward split into D, dK/dV (per key block) and dQ (per query block)")
-OPTIONS: dict[str, tuple[object, str]] = {}
+OPTIONS: dict[str, tuple[object, str]] = {
+    "window": (None, "sliding window LEFT,RIGHT: query row i (position pos = i + Nk - Nq) sees keys "
+                     "pos - LEFT .. pos + RIGHT (RIGHT capped at 0 by --causal); key blocks wholly outside "
+                     "are skipped"),
+}
 
 _FWD_TENSORS = ("Q", "K", "V", "O", "L")
 _BWD_TENSORS = ("Q", "K", "V", "O", "L", "D", "dO", "dQ", "dK", "dV")
@@ -87,7 +91,7 @@ def _chunks(n: int) -> list[np.ndarray]:
     return [np.arange(s, min(s + size, n), dtype=np.int64) for s in range(0, n, size)]
 
 
-def _forward(w: Workload, t: Tiling) -> Schedule:
+def _forward(w: Workload, t: Tiling, window=None) -> Schedule:
     q0, qn = block_rows(w.nq, t.block_m)
     k0, kn = block_rows(w.nk, t.block_n)
 
@@ -95,7 +99,7 @@ def _forward(w: Workload, t: Tiling) -> Schedule:
         # Query blocks i in chunks (see _CHUNKS): per chunk, Q_i of each i, then K_j and V_j of
         # each (i, visible j) pair with i outer, then O_i and L_i.
         for ii in _chunks(len(q0)):
-            _, j_idx = np.nonzero(visible_rows(w, t, ii))
+            _, j_idx = np.nonzero(visible_rows(w, t, ii, window))
             yield read("Q", q0[ii], qn[ii])
             yield read("K", k0[j_idx], kn[j_idx])
             yield read("V", k0[j_idx], kn[j_idx])
@@ -104,7 +108,7 @@ def _forward(w: Workload, t: Tiling) -> Schedule:
 
     def counts():
         # Q_i, O_i, L_i once per query block; K_j, V_j once per query block that sees j.
-        _, seen_by = visible_counts(w, t)
+        _, seen_by = visible_counts(w, t, window)
         qc = classes(q0, qn)
         kc = classes(k0, kn, seen_by)
         yield read("Q", qc[0], qc[1], repeat=qc[2])
@@ -115,10 +119,10 @@ def _forward(w: Workload, t: Tiling) -> Schedule:
 
     launch = Launch("flash2_fwd", w.bh, per_query_head_slices(w, _FWD_TENSORS), accesses, counts)
     return Schedule("flash2", layouts(w, _FWD_TENSORS), [launch],
-                    {"pass": "fwd", "block_m": t.block_m, "block_n": t.block_n})
+                    {"pass": "fwd", "block_m": t.block_m, "block_n": t.block_n, "window": window})
 
 
-def _backward(w: Workload, t: Tiling) -> Schedule:
+def _backward(w: Workload, t: Tiling, window=None) -> Schedule:
     q0, qn = block_rows(w.nq, t.block_m)
     k0, kn = block_rows(w.nk, t.block_n)
     heads, per_head = head_classes(w.group)
@@ -139,7 +143,7 @@ def _backward(w: Workload, t: Tiling) -> Schedule:
         for jj in _chunks(len(k0)):
             # Loop order: key block j outer; then query head g of the group, then the query
             # blocks i that see j.  (j, g, i) triples in that order:
-            sub = visible_cols(w, t, jj)  # (chunk, Tr): which i each j of the chunk loads
+            sub = visible_cols(w, t, jj, window)  # (chunk, Tr): which i each j of the chunk loads
             j_idx, i_idx = np.nonzero(np.repeat(sub, w.group, axis=0))  # rows ordered (j, g)
             g_idx = j_idx % w.group
             yield read("K", k0[jj], kn[jj])
@@ -152,7 +156,7 @@ def _backward(w: Workload, t: Tiling) -> Schedule:
     def dkdv_counts():
         # K_j, V_j in and dK_j, dV_j out once per key block; Q_i, dO_i, L_i, D_i once per key
         # block that i sees, for each query head g of the group (slice offset g).
-        sees, _ = visible_counts(w, t)
+        sees, _ = visible_counts(w, t, window)
         kc = classes(k0, kn)
         qc = classes(q0, qn, sees)
         yield read("K", kc[0], kc[1], repeat=kc[2])
@@ -166,13 +170,13 @@ def _backward(w: Workload, t: Tiling) -> Schedule:
         for ii in _chunks(len(q0)):
             for name in ("Q", "dO", "L", "D"):
                 yield read(name, q0[ii], qn[ii])
-            _, j_idx = np.nonzero(visible_rows(w, t, ii))  # visible key blocks of each i, i outer
+            _, j_idx = np.nonzero(visible_rows(w, t, ii, window))  # visible key blocks of each i, i outer
             yield read("K", k0[j_idx], kn[j_idx])
             yield read("V", k0[j_idx], kn[j_idx])
             yield write("dQ", q0[ii], qn[ii])
 
     def dq_counts():
-        _, seen_by = visible_counts(w, t)
+        _, seen_by = visible_counts(w, t, window)
         qc = classes(q0, qn)
         kc = classes(k0, kn, seen_by)
         for name in ("Q", "dO", "L", "D"):
@@ -189,18 +193,24 @@ def _backward(w: Workload, t: Tiling) -> Schedule:
         Launch("flash2_bwd_dq", w.bh, qs, dq, dq_counts),
     ]
     return Schedule("flash2", layouts(w, _BWD_TENSORS), launches,
-                    {"pass": "bwd", "block_m": t.block_m, "block_n": t.block_n})
+                    {"pass": "bwd", "block_m": t.block_m, "block_n": t.block_n, "window": window})
 
 
-def _kv_rows_read_fwd(w: Workload, t: Tiling) -> int:
+def _kv_rows_read_fwd(w: Workload, t: Tiling, window=None) -> int:
     """Σ over query blocks i of the key rows loaded for block i, by formula.
 
     Dense: every block loads all Nk rows, so Tr·Nk.  Causal (bottom-right aligned): block i's
     last row r_i = min((i+1)·Br, Nq) - 1 sees the first c_i = clip(r_i + Nk - Nq + 1, 0, Nk)
     columns; the blocks covering them hold min(Nk, ⌈c_i/Bc⌉·Bc) rows.  Block-sparse: key block j
-    is loaded by the nonzero rows of column j of the mask, so Σ_j nnz_j · rows(j).
+    is loaded by the nonzero rows of column j of the mask, so Σ_j nnz_j · rows(j).  Sliding
+    window: block i sees the key blocks first_i .. limit_i - 1 (masking.window_block_range), which
+    hold min(Nk, limit_i·Bc) - first_i·Bc rows (none when first_i = limit_i).
     """
     tr, tc = t.t_r(w.nq), t.t_c(w.nk)
+    if window is not None and w.block_mask is None:
+        check_blocks(w.nq, t.block_m, "seq_len_q")
+        first, lim = window_block_range(w, t, np.arange(tr, dtype=np.int64), window)
+        return int(np.where(lim > first, np.minimum(w.nk, lim * t.block_n) - first * t.block_n, 0).sum())
     if w.block_mask is None:
         if not w.causal:
             return tr * w.nk
@@ -209,12 +219,12 @@ def _kv_rows_read_fwd(w: Workload, t: Tiling) -> int:
         c = np.clip(r + w.nk - w.nq + 1, 0, w.nk)
         return int(np.minimum(w.nk, -(-c // t.block_n) * t.block_n).sum())
     # With a block mask (and possibly causal), visibility is the mask and the causal rule.
-    vis = visible_blocks(w, t)
+    vis = visible_blocks(w, t, window)
     rows_j = np.minimum(t.block_n, w.nk - np.arange(tc, dtype=np.int64) * t.block_n)
     return int((vis.sum(axis=0) * rows_j).sum())
 
 
-def _q_rows_read_dkdv(w: Workload, t: Tiling) -> int:
+def _q_rows_read_dkdv(w: Workload, t: Tiling, window=None) -> int:
     """Σ over key blocks j of the query rows loaded for block j by one query head, by formula.
 
     Dense: every key block loads all Nq rows, so Tc·Nq.  Causal (bottom-right aligned): query
@@ -222,9 +232,15 @@ def _q_rows_read_dkdv(w: Workload, t: Tiling) -> int:
     j·Bc <= r_i + Nk - Nq, i.e. min((i+1)·Br, Nq) > τ_j with τ_j = j·Bc + Nq - Nk.  If τ_j >= Nq no
     block does; otherwise exactly the blocks i >= ⌊τ_j/Br⌋ (clipped at 0) do, and they hold
     Nq - clip(⌊τ_j/Br⌋·Br, 0, Nq) rows.  Block-sparse: query block i is loaded by the nonzero
-    columns of row i of the mask, so Σ_i nnz_i · rows(i).
+    columns of row i of the mask, so Σ_i nnz_i · rows(i).  Sliding window: block i is loaded by
+    the limit_i - first_i key blocks it sees, so Σ_i (limit_i - first_i) · rows(i).
     """
     tr, tc = t.t_r(w.nq), t.t_c(w.nk)
+    if window is not None and w.block_mask is None:
+        check_blocks(w.nq, t.block_m, "seq_len_q")
+        first, lim = window_block_range(w, t, np.arange(tr, dtype=np.int64), window)
+        rows_i = np.minimum(t.block_m, w.nq - np.arange(tr, dtype=np.int64) * t.block_m)
+        return int(((lim - first) * rows_i).sum())
     if w.block_mask is None:
         if not w.causal:
             return tc * w.nq
@@ -232,24 +248,30 @@ def _q_rows_read_dkdv(w: Workload, t: Tiling) -> int:
         tau = np.arange(tc, dtype=np.int64) * t.block_n + w.nq - w.nk
         first = np.clip((tau // t.block_m) * t.block_m, 0, w.nq)
         return int(np.where(tau >= w.nq, 0, w.nq - first).sum())
-    vis = visible_blocks(w, t)
+    vis = visible_blocks(w, t, window)
     rows_i = np.minimum(t.block_m, w.nq - np.arange(tr, dtype=np.int64) * t.block_m)
     return int((vis.sum(axis=1) * rows_i).sum())
 
 
+def _window(options: dict):
+    extra = sorted(set(options) - set(OPTIONS))
+    if extra:
+        raise ValueError(f"options={extra}: flash2 takes only {sorted(OPTIONS)}")
+    return check_window(options.get("window"))
+
+
 def closed_form(w: Workload, tiling: Tiling | None, pass_: str, **options) -> dict[tuple[str, str], int]:
     t = require_tiling(tiling, "flash2")
-    if options:
-        raise ValueError(f"options={sorted(options)}: flash2 takes none")
+    window = _window(options)
     if pass_ not in PASSES:
         raise ValueError(f"pass_={pass_!r}: not modelled")
     bh, d = w.bh, w.d
-    kv_rows = _kv_rows_read_fwd(w, t)
+    kv_rows = _kv_rows_read_fwd(w, t, window)
     if pass_ == "bwd":
         # dK/dV reads each (Q_i, dO_i, L_i, D_i) once per key block that i sees, for each of
         # the BH query heads; dQ reads them once more.  K, V: once by dK/dV (per kv head),
         # then as in the forward by dQ.
-        q_rows = _q_rows_read_dkdv(w, t) + w.nq
+        q_rows = _q_rows_read_dkdv(w, t, window) + w.nq
         kv_once = w.batch * w.hkv * w.nk * d
         return {
             ("O", "read"): bh * w.nq * d,
@@ -275,12 +297,11 @@ def closed_form(w: Workload, tiling: Tiling | None, pass_: str, **options) -> di
 
 def schedule(w: Workload, tiling: Tiling | None, pass_: str, **options) -> Schedule:
     t = require_tiling(tiling, "flash2")
-    if options:
-        raise ValueError(f"options={sorted(options)}: flash2 takes none")
+    window = _window(options)
     if pass_ == "fwd":
-        return attach(_forward(w, t), "flash2", w, t)
+        return attach(_forward(w, t, window), "flash2", w, t)
     if pass_ == "bwd":
-        return attach(_backward(w, t), "flash2", w, t)
+        return attach(_backward(w, t, window), "flash2", w, t)
     raise ValueError(f"pass_={pass_!r}: not modelled")
 
 

@@ -38,5 +38,6 @@ if len(sys.argv) > 2 and sys.argv[2] == "--profile":
         bwd()
     pr.disable()
     s = io.StringIO()
-    pstats.Stats(pr, stream=s).sort_stats("cumulative").print_stats(25)
-    print(s.getvalue()[:6000])
+    pstats.Stats(pr, stream=s).sort_stats("cumulative").print_stats(40)
+    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(40)
+    print(s.getvalue())
