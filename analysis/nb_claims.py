@@ -70,18 +70,19 @@ def measured_configs(rows: list[dict], timing: list[dict] | None = None) -> list
     return out
 
 
-def figure2_claims(points: list[dict], peak_bytes_per_s: float) -> dict[str, dict]:
+def figure2_claims(points: list[dict], peak_bytes_per_s: float, events: bool = False) -> dict[str, dict]:
     """Per kernel, over its block sweep (smallest to largest block): how much LSU bytes, DRAM
-    bytes and time fall, whether time falls wherever DRAM falls, the rank correlation of time
-    with DRAM bytes, and the largest share of the GPU's DRAM bandwidth drawn (DRAM bytes over
-    the time; event-timed median where recorded, else ncu's time).  ``memory_bound`` is that
-    share at 50 % or more."""
+    bytes and time fall, the rank correlation of time with DRAM bytes, and the largest share of
+    the GPU's DRAM bandwidth drawn (DRAM bytes over the time).  The time is the kernels' own
+    under ncu (``gpu__time_duration``, every launch of the configuration), or with ``events``
+    the CUDA-event median of the whole call where recorded.  ``memory_bound`` is that share at
+    50 % or more."""
     out = {}
     for kernel in sorted({p["kernel"] for p in points}):
         pts = sorted((p for p in points if p["kernel"] == kernel), key=lambda p: p["block"])
         if len(pts) < 2:
             continue
-        t = np.array([p.get("ms_median", p["ncu_ms"]) for p in pts])
+        t = np.array([p.get("ms_median", p["ncu_ms"]) if events else p["ncu_ms"] for p in pts])
         dram = np.array([p["dram_bytes"] for p in pts], dtype=float)
         lsu = np.array([p["lsu_bytes"] for p in pts], dtype=float)
         bw = dram / (t / 1e3)
