@@ -1,6 +1,6 @@
 """The GPU measurements behind the notebooks' figures (issue 22), one step at a time.
 
-    python -m analysis.nb_measure STEP --out ROOT        STEP: fig2, dsweep, exact, gpt2
+    python -m analysis.nb_measure STEP --out ROOT        STEP: fig2, dsweep, exact, gpt2, long
 
 Every file lands under ``ROOT`` at the path it has in the repository, with ``<gpu>`` the GPU's
 short name (``h100``, ``h200``), so that ``cp -r ROOT/. .`` puts it where the notebooks read it:
@@ -20,8 +20,10 @@ short name (``h100``, ``h200``), so that ``cp -r ROOT/. .`` puts it where the no
   several seeds and four input distributions (normal, uniform, large logits, outliers), fp32
   and fp16, N 1,024 to 16,384 with every row checked (the reference computed in float64 on the
   GPU with torch, by row chunks); fp32 up to N 32,768; and the device memory one forward call
-  allocates at N 16,384 to 131,072 (the fast kernels).  ``kernels/data/<gpu>_exactness_spread.csv``
-  (one row per run) and ``.meta.json``.
+  allocates at N 16,384 to 131,072 (the fast kernels; checked on every row from 65,536 on).
+  ``kernels/data/<gpu>_exactness_spread.csv`` (one row per run) and ``.meta.json``.
+* ``long``: that last part alone (memory per call at N 16,384 … 131,072, every row checked from
+  65,536 on): ``kernels/data/<gpu>_exactness_long.csv`` and ``.meta.json``.
 * ``gpt2``: attention alone, forward + backward, at the GPT-2-medium shape (B 64, H 16, N 1,024,
   d 64, fp16), causal and not: torch's naive attention, the SDPA backends (flash, cuDNN,
   memory-efficient) and ours (``kernels.torch_op.attention``: the fast kernels), ``RUNS`` runs of
@@ -258,9 +260,21 @@ def run_exact(root: Path, gpu: str) -> None:
                     one(dist, seed, n, dt)
     for seed in SEEDS[:3]:
         one("normal", seed, 32768, np.float32)
-    # O(N) memory: what one forward call allocates on the device beyond its inputs, at several N;
-    # from N = 65,536 on, its output checked against float64 on every row as well
-    for n in (16384, 32768, 65536, 131072):
+    for rec in memory_rows(torch):
+        rows.append(rec)
+        _write_rows(path, rows)
+    _write_meta(meta_path, meta)
+
+
+def memory_rows(torch, ns=(16384, 32768, 65536, 131072)):
+    """O(N) memory: what one forward call (the fast kernels, fp16, B 1, H 16, d 64) allocates on
+    the device beyond its inputs, at each N of ``ns``, one record each as it is measured; from
+    N = 65,536 on, its output is also checked against float64 on every row."""
+    from numba import cuda
+
+    import kernels
+
+    for n in ns:
         rng = np.random.default_rng(0)
         q, k, v = (cuda.to_device(draw(rng, (1, 16, n, 64), "normal").astype(np.float16)) for _ in range(3))
         cuda.synchronize()
@@ -280,13 +294,28 @@ def run_exact(root: Path, gpu: str) -> None:
             rec["rows_checked"] = "all"
             del tq, tk, tv, want
             torch.cuda.empty_cache()
-        rows.append(rec)
         print(f"memory N={n}: call allocated {(free0 - free1) / 2**20:.0f} MiB; O + L "
-              f"{(o.nbytes + lse.nbytes) / 2**20:.0f} MiB; S would need {16 * n * n * 2 / 2**30:.0f} GiB",
+              f"{(o.nbytes + lse.nbytes) / 2**20:.0f} MiB; S would need {16 * n * n * 2 / 2**30:.0f} GiB"
+              + (f"; every row: rel err {rec['rel_err']:.3e}, ratio {rec['ratio']:.2f}" if "ratio" in rec else ""),
               file=sys.stderr, flush=True)
         del q, k, v, o, lse
+        yield rec
+
+
+def run_long(root: Path, gpu: str) -> None:
+    """:func:`memory_rows` alone, into ``kernels/data/<gpu>_exactness_long.csv`` (``exact`` runs it
+    last, where its time limit may cut it short)."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    path = root / "kernels" / "data" / f"{gpu}_exactness_long.csv"
+    meta = provenance(method=memory_rows.__doc__, torch=torch.__version__,
+                      reference="float64 on the GPU (torch), every row, by row chunks of 4 GiB")
+    rows = []
+    for rec in memory_rows(torch):
+        rows.append(rec)
         _write_rows(path, rows)
-    _write_meta(meta_path, meta)
+        _write_meta(path.with_name(path.stem + ".meta.json"), meta)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -372,7 +401,7 @@ def run_gpt2(root: Path, gpu: str) -> None:
                 _write_meta(path.with_name(path.stem + ".meta.json"), meta)
 
 
-STEPS = {"fig2": run_fig2, "dsweep": run_dsweep, "exact": run_exact, "gpt2": run_gpt2}
+STEPS = {"fig2": run_fig2, "dsweep": run_dsweep, "exact": run_exact, "gpt2": run_gpt2, "long": run_long}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,8 +13,8 @@ record (``gpt2``, ``gpt2_losses``: ``benchmarks/gpt2_train.py``) is the H100's t
 ``h200_compare`` and ``h100_compare`` are the committed per-launch comparisons of the two traffic
 records with the simulator (``flashsim compare DATA --out analysis/data/GPU/compare --force``),
 which notebook 04 reads instead of recomputing the L2 model (about 40 s a record).
-``fig2_h100`` (with ``fig2_h100_timing``), ``dsweep_h100``, ``exactness_spread`` and
-``gpt2_medium`` are the H100 measurements of ``scripts/device/nb_measure.sh`` (notebooks 02, 04,
+``fig2_h100`` (with ``fig2_h100_timing``), ``dsweep_h100``, ``exactness_spread`` (and
+``exactness_long``) and ``gpt2_medium`` are the H100 measurements of ``scripts/device/nb_measure.sh`` (notebooks 02, 04,
 05 and 06); until they land the notebooks say "not yet measured" and draw nothing from them.
 """
 
@@ -43,6 +43,7 @@ DATA = {
     "fig2_h100_timing": ("FLASHSIM_FIG2_TIMING_CSV", "analysis/data/h100/fig2/fig2_h100.timing.csv"),
     "dsweep_h100": ("FLASHSIM_DSWEEP_CSV", "analysis/data/h100/dsweep/dsweep_h100.csv"),
     "exactness_spread": ("FLASHSIM_EXACTNESS_SPREAD_CSV", "kernels/data/h100_exactness_spread.csv"),
+    "exactness_long": ("FLASHSIM_EXACTNESS_LONG_CSV", "kernels/data/h100_exactness_long.csv"),
     "gpt2_medium": ("FLASHSIM_GPT2_MEDIUM_CSV", "kernels/data/gpt2_medium_attention_h100.csv"),
 }
 

@@ -41,3 +41,4 @@ def test_configuration_sets():
     ds = m.dsweep_configs()
     assert sorted({c["head_dim"] for c in ds}) == [32, 64, 96, 128, 192, 256]
     assert len({c["seq_len_q"] for c in ds}) == 1
+    assert "long" in m.STEPS and "exact" in m.STEPS

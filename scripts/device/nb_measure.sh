@@ -9,6 +9,8 @@
 #   fig2    Figure 2 (middle) at the GPT-2-medium shape: FA1 over M, FA2 over Br x Bc, ncu
 #           (LSU, L2, DRAM bytes, time) + CUDA-event times                   -> analysis/data/<gpu>/fig2/
 #   dsweep  d = 32..256 at fixed N under ncu: FA1 (M 32 KB, 64 KB), FA2     -> analysis/data/<gpu>/dsweep/
+#   long    (not run by default) the memory per call at N 16k-131k, every row checked from 65,536 on,
+#           alone (exact runs it last, where its limit may cut it short)      -> kernels/data/<gpu>_exactness_long.*
 # Everything lands under $OUT at its repository path (copy with `cp -r $OUT/. .`), with a log per
 # step in $OUT/nb_measure_logs/.  At most 8 minutes on an H100 (the four limits add up to 480 s).
 #   usage: FLASHSIM_GIT_COMMIT=<sha> FLASHSIM_GIT_DIRTY=0 bash scripts/device/nb_measure.sh [STEP ...]
@@ -21,7 +23,7 @@ mkdir -p "$OUT/nb_measure_logs"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=(gpt2 exact fig2 dsweep)
-declare -A limit=([gpt2]=80 [exact]=160 [fig2]=120 [dsweep]=120)
+declare -A limit=([gpt2]=80 [exact]=160 [fig2]=120 [dsweep]=120 [long]=240)
 for s in "${steps[@]}"; do
     t0=$(date +%s)
     timeout "${limit[$s]:-120}" python3 -m analysis.nb_measure "$s" --out "$OUT" > "$OUT/nb_measure_logs/$s.log" 2>&1
