@@ -13,6 +13,9 @@ record (``gpt2``, ``gpt2_losses``: ``benchmarks/gpt2_train.py``) is the H100's t
 ``h200_compare`` and ``h100_compare`` are the committed per-launch comparisons of the two traffic
 records with the simulator (``flashsim compare DATA --out analysis/data/GPU/compare --force``),
 which notebook 04 reads instead of recomputing the L2 model (about 40 s a record).
+``fig2_h100`` (with ``fig2_h100_timing``), ``dsweep_h100``, ``exactness_spread`` (and
+``exactness_long``) and ``gpt2_medium`` are the H100 measurements of ``scripts/device/nb_measure.sh`` (notebooks 02, 04,
+05 and 06); until they land the notebooks say "not yet measured" and draw nothing from them.
 """
 
 from __future__ import annotations
@@ -35,6 +38,13 @@ DATA = {
     "calibration": ("FLASHSIM_CALIBRATION_CSV", "tests/data/ncu_raw_calibrate.csv"),
     "h200_compare": ("FLASHSIM_H200_COMPARE_CSV", "analysis/data/h200/compare/compare_launches.csv"),
     "h100_compare": ("FLASHSIM_H100_COMPARE_CSV", "analysis/data/h100/compare/compare_launches.csv"),
+    # the measurements of issue 22 (scripts/device/nb_measure.sh, analysis/nb_measure.py), on an H100
+    "fig2_h100": ("FLASHSIM_FIG2_CSV", "analysis/data/h100/fig2/fig2_h100.csv"),
+    "fig2_h100_timing": ("FLASHSIM_FIG2_TIMING_CSV", "analysis/data/h100/fig2/fig2_h100.timing.csv"),
+    "dsweep_h100": ("FLASHSIM_DSWEEP_CSV", "analysis/data/h100/dsweep/dsweep_h100.csv"),
+    "exactness_spread": ("FLASHSIM_EXACTNESS_SPREAD_CSV", "kernels/data/h100_exactness_spread.csv"),
+    "exactness_long": ("FLASHSIM_EXACTNESS_LONG_CSV", "kernels/data/h100_exactness_long.csv"),
+    "gpt2_medium": ("FLASHSIM_GPT2_MEDIUM_CSV", "kernels/data/gpt2_medium_attention_h100.csv"),
 }
 
 
@@ -74,6 +84,16 @@ def _typed(value: str):
     return value
 
 
+def load_csv(name: str) -> list[dict] | None:
+    """The rows of a committed CSV, typed as :func:`load_compare` types them, or None (and one
+    line saying so) if it has not been recorded."""
+    p = find(name)
+    if p is None:
+        return None
+    with open(p, newline="") as f:
+        return [{k: _typed(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
 def load_compare(name: str) -> list[dict] | None:
     """The per-launch records of a committed comparison (``flashsim compare DATA --out DIR``
     writes ``DIR/compare_launches.csv``), typed as :func:`analysis.compare.compare` returns them,
@@ -105,4 +125,4 @@ def load_meta(name: str) -> dict:
     return json.loads(meta.read_text()) if meta.exists() else {}
 
 
-__all__ = ["ROOT", "DATA", "data_path", "find", "load_json", "load_meta", "load_compare", "preset_of"]
+__all__ = ["ROOT", "DATA", "data_path", "find", "load_json", "load_meta", "load_csv", "load_compare", "preset_of"]

@@ -31,7 +31,7 @@ from analysis.gpt2 import (AGREE_TOL, ATTENTIONS, PAPER_ATTENTION_SPEEDUP, PAPER
 from analysis.notebook_data import find, load_meta
 from flashsim.plot import COLORS
 
-plt.rcParams.update({"figure.dpi": 80, "axes.grid": True, "grid.alpha": 0.3, "legend.fontsize": 8})
+plt.rcParams.update({"figure.dpi": 120, "axes.grid": True, "grid.alpha": 0.3, "legend.fontsize": 8})
 
 runs_csv, losses_csv = find("gpt2"), find("gpt2_losses")
 assert runs_csv is not None and losses_csv is not None, "no record: run benchmarks/gpt2_train.py on a GPU"
@@ -42,6 +42,7 @@ print(f"{meta.get('gpu')}, driver {meta.get('driver')}, torch {meta.get('torch')
       f"steps left out of the timings; {str(meta.get('date'))[:10]}, commit {meta.get('git_commit')}")
 cfgs = configs(runs)
 label = {c: f"GPT-2 {c[0]}, N = {c[1]:,}" for c in cfgs}
+gpu_tag = str(meta.get("gpu") or "GPU").replace("NVIDIA ", "").split()[0]  # e.g. "H100", for panel titles
 for r in runs:
     t = "-" if r["step_ms_median"] is None else f"{r['step_ms_median']:7.1f} ms"
     print(f"{r['model']:15s} N = {r['seq_len']:5d} batch {r['batch']:2d} {r['attention']:6s} {r['status']:14s} {t}")
@@ -63,7 +64,7 @@ for ax, c in zip(axes, cfgs):
             ax.plot(np.arange(len(y)), y, color=COLORS[a], lw=1.8 if a == "ours" else 1.1, label=a)
         else:
             ax.plot([], [], color=COLORS[a], label=f"{a}: {run_of(runs, *c, a)['status']}")
-    ax.set_title(label[c])
+    ax.set_title(f"{gpu_tag}: {label[c]}", fontsize=9)
     ax.set_xlabel("training step")
     ax.legend()
 axes[0].set_ylabel("training loss (cross-entropy, nats)")
@@ -107,9 +108,9 @@ for ax, c in zip(axes, cfgs):
         ax.semilogy(steps[keep], d["diff"][keep], color=COLORS[a], lw=1.4 if a == "ours" else 1.0,
                     label=f"|{a} − sdpa|: mean {d['mean']:.3f}, max {d['max']:.3f}")
     ax.axhline(AGREE_TOL, color="k", ls=":", lw=0.8, label="4 decimals")
-    ax.set_title(label[c])
+    ax.set_title(f"{gpu_tag}: {label[c]}", fontsize=9)
     ax.set_xlabel("training step")
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=8, loc="upper left")
 axes[0].set_ylabel("|loss − SDPA's loss| (nats)")
 plt.show()
 
@@ -164,13 +165,15 @@ for k, a in enumerate(ATTENTIONS):
         for xi, r in zip(x, rs):
             if not ok(r):
                 ax.text(xi, 0, " out of memory" if r and r["status"] == "out of memory" else " -", rotation=90,
-                        ha="center", va="bottom", fontsize=7)
+                        ha="center", va="bottom", fontsize=8)
 for ax, yl in ((ax1, "step time (ms), median and IQR"), (ax2, "throughput (thousand tokens/s)"),
                (ax3, "peak memory (GiB)")):
     ax.set_xticks(xs, [f"{m}\nN = {n:,}" for m, n in cfgs], fontsize=8)
     ax.set_xlabel("model and sequence length")
     ax.set_ylabel(yl)
+    ax.set_title(f"{meta.get('gpu')}", fontsize=9)
     ax.legend()
+fig.tight_layout()
 plt.show()
 
 sp = speedups(runs)
@@ -213,7 +216,7 @@ for k, r in enumerate(att):
 ax.set_xticks(range(len(att)), [r["attention"] for r in att])
 ax.set_xlabel("attention")
 ax.set_ylabel("forward + backward (ms), median and IQR")
-ax.set_title(f"batch {att[0]['batch']}, N = {att_n:,}, d = 64, causal, fp16")
+ax.set_title(f"{gpu_tag}: batch {att[0]['batch']}, N = {att_n:,}, d = 64, causal, fp16", fontsize=9)
 plt.show()
 
 att_naive, att_sdpa = sp[("attention-only", att_n)]["naive"], sp[("attention-only", att_n)]["sdpa"]
