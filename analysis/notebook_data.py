@@ -15,7 +15,8 @@ records with the simulator (``flashsim compare DATA --out analysis/data/GPU/comp
 which notebook 04 reads instead of recomputing the L2 model (about 40 s a record).
 ``fig2_h100`` (with ``fig2_h100_timing``), ``dsweep_h100``, ``exactness_spread`` (and
 ``exactness_long``) and ``gpt2_medium`` are the H100 measurements of ``scripts/device/nb_measure.sh`` (notebooks 02, 04,
-05 and 06); until they land the notebooks say "not yet measured" and draw nothing from them.
+05 and 06), ``fig2_fast_h100`` that of ``scripts/device/fig2_fast.py`` (notebook 02); until they land the
+notebooks say "not yet measured" and draw nothing from them.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ DATA = {
     # the measurements of issue 22 (scripts/device/nb_measure.sh, analysis/nb_measure.py), on an H100
     "fig2_h100": ("FLASHSIM_FIG2_CSV", "analysis/data/h100/fig2/fig2_h100.csv"),
     "fig2_h100_timing": ("FLASHSIM_FIG2_TIMING_CSV", "analysis/data/h100/fig2/fig2_h100.timing.csv"),
+    # the same figure on the fast forward (scripts/device/fig2_fast.py)
+    "fig2_fast_h100": ("FLASHSIM_FIG2_FAST_CSV", "analysis/data/h100/fig2/fig2_fast_h100.csv"),
     "dsweep_h100": ("FLASHSIM_DSWEEP_CSV", "analysis/data/h100/dsweep/dsweep_h100.csv"),
     "exactness_spread": ("FLASHSIM_EXACTNESS_SPREAD_CSV", "kernels/data/h100_exactness_spread.csv"),
     "exactness_long": ("FLASHSIM_EXACTNESS_LONG_CSV", "kernels/data/h100_exactness_long.csv"),

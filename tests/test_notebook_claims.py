@@ -125,6 +125,31 @@ def test_02_figure2_record_when_committed():
     assert all(v["grid_blocks"] >= 132 for v in c.values())  # the configuration fills the GPU
 
 
+def test_02_figure2_on_the_fast_kernel():
+    """Notebook 02's last takeaway against every row of the fast kernel's record: the requested
+    bytes fall as 1/Br, the kernel time falls with them up to the fastest block, DRAM stays flat
+    (within 1%) except where registers spill."""
+    rows = load_csv("fig2_fast_h100")
+    assert rows is not None, "analysis/data/h100/fig2/fig2_fast_h100.csv is committed"
+    ok = [r for r in rows if not r.get("error")]
+    o_bytes = 64 * 16 * 1024 * 64 * 2
+    clean = [r for r in ok if float(r["dram_write_bytes"]) <= 2 * o_bytes]
+    assert len(ok) - len(clean) == 1  # Br x Bc = 128 x 128 spills
+    best = {}
+    for r in clean:
+        if int(r["br"]) not in best or float(r["time_ns"]) < float(best[int(r["br"])]["time_ns"]):
+            best[int(r["br"])] = r
+    brs = sorted(best)
+    lsu = [float(best[b]["lsu_ld_bytes"]) + float(best[b]["lsu_st_bytes"]) for b in brs]
+    t = [float(best[b]["time_ns"]) for b in brs]
+    dram = [float(r["dram_read_bytes"]) + float(r["dram_write_bytes"]) for r in clean]
+    print(brs, [f"{x / 1e9:.2f}" for x in lsu], [f"{x / 1e6:.2f}" for x in t])
+    assert all(a > b for a, b in zip(lsu, lsu[1:]))  # requested bytes fall at every step
+    knee = t.index(min(t))
+    assert brs[knee] == 128 and all(a > b for a, b in zip(t[:knee], t[1:knee + 1]))
+    assert t[0] / min(t) > 3 and max(dram) / min(dram) < 1.01
+
+
 # --- 04 ------------------------------------------------------------------------------------
 
 
