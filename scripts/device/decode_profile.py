@@ -12,6 +12,7 @@ which says how much of the HBM bandwidth the kernel draws, how many warps it kee
 and what they wait on: the cause of a shortfall against the copy's bandwidth."""
 import sys
 
+import numpy as np
 import torch
 
 from kernels.perf import decode as fast
@@ -21,7 +22,7 @@ b, hq, hkv, nk, d = 4, 64, 8, 65536, 128
 q = torch.randn(b, hq, 1, d, device="cuda", dtype=torch.float16)
 k = torch.randn(b, hkv, nk, d, device="cuda", dtype=torch.float16)
 v = torch.randn_like(k)
-lens = torch.full((b,), nk, dtype=torch.int32)
+lens = np.full(b, nk, dtype=np.int32)
 fn(q, k, v, cache_seqlens=lens)
 torch.cuda.synchronize()
 torch.cuda.profiler.start()
