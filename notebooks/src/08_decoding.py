@@ -118,7 +118,7 @@ print("splits proposed:", dict(zip(NKS, S_of)), "split %:", split_pct.round(4), 
 # **Takeaway:** a decode step's bytes are the cache: {{comp[0]|.1f}} MB per token at Nk = 4,096 and
 # {{comp[-1]|,.0f}} MB at Nk = 1,048,576, linear in Nk.  Split-KV (the proposed split counts,
 # {{min(S_of)}} to {{max(S_of)}}) adds {{split_pct[0]|.3f}}% at Nk = 4,096 and {{split_pct[-1]|.4f}}% at
-# 1,048,576 (its Q re-reads and Op/Lp round trip do not grow with Nk); pages of 16 rows add
+# 1,048,576 (its Q re-reads and Op/Lp round trip depend on S, not on Nk); pages of 16 rows add
 # {{bt_pct[0]|.2f}}% in block-table reads (4 bytes per page per kv head against 16 rows of
 # 2·d·2 bytes) and no K/V sector (with 8 kv heads each row is its own 256-byte aligned transfer
 # in either layout).  Without GQA packing the step reads {{gqa_factor[0]|.2f}}-{{gqa_factor[-1]|.2f}}× the
@@ -162,7 +162,17 @@ for ax, hq in zip(axes, (64, 8)):
 axes[0].set_ylabel("GB/s (compulsory bytes / time)")
 plt.show()
 
-failed = ", ".join(f"Hq {c['config']['heads']} at Nk = {c['config']['nk']:,}" for c in mc["untimed"]) or "none"
+def reasons(errors):
+    """The kinds of failure, short: the text before the first parenthesis."""
+    return ", ".join(sorted({e.split("(")[0].strip() for e in errors}))
+
+
+failed = "; ".join(f"Hq {c['config']['heads']} at Nk = {c['config']['nk']:,} (every variant but the copy failed: "
+                   f"{reasons(v['error'] for v in c['variants'].values() if v['error'])})"
+                   for c in mc["untimed"]) or "none"
+best_names = mc["sdpa_best_names"]
+sdpa_best_text = (f"{best_names[0]} in every configuration" if len(best_names) == 1
+                  else f"{', '.join(best_names)}, by configuration")
 math_x = max(v["x_copy"] for c in main for n, v in c["variants"].items() if n == "sdpa_math" and v["error"] is None)
 assert mc["meet_copy"] == sum(1 for c in main if c["variants"].get(C.DECODE_OURS, {}).get("x_copy", 0) >= 0.8)
 assert mc["x_copy_max"] < 0.8 or mc["meet_copy"] > 0
@@ -174,9 +184,9 @@ print({k: v for k, v in mc.items() if k != "untimed"}, "untimed:", failed)
 # meets the issue's 80% target in {{mc['meet_copy']}} of them, and {{mc['x_sdpa_min']|.2f}}-{{mc['x_sdpa_max']|.2f}}×
 # the best SDPA backend (≥ 1.0× in {{mc['meet_sdpa']}}); the best of all our timed variants per configuration
 # reaches {{mc['best_ours_x_copy_min']|.2f}}-{{mc['best_ours_x_copy_max']|.2f}}×.  SDPA's best backend
-# ({{', '.join(mc['sdpa_best_names'])}} in every configuration) runs at {{mc['sdpa_best_x_copy_min']|.2f}}-{{mc['sdpa_best_x_copy_max']|.2f}}×
+# ({{sdpa_best_text}}) runs at {{mc['sdpa_best_x_copy_min']|.2f}}-{{mc['sdpa_best_x_copy_max']|.2f}}×
 # the copy, so the ceiling is reachable; the math backend (not drawn) at most {{math_x|.3f}}×.  Not timed:
-# {{failed}} (every variant but the copy out of memory).
+# {{failed}}.
 
 # %% [markdown]
 # ## How many splits?  The sweep against the model and flash-attention's heuristic (H100)
@@ -212,14 +222,18 @@ assert sw["model"] == sw["model_check"]  # the bench's column is what propose re
 slow1 = sw["ms"][0] / sw["best_ms"]
 halving = [sw["ms"][i] / sw["ms"][i + 1] for i in range(len(sw["splits"]) - 1) if sw["splits"][i + 1] <= 8]
 assert sw["splits"][:4] == [1, 2, 4, 8] and min(halving) > 1.7
-untimed_sweeps = "; ".join(f"Nk = {s['config']['nk']:,}: {len(s['failed'])} split counts out of memory"
-                           for s in sweeps if not s["ms"]) or "none"
+untimed_sweeps = "; ".join(f"the sweep at Nk = {s['config']['nk']:,} ({len(s['failed'])} split counts: "
+                           f"{reasons(e for _, e in s['failed'])})" for s in sweeps if not s["ms"]) or "none"
+programs = cf["batch"] * cf["kv_heads"]
+model_timed = ("a timed point" if sw["model"] in sw["splits"] else
+               f"not a timed point: the nearest timed count, S = {sw['model_nearest']}, is "
+               f"{sw['model_nearest_x_best']:.3f}× the best")
 print({k: v for k, v in sw.items() if k not in ("config", "failed")}, "untimed sweeps:", untimed_sweeps)
 
 # %% [markdown]
 # **Takeaway:** the timed best is S = {{sw['best']}} ({{sw['best_ms']|.3f}} ms); one split takes {{slow1|.1f}}× as
-# long (32 thread blocks on 132 SMs).  The simulator proposes S = {{sw['model']}}, not a timed point: the
-# nearest timed count, S = {{sw['model_nearest']}}, is {{sw['model_nearest_x_best']|.3f}}× the best.  Flash-attention's
+# long ({{programs}} thread blocks on {{GPU.num_sms}} SMs).  The simulator proposes S = {{sw['model']}},
+# {{model_timed}}.  Flash-attention's
 # heuristic takes S = {{sw['fa2']}} (the smallest S within 85% of the best wave efficiency), which runs
 # {{sw['fa2_nearest_x_best']|.2f}}× the best with this kernel: up to S = 8 each doubling of S divides
 # the time by {{min(halving)|.2f}}-{{max(halving)|.2f}}, so a thread block of this kernel, one or two per SM,
