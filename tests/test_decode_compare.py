@@ -81,3 +81,16 @@ def test_decode_rows_need_their_options(tmp_path):
         read_measured(tmp_path / "d.csv")
     shutil.copy(REC / "decode.csv", tmp_path / "ok.csv")
     assert len(read_measured(tmp_path / "ok.csv")[0]) == 21
+
+
+def test_readme_decode_table_is_the_record_s():
+    from analysis import decode_table
+
+    root = REC.parents[3]
+    csv_path = root / "kernels" / "data" / "bench_decode_h100.csv"
+    readme = (root / "README.md").read_text()
+    block = readme.split(decode_table.START, 1)[1].split(decode_table.END, 1)[0]
+    fix = "python -m analysis.decode_table kernels/data/bench_decode_h100.csv --readme README.md"
+    assert block == "\n" + decode_table.render_file(csv_path), f"README's decode table is stale: run {fix}"
+    with pytest.raises(ValueError, match="markers"):
+        decode_table.replace_block("no markers", "x")
