@@ -144,6 +144,7 @@ for ax, hq in zip(axes, (64, 8)):
     ax.plot(nks, cp, "-", lw=2, label="device-to-device copy", color=COLORS["copy"])
     ax.plot(nks, 0.8 * cp, ":", color=COLORS["copy"], lw=1, label="80% of the copy (target)")
     names = sorted({n for c in cs for n in c["variants"]}, key=lambda n: (not n.startswith("ours"), n))
+    tunings = iter("v^sdp<>")
     for name in names:
         v = [c["variants"].get(name, {"error": "absent"}) for c in cs]
         ok = np.array([x["error"] is None for x in v])
@@ -153,7 +154,7 @@ for ax, hq in zip(axes, (64, 8)):
         lo = np.array([x["gbps_lo"] for x in v if x["error"] is None])
         hi = np.array([x["gbps_hi"] for x in v if x["error"] is None])
         main_line = name == C.DECODE_OURS or name.startswith("sdpa_")
-        ax.errorbar(nks[ok], g, yerr=[g - lo, hi - g], fmt="o-" if main_line else ".--", capsize=3,
+        ax.errorbar(nks[ok], g, yerr=[g - lo, hi - g], fmt="o-" if main_line else next(tunings) + "--", capsize=3,
                     color=colour(name), alpha=1.0 if main_line else 0.45, lw=1.5 if main_line else 1, label=name)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("cache length Nk (batch max(1, 262,144/Nk))")
@@ -252,7 +253,7 @@ print({k: v for k, v in sw.items() if k not in ("config", "failed")}, "untimed s
 pg = C.decode_pages(bench)
 pcfg = pg["config"]
 sizes = [p for p in pg["pages"] if p]
-fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+fig, (a1, a2) = plt.subplots(1, 2, figsize=(11.5, 4))
 for name, v in pg["variants"].items():
     i0 = pg["pages"].index(0)
     m = np.array([x for p, x in zip(pg["pages"], v["ms"]) if p])
@@ -270,7 +271,8 @@ wp = Workload(batch=pcfg["batch"], heads=pcfg["heads"], kv_heads=pcfg["kv_heads"
               seq_len_k=pcfg["nk"], head_dim=pcfg["d"], dtype=pcfg["dtype"])
 pb = {p: decode_bounds(wp, Tiling(1, int(pg["tile_keys"])), num_splits=int(pg["num_splits"]), page_size=p) for p in sizes}
 extra_pct = np.array([100 * (pb[p]["paging"] + pb[p]["paging_sectors"]) / pb[p]["compulsory"] for p in sizes])
-a2.loglog(sizes, extra_pct, "s-", color=COLORS["decode"], label="block-table reads + extra K/V sectors")
+a2.semilogx(sizes, extra_pct, "s-", color=COLORS["decode"], label="block-table reads + extra K/V sectors")
+a2.set_ylim(0, None)
 a2.set_xscale("log", base=2)
 a2.set_xlabel("page size P (rows)")
 a2.set_ylabel("extra bytes (% of the compulsory)")
