@@ -4,7 +4,11 @@ Levels compared (see analysis/ncu.py for the metrics):
 
 * **LSU** (what the IO model counts): the walker's 32-byte sectors for the same launch, reads
   and writes, times 32.  A kernel that loads each tile once with coalesced accesses requests
-  exactly these bytes; the tolerance is 1 %.
+  exactly these bytes; the tolerance is 1 %.  The reference decode kernel also loads its
+  sequence's cache length in every warp (``DECODE_LENGTH_LOAD_BYTES`` per main-launch block),
+  which no schedule counts: reported apart, ``kernel_meta_ld_bytes``, with the loads and stores
+  left over once it and the walker are taken away (``lsu_ld_residual_bytes``,
+  ``lsu_st_residual_bytes``; 0 on every launch of the committed decode record).
 * **DRAM** (what reaches HBM after the L2): the trace-driven L2 model of :mod:`flashsim.l2` with
   the GPU preset given (or the data's own, from its provenance), reported with its error per
   launch rather than tuned to fit.  Every launch starts with an empty L2 (ncu flushes the caches
@@ -47,8 +51,8 @@ LSU_TOLERANCE = 0.01
 DRAM_SET_SAMPLE = 16
 
 _INT = ("batch", "heads", "kv_heads", "seq_len_q", "seq_len_k", "head_dim", "block_m", "block_n", "sram_bytes",
-        "gemm_block", "launch_index", "lsu_ld_bytes", "lsu_st_bytes", "l2_read_sectors", "l2_write_sectors",
-        "dram_read_bytes", "dram_write_bytes")
+        "gemm_block", "num_splits", "page_size", "launch_index", "lsu_ld_bytes", "lsu_st_bytes", "l2_read_sectors",
+        "l2_write_sectors", "dram_read_bytes", "dram_write_bytes")
 
 
 #: Columns a measured CSV must have: those ``flashsim measure`` writes, but the kernel's name,
@@ -135,13 +139,34 @@ def _typed(path: Path, line: int, r: dict) -> dict:
     if r["kernel"] == "standard":
         if r["gemm_block"] is None:
             raise _bad(path, f"line {line}: kernel 'standard' needs gemm_block")
+    elif r["kernel"] == "decode":
+        for k in ("kv_heads", "seq_len_k", "block_n", "num_splits"):
+            if r.get(k) is None:
+                raise _bad(path, f"line {line}: kernel 'decode' needs {k}")
+        if r["pass"] != "fwd":
+            raise _bad(path, f"line {line}: kernel 'decode' has a forward pass only (pass={r['pass']!r})")
     elif not r["sram_bytes"] and (r["block_m"] is None or r["block_n"] is None):
         raise _bad(path, f"line {line}: kernel {r['kernel']!r} needs sram_bytes or block_m and block_n")
     return r
 
 
 def _algo(kernel: str) -> str:
-    return {"flash2": "flash2", "flash1": "flash1", "standard": "standard"}[kernel]
+    return {"flash2": "flash2", "flash1": "flash1", "standard": "standard", "decode": "decode"}[kernel]
+
+
+#: Loads the reference decode kernel makes that no schedule models: every thread of a main-launch
+#: block reads its sequence's cache length ``lens[b]`` (``kernels/decode.py``, ``decode_main``),
+#: one 32-byte sector per warp, 128 threads = 4 warps.  The schedule counts the transfers of
+#: the attention's tensors (and the block table), not the lengths, so the measured loads of a
+#: main launch are the walker's plus this per block; ``compare`` reports it apart
+#: (``kernel_meta_ld_bytes``) and holds the rest to the walker (``lsu_ld_residual_bytes``).
+DECODE_LENGTH_LOAD_BYTES = 4 * SECTOR_BYTES
+
+
+def _meta_loads(cfg: dict, launch_name: str, grid: tuple) -> int:
+    if cfg["kernel"] != "decode" or launch_name == "decode_combine":
+        return 0
+    return DECODE_LENGTH_LOAD_BYTES * math.prod(grid)
 
 
 def _footprint_bytes(schedule, launch) -> tuple[int, int]:
@@ -157,6 +182,27 @@ def _footprint_bytes(schedule, launch) -> tuple[int, int]:
     return size(reads), size(writes)
 
 
+def schedule_of(cfg: dict):
+    """The simulator's schedule of a measured configuration (its launches have their thread blocks)."""
+    return build_schedule(workload_of(cfg), _algo(cfg["kernel"]), cfg["pass"], tiling_of(cfg), **sim_options(cfg))
+
+
+def predict_lsu(cfg: dict, sched=None) -> list[dict]:
+    """The LSU level alone, launch by launch (cheap: the walker, no L2 model): the walker's load
+    and store sectors x 32 (``sim_lsu_ld_bytes``, ``sim_lsu_st_bytes``), its exact bytes, and the
+    loads the kernel makes that no schedule models (``kernel_meta_ld_bytes``)."""
+    sched = schedule_of(cfg) if sched is None else sched
+    io = walk(sched)
+    out = []
+    for launch, (name, c) in zip(sched.launches, io.per_launch.items()):
+        grid = launch.blocks.grid if launch.blocks is not None else ()
+        out.append({"sim_launch": name, "sim_lsu_ld_bytes": (c.read_sectors or 0) * SECTOR_BYTES,
+                    "sim_lsu_st_bytes": (c.write_sectors or 0) * SECTOR_BYTES,
+                    "kernel_meta_ld_bytes": _meta_loads(cfg, name, grid),
+                    "sim_read_bytes_exact": c.read_bytes, "sim_write_bytes_exact": c.write_bytes})
+    return out
+
+
 def predict(cfg: dict, gpu: str = "h100") -> list[dict]:
     """The simulator's per-launch prediction for a measured configuration, in launch order.
 
@@ -166,18 +212,12 @@ def predict(cfg: dict, gpu: str = "h100") -> list[dict]:
     outside the measurement, so they are reported (``sim_dirty_end_bytes``) but not predicted
     as the launch's DRAM writes."""
     hw = get_gpu(gpu)
-    w = workload_of(cfg)
-    sched = build_schedule(w, _algo(cfg["kernel"]), cfg["pass"], tiling_of(cfg), **sim_options(cfg))
-    io = walk(sched)
+    sched = schedule_of(cfg)
     dram = dram_traffic(sched, hw, cold_launches=True, sample=DRAM_SET_SAMPLE)
     out = []
-    for launch, (name, c), d in zip(sched.launches, io.per_launch.items(), dram.launches):
-        rd = (c.read_sectors or 0) * SECTOR_BYTES
-        wr = (c.write_sectors or 0) * SECTOR_BYTES
+    for launch, lsu, d in zip(sched.launches, predict_lsu(cfg, sched), dram.launches):
         fr, fw = _footprint_bytes(sched, launch)
-        out.append({"sim_launch": name, "sim_lsu_ld_bytes": rd, "sim_lsu_st_bytes": wr,
-                    "sim_read_bytes_exact": c.read_bytes, "sim_write_bytes_exact": c.write_bytes,
-                    "sim_dram_read_bytes": d.read_bytes, "sim_dram_write_bytes": d.write_bytes,
+        out.append({**lsu, "sim_dram_read_bytes": d.read_bytes, "sim_dram_write_bytes": d.write_bytes,
                     "sim_dirty_end_bytes": d.dirty_end_bytes, "sim_grid": "(" + ", ".join(map(str, d.grid)) + ")",
                     "sim_blocks_per_sm": d.blocks_per_sm, "footprint_bytes": fr + fw,
                     "l2_pressure": fr + fw > hw.l2_effective_bytes})
@@ -235,6 +275,8 @@ def compare(rows: list[dict], gpu: str = "h100") -> list[dict]:
             rec["lsu_ld_err"] = _rel(r["lsu_ld_bytes"], p["sim_lsu_ld_bytes"])
             rec["lsu_st_err"] = _rel(r["lsu_st_bytes"], p["sim_lsu_st_bytes"])
             rec["lsu_err"] = _rel(r["lsu_ld_bytes"] + r["lsu_st_bytes"], p["sim_lsu_ld_bytes"] + p["sim_lsu_st_bytes"])
+            rec["lsu_ld_residual_bytes"] = r["lsu_ld_bytes"] - p["sim_lsu_ld_bytes"] - p["kernel_meta_ld_bytes"]
+            rec["lsu_st_residual_bytes"] = r["lsu_st_bytes"] - p["sim_lsu_st_bytes"]
             rec["dram_err"] = _rel_dram(r["dram_read_bytes"] + r["dram_write_bytes"],
                                         p["sim_dram_read_bytes"] + p["sim_dram_write_bytes"])
             rec["dram_read_err"] = _rel_dram(r["dram_read_bytes"], p["sim_dram_read_bytes"])
@@ -253,7 +295,8 @@ def per_config(records: list[dict]) -> list[dict]:
     for r in records:
         a = agg.setdefault(r["config_id"], {k: r[k] for k in ("config_id", "kernel", "pass", "batch", "heads",
                                                              "seq_len_q", "seq_len_k", "head_dim", "dtype", "causal",
-                                                             "block_m", "block_n", "sram_bytes", "gemm_block")})
+                                                             "block_m", "block_n", "sram_bytes", "gemm_block",
+                                                             "num_splits", "page_size") if k in r})
         for k in ("lsu_ld_bytes", "lsu_st_bytes", "dram_read_bytes", "dram_write_bytes", "time_ns",
                   "sim_lsu_ld_bytes", "sim_lsu_st_bytes", "sim_dram_read_bytes", "sim_dram_write_bytes"):
             a[k] = a.get(k, 0) + r[k]
@@ -380,6 +423,14 @@ def summarize(records: list[dict]) -> dict:
     lsu = np.array([abs(r["lsu_err"]) for r in records])
     out = {"launches": len(records), "lsu_max_abs_err": float(lsu.max()) if lsu.size else math.nan,
            "lsu_within_tolerance": int((lsu <= LSU_TOLERANCE).sum())}
+    if any(r.get("kernel_meta_ld_bytes") for r in records):
+        # the walker's sectors plus the loads no schedule models (DECODE_LENGTH_LOAD_BYTES),
+        # against the measured bytes: how many launches agree to the byte, loads and stores apart
+        out["kernel_meta_ld_bytes"] = int(sum(r["kernel_meta_ld_bytes"] for r in records))
+        out["lsu_ld_exact"] = sum(r["lsu_ld_residual_bytes"] == 0 for r in records)
+        out["lsu_st_exact"] = sum(r["lsu_st_residual_bytes"] == 0 for r in records)
+        out["lsu_ld_residual_max_abs_bytes"] = max(abs(r["lsu_ld_residual_bytes"]) for r in records)
+        out["lsu_st_residual_max_abs_bytes"] = max(abs(r["lsu_st_residual_bytes"]) for r in records)
     for key, name in (("dram_err", "dram"), ("dram_read_err", "dram_read"), ("dram_write_err", "dram_write"),
                       ("dram_write_timed_err", "dram_write_timed")):
         med, p95, mx = _abs_stats(r[key] for r in records if key in r)
@@ -428,6 +479,12 @@ def run(data: str | Path, out_dir: str | Path | None = None, gpu: str | None = N
     s = summarize(records)
     print(f"\nLSU level: {s['lsu_within_tolerance']}/{s['launches']} launches within "
           f"{100 * LSU_TOLERANCE:.0f}% (max |err| {100 * s['lsu_max_abs_err']:.3f}%)")
+    if "lsu_ld_exact" in s:
+        print(f"LSU level, to the byte: walker + the decode kernel's cache-length loads "
+              f"({DECODE_LENGTH_LOAD_BYTES} B per main-launch block, {s['kernel_meta_ld_bytes']:,} B in all): loads "
+              f"equal on {s['lsu_ld_exact']}/{s['launches']} launches (max |residual| "
+              f"{s['lsu_ld_residual_max_abs_bytes']:,} B), stores on {s['lsu_st_exact']}/{s['launches']} "
+              f"(max |residual| {s['lsu_st_residual_max_abs_bytes']:,} B)")
     for key, what in (("dram_read", "reads"), ("dram_write", "writes")):
         print(f"DRAM level (flashsim.l2 model of the {gpu} L2), {what}: |err| median "
               f"{100 * s[key + '_median_abs_err']:.1f}%, p95 {100 * s[key + '_p95_abs_err']:.1f}%, "

@@ -13,11 +13,10 @@ import numpy as np
 
 from flashsim.config import DTYPE_BYTES, Tiling, Workload
 
-#: The kernels a configuration may name (the worker runs them, the simulator models them).
-KERNELS = ("flash2", "flash1", "standard")
-#: Kernels the worker runs whose records ``compare`` does not read yet: the reference decode
-#: kernel (``kernels/decode.py``; its schedule is ``flashsim.algorithms.decode``'s).
-MEASURED_ONLY = ("decode",)
+#: The kernels a configuration may name (the worker runs them, the simulator models them);
+#: "decode" is the reference decode kernel (``kernels/decode.py``), whose schedule is
+#: ``flashsim.algorithms.decode``'s.
+KERNELS = ("flash2", "flash1", "standard", "decode")
 #: Configuration fields of the decode set beyond :data:`analysis.measure.CONFIG_FIELDS`
 #: (``num_splits``; ``page_size``, 0 for a contiguous cache), recorded when a set has them.
 DECODE_FIELDS = ("num_splits", "page_size")
@@ -32,6 +31,8 @@ def workload_of(cfg: dict) -> Workload:
 def tiling_of(cfg: dict) -> Tiling | None:
     if cfg["kernel"] == "standard":
         return None
+    if cfg["kernel"] == "decode":  # a program holds g·Nq query rows; only Bc is a block size
+        return Tiling(1, cfg["block_n"])
     if cfg.get("sram_bytes"):
         return Tiling.from_sram(cfg["sram_bytes"] // DTYPE_BYTES[cfg["dtype"]], cfg["head_dim"])
     return Tiling(cfg["block_m"], cfg["block_n"])
@@ -40,6 +41,9 @@ def tiling_of(cfg: dict) -> Tiling | None:
 def sim_options(cfg: dict) -> dict:
     if cfg["kernel"] == "standard":
         return {"fuse": "softmax", "gemm_block": cfg["gemm_block"]}
+    if cfg["kernel"] == "decode":
+        # the worker runs every sequence at the full cache length Nk, no window; page 0: contiguous
+        return {"num_splits": cfg["num_splits"], "page_size": cfg.get("page_size") or None}
     if cfg["kernel"] == "flash1":
         # the kernel keeps O in float32 in HBM for fp16 inputs (kernels/flash1.py)
         return {"o_fp32": cfg["dtype"] == "fp16"}

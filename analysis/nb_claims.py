@@ -151,3 +151,174 @@ def gpt2_summary(rows: list[dict]) -> dict[tuple, dict]:
 
 __all__ = ["attention_flops", "block_of", "measured_configs", "figure2_claims", "fmt_ratio", "ratio_spreads",
            "gpt2_summary"]
+
+
+# --- decoding (notebook 08) -------------------------------------------------------------------
+
+#: The decode bench's configuration fields (kernels/bench_decode.py's CSV).
+DECODE_KEYS = ("group", "dtype", "batch", "heads", "kv_heads", "nq", "nk", "d", "page_size", "causal")
+#: The variant that is "ours" in the takeaways: the fast kernel as the launcher runs it (the other
+#: ``ours_*`` variants are tunings and versions timed beside it).
+DECODE_OURS = "ours_fast"
+
+
+def _timed(r: dict) -> bool:
+    return not r.get("error") and r.get("ms") is not None and math.isfinite(float(r["ms"]))
+
+
+def decode_bench(rows: list[dict], group: str = "main") -> list[dict]:
+    """The decode bench's configurations of ``group`` (rows as ``load_csv`` reads them), in file
+    order, each with every variant's median ms, its fastest and slowest trial, GB/s (the median
+    and the range from the trials: the compulsory bytes over each time), the ratio of its GB/s to
+    the copy's in the same configuration (``x_copy``), and for ours the ratio to the fastest SDPA
+    backend (its ms over ours; ``x_sdpa_best``).  A variant that failed keeps its error text."""
+    cfgs: dict[tuple, dict] = {}
+    for r in rows:
+        if r["group"] != group:
+            continue
+        # the splits group times one split count per configuration; elsewhere SDPA has none
+        key = tuple(r[k] for k in DECODE_KEYS) + ((r.get("num_splits"),) if group == "splits" else ())
+        if r["variant"] == "copy":
+            # a copy row belongs to the configuration (in the splits group, to the sweep point) after it
+            cfgs.setdefault(("copy",) + tuple(r[k] for k in DECODE_KEYS), {})["last"] = r
+            continue
+        c = cfgs.setdefault(key, {"config": {k: r[k] for k in DECODE_KEYS}, "num_splits": r.get("num_splits"),
+                                  "tile_keys": r.get("tile_keys"), "default_splits": r.get("default_splits"),
+                                  "model_splits": r.get("model_splits"), "variants": {}})
+        copy = cfgs.get(("copy",) + tuple(r[k] for k in DECODE_KEYS), {}).get("last")
+        if copy is not None and "copy" not in c:
+            c["copy"] = {"ms": float(copy["ms"]), "gbps": float(copy["gbps"])}
+        if _timed(r):
+            ms, gbps = float(r["ms"]), float(r["gbps"])
+            c["variants"][r["variant"]] = {"ms": ms, "ms_min": float(r["ms_min"]), "ms_max": float(r["ms_max"]),
+                                           "gbps": gbps, "gbps_lo": gbps * ms / float(r["ms_max"]),
+                                           "gbps_hi": gbps * ms / float(r["ms_min"]), "error": None}
+        else:
+            c["variants"][r["variant"]] = {"ms": math.nan, "gbps": math.nan, "error": str(r.get("error") or "")}
+    out = [c for k, c in cfgs.items() if k[0] != "copy"]
+    for c in out:
+        cp = c.get("copy", {}).get("gbps", math.nan)
+        sdpa = {n: v["ms"] for n, v in c["variants"].items() if n.startswith("sdpa_") and v["error"] is None}
+        c["sdpa_best"] = min(sdpa, key=sdpa.get) if sdpa else None
+        for v in c["variants"].values():
+            v["x_copy"] = v["gbps"] / cp if v["error"] is None else math.nan
+            v["x_sdpa_best"] = (sdpa[c["sdpa_best"]] / v["ms"] if c["sdpa_best"] and v["error"] is None
+                                else math.nan)
+    return out
+
+
+def decode_main_claims(cfgs: list[dict], target_copy: float = 0.8, target_sdpa: float = 1.0) -> dict:
+    """What the main group says of ours (``DECODE_OURS``) against the issue's targets: its ratio to
+    the copy and to the best SDPA backend over the configurations where both were timed, how many
+    meet each target, the best of all ``ours*`` variants per configuration, and the best SDPA
+    backend's ratio to the copy."""
+    timed = [c for c in cfgs if DECODE_OURS in c["variants"] and c["variants"][DECODE_OURS]["error"] is None]
+    xc = np.array([c["variants"][DECODE_OURS]["x_copy"] for c in timed])
+    xs = np.array([c["variants"][DECODE_OURS]["x_sdpa_best"] for c in timed])
+    best = np.array([max(v["x_copy"] for n, v in c["variants"].items() if n.startswith("ours") and v["error"] is None)
+                     for c in timed])
+    sd = np.array([c["variants"][c["sdpa_best"]]["x_copy"] for c in timed if c["sdpa_best"]])
+    untimed = [c for c in cfgs if c not in timed]
+    return {"configs": len(cfgs), "timed": len(timed), "untimed": untimed,
+            "x_copy_min": float(xc.min()), "x_copy_max": float(xc.max()), "x_copy_median": float(np.median(xc)),
+            "meet_copy": int((xc >= target_copy).sum()), "x_sdpa_min": float(xs.min()), "x_sdpa_max": float(xs.max()),
+            "meet_sdpa": int((xs >= target_sdpa).sum()), "best_ours_x_copy_min": float(best.min()),
+            "best_ours_x_copy_max": float(best.max()), "sdpa_best_x_copy_min": float(sd.min()),
+            "sdpa_best_x_copy_max": float(sd.max()),
+            "sdpa_best_names": sorted({c["sdpa_best"] for c in timed if c["sdpa_best"]})}
+
+
+def decode_split_sweeps(rows: list[dict], gpu: str = "h100") -> list[dict]:
+    """The splits group: per swept configuration, ours' median ms (with its trials' range) at each
+    split count timed, the timed best, the launcher's default (``default_splits``), the model's
+    choice (``model_splits``: ``flashsim.decode_splits.propose`` on ``gpu`` with the kernel's tile
+    as Bc) and flash-attention's heuristic (``fa2_choice`` of the same call), and where the model's
+    and the heuristic's choices fall against the timed points (the time of the nearest split count
+    timed, and its ratio to the best)."""
+    from flashsim import Tiling, Workload
+    from flashsim.decode_splits import propose
+
+    out: dict[tuple, dict] = {}
+    for c in decode_bench(rows, "splits"):
+        key = tuple(c["config"].values())
+        s = out.setdefault(key, {"config": c["config"], "tile_keys": c["tile_keys"], "default": c["default_splits"],
+                                 "model": c["model_splits"], "splits": [], "ms": [], "lo": [], "hi": [], "failed": []})
+        v = c["variants"].get(DECODE_OURS)
+        if v is None:
+            continue
+        if v["error"] is None:
+            s["splits"].append(int(c["num_splits"]))
+            s["ms"].append(v["ms"])
+            s["lo"].append(v["ms_min"])
+            s["hi"].append(v["ms_max"])
+        else:
+            s["failed"].append((int(c["num_splits"]), v["error"]))
+    res = []
+    for s in out.values():
+        cf = s["config"]
+        w = Workload(batch=cf["batch"], heads=cf["heads"], kv_heads=cf["kv_heads"], seq_len_q=cf["nq"],
+                     seq_len_k=cf["nk"], head_dim=cf["d"], dtype=cf["dtype"])
+        pr = propose(w, gpu, Tiling(1, int(s["tile_keys"])), page_size=cf["page_size"] or None)
+        s["model_check"], s["fa2"] = pr.num_splits, pr.fa2_choice
+        if s["ms"]:
+            i = int(np.argmin(s["ms"]))
+            s["best"], s["best_ms"] = s["splits"][i], s["ms"][i]
+            for name in ("model", "fa2", "default"):
+                j = int(np.argmin([abs(math.log(x / s[name])) for x in s["splits"]]))
+                s[f"{name}_nearest"], s[f"{name}_nearest_x_best"] = s["splits"][j], s["ms"][j] / s["best_ms"]
+        res.append(s)
+    return res
+
+
+def decode_pages(rows: list[dict]) -> dict:
+    """The pages group: ours' (``DECODE_OURS``) and every other timed ``ours*`` variant's median ms
+    per page size (0: contiguous), with the trials' range, and the slowdown paged/contiguous."""
+    cfgs = decode_bench(rows, "pages")
+    out = {"config": cfgs[0]["config"] | {"page_size": None}, "num_splits": cfgs[0]["num_splits"],
+           "tile_keys": cfgs[0]["tile_keys"], "pages": [c["config"]["page_size"] for c in cfgs], "variants": {}}
+    for name in sorted({n for c in cfgs for n in c["variants"]}):
+        vs = [c["variants"].get(name) for c in cfgs]
+        out["variants"][name] = {"ms": np.array([v["ms"] if v and v["error"] is None else math.nan for v in vs]),
+                                 "lo": np.array([v["ms_min"] if v and v["error"] is None else math.nan for v in vs]),
+                                 "hi": np.array([v["ms_max"] if v and v["error"] is None else math.nan for v in vs])}
+    i0 = out["pages"].index(0)
+    for v in out["variants"].values():
+        paged = np.array([m for p, m in zip(out["pages"], v["ms"]) if p])
+        v["slowdown_min"] = float(np.nanmin(paged) / v["ms"][i0])
+        v["slowdown_max"] = float(np.nanmax(paged) / v["ms"][i0])
+    return out
+
+
+def decode_compare_claims(recs: list[dict]) -> dict:
+    """The committed comparison of the reference decode kernels (``flashsim compare`` of the decode
+    record): launches whose loads equal the walker's plus the kernel's cache-length loads, and
+    whose stores equal the walker's, to the byte; the DRAM reads' errors (main launches, combine
+    launches: relative to the model's bytes) and the measured DRAM writes, which the model (every
+    dirty line still in the L2 when the launch ends) puts at 0."""
+    main = [r for r in recs if r["sim_launch"] != "decode_combine"]
+    comb = [r for r in recs if r["sim_launch"] == "decode_combine"]
+
+    def rd(r):
+        return r["dram_read_bytes"] / r["sim_dram_read_bytes"] - 1
+
+    return {"launches": len(recs), "main": len(main), "combine": len(comb),
+            "ld_exact": sum(r["lsu_ld_bytes"] == r["sim_lsu_ld_bytes"] + r["kernel_meta_ld_bytes"] for r in recs),
+            "st_exact": sum(r["lsu_st_bytes"] == r["sim_lsu_st_bytes"] for r in recs),
+            "walker_only_exact": sum(r["lsu_ld_bytes"] == r["sim_lsu_ld_bytes"] for r in recs),
+            "meta_max": max(r["kernel_meta_ld_bytes"] for r in recs),
+            "meta_rel_max": max(r["kernel_meta_ld_bytes"] / r["sim_lsu_ld_bytes"] for r in recs),
+            "main_read_err_max": max(abs(rd(r)) for r in main),
+            "main_read_err_median": float(np.median([abs(rd(r)) for r in main])),
+            "combine_read_err_min": min(rd(r) for r in comb), "combine_read_err_max": max(rd(r) for r in comb),
+            "combine_read_excess_max": max(r["dram_read_bytes"] - r["sim_dram_read_bytes"] for r in comb),
+            "sim_write_max": max(r["sim_dram_write_bytes"] for r in recs),
+            "write_max": max(r["dram_write_bytes"] for r in recs),
+            "main_write_per_ms_max": max(r["dram_write_bytes"] / (r["time_ns"] / 1e6) for r in main),
+            "timed_write_max": max(r["sim_dram_write_timed_bytes"] for r in recs),
+            # the background rate compare used: (timed - modelled writes) / measured duration
+            "background_rate": float(np.median([(r["sim_dram_write_timed_bytes"] - r["sim_dram_write_bytes"])
+                                                / (r["time_ns"] * 1e-9) for r in main]))}
+
+
+__all__ += ["DECODE_KEYS", "DECODE_OURS", "decode_bench", "decode_main_claims", "decode_split_sweeps", "decode_pages",
+            "decode_compare_claims"]

@@ -48,6 +48,10 @@ DATA = {
     "exactness_spread": ("FLASHSIM_EXACTNESS_SPREAD_CSV", "kernels/data/h100_exactness_spread.csv"),
     "exactness_long": ("FLASHSIM_EXACTNESS_LONG_CSV", "kernels/data/h100_exactness_long.csv"),
     "gpt2_medium": ("FLASHSIM_GPT2_MEDIUM_CSV", "kernels/data/gpt2_medium_attention_h100.csv"),
+    # decoding (issue 19, notebook 08): python -m kernels.bench_decode, and flashsim measure --set decode
+    # with its comparison (flashsim compare analysis/data/h100/decode/decode.csv --out .../compare)
+    "bench_decode": ("FLASHSIM_BENCH_DECODE_CSV", "kernels/data/bench_decode_h100.csv"),
+    "decode_h100_compare": ("FLASHSIM_DECODE_COMPARE_CSV", "analysis/data/h100/decode/compare/compare_launches.csv"),
 }
 
 

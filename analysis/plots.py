@@ -104,7 +104,7 @@ def plot_scatter(configs: list[dict], path: Path) -> Path:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.4))
     for ax, lvl, title in ((axes[0], "lsu", "LSU (requested from global memory)"),
                            (axes[1], "dram", "DRAM (after the L2; simple model)")):
-        for kernel in ("flash2", "flash1", "standard"):
+        for kernel in ("flash2", "flash1", "standard", "decode"):
             pts = [c for c in configs if c["kernel"] == kernel]
             if pts:
                 ax.loglog([c[f"sim_{lvl}_bytes"] / 1e9 for c in pts], [c[f"{lvl}_bytes"] / 1e9 for c in pts],

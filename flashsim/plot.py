@@ -33,7 +33,8 @@ def _pyplot():
 COLORS = {
     "standard": "tab:red", "flash1": "tab:blue", "flash2": "tab:green", "smallcache": "tab:purple",
     "naive": "tab:red", "sdpa": "tab:orange", "sdpa_flash": "tab:orange", "sdpa_cudnn": "tab:brown",
-    "sdpa_mem_eff": "tab:pink", "ours": "tab:cyan",
+    "sdpa_mem_eff": "tab:pink", "ours": "tab:cyan", "decode": "tab:olive", "sdpa_math": "tab:gray",
+    "copy": "k",
 }
 #: Line styles of the passes (forward solid, backward dashed).
 PASS_STYLE = {"fwd": "-", "bwd": "--", "fwd+bwd": ":"}
