@@ -23,9 +23,10 @@ kernels/standard.py) launch by launch:
   visible query block), then per visible (query head, i) one step that reads Q_i, O_i, ℓ_i, m_i
   (backward: Q_i, O_i, dO_i, dQ_i, ℓ_i, m_i) and writes O_i, ℓ_i, m_i (backward dQ_i); the
   backward writes dK_j, dV_j in a step after each j.
-* **decode**: grid (S, B·Hkv) (split fastest), block (s, b·Hkv + h): step Q (if the split has a
-  key block); one step per key block (its block-table entries, then K and V, page segment by
-  page segment, row by row when Hkv > 1); step O, L (S = 1) or Op, Lp.  Combine grid
+* **decode**: grid (S, B·Hkv) (split fastest), block (s, b·Hkv + h): step L_b (the sequence's
+  length, one int32 of Lens, read by every block); step Q (if the split has a key block); one
+  step per key block (its block-table entries, then K and V, page segment by page segment, row
+  by row when Hkv > 1); step O, L (S = 1) or Op, Lp.  Combine grid
   (B·Hq·Nq): one step reading Lp and Op of every split, then O and L.  128 threads; shared
   memory an estimate (Q, a K and a V block, the fp32 scores and accumulator), not a kernel's
   declaration.
@@ -437,10 +438,11 @@ def _decode(schedule, w: Workload, plan) -> None:
         st = np.searchsorted(key_of, b * nsplit + s, "left")
         cnt = np.searchsorted(key_of, b * nsplit + s, "right") - st
         has = cnt > 0
-        P.add("Q", False, q[has], 0, y[has], 0, gq)
+        P.add("Lens", False, q, 0, 0, b, 1)  # the length first: it gives the block its range
+        P.add("Q", False, q[has], 1, y[has], 0, gq)
         gi, k = _expand(cnt)
         e = st[gi] + k  # the key blocks of each grid block, in order
-        step = 1 + k
+        step = 2 + k
         if p.page is None:
             for name in ("K", "V"):
                 P.add(name, False, q[gi], step, y[gi], blk["r0"][e], blk["n"][e])

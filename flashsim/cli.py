@@ -322,6 +322,7 @@ TENSORS = {
     "dO": "gradient of O, N x d", "dQ": "gradient of Q", "dK": "gradient of K", "dV": "gradient of V",
     "dS": "gradient of S, N x N", "dP": "gradient of P, N x N",
     "BT": "decode's block table, int32, one entry per page of a paged KV cache",
+    "Lens": "decode's cache lengths L_b, int32, one per sequence (read by every main-launch program)",
     "Op": "decode's partial outputs of the splits, fp32, S x N x d", "Lp": "decode's partial logsumexps, fp32, S x N",
 }
 

@@ -16,10 +16,14 @@ the compulsory traffic and what each choice adds over it:
     combine: 2·S·B·Hq·Nq·(d + 1)·4 (0 when S = 1).
 ``paging``
     The block-table reads, 4 bytes each.
-``schedule`` = compulsory + block_rounding + split + paging, the closed form's bytes exactly.
+``lengths``
+    The sequence lengths: every program of the main launch, an empty split's too, reads its
+    sequence's L_b (int32) to find its range, 4·B·Hkv·S.
+``schedule`` = compulsory + block_rounding + split + paging + lengths, the closed form's bytes
+    exactly.
 ``no_gqa_packing``
-    What one program per query head (instead of per kv head) would add: K, V and the block table
-    read g times instead of once, (g - 1)·(K + V + BT bytes).
+    What one program per query head (instead of per kv head) would add: K, V, the block table
+    and the lengths read g times instead of once, (g - 1)·(K + V + BT + lengths bytes).
 ``paging_sectors`` (with ``sectors=True`` and a page size)
     The sector effect of paging: the walker's K and V sector bytes (32 per sector) paged minus the
     same schedule with a contiguous cache (rows of a kv head Hkv·d apart, page boundaries).
@@ -60,10 +64,11 @@ def decode_bounds(w: Workload, tiling: Tiling | None = None, sram_elems: int | N
         "split": (p.hq * p.nq * p.d * e * int((p.nonempty - 1).sum())
                   + (2 * p.splits * rows * (p.d + 1) * STAT_BYTES if p.splits > 1 else 0)),
         "paging": 4 * p.hkv * block_table_reads(p),
+        "lengths": 4 * p.batch * p.hkv * p.splits,
     }
-    out["schedule"] = out["compulsory"] + out["block_rounding"] + out["split"] + out["paging"]
+    out["schedule"] = out["compulsory"] + out["block_rounding"] + out["split"] + out["paging"] + out["lengths"]
     kv_bytes = 2 * p.hkv * p.d * e * int((p.lengths - p.jf * p.bc).sum())
-    out["no_gqa_packing"] = (p.group - 1) * (kv_bytes + out["paging"])
+    out["no_gqa_packing"] = (p.group - 1) * (kv_bytes + out["paging"] + out["lengths"])
     if sectors and p.page is not None:
         from .api import simulate
 
@@ -91,7 +96,7 @@ def _bytes(w: Workload, t: Tiling, splits: int, options: dict) -> tuple[int, int
     """(main launch bytes, combine launch bytes) of the closed form at ``splits``."""
     el = closed_form_elements(w, "decode", "fwd", tiling=t, **{**options, "num_splits": splits})
     size = {"Q": w.elem_bytes, "K": w.elem_bytes, "V": w.elem_bytes, "O": w.elem_bytes, "L": STAT_BYTES,
-            "Op": STAT_BYTES, "Lp": STAT_BYTES, "BT": 4}
+            "Op": STAT_BYTES, "Lp": STAT_BYTES, "BT": 4, "Lens": 4}
     total = sum(n * size[k[0]] for k, n in el.items())
     if splits == 1:
         return total, 0

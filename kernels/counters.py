@@ -18,7 +18,7 @@ import numpy as np
 
 #: Row index of each tensor in a counter array.  Append only: indices are baked into kernels.
 TENSORS = ("Q", "K", "V", "O", "L", "m", "l", "D", "dO", "dQ", "dK", "dV", "S", "P", "dP", "dS", "Z",
-           "Op", "Lp", "BT")
+           "Op", "Lp", "BT", "Lens")
 INDEX = {name: i for i, name in enumerate(TENSORS)}
 READ, WRITE = 0, 1
 

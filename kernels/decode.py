@@ -13,16 +13,18 @@ every tile transfer to the traffic counters, in elements, and the totals equal i
   Visible keys lo_b = max(0, L_b - Nq - left) with a window (else 0) .. hi_b = L_b; key blocks
   j = lo_b//Bc .. (hi_b-1)//Bc (nblk_b of them); bps_b = ceil(nblk_b/S); split s takes blocks
   [s·bps_b, min(nblk_b, (s+1)·bps_b)) of that list, maybe none.
+* Every block, an empty split's too, first reads its sequence's length L_b: one int32 of the
+  lengths (tensor Lens), loaded by thread 0 into shared memory for the others.
 * Reads of a block with at least one key block: Q (g·Nq·d) once; per key block j, K rows
   [j·Bc, min((j+1)·Bc, L_b)) x d and V the same (rows before lo_b are read and masked); paged,
   per key block the block-table entries of pages (j·Bc)//P .. (min((j+1)·Bc, L_b)-1)//P, one int32
-  each (tensor BT).  An empty split reads nothing.
+  each (tensor BT).  An empty split reads nothing more.
 * Writes: S = 1: O (g·Nq·d) and L (float32 logsumexp, g·Nq), no second launch.  S > 1: every
   block, empty ones too (zeros and -inf), writes Op (float32, g·Nq·d) and Lp (float32, g·Nq);
   then the combine launch, one block per (b, query head, query row), reads the S values of Lp and
-  the S·d of Op and writes O (d) and L (1).
+  the S·d of Op and writes O (d) and L (1) (no length).
 
-Layouts: Q, O (B, Hq, Nq, d); contiguous K, V (B, Hkv, Nk_max, d); paged K, V (num_pages, P, Hkv,
+Layouts: lengths (B,) int32; Q, O (B, Hq, Nq, d); contiguous K, V (B, Hkv, Nk_max, d); paged K, V (num_pages, P, Hkv,
 d) with a block table (B, max_pages_per_seq) int32 (vLLM's and flash-attention's ``k_cache``);
 Op (S, B, Hq, Nq, d), Lp (S, B, Hq, Nq), L (B, Hq, Nq).
 
@@ -61,7 +63,7 @@ _ST = {"fp32": float32, "fp16": types.float16, "bf16": int16}
 _EB = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 IQ, IK, IV, IO, IL = INDEX["Q"], INDEX["K"], INDEX["V"], INDEX["O"], INDEX["L"]
-IOP, ILP, IBT = INDEX["Op"], INDEX["Lp"], INDEX["BT"]
+IOP, ILP, IBT, ILENS = INDEX["Op"], INDEX["Lp"], INDEX["BT"], INDEX["Lens"]
 
 # ---------------------------------------------------------------------------------------------
 # bf16 <-> float32 through the bits, with pure-Python twins for the simulator.
@@ -130,12 +132,12 @@ def padded_head_dim(d: int) -> int:
 def smem_bytes(dt: str, d: int, rows: int, bc: int, page_size: int) -> int:
     """Static shared memory of the reference main kernel: Q (rows x DP), K_j and V_j (Bc x DP+pad)
     in the input precision; S (rows x Bc+1), acc (rows x DP), m, l, alpha in float32; the page
-    numbers of one key block."""
+    numbers of one key block; the sequence's length."""
     dp = padded_head_dim(d)
     eb = _EB[dt]
     kp = dp + 4 // eb
     pages = bc // page_size + 2 if page_size else 1
-    return eb * (rows * dp + 2 * bc * kp) + 4 * (rows * (bc + 1) + rows * dp + 3 * rows + pages)
+    return eb * (rows * dp + 2 * bc * kp) + 4 * (rows * (bc + 1) + rows * dp + 3 * rows + pages + 1)
 
 
 def default_block_n(dt: str, d: int, rows: int, page_size: int = 0) -> int:
@@ -180,6 +182,7 @@ def expected_counts(lengths, *, heads: int, kv_heads: int, nq: int, d: int, bc: 
         j0, nblk = visible_blocks(length, nq, bc, left)
         for s in range(splits):
             a, e = split_blocks(nblk, splits, s)
+            add(("Lens", "read"), kv_heads)  # every block (s, b, h) reads L_b, an empty split's too
             if e > a:
                 add(("Q", "read"), kv_heads * g * nq * d)
             for jj in range(a, e):
@@ -230,7 +233,13 @@ def _main_source(dt, DP, BC, G, NQ, PAGED, SPLIT, WINDOW, CAUSAL, COUNT, PSZ):
         b = bh // hkv
         h = bh % hkv
         d = q.shape[3]
-        length = lens[b]
+        sLen = cuda.shared.array(1, int32)
+        if tid == 0:  # one load of the length per block (not one per warp), shared with the others
+            sLen[0] = lens[b]
+            if COUNT:
+                cuda.atomic.add(counters, (ILENS, READ), 1)
+        cuda.syncthreads()
+        length = sLen[0]
         lo = max(0, length - NQ - wl) if WINDOW and wl >= 0 else 0
         j0 = lo // BC
         nblk = (length - 1) // BC - j0 + 1

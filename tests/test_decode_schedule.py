@@ -30,6 +30,7 @@ def literal(w: Workload, bc: int, **opts):
     sizes["K"] = sizes["V"] = kv
     if page is not None:
         sizes["BT"] = B * (nk // page) * 4
+    sizes["Lens"] = B * 4
     sizes["O"], sizes["L"] = B * hq * nq * d * eb, B * hq * nq * 4
     if splits > 1:
         sizes["Op"], sizes["Lp"] = splits * B * hq * nq * d * 4, splits * B * hq * nq * 4
@@ -54,6 +55,7 @@ def literal(w: Workload, bc: int, **opts):
         for h in range(hkv):
             for s in range(splits):
                 mine = js[s * bps:(s + 1) * bps]
+                xfer("Lens", "read", b * 4, 4, 4)  # every program, an empty split's too
                 if mine:
                     xfer("Q", "read", ((b * hq + h * g) * nq) * d * eb, gq * d * eb, eb)
                 for j in mine:
@@ -178,6 +180,7 @@ def test_hand_single_split():
     # B = 1, Hq = 4, Hkv = 2 (g = 2), Nq = 1, d = 8, L = 10, Bc = 4: key blocks rows 0-3, 4-7, 8-9.
     r = check(w_(), 4)
     assert r.io.elements_by_key() == {
+        ("Lens", "read"): 1 * 2 * 1,       # B·Hkv·S: each program reads its sequence's length
         ("Q", "read"): 4 * 1 * 8 * 1,      # Hq·Nq·d · (one nonempty split)
         ("K", "read"): 2 * 8 * 10,         # Hkv·d·(L - jf·Bc) = 2·8·10
         ("V", "read"): 2 * 8 * 10,
@@ -190,6 +193,7 @@ def test_hand_two_splits():
     # nblk = 3, S = 2: bps = ⌈3/2⌉ = 2, splits hold blocks {0, 1} and {2}: both read Q.
     r = check(w_(), 4, num_splits=2)
     assert r.io.elements_by_key() == {
+        ("Lens", "read"): 1 * 2 * 2,                           # B·Hkv·S
         ("Q", "read"): 4 * 8 * 2, ("K", "read"): 160, ("V", "read"): 160,
         ("Op", "write"): 2 * 4 * 8, ("Lp", "write"): 2 * 4,    # S·B·Hq·Nq·d, S·B·Hq·Nq
         ("Op", "read"): 2 * 4 * 8, ("Lp", "read"): 2 * 4,      # the combine reads them back
@@ -200,9 +204,10 @@ def test_hand_two_splits():
 
 def test_hand_varlen_empty_split():
     # B = 2, lengths 10 and 3, S = 3: sequence 0 has 3 blocks (1 per split), sequence 1 one block
-    # (splits 1 and 2 empty: no Q, K, V read, but Op and Lp written).
+    # (splits 1 and 2 empty: no Q, K, V read, but the length read and Op and Lp written).
     r = check(w_(batch=2), 4, num_splits=3, lengths=[10, 3])
     e = r.io.elements_by_key()
+    assert e[("Lens", "read")] == 2 * 2 * 3  # B·Hkv·S: all 12 programs, the 4 empty ones too
     assert e[("Q", "read")] == 4 * 8 * (3 + 1)
     assert e[("K", "read")] == 2 * 8 * (10 + 3)
     assert e[("Op", "write")] == 3 * 2 * 4 * 8 and e[("Lp", "write")] == 3 * 2 * 4
@@ -241,6 +246,15 @@ def test_hand_sectors_contiguous():
     assert r.io.breakdown[("K", "read")].sectors == 5
     # paged, Hkv = 1, P = 2 (32-byte pages, each one sector): 5 pages, each read once -> 5
     assert check(w, 4, page_size=2).io.breakdown[("K", "read")].sectors == 5
+
+
+def test_hand_length_reads():
+    # B = 2, Hkv = 2, S = 2 (L = 10, Bc = 4: 3 blocks, bps 2): 2·2·2 = 8 programs, each one load of
+    # 4 bytes of Lens (8 bytes, one sector): 8 elements, 32 bytes, 8 sectors, as the kernel's
+    # thread 0 of each block loads its length (one sector per block).
+    r = check(w_(batch=2), 4, num_splits=2)
+    t = r.io.breakdown[("Lens", "read")]
+    assert (t.elements, t.bytes, t.sectors) == (8, 32, 8)
 
 
 def test_paged_sectors_rows_not_contiguous():

@@ -20,7 +20,9 @@ def test_bounds_add_up_to_the_schedule(case):
     w, bc, opts = case
     b = decode_bounds(w, Tiling(1, bc), sectors=False, **opts)
     r = simulate(w, "decode", "fwd", tiling=Tiling(1, bc), **opts)
-    assert b["compulsory"] + b["block_rounding"] + b["split"] + b["paging"] == b["schedule"] == r.closed_form.bytes
+    parts = b["compulsory"] + b["block_rounding"] + b["split"] + b["paging"] + b["lengths"]
+    assert parts == b["schedule"] == r.closed_form.bytes
+    assert b["lengths"] == 4 * w.batch * w.hkv * opts["num_splits"]  # one int32 per main-launch program
     assert min(b.values()) >= 0
     if opts["num_splits"] == 1:
         assert b["split"] == 0
@@ -40,7 +42,13 @@ def test_bounds_hand():
     assert b["split"] == 4 * 8 * 2 * 1 + 2 * 2 * 4 * (8 + 1) * 4      # Q once more; Op, Lp there and back
     # blocks [0,4) page 0, [4,8) pages 0-1, [8,10) page 1: 4 entries per kv head, 4 bytes each
     assert b["paging"] == 2 * 4 * 4
-    assert b["no_gqa_packing"] == (2 - 1) * (2 * 2 * 8 * 2 * 10 + b["paging"])
+    # B·Hkv·S = 1·2·2 programs of the main launch, each reading L_b (4 bytes)
+    assert b["lengths"] == 4 * 1 * 2 * 2
+    # compulsory 64 + 640 + 64 + 16 = 784, split 64 + 576 = 640, paging 32, lengths 16: 1472, the
+    # closed form's Lens 16 + Q 128 + K, V 640 + BT 32 + Op 512 + Lp 64 + O 64 + L 16 bytes
+    assert b["schedule"] == b["compulsory"] + b["split"] + b["paging"] + b["lengths"] == 784 + 640 + 32 + 16 == 1472
+    # one program per query head: K, V, the table and the lengths read g = 2 times
+    assert b["no_gqa_packing"] == (2 - 1) * (2 * 2 * 8 * 2 * 10 + b["paging"] + b["lengths"])
     # 16-byte rows, two heads interleaved: a head's rows are 32 bytes apart, one sector each (10
     # per head per tensor); the contiguous cache reads blocks of 4, 4 and 2 rows (64, 64 and 32
     # bytes, 32-byte aligned: 2 + 2 + 1 = 5 sectors)
@@ -94,7 +102,7 @@ def test_cli_decode_json_matches_api(capsys):
     r = simulate(w, "decode", "fwd", tiling=Tiling(1, 32), num_splits=3, page_size=16, window=(100, 0),
                  lengths=[256, 40, 100])
     assert s["hbm_bytes"] == r.io.bytes and s["closed_form_agrees"]
-    assert set(s["breakdown"]) == {"Q", "K", "V", "BT", "O", "L", "Op", "Lp"}
+    assert set(s["breakdown"]) == {"Lens", "Q", "K", "V", "BT", "O", "L", "Op", "Lp"}
     assert s["decode_bounds"]["schedule"] == r.closed_form.bytes
     assert s["bounds"] is None and s["proposed_splits"]["num_splits"] >= 1
 

@@ -15,6 +15,7 @@ Schedule (one launch, plus a combine launch when split), per (b, kv head h, spli
     visible keys lo_b .. L_b - 1, lo_b = max(0, L_b - Nq - left) (0 without a window)
     key blocks j = lo_b // Bc .. (L_b - 1) // Bc: nblk_b of them, bps_b = ⌈nblk_b / S⌉ per split;
     split s takes blocks s·bps_b .. min(nblk_b, (s + 1)·bps_b) - 1 of that list (maybe none)
+    load L_b (one int32 of Lens: every program, an empty split too, needs it to find its range)
     if it has a block: load Q (g·Nq x d)
     for each of its blocks j:
         paged: load the block-table entries of the pages holding rows j·Bc .. min((j+1)·Bc, L_b) - 1
@@ -28,6 +29,7 @@ Element counts (what the closed form gives and the kernels' counters must equal)
 jf_b = lo_b // Bc, jl_b = (L_b - 1) // Bc, nblk_b = jl_b - jf_b + 1, bps_b = ⌈nblk_b / S⌉,
 ne_b = ⌈nblk_b / bps_b⌉ the splits with a block::
 
+    Lens read   B·Hkv·S
     Q read   Hq·Nq·d · Σ_b ne_b
     K read = V read   Hkv·d · Σ_b (L_b - jf_b·Bc)
     BT read  Hkv · Σ_b Σ_{j=jf_b..jl_b} ((min((j+1)·Bc, L_b) - 1) // P - (j·Bc) // P + 1)   (paged)
@@ -35,18 +37,21 @@ ne_b = ⌈nblk_b / bps_b⌉ the splits with a block::
     S > 1:   Op write = Op read = S·B·Hq·Nq·d, Lp write = Lp read = S·B·Hq·Nq,
              O write B·Hq·Nq·d, L write B·Hq·Nq
 
-Layouts (for the sectors): Q, O (B, Hq, Nq, d); L (B, Hq, Nq); Op (S, B, Hq, Nq, d), Lp (S, B,
-Hq, Nq); K, V contiguous (B, Hkv, Nk, d); paged (num_pages, P, Hkv, d) as vLLM's and
-flash-attention's ``k_cache``, num_pages = B·Nk/P, with the block table BT (B, Nk/P) int32
-(default ``numpy.random.default_rng(0).permutation(num_pages)`` reshaped: a sequence's pages
-are not contiguous).  In the paged layout a head's consecutive rows are Hkv·d elements apart:
-with Hkv > 1 each row is one transfer (its own sectors); with Hkv = 1 the rows of a key block
-inside one page are one contiguous transfer.  A block's block-table entries are one transfer.
+Layouts (for the sectors): Lens (B,) int32 (the lengths, as the kernels' ``cache_seqlens``); Q,
+O (B, Hq, Nq, d); L (B, Hq, Nq); Op (S, B, Hq, Nq, d), Lp (S, B, Hq, Nq); K, V contiguous (B, Hkv,
+Nk, d); paged (num_pages, P, Hkv, d) as vLLM's and flash-attention's ``k_cache``, num_pages =
+B·Nk/P, with the block table BT (B, Nk/P) int32 (default
+``numpy.random.default_rng(0).permutation(num_pages)`` reshaped: a sequence's pages are not
+contiguous).  In the paged layout a head's consecutive rows are Hkv·d elements apart: with
+Hkv > 1 each row is one transfer (its own sectors); with Hkv = 1 the rows of a key block inside
+one page are one contiguous transfer.  A block's block-table entries are one transfer.
 
 The walker's representation: the main launch is walked as Hkv programs (one per kv head; the
-batch and the splits are in the accesses' slice offsets, since the sequences differ), the
-combine launch as B·Hkv programs each standing for its g·Nq real ones; ``Schedule.meta["grids"]``
-gives the real grids.
+batch and the splits are in the accesses' slice offsets, since the sequences differ; each of the
+Hkv programs reads L_b once per split s of every sequence b, the element its real programs
+(s, b, h) read, the same for every kv head h), the combine launch (which reads no length) as
+B·Hkv programs each standing for its g·Nq real ones; ``Schedule.meta["grids"]`` gives the real
+grids.
 """
 
 from __future__ import annotations
@@ -365,6 +370,7 @@ def _layouts(w: Workload, p: DecodePlan) -> dict[str, TensorLayout]:
             out[name] = TensorLayout(name, 1, p.d, eb, p.num_pages * p.page * p.hkv)
     if p.page is not None:
         out["BT"] = TensorLayout("BT", p.max_pages, 1, 4, p.batch)
+    out["Lens"] = TensorLayout("Lens", p.batch, 1, 4, 1)
     out["O"] = TensorLayout("O", gq, p.d, eb, bk)
     out["L"] = TensorLayout("L", gq, 1, STAT_BYTES, bk)
     if p.splits > 1:
@@ -390,7 +396,7 @@ def _main_launch(w: Workload, p: DecodePlan) -> Launch:
     segs = None if p.page is None else _segments(p, blk)
     heads = np.arange(p.hkv, dtype=np.int64)
     zeros = np.zeros(p.hkv, dtype=np.int64)
-    slice_of = {"Q": heads, "O": heads, "L": heads, "Op": heads, "Lp": heads, "BT": zeros,
+    slice_of = {"Q": heads, "O": heads, "L": heads, "Op": heads, "Lp": heads, "BT": zeros, "Lens": zeros,
                 "K": zeros if (p.page is not None and p.hkv == 1) else heads}
     slice_of["V"] = slice_of["K"]
     gq = p.group * p.nq
@@ -398,13 +404,14 @@ def _main_launch(w: Workload, p: DecodePlan) -> Launch:
     key_of = blk["b"] * p.splits + blk["s"]  # nondecreasing: blocks listed by (b, j), s = k // bps
 
     def accesses():
-        # per sequence b, per split s: Q; its key blocks' block-table entries, K rows and V rows
+        # per sequence b, per split s: the length L_b (every split, empty ones too); Q; its key blocks' block-table entries, K rows and V rows
         # (each tensor's transfers of the split one array, in loop order: only the interleaving
         # of the tensors inside a split is not kept, which changes no count); then O, L or Op, Lp
         bounds = np.searchsorted(key_of, np.arange(p.batch * p.splits + 1, dtype=np.int64), "left")
         for b in range(p.batch):
             for s in range(p.splits):
                 lo, hi = int(bounds[b * p.splits + s]), int(bounds[b * p.splits + s + 1])
+                yield read("Lens", b, 1)
                 if hi > lo:
                     yield read("Q", 0, gq, slice_offset=b * p.hkv)
                     if p.page is not None:
@@ -421,6 +428,8 @@ def _main_launch(w: Workload, p: DecodePlan) -> Launch:
 
     def counts():
         bb = np.arange(p.batch, dtype=np.int64)
+        ln = _group(np.full(p.batch, p.splits, dtype=np.int64), row0=bb)
+        yield read("Lens", ln["row0"], 1, repeat=ln["repeat"])
         q = _group(p.nonempty, soff=bb * p.hkv)
         yield read("Q", 0, gq, slice_offset=q["soff"], repeat=q["repeat"])
         ones = np.ones(blk["b"].size, dtype=np.int64)
@@ -544,6 +553,7 @@ def closed_form(w: Workload, tiling: Tiling | None, pass_: str, **options) -> di
     rows = p.hq * p.nq * p.batch  # query rows of the batch, all heads
     kv_rows = int((p.lengths - p.jf * p.bc).sum())
     out = {
+        ("Lens", "read"): p.batch * p.hkv * p.splits,  # every main-launch program reads its length
         ("Q", "read"): p.hq * p.nq * p.d * int(p.nonempty.sum()),
         ("K", "read"): p.hkv * p.d * kv_rows,
         ("V", "read"): p.hkv * p.d * kv_rows,
