@@ -4,11 +4,10 @@ Levels compared (see analysis/ncu.py for the metrics):
 
 * **LSU** (what the IO model counts): the walker's 32-byte sectors for the same launch, reads
   and writes, times 32.  A kernel that loads each tile once with coalesced accesses requests
-  exactly these bytes; the tolerance is 1 %.  The reference decode kernel also loads its
-  sequence's cache length in every warp (``DECODE_LENGTH_LOAD_BYTES`` per main-launch block),
-  which no schedule counts: reported apart, ``kernel_meta_ld_bytes``, with the loads and stores
-  left over once it and the walker are taken away (``lsu_ld_residual_bytes``,
-  ``lsu_st_residual_bytes``; 0 on every launch of the committed decode record).
+  exactly these bytes; the tolerance is 1 %.  The measured bytes less the walker's are reported
+  per launch (``lsu_ld_residual_bytes``, ``lsu_st_residual_bytes``) and, for the decode kernels,
+  how many launches agree to the byte (the decode schedule counts every load of the reference
+  kernel, its sequence-length reads included, tensor ``Lens``).
 * **DRAM** (what reaches HBM after the L2): the trace-driven L2 model of :mod:`flashsim.l2` with
   the GPU preset given (or the data's own, from its provenance), reported with its error per
   launch rather than tuned to fit.  Every launch starts with an empty L2 (ncu flushes the caches
@@ -154,21 +153,6 @@ def _algo(kernel: str) -> str:
     return {"flash2": "flash2", "flash1": "flash1", "standard": "standard", "decode": "decode"}[kernel]
 
 
-#: Loads the reference decode kernel makes that no schedule models: every thread of a main-launch
-#: block reads its sequence's cache length ``lens[b]`` (``kernels/decode.py``, ``decode_main``),
-#: one 32-byte sector per warp, 128 threads = 4 warps.  The schedule counts the transfers of
-#: the attention's tensors (and the block table), not the lengths, so the measured loads of a
-#: main launch are the walker's plus this per block; ``compare`` reports it apart
-#: (``kernel_meta_ld_bytes``) and holds the rest to the walker (``lsu_ld_residual_bytes``).
-DECODE_LENGTH_LOAD_BYTES = 4 * SECTOR_BYTES
-
-
-def _meta_loads(cfg: dict, launch_name: str, grid: tuple) -> int:
-    if cfg["kernel"] != "decode" or launch_name == "decode_combine":
-        return 0
-    return DECODE_LENGTH_LOAD_BYTES * math.prod(grid)
-
-
 def _footprint_bytes(schedule, launch) -> tuple[int, int]:
     """Distinct bytes a launch reads and writes: whole tensors (every launch here touches every
     row of each tensor it uses), counted at 32-byte sector granularity."""
@@ -189,16 +173,13 @@ def schedule_of(cfg: dict):
 
 def predict_lsu(cfg: dict, sched=None) -> list[dict]:
     """The LSU level alone, launch by launch (cheap: the walker, no L2 model): the walker's load
-    and store sectors x 32 (``sim_lsu_ld_bytes``, ``sim_lsu_st_bytes``), its exact bytes, and the
-    loads the kernel makes that no schedule models (``kernel_meta_ld_bytes``)."""
+    and store sectors x 32 (``sim_lsu_ld_bytes``, ``sim_lsu_st_bytes``) and its exact bytes."""
     sched = schedule_of(cfg) if sched is None else sched
     io = walk(sched)
     out = []
-    for launch, (name, c) in zip(sched.launches, io.per_launch.items()):
-        grid = launch.blocks.grid if launch.blocks is not None else ()
+    for name, c in io.per_launch.items():
         out.append({"sim_launch": name, "sim_lsu_ld_bytes": (c.read_sectors or 0) * SECTOR_BYTES,
                     "sim_lsu_st_bytes": (c.write_sectors or 0) * SECTOR_BYTES,
-                    "kernel_meta_ld_bytes": _meta_loads(cfg, name, grid),
                     "sim_read_bytes_exact": c.read_bytes, "sim_write_bytes_exact": c.write_bytes})
     return out
 
@@ -275,7 +256,7 @@ def compare(rows: list[dict], gpu: str = "h100") -> list[dict]:
             rec["lsu_ld_err"] = _rel(r["lsu_ld_bytes"], p["sim_lsu_ld_bytes"])
             rec["lsu_st_err"] = _rel(r["lsu_st_bytes"], p["sim_lsu_st_bytes"])
             rec["lsu_err"] = _rel(r["lsu_ld_bytes"] + r["lsu_st_bytes"], p["sim_lsu_ld_bytes"] + p["sim_lsu_st_bytes"])
-            rec["lsu_ld_residual_bytes"] = r["lsu_ld_bytes"] - p["sim_lsu_ld_bytes"] - p["kernel_meta_ld_bytes"]
+            rec["lsu_ld_residual_bytes"] = r["lsu_ld_bytes"] - p["sim_lsu_ld_bytes"]
             rec["lsu_st_residual_bytes"] = r["lsu_st_bytes"] - p["sim_lsu_st_bytes"]
             rec["dram_err"] = _rel_dram(r["dram_read_bytes"] + r["dram_write_bytes"],
                                         p["sim_dram_read_bytes"] + p["sim_dram_write_bytes"])
@@ -423,10 +404,9 @@ def summarize(records: list[dict]) -> dict:
     lsu = np.array([abs(r["lsu_err"]) for r in records])
     out = {"launches": len(records), "lsu_max_abs_err": float(lsu.max()) if lsu.size else math.nan,
            "lsu_within_tolerance": int((lsu <= LSU_TOLERANCE).sum())}
-    if any(r.get("kernel_meta_ld_bytes") for r in records):
-        # the walker's sectors plus the loads no schedule models (DECODE_LENGTH_LOAD_BYTES),
-        # against the measured bytes: how many launches agree to the byte, loads and stores apart
-        out["kernel_meta_ld_bytes"] = int(sum(r["kernel_meta_ld_bytes"] for r in records))
+    if any(r.get("kernel") == "decode" for r in records):
+        # the decode kernels' launches against the walker's sectors: how many agree to the byte,
+        # loads and stores apart
         out["lsu_ld_exact"] = sum(r["lsu_ld_residual_bytes"] == 0 for r in records)
         out["lsu_st_exact"] = sum(r["lsu_st_residual_bytes"] == 0 for r in records)
         out["lsu_ld_residual_max_abs_bytes"] = max(abs(r["lsu_ld_residual_bytes"]) for r in records)
@@ -480,10 +460,9 @@ def run(data: str | Path, out_dir: str | Path | None = None, gpu: str | None = N
     print(f"\nLSU level: {s['lsu_within_tolerance']}/{s['launches']} launches within "
           f"{100 * LSU_TOLERANCE:.0f}% (max |err| {100 * s['lsu_max_abs_err']:.3f}%)")
     if "lsu_ld_exact" in s:
-        print(f"LSU level, to the byte: walker + the decode kernel's cache-length loads "
-              f"({DECODE_LENGTH_LOAD_BYTES} B per main-launch block, {s['kernel_meta_ld_bytes']:,} B in all): loads "
-              f"equal on {s['lsu_ld_exact']}/{s['launches']} launches (max |residual| "
-              f"{s['lsu_ld_residual_max_abs_bytes']:,} B), stores on {s['lsu_st_exact']}/{s['launches']} "
+        n = s["launches"]
+        print(f"LSU level, to the byte: loads equal the walker's on {s['lsu_ld_exact']}/{n} launches "
+              f"(max |residual| {s['lsu_ld_residual_max_abs_bytes']:,} B), stores on {s['lsu_st_exact']}/{n} "
               f"(max |residual| {s['lsu_st_residual_max_abs_bytes']:,} B)")
     for key, what in (("dram_read", "reads"), ("dram_write", "writes")):
         print(f"DRAM level (flashsim.l2 model of the {gpu} L2), {what}: |err| median "

@@ -47,14 +47,15 @@ def test_counters_hand_derived():
     Sequence 0: key blocks 0 (rows 0-7, pages 0-1) and 1 (rows 8-9, page 2), one per split;
     sequence 1: block 0 (rows 0-2, page 0) in split 0, split 1 empty.  Q 8 per non-empty split
     (3 of them); K = V = 8·4 + 2·4 + 3·4 = 52; BT 2 + 1 + 1; Op/Lp written by all four blocks
-    (4·8, 4·2); the combine's 4 blocks read Lp 2 and Op 2·4 each, write O 4 and L 1."""
+    (4·8, 4·2); Lens 1 per main block, B·Hkv·S = 2·1·2 = 4 (the empty split's block reads its
+    length too); the combine's 4 blocks read Lp 2 and Op 2·4 each, write O 4 and L 1 (no length)."""
     rng = np.random.default_rng(1)
     q = rng.standard_normal((2, 2, 1, 4)).astype(np.float32)
     k, v, table = _cache(rng, 2, 1, [10, 3], 4, np.float32, page_size=4)
     c = new_counters()
     o, lse = kernels.decode_attention(q, k, v, cache_seqlens=np.array([10, 3], np.int32), block_table=table,
                                       num_splits=2, block_n=8, counters=c)
-    want = {("Q", "read"): 24, ("K", "read"): 52, ("V", "read"): 52, ("BT", "read"): 4,
+    want = {("Lens", "read"): 4, ("Q", "read"): 24, ("K", "read"): 52, ("V", "read"): 52, ("BT", "read"): 4,
             ("Op", "write"): 32, ("Lp", "write"): 8, ("Lp", "read"): 8, ("Op", "read"): 32,
             ("O", "write"): 16, ("L", "write"): 4}
     assert to_elements(c) == dict(sorted(want.items()))
@@ -66,12 +67,14 @@ def test_counters_hand_derived():
 
 def test_expected_counts_compulsory():
     """One split, contiguous, no window: K and V are read once, each row of each cache (the
-    compulsory traffic), Q once, O and L written once; no Op, Lp, BT."""
+    compulsory traffic), Q once, O and L written once, each block's length once (B·Hkv = 4·2); no
+    Op, Lp, BT."""
     lengths = [1, 7, 64, 100]
     c = expected_counts(lengths, heads=8, kv_heads=2, nq=1, d=64, bc=32)
     assert c[("K", "read")] == c[("V", "read")] == 2 * sum(lengths) * 64
     assert c[("Q", "read")] == 4 * 8 * 64 and c[("O", "write")] == 4 * 8 * 64 and c[("L", "write")] == 4 * 8
-    assert set(c) == {("Q", "read"), ("K", "read"), ("V", "read"), ("O", "write"), ("L", "write")}
+    assert c[("Lens", "read")] == 4 * 2
+    assert set(c) == {("Lens", "read"), ("Q", "read"), ("K", "read"), ("V", "read"), ("O", "write"), ("L", "write")}
     # a window reads from the start of the block that holds pos - left on
     j0, n = visible_blocks(100, 1, 32, left=40)
     assert (j0, n) == (1, 3)  # lo = 100 - 1 - 40 = 59 -> blocks 1, 2, 3

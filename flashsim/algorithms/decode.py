@@ -404,9 +404,10 @@ def _main_launch(w: Workload, p: DecodePlan) -> Launch:
     key_of = blk["b"] * p.splits + blk["s"]  # nondecreasing: blocks listed by (b, j), s = k // bps
 
     def accesses():
-        # per sequence b, per split s: the length L_b (every split, empty ones too); Q; its key blocks' block-table entries, K rows and V rows
-        # (each tensor's transfers of the split one array, in loop order: only the interleaving
-        # of the tensors inside a split is not kept, which changes no count); then O, L or Op, Lp
+        # per sequence b, per split s: the length L_b (every split, empty ones too); Q; its key
+        # blocks' block-table entries, K rows and V rows (each tensor's transfers of the split one
+        # array, in loop order: only the interleaving of the tensors inside a split is not kept,
+        # which changes no count); then O, L or Op, Lp
         bounds = np.searchsorted(key_of, np.arange(p.batch * p.splits + 1, dtype=np.int64), "left")
         for b in range(p.batch):
             for s in range(p.splits):
