@@ -305,6 +305,9 @@ def test_08_pages_and_compare():
     if recs is None:
         pytest.skip("no decode comparison committed")
     cc = decode_compare_claims(recs)
-    assert cc["launches"] == cc["ld_exact"] == cc["st_exact"] == 21 and cc["walker_only_exact"] == cc["combine"] == 10
+    assert cc["launches"] == cc["st_exact"] == 21 and cc["combine"] == cc["combine_ld_exact"] == 10
+    # loads: to the byte, or (a record of the kernel that read its length in every warp: 4 sectors
+    # a main block where the walker's Lens read is 1) 96 bytes a main block over the walker
+    assert cc["ld_exact"] == 21 or (cc["ld_exact"] == 10 and cc["main_ld_excess_per_block"] == [96])
     assert cc["main_read_err_max"] < 0.005 and cc["sim_write_max"] == 0
     assert cc["write_max"] > cc["timed_write_max"]  # the writes are not all the background rate's
