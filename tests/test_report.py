@@ -63,7 +63,8 @@ def test_decode_table(report):
     one = [r for r in rows if r["batch"] == 1]
     assert all(r["num_splits"] > 1 and r["programs"] >= 0.9 * r["num_sms"] for r in one)
     for r in rows:
-        assert r["schedule_bytes"] == r["compulsory_bytes"] + r["split_bytes"] + r["paging_bytes"]
+        assert r["schedule_bytes"] == r["compulsory_bytes"] + r["split_bytes"] + r["paging_bytes"] + r["lengths_bytes"]
+        assert r["lengths_bytes"] == 4 * r["batch"] * r["kv_heads"] * r["num_splits"]  # one int32 per program
         assert r["no_gqa_packing_bytes"] > 2 * r["schedule_bytes"]  # 4 query heads per kv head
     assert "compulsory MB/token" in text
 
