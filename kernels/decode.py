@@ -24,9 +24,9 @@ every tile transfer to the traffic counters, in elements, and the totals equal i
   then the combine launch, one block per (b, query head, query row), reads the S values of Lp and
   the S·d of Op and writes O (d) and L (1) (no length).
 
-Layouts: lengths (B,) int32; Q, O (B, Hq, Nq, d); contiguous K, V (B, Hkv, Nk_max, d); paged K, V (num_pages, P, Hkv,
-d) with a block table (B, max_pages_per_seq) int32 (vLLM's and flash-attention's ``k_cache``);
-Op (S, B, Hq, Nq, d), Lp (S, B, Hq, Nq), L (B, Hq, Nq).
+Layouts: lengths (B,) int32; Q, O (B, Hq, Nq, d); contiguous K, V (B, Hkv, Nk_max, d); paged K,
+V (num_pages, P, Hkv, d) with a block table (B, max_pages_per_seq) int32 (vLLM's and
+flash-attention's ``k_cache``); Op (S, B, Hq, Nq, d), Lp (S, B, Hq, Nq), L (B, Hq, Nq).
 
 Precisions: float32, float16 and bfloat16.  Numba has no bfloat16 arrays, so a bf16 tensor is
 viewed as int16 (its bits) and the kernels widen each element to float32 themselves (the 16 bits
