@@ -24,8 +24,20 @@ the distinct sectors of their union (neighbouring rows may share one).  Start
 offsets are computed from the tensor's real layout ((B, H, rows, cols) row-major, each tensor
 starting at a 256-byte-aligned address, as cudaMalloc guarantees), so ragged sizes (d = 59 in
 fp16: 118-byte rows) are counted exactly.  Sector counts are an upper bound on what a kernel
-requests only if it reads each transfer with coalesced accesses; the analysis package models
-kernels that do not.
+requests only if it reads each transfer with coalesced accesses; an access marked
+``per_thread_rows`` states the uncoalesced case (each thread reads its own row, column by
+column) and is counted per request (see :class:`Access`).
+
+Traffic classes.  Each access has a class (``Access.traffic_class``): ``"load"`` and ``"store"``
+(global loads and stores through the LSU; the default, from ``Access.write``), ``"reduction"``
+(global atomics / ``red``: a read-modify-write made in L2) and ``"bulk"`` (TMA / bulk copies,
+which reach L2 without passing the LSU; ``write`` tells a bulk store from a bulk load).  The
+breakdown keys loads ``(tensor, "read")`` and stores ``(tensor, "write")`` as always,
+reductions ``(tensor, "reduction")`` and bulk copies ``(tensor, "bulk_read" | "bulk_write")``.
+The totals ``read_*``, ``write_*``, ``bytes``, ``elements`` and ``sectors`` (and the
+``hbm_*`` keys of :meth:`IOCount.to_dict`) count loads and stores only, the LSU level;
+:meth:`IOCount.by_class` gives every class's elements, bytes and sectors apart.  No built-in
+schedule uses reductions, bulk copies or per-thread rows yet.
 """
 
 from __future__ import annotations
@@ -38,7 +50,18 @@ import numpy as np
 
 SECTOR_BYTES = 32
 
-Direction = str  # "read" or "write"
+Direction = str  # "read" or "write" (and, in a breakdown, "reduction", "bulk_read", "bulk_write")
+
+#: The traffic classes of an access (see the module docstring).
+TRAFFIC_CLASSES = ("load", "store", "reduction", "bulk")
+
+#: The breakdown's second key for each (class, write); loads and stores keep "read" and "write".
+_CLASS_KEY = {("load", False): "read", ("store", True): "write", ("reduction", True): "reduction",
+              ("bulk", False): "bulk_read", ("bulk", True): "bulk_write"}
+_KEY_CLASS = {k: c for (c, _), k in _CLASS_KEY.items()}
+
+#: Threads per warp: a per-thread-rows access makes one request per warp and column step.
+WARP_THREADS = 32
 
 
 @dataclass(frozen=True)
@@ -72,6 +95,21 @@ class Access:
     grouped-query backward pass, uses it).  Any of ``row0``, ``nrows``, ``col0``, ``ncols``
     and ``slice_offset`` may be arrays; they broadcast together and the access then stands for
     one transfer per element.  Zero-sized transfers are allowed and count nothing.
+
+    ``traffic``: the traffic class, one of :data:`TRAFFIC_CLASSES`; ``None`` (the default) is
+    ``"load"`` for a read and ``"store"`` for a write.  ``"load"`` needs ``write=False``,
+    ``"store"`` and ``"reduction"`` need ``write=True``; ``"bulk"`` takes either (a TMA load
+    or store).  A reduction counts the elements it sends once, like a store.
+
+    ``per_thread_rows=True``: the tile is read (or written) by ``nrows`` threads, thread k owning
+    row ``row0 + k``, in ``ncols`` column steps: at step j every thread accesses its element
+    ``(row0 + k, col0 + j)`` (one element each).  Threads are grouped in order into warps of
+    :data:`WARP_THREADS` (rows ``row0 .. row0+31`` in the first); each warp makes one request per
+    step, and a request touches the distinct 32-byte sectors of its threads' elements.  The
+    access's sectors are the sum over steps and warps, with no reuse between requests; elements
+    and bytes are counted as for any tile.  So an R x C tile of E-byte elements with rows at
+    least 32 bytes apart costs R·C sectors (one per element) where a coalesced read of its rows
+    costs about R·⌈C·E/32⌉; rows closer than 32 bytes share sectors inside a request.
     """
 
     tensor: str
@@ -84,20 +122,70 @@ class Access:
     #: how many times the transfer is made (broadcasts with the other fields; 0 allowed): lets a
     #: launch's ``counts`` list a regular loop by distinct transfers with multiplicities.
     repeat: IntLike = 1
+    #: the traffic class (None: "load" or "store", from ``write``)
+    traffic: str | None = None
+    #: one thread per row, column by column (an uncoalesced pattern; see above)
+    per_thread_rows: bool = False
+
+    def __post_init__(self) -> None:
+        if self.traffic is None and self.per_thread_rows is False:  # the common case, kept cheap
+            return
+        if self.traffic is not None and (self.traffic, bool(self.write)) not in _CLASS_KEY:
+            if self.traffic not in TRAFFIC_CLASSES:
+                raise ValueError(f"Access.traffic must be one of {TRAFFIC_CLASSES} or None, got {self.traffic=}")
+            raise ValueError(f"Access.traffic={self.traffic!r} does not go with {self.write=} "
+                             "(load: write=False; store, reduction: write=True)")
+        if not isinstance(self.per_thread_rows, bool | np.bool_):
+            raise ValueError(f"Access.per_thread_rows must be a bool, got {self.per_thread_rows=}")
+        if self.per_thread_rows and self.traffic == "bulk":
+            raise ValueError(f"Access.per_thread_rows: a bulk copy has no per-thread pattern ({self.traffic=})")
 
     @property
     def direction(self) -> Direction:
         return "write" if self.write else "read"
 
+    @property
+    def traffic_class(self) -> str:
+        """``traffic``, or ``"load"`` / ``"store"`` from ``write`` when it is None."""
+        if self.traffic is None:
+            return "store" if self.write else "load"
+        return self.traffic
+
+    @property
+    def key(self) -> Direction:
+        """The breakdown's second key: "read", "write", "reduction", "bulk_read" or "bulk_write"."""
+        return _CLASS_KEY[(self.traffic_class, bool(self.write))]
+
 
 def read(tensor: str, row0: IntLike, nrows: IntLike, col0: IntLike = 0, ncols: IntLike | None = None,
-         slice_offset: IntLike = 0, repeat: IntLike = 1) -> Access:
-    return Access(tensor, False, row0, nrows, col0, ncols, slice_offset, repeat)
+         slice_offset: IntLike = 0, repeat: IntLike = 1, *, per_thread_rows: bool = False) -> Access:
+    return Access(tensor, False, row0, nrows, col0, ncols, slice_offset, repeat,
+                  per_thread_rows=per_thread_rows)
 
 
 def write(tensor: str, row0: IntLike, nrows: IntLike, col0: IntLike = 0, ncols: IntLike | None = None,
-          slice_offset: IntLike = 0, repeat: IntLike = 1) -> Access:
-    return Access(tensor, True, row0, nrows, col0, ncols, slice_offset, repeat)
+          slice_offset: IntLike = 0, repeat: IntLike = 1, *, per_thread_rows: bool = False) -> Access:
+    return Access(tensor, True, row0, nrows, col0, ncols, slice_offset, repeat,
+                  per_thread_rows=per_thread_rows)
+
+
+def reduction(tensor: str, row0: IntLike, nrows: IntLike, col0: IntLike = 0, ncols: IntLike | None = None,
+              slice_offset: IntLike = 0, repeat: IntLike = 1, *, per_thread_rows: bool = False) -> Access:
+    """A reduction (global atomics / ``red``) into the tile: class ``"reduction"``."""
+    return Access(tensor, True, row0, nrows, col0, ncols, slice_offset, repeat, traffic="reduction",
+                  per_thread_rows=per_thread_rows)
+
+
+def bulk_read(tensor: str, row0: IntLike, nrows: IntLike, col0: IntLike = 0, ncols: IntLike | None = None,
+              slice_offset: IntLike = 0, repeat: IntLike = 1) -> Access:
+    """A bulk (TMA) load of the tile: class ``"bulk"``, not an LSU load."""
+    return Access(tensor, False, row0, nrows, col0, ncols, slice_offset, repeat, traffic="bulk")
+
+
+def bulk_write(tensor: str, row0: IntLike, nrows: IntLike, col0: IntLike = 0, ncols: IntLike | None = None,
+               slice_offset: IntLike = 0, repeat: IntLike = 1) -> Access:
+    """A bulk (TMA) store of the tile: class ``"bulk"``, not an LSU store."""
+    return Access(tensor, True, row0, nrows, col0, ncols, slice_offset, repeat, traffic="bulk")
 
 
 @dataclass
@@ -154,16 +242,20 @@ ZERO = Traffic(0, 0, 0)
 class IOCount:
     """HBM traffic with its per-tensor, per-direction breakdown.
 
-    ``breakdown[(tensor, "read" | "write")]`` holds a :class:`Traffic`; ``per_launch`` maps a
-    launch name to its own IOCount (only filled by the walker).  Sector counts are ``None`` where
-    they were not computed (closed forms count elements and bytes).
+    ``breakdown[(tensor, "read" | "write")]`` holds a :class:`Traffic` of loads or stores (and
+    ``(tensor, "reduction" | "bulk_read" | "bulk_write")`` the other traffic classes);
+    ``per_launch`` maps a launch name to its own IOCount (only filled by the walker).  Sector
+    counts are ``None`` where they were not computed (closed forms count elements and bytes).
+    The totals (``read_*``, ``write_*``, ``bytes``, ``elements``, ``sectors``) are of loads and
+    stores only (the LSU level); :meth:`by_class` has every class apart.
     """
 
     breakdown: dict[tuple[str, Direction], Traffic]
     per_launch: dict[str, IOCount] = field(default_factory=dict)
 
     def _sum(self, attr: str, direction: Direction | None) -> int | None:
-        vals = [getattr(t, attr) for (_, dr), t in self.breakdown.items() if direction in (None, dr)]
+        dirs = ("read", "write") if direction is None else (direction,)
+        vals = [getattr(t, attr) for (_, dr), t in self.breakdown.items() if dr in dirs]
         if any(v is None for v in vals):
             return None
         return int(sum(vals))
@@ -204,6 +296,19 @@ class IOCount:
     def sectors(self) -> int | None:
         return self._sum("sectors", None)
 
+    def by_class(self) -> dict[str, Traffic]:
+        """Elements, bytes and sectors of each traffic class (:data:`TRAFFIC_CLASSES`, every one
+        present, zero where unused): "load" and "store" are the totals' reads and writes,
+        "reduction" the reductions, "bulk" the bulk (TMA) loads and stores together.  Sectors
+        are ``None`` where any entry of the class has none."""
+        out = {c: ZERO for c in TRAFFIC_CLASSES}
+        for (_, key), t in self.breakdown.items():
+            c = _KEY_CLASS.get(key)
+            if c is None:
+                raise ValueError(f"IOCount.breakdown: unknown direction {key=}")
+            out[c] = out[c] + t
+        return out
+
     def elements_by_key(self) -> dict[tuple[str, Direction], int]:
         """The breakdown as plain element counts, zero entries dropped (for exact comparisons)."""
         return {k: t.elements for k, t in sorted(self.breakdown.items()) if t.elements}
@@ -212,7 +317,9 @@ class IOCount:
         return {k: t.bytes for k, t in sorted(self.breakdown.items()) if t.bytes}
 
     def to_dict(self) -> dict:
-        """JSON-ready summary: totals and ``breakdown`` as {"Q": {"read": {...}, ...}, ...}."""
+        """JSON-ready summary: the totals (loads and stores), ``breakdown`` as
+        {"Q": {"read": {...}, ...}, ...} and ``classes``, :meth:`by_class` as
+        {"load": {"elements": ..., "bytes": ..., "sectors": ...}, ...}."""
         bd: dict[str, dict[str, dict[str, int | None]]] = {}
         for (name, dr), t in sorted(self.breakdown.items()):
             bd.setdefault(name, {})[dr] = {"elements": t.elements, "bytes": t.bytes, "sectors": t.sectors}
@@ -224,6 +331,8 @@ class IOCount:
             "hbm_write_elements": self.write_elements,
             "hbm_sectors": self.sectors,
             "breakdown": bd,
+            "classes": {c: {"elements": t.elements, "bytes": t.bytes, "sectors": t.sectors}
+                        for c, t in self.by_class().items()},
         }
 
 
@@ -274,6 +383,30 @@ def _sectors_of_rows(start_mod: np.ndarray, stride: int, nrows: np.ndarray, nbyt
     return np.where(nbytes > 0, total, 0)
 
 
+def _per_thread_sectors(start_mod: np.ndarray, stride: int, elem_bytes: int, nrows: np.ndarray,
+                        ncols: np.ndarray) -> np.ndarray:
+    """Sectors requested by a per-thread-rows tile (``Access.per_thread_rows``): ``nrows`` rows
+    ``stride`` bytes apart, the first starting at ``start_mod`` (mod 32), read one element per
+    thread in ``ncols`` column steps by warps of 32 consecutive rows.
+
+    Step j's request from one warp touches the distinct sectors of its rows' elements, which
+    start at ``start_mod + j*elem_bytes + k*stride``: :func:`_sectors_of_rows` with ranges of
+    ``elem_bytes``.  Every warp starts 32·stride bytes (≡ 0 mod 32) after the one before, so all
+    full warps count alike and the last holds ``nrows mod 32`` rows; the phase of step j has
+    period 32/gcd(elem_bytes, 32) in j, so the sum is exact with at most 32 terms.
+    """
+    full, part = nrows // WARP_THREADS, nrows % WARP_THREADS
+    period = SECTOR_BYTES // gcd(elem_bytes, SECTOR_BYTES)
+    total = np.zeros(np.broadcast(start_mod, nrows, ncols).shape, dtype=np.int64)
+    for j in range(period):
+        steps = np.where(ncols > j, (ncols - j + period - 1) // period, 0)
+        st = (start_mod + j * elem_bytes) % SECTOR_BYTES
+        per_step = (full * _sectors_of_rows(st, stride, np.int64(WARP_THREADS), elem_bytes)
+                    + _sectors_of_rows(st, stride, part, elem_bytes))
+        total += steps * per_step
+    return total
+
+
 #: The walker counts in int64 where that is exact; one transfer's bytes must stay below this.
 _MAX_SLICE_BYTES = 2**62
 
@@ -308,7 +441,7 @@ def _walk_launch(launch: Launch, tensors: dict[str, TensorLayout], bases: dict[s
             raise AssertionError(f"negative tile in {launch.name}: {a}")
         if np.any(row0 + nrows > t.rows) or np.any(col0 + ncols > t.cols):
             raise AssertionError(f"tile out of bounds of {a.tensor} {t.rows}x{t.cols} in {launch.name}: {a}")
-        key = (a.tensor, a.direction)
+        key = (a.tensor, a.key)
         acc_el[key] = acc_el.get(key, 0) + _total(nrows * ncols, rep) * launch.programs
         # Sectors.  Program p's slice starts at A_p = base + slice_p * slice_bytes; a transfer
         # at slice offset so, row r0, column c0 starts (mod 32) at A_p + so*slice_bytes +
@@ -340,7 +473,9 @@ def _walk_launch(launch: Launch, tensors: dict[str, TensorLayout], bases: dict[s
         for ph in np.flatnonzero(hist).tolist():
             start = (ph + off) % SECTOR_BYTES
             s_whole = np.where(nbytes_whole > 0, (start + nbytes_whole + SECTOR_BYTES - 1) // SECTOR_BYTES, 0)
-            if whole.all():
+            if a.per_thread_rows:
+                per = _per_thread_sectors(start, t.row_bytes, t.elem_bytes, nrows, ncols)
+            elif whole.all():
                 per = s_whole
             else:
                 per = np.where(whole, s_whole, _sectors_of_rows(start, t.row_bytes, nrows, nbytes_part))
