@@ -17,9 +17,11 @@ the same way.  Variants are read by name, so a re-run with other variants render
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
+
+from kernels import bench_table
+from kernels.bench_table import meta_of
 
 from .nb_claims import DECODE_OURS, decode_bench, decode_main_claims, decode_pages, decode_split_sweeps
 from .notebook_data import _typed
@@ -119,18 +121,12 @@ def render(rows: list[dict], meta: dict | None = None) -> str:
 
 
 def render_file(path: str | Path) -> str:
-    path = Path(path)
-    meta_path = path.with_name(path.stem + ".meta.json")
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else None
-    return render(load(path), meta)
+    return render(load(path), meta_of(path))
 
 
 def replace_block(text: str, table: str) -> str:
-    if START not in text or END not in text:
-        raise ValueError(f"readme: markers {START} ... {END} not found")
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{START}\n{table}{END}{tail}"
+    """``text`` with the decode table's block (between START and END) replaced by ``table``."""
+    return bench_table.replace_block(text, table, START, END)
 
 
 def main(argv=None) -> int:

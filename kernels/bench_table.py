@@ -102,19 +102,24 @@ def _key(r: dict) -> tuple:
     return (r["pass"], r["dtype"], int(r["d"]), r["causal"] == "True", int(r["n"]))
 
 
-def render_file(path: str | Path) -> str:
+def meta_of(path: str | Path) -> dict | None:
+    """The provenance beside a record (``NAME.meta.json`` next to ``NAME.csv``), or None."""
     path = Path(path)
     meta_path = path.with_name(path.stem + ".meta.json")
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else None
-    return render(load(path), meta)
+    return json.loads(meta_path.read_text()) if meta_path.is_file() else None
 
 
-def replace_block(text: str, table: str) -> str:
-    if START not in text or END not in text:
-        raise ValueError(f"readme: markers {START} ... {END} not found")
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{START}\n{table}{END}{tail}"
+def render_file(path: str | Path) -> str:
+    return render(load(path), meta_of(path))
+
+
+def replace_block(text: str, table: str, start: str = START, end: str = END) -> str:
+    """``text`` with what stands between the markers ``start`` and ``end`` replaced by ``table``."""
+    if start not in text or end not in text:
+        raise ValueError(f"readme: markers {start} ... {end} not found")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{table}{end}{tail}"
 
 
 def merge(out: str | Path, parts: list[str | Path]) -> None:
