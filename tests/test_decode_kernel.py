@@ -8,13 +8,11 @@ hand-derived integers for a small case), bad inputs.  ``@pytest.mark.gpu``: larg
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
 import pytest
+from _ptx import run_without_simulator
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -284,11 +282,7 @@ def test_ptx_sm90_compiles_without_local_memory():
     and the fast kernel reads its rows of τQ and S as 16-byte vectors.  The simulator runs neither
     libdevice nor the GPU's typing: this is what catches a kernel that only the GPU would refuse.
     In a subprocess without NUMBA_ENABLE_CUDASIM; skipped when NVRTC/NVVM are missing."""
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    r = subprocess.run([sys.executable, "-c", PTX_SCRIPT], env=env, capture_output=True, text=True, timeout=600,
-                       cwd=root)
+    r = run_without_simulator(PTX_SCRIPT)
     print(r.stdout[-2000:], r.stderr[-4000:])
     if "NO_COMPILER" in r.stdout:
         pytest.skip(r.stdout.strip())

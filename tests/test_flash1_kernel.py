@@ -2,13 +2,11 @@
 counters equal to the walker of flashsim.algorithms.flash1, PTX without local memory, and (on a
 GPU) the same at N = 2,048 over a 24x range of SRAM sizes."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
 import pytest
+from _ptx import run_without_simulator
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -170,8 +168,7 @@ _PTX_SCRIPT = textwrap.dedent("""
 def test_ptx_sm90_has_no_local_memory():
     # Compiled for sm_90 by NVVM in a fresh process without the simulator (the simulator has no
     # compile_ptx); count=True so the counting code is included.
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-    r = subprocess.run([sys.executable, "-c", _PTX_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    r = run_without_simulator(_PTX_SCRIPT, timeout=300)
     if r.stdout.startswith("unavailable"):
         pytest.skip(r.stdout.strip())
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]

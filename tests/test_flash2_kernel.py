@@ -8,13 +8,11 @@ exist.  ``TestOnGPU`` repeats the checks at realistic sizes on a real GPU
 
 import dataclasses
 import functools
-import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
 import pytest
+from _ptx import run_without_simulator
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -356,11 +354,7 @@ def test_ptx_sm90_has_no_local_memory():
     sm_90 and keeps nothing in local memory (the counting variants add only atomics; compiling
     them too doubles the time).  compile_ptx is unavailable under NUMBA_ENABLE_CUDASIM=1, so
     this runs in a subprocess without it; skipped when NVRTC/NVVM are missing."""
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    r = subprocess.run([sys.executable, "-c", PTX_SCRIPT], env=env, capture_output=True, text=True, timeout=600,
-                       cwd=root)
+    r = run_without_simulator(PTX_SCRIPT)
     print(r.stdout[-2000:], r.stderr[-4000:])
     if "NO_COMPILER" in r.stdout:
         pytest.skip(r.stdout.strip())

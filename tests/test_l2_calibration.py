@@ -6,13 +6,13 @@ import csv
 import io
 import json
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
+from _ptx import run_without_simulator
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -125,9 +125,7 @@ _PTX_SCRIPT = textwrap.dedent("""
 
 
 def test_sweep_ptx_loads_bypass_l1():
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-    r = subprocess.run([sys.executable, "-c", _PTX_SCRIPT], env=env, capture_output=True, text=True, timeout=300,
-                       cwd=Path(__file__).parents[1])
+    r = run_without_simulator(_PTX_SCRIPT, timeout=300)
     if r.stdout.startswith("unavailable"):
         pytest.skip(r.stdout.strip())
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]

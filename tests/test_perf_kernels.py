@@ -8,14 +8,12 @@ tiny (a warp per 16 rows, one Python thread per lane) and block shapes small, so
 ragged and several blocks exist.  fp16 is judged by the 2x rule against plain fp16 attention.
 """
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
 import pytest
 from _fp16 import make
+from _ptx import run_without_simulator
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -194,9 +192,7 @@ def test_sm90_ptx_uses_tensor_cores_without_local_memory(variant, args):
         ptx = lto_ptx({variant!r}, *{args!r})
         print(ptx.count("mma.sync"), ".local" in ptx)
     """)
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600,
-                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    res = run_without_simulator(code)
     assert res.returncode == 0, res.stderr[-2000:]
     mmas, local = res.stdout.split()
     print(f"{variant}{args}: {mmas} mma.sync, local memory: {local}")

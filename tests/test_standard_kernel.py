@@ -7,12 +7,11 @@ dropout = 0 schedule of :mod:`flashsim.algorithms.standard` with ``gemm_block`` 
 (``FLASHSIM_GPU=1 pytest -m gpu tests/test_standard_kernel.py``).
 """
 
-import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
+from _ptx import run_without_simulator
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -276,11 +275,7 @@ print("ok", len(out))
 def test_kernels_compile_for_sm90_without_local_memory():
     """Every kernel (fp32 with counters, fp16 without) compiles to sm_90 PTX with no local
     memory.  compile_ptx is unavailable under the simulator, hence the subprocess."""
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    r = subprocess.run([sys.executable, "-c", PTX_SCRIPT], env=env, capture_output=True, text=True, timeout=600,
-                       cwd=root)
+    r = run_without_simulator(PTX_SCRIPT)
     print(r.stdout[-2000:], r.stderr[-4000:])
     if "NO_COMPILER" in r.stdout:
         pytest.skip("NVRTC/NVVM unavailable")
