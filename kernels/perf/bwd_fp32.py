@@ -384,7 +384,7 @@ def tiling_v2(d: int, bc: int, br: int, nw: int) -> dict:
     return dict(wa=wa, ma=ma, na=na, wb=wb, mb=mb, ub=ub, wc=wc, mc=mc, uc=uc)
 
 
-def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, PIPE: bool = False, FUSE: bool = False, AK: int = 1):
+def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, AK: int = 1):
     S = D + 8
     t_ = tiling_v2(D, BC, BR, NW)
     WA, MA, NA = t_["wa"], t_["ma"], t_["na"]
@@ -406,7 +406,6 @@ def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, PIPE: bool = Fal
     NFB = 2 * max(NA, 4 * UB, 4 * UC)  # B fragments
     NQA = 2 * NA  # the queries of a lane in phase A
     NRAW = max(4 * MA + 2 * NA, 4 * MB + 8 * UB, 4 * MC + 8 * UC)  # one k-step's operands, as loaded
-    NRAW2, NFA2, NFB2 = (4 * MA + 2 * NA, 4 * MA, 2 * NA) if FUSE else (1, 1, 1)  # fused phase A's second set
     assert BC % 16 == 0 and BR % 16 == 0 and D % 32 == 0 and 1 <= NW <= tc.MAX_WARPS and KS % AK == 0
 
     start, load_step = _walk(BC, BR, NT, D, S, CAUSAL, KOFF, VOFF, QOFF, OOFF)
@@ -442,8 +441,8 @@ def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, PIPE: bool = Fal
     @_device
     def a_product(acc, ta, raw, ah, al, bh, bl, sm, aa, ba):
         """Sᵀ (dPᵀ) += K (V) Q_iᵀ (dO_iᵀ) over all d for the warp's tiles, summed in AK chunks of
-        d / AK in zeroed registers ``ta`` (the tensor core's adds round toward zero; see phase B);
-        with PIPE the next k-step's operands are loaded while this one's mma run.  The addresses go through
+        d / AK in zeroed registers ``ta`` (the tensor core's adds round toward zero; see phase B),
+        the next k-step's operands loaded after this one's mma.  The addresses go through
         ``opaque_u32`` so that the compiler keeps one register each (plus immediate offsets)
         instead of hoisting every k-step's address out of the query-block loop."""
         aa = tc.opaque_u32(aa)
@@ -455,31 +454,11 @@ def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, PIPE: bool = Fal
             for kk in range(KS // AK):
                 ks = ck * (KS // AK) + kk
                 a_split(raw, ah, al, bh, bl)
-                if PIPE and ks + 1 < KS:
-                    a_load(raw, sm, aa, ba, ks + 1)
                 tc.mma3_tf32(ta, ah, al, bh, bl, MA, NA)
-                if not PIPE and ks + 1 < KS:
+                if ks + 1 < KS:
                     a_load(raw, sm, aa, ba, ks + 1)
             for x in range(NACC_A):
                 acc[x] += ta[x]
-
-    @_device
-    def a_product2(acc, acc2, raw, raw2, ah, al, bh, bl, ah2, al2, bh2, bl2, sm, aa, ba, aa2, ba2):
-        """Sᵀ and dPᵀ in the same k-loop: twice the independent mma between the loads."""
-        aa = tc.opaque_u32(aa)
-        ba = tc.opaque_u32(ba)
-        aa2 = tc.opaque_u32(aa2)
-        ba2 = tc.opaque_u32(ba2)
-        a_load(raw, sm, aa, ba, 0)
-        a_load(raw2, sm, aa2, ba2, 0)
-        for ks in range(KS):
-            a_split(raw, ah, al, bh, bl)
-            a_split(raw2, ah2, al2, bh2, bl2)
-            if ks + 1 < KS:
-                a_load(raw, sm, aa, ba, ks + 1)
-                a_load(raw2, sm, aa2, ba2, ks + 1)
-            tc.mma3_tf32(acc, ah, al, bh, bl, MA, NA)
-            tc.mma3_tf32(acc2, ah2, al2, bh2, bl2, MA, NA)
 
     @_device
     def c_load(raw, sm, fa, ba, ks, M, U, TILE):
@@ -510,10 +489,8 @@ def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, PIPE: bool = Fal
         c_load(raw, sm, fa, ba, 0, M, U, TILE)
         for ks in range(NK):
             c_split(raw, ah, al, bh, bl, M, U)
-            if PIPE and ks + 1 < NK:
-                c_load(raw, sm, fa + 512 * (ks + 1), ba, ks + 1, M, U, TILE)
             tc.mma3_tf32(acc, ah, al, bh, bl, M, 4 * U)
-            if not PIPE and ks + 1 < NK:
+            if ks + 1 < NK:
                 c_load(raw, sm, fa + 512 * (ks + 1), ba, ks + 1, M, U, TILE)
 
     def bwd(q, k, v, do, lse, dvec, dq, dk, dv, sl2, scale):
@@ -558,11 +535,6 @@ def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, PIPE: bool = Fal
         bh = cuda.local.array(NFB, float32)
         bl = cuda.local.array(NFB, float32)
         raw = cuda.local.array(NRAW, float32)
-        raw2 = cuda.local.array(NRAW2, float32)
-        ah2 = cuda.local.array(NFA2, float32)
-        al2 = cuda.local.array(NFA2, float32)
-        bh2 = cuda.local.array(NFB2, float32)
-        bl2 = cuda.local.array(NFB2, float32)
         lr = cuda.local.array(NQA, float32)
         dr = cuda.local.array(NQA, float32)
         for it in range(total):
@@ -578,11 +550,8 @@ def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, PIPE: bool = Fal
                 dp[x] = 0.0
             tc.cp_async_wait(0)
             cuda.syncthreads()  # Q_i, dO_i landed; every warp is done with the last dS
-            if FUSE:
-                a_product2(dp, s, raw, raw2, ah, al, bh, bl, ah2, al2, bh2, bl2, sm, va, oa, ka, qa)
-            else:
-                a_product(dp, ta, raw, ah, al, bh, bl, sm, va, oa)
-                a_product(s, ta, raw, ah, al, bh, bl, sm, ka, qa)
+            a_product(dp, ta, raw, ah, al, bh, bl, sm, va, oa)
+            a_product(s, ta, raw, ah, al, bh, bl, sm, ka, qa)
             # Pᵀ, dSᵀ (fragment order for phase B) and dS (for phase C) of the warp's entries.
             edge = c0 + BC > nk or (CAUSAL and c0 + BC - 1 > r0 + shift)
             for m in range(MA):
@@ -660,27 +629,26 @@ def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, PIPE: bool = Fal
 
 
 @cache
-def kernel_v2(d: int, causal: bool, bc: int, br: int, nw: int, minb: int = 1, pipe: bool = False, fuse: bool = False,
-           ak: int = 1):
+def kernel_v2(d: int, causal: bool, bc: int, br: int, nw: int, minb: int = 1, ak: int = 1):
     """The compiled kernel and its threads per block."""
-    fn, nt, _ = _source_v2(d, bc, br, nw, causal, pipe, fuse, ak)
+    fn, nt, _ = _source_v2(d, bc, br, nw, causal, ak)
     return tc.jit_kernel(fn, nt, minb), nt
 
 
 def default_config_v2(d: int) -> dict:
     """Bc keys per block, Br queries per step, nw warps, blocks per SM promised to ptxas: 64 x 64
     with eight warps where they tile all three products (d = 64, 128), else 32 x 32 with two;
-    phase A summed in chunks of 32 dims (ak = d / 32: 12 tensor-core adds a chunk); no prefetch
-    of the next k-step's operands (pipe) and Sᵀ, dPᵀ in separate loops (fuse): both were slower
-    on the H100 (NOTES.md)."""
+    phase A summed in chunks of 32 dims (ak = d / 32: 12 tensor-core adds a chunk).  A prefetch of
+    the next k-step's operands and Sᵀ, dPᵀ in one loop were options until 0f39089 (NOTES.md): both
+    were slower on the H100."""
     ak = max(1, d // 32)
     for bc, br, nw in ((64, 64, 8), (32, 32, 2)):
         try:
             tiling_v2(d, bc, br, nw)
         except ValueError:
             continue
-        return dict(bc=bc, br=br, nw=nw, minb=1, pipe=False, fuse=False, ak=ak)
-    return dict(bc=64, br=64, nw=8, minb=1, pipe=False, fuse=False, ak=ak)
+        return dict(bc=bc, br=br, nw=nw, minb=1, ak=ak)
+    return dict(bc=64, br=64, nw=8, minb=1, ak=ak)
 
 
 def supports_v2(dtype, d: int) -> bool:
