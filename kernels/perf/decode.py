@@ -309,6 +309,41 @@ def kernel(dt, d, t, g, nq, paged, split, window, causal, psz, min_blocks=0):
     return cuda.jit(fn, launch_bounds=(NT, min_blocks))
 
 
+def _outputs(p, num_splits, t):
+    """What v2 and v3 share before their launch: the split count (given and checked, or
+    :func:`default_splits` for T-key blocks) and the outputs: O, L and, with more than one split,
+    the float32 partials Op, Lp (else 1-element placeholders the kernel never touches)."""
+    if num_splits is None:
+        longest = max(ref.visible_blocks(int(n), p.nq, t, p.left)[1] for n in p.lengths)
+        splits = default_splits(p.b, p.hkv, longest)
+    else:
+        splits = ref.check_splits(p, num_splits, t)
+    if p.b * p.hkv > 65535:
+        raise ValueError(f"batch*kv_heads={p.b * p.hkv}: at most 65535")
+    o = p.empty((p.b, p.hq, p.nq, p.d), p.dt)
+    lse = p.empty((p.b, p.hq, p.nq), np.float32)
+    if splits > 1:
+        op, _ = p.empty((splits, p.b, p.hq, p.nq, p.d), np.float32)
+        lp, _ = p.empty((splits, p.b, p.hq, p.nq), np.float32)
+    else:
+        op = cuda.device_array((1, 1, 1, 1, 1), np.float32, stream=p.stream)
+        lp = cuda.device_array((1, 1, 1, 1), np.float32, stream=p.stream)
+    return splits, (o, lse, op, lp)
+
+
+def _launch(p, kern, kf, vf, splits, outs):
+    """Launch a main kernel (grid: splits x B·Hkv) on the flat cache views ``kf``, ``vf``, then the
+    reference combine when split; (O, L) in the caller's kind."""
+    (o, o_res), (lse, lse_res), op, lp = outs
+    nkmax = 0 if p.page_size else p.k.shape[2]
+    kern[(splits, p.b * p.hkv), NT, p.stream](p.q, kf, vf, p.bt, p.lens, o, lse, op, lp, float32(p.scale),
+                                               p.left, p.right, p.hkv, nkmax)
+    if splits > 1:
+        cnt = cuda.device_array((1, 2), np.int64, stream=p.stream)
+        ref.run_combine(p, op, lp, o, lse, splits, cnt, False)
+    return p.out(o_res, p.dt), p.out(lse_res, "fp32")
+
+
 def forward(q, k_cache, v_cache, *, cache_seqlens=None, cu_seqlens_k=None, block_table=None, page_size=None,
             num_splits=None, window=None, causal=True, scale=None, stream=None, tile=None, min_blocks=0, _plan=None):
     """The fast decode: see :func:`kernels.decode_attention` (``impl="fast"``).  Tuning knobs (the
@@ -324,33 +359,13 @@ def forward(q, k_cache, v_cache, *, cache_seqlens=None, cu_seqlens_k=None, block
     if t is None:
         raise ValueError(f"impl='fast': head_dim={p.d} with {rows} query rows per kv head does not fit "
                          f"{SMEM_LIMIT} bytes of shared memory")
-    if num_splits is None:
-        longest = max(ref.visible_blocks(int(n), p.nq, t, p.left)[1] for n in p.lengths)
-        splits = default_splits(p.b, p.hkv, longest)
-    else:
-        splits = ref.check_splits(p, num_splits, t)
-    if p.b * p.hkv > 65535:
-        raise ValueError(f"batch*kv_heads={p.b * p.hkv}: at most 65535")
-    o, o_res = p.empty((p.b, p.hq, p.nq, p.d), p.dt)
-    lse, lse_res = p.empty((p.b, p.hq, p.nq), np.float32)
+    splits, outs = _outputs(p, num_splits, t)
     split = splits > 1
-    if split:
-        op, _ = p.empty((splits, p.b, p.hq, p.nq, p.d), np.float32)
-        lp, _ = p.empty((splits, p.b, p.hq, p.nq), np.float32)
-    else:
-        op = cuda.device_array((1, 1, 1, 1, 1), np.float32, stream=p.stream)
-        lp = cuda.device_array((1, 1, 1, 1), np.float32, stream=p.stream)
     kern = kernel(p.dt, p.d, t, p.group, p.nq, p.page_size > 0, split, p.windowed, p.causal, max(p.page_size, 1),
                   int(min_blocks))
     kf = p.k.reshape(int(np.prod(p.k.shape)))  # flat views, no copy
     vf = p.v.reshape(int(np.prod(p.v.shape)))
-    nkmax = 0 if p.page_size else p.k.shape[2]
-    kern[(splits, p.b * p.hkv), NT, p.stream](p.q, kf, vf, p.bt, p.lens, o, lse, op, lp, float32(p.scale),
-                                               p.left, p.right, p.hkv, nkmax)
-    if split:
-        cnt = cuda.device_array((1, 2), np.int64, stream=p.stream)
-        ref.run_combine(p, op, lp, o, lse, splits, cnt, False)
-    return p.out(o_res, p.dt), p.out(lse_res, "fp32")
+    return _launch(p, kern, kf, vf, splits, outs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -593,29 +608,9 @@ def forward_tc(q, k_cache, v_cache, *, cache_seqlens=None, cu_seqlens_k=None, bl
         raise ValueError(f"the tensor-core decode takes fp16, head_dim 64 or 128 and at most 8 query rows per kv "
                          f"head: got {p.dt}, head_dim={p.d}, {rows} rows")
     t = 64
-    if num_splits is None:
-        longest = max(ref.visible_blocks(int(n), p.nq, t, p.left)[1] for n in p.lengths)
-        splits = default_splits(p.b, p.hkv, longest)
-    else:
-        splits = ref.check_splits(p, num_splits, t)
-    if p.b * p.hkv > 65535:
-        raise ValueError(f"batch*kv_heads={p.b * p.hkv}: at most 65535")
-    o, o_res = p.empty((p.b, p.hq, p.nq, p.d), p.dt)
-    lse, lse_res = p.empty((p.b, p.hq, p.nq), np.float32)
+    splits, outs = _outputs(p, num_splits, t)
     split = splits > 1
-    if split:
-        op, _ = p.empty((splits, p.b, p.hq, p.nq, p.d), np.float32)
-        lp, _ = p.empty((splits, p.b, p.hq, p.nq), np.float32)
-    else:
-        op = cuda.device_array((1, 1, 1, 1, 1), np.float32, stream=p.stream)
-        lp = cuda.device_array((1, 1, 1, 1), np.float32, stream=p.stream)
     kw = p.k.reshape(int(np.prod(p.k.shape))).view(np.uint32)
     vw = p.v.reshape(int(np.prod(p.v.shape))).view(np.uint32)
-    nkmax = 0 if p.page_size else p.k.shape[2]
     kern = tc_kernel(p.d, p.group, p.nq, p.page_size > 0, split, p.windowed, p.causal, max(p.page_size, 1))
-    kern[(splits, p.b * p.hkv), NT, p.stream](p.q, kw, vw, p.bt, p.lens, o, lse, op, lp, float32(p.scale),
-                                               p.left, p.right, p.hkv, nkmax)
-    if split:
-        cnt = cuda.device_array((1, 2), np.int64, stream=p.stream)
-        ref.run_combine(p, op, lp, o, lse, splits, cnt, False)
-    return p.out(o_res, p.dt), p.out(lse_res, "fp32")
+    return _launch(p, kern, kw, vw, splits, outs)
