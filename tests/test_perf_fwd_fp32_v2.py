@@ -5,7 +5,8 @@ within 2x of v1's (or of fp32's rounding level, 2.5e-7, where both are below it)
 
 Tiny shapes (one Python thread per simulated lane): d = 32 (the smallest head dim it takes; one
 32-column group of O), one or two warps, one or two m-tiles a warp, Bc of 16 or 32 so that key
-blocks are ragged and several, S summed in one, two or four chunks; GQA, causal with Nq > Nk (rows
+blocks are ragged and several, S summed in one, two or four chunks, Q split once into fragment
+tiles (``qsplit``, the default) or a k-step at a time; GQA, causal with Nq > Nk (rows
 that see no key) and Nq < Nk; one d = 64 case.  ``pytest -m gpu`` runs the compiled kernel at
 N = 1,000-4,096, d = 32-128.
 """
@@ -53,8 +54,8 @@ def cases(draw):
     return dict(hkv=hkv, h=hkv * draw(st.sampled_from([1, 2])), nq=draw(st.integers(1, 40)),
                 nk=draw(st.integers(1, 40)), d=32, causal=draw(st.booleans()), bc=draw(st.sampled_from([16, 32])),
                 nw=draw(st.sampled_from([1, 2])), mt=draw(st.sampled_from([1, 2])),
-                ak=draw(st.sampled_from([1, 2, 4])), scale=draw(st.sampled_from([None, 0.05, 1.0])),
-                seed=draw(st.integers(0, 2**16)))
+                ak=draw(st.sampled_from([1, 2, 4])), qsplit=draw(st.booleans()),
+                scale=draw(st.sampled_from([None, 0.05, 1.0])), seed=draw(st.integers(0, 2**16)))
 
 
 # GQA causal Nq > Nk with two warps of two m-tiles (64-row blocks: the first rows see no key),
@@ -62,13 +63,16 @@ def cases(draw):
 @settings(max_examples=2, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(cases())
-@example(dict(hkv=1, h=2, nq=37, nk=21, d=32, causal=True, bc=16, nw=2, mt=2, ak=4, scale=None, seed=1))
-@example(dict(hkv=2, h=2, nq=11, nk=40, d=32, causal=True, bc=32, nw=1, mt=1, ak=1, scale=None, seed=2))
-@example(dict(hkv=1, h=1, nq=1, nk=1, d=32, causal=False, bc=16, nw=1, mt=1, ak=2, scale=1.0, seed=3))
-@example(dict(hkv=1, h=1, nq=19, nk=35, d=64, causal=False, bc=32, nw=1, mt=1, ak=2, scale=None, seed=4))
+@example(dict(hkv=1, h=2, nq=37, nk=21, d=32, causal=True, bc=16, nw=2, mt=2, ak=4, qsplit=True, scale=None,
+              seed=1))
+@example(dict(hkv=2, h=2, nq=11, nk=40, d=32, causal=True, bc=32, nw=1, mt=1, ak=1, qsplit=False, scale=None,
+              seed=2))
+@example(dict(hkv=1, h=1, nq=1, nk=1, d=32, causal=False, bc=16, nw=1, mt=1, ak=2, qsplit=True, scale=1.0, seed=3))
+@example(dict(hkv=1, h=1, nq=19, nk=35, d=64, causal=False, bc=32, nw=1, mt=1, ak=2, qsplit=True, scale=None,
+              seed=4))
 def test_forward_fp32_v2(c):
     q, k, v = inputs(c["seed"], c["h"], c["hkv"], c["nq"], c["nk"], c["d"])
-    cfg = {x: c[x] for x in ("bc", "nw", "mt", "ak")}
+    cfg = {x: c[x] for x in ("bc", "nw", "mt", "ak", "qsplit")}
     check(q, k, v, c["causal"], c["scale"], cfg, str(c))
 
 
@@ -79,7 +83,8 @@ def test_large_logits():
     s = q[0, 0].astype(np.float64) @ k[0, 0].T.astype(np.float64)
     print(f"max |q·k| = {np.abs(s).max():.3e}")
     assert np.abs(s).max() > 2e3
-    check(q, k, v, False, 1.0, dict(bc=16, nw=1, mt=1, ak=1), "large logits")
+    for qsplit in (True, False):
+        check(q, k, v, False, 1.0, dict(bc=16, nw=1, mt=1, ak=1, qsplit=qsplit), f"large logits, qsplit={qsplit}")
 
 
 def test_config_checks():

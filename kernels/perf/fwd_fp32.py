@@ -75,7 +75,7 @@ Measured (H200): d = 64 35.7-38.0 TFLOP/s, 1.30-1.31x naive (predicted 35-42); d
 from __future__ import annotations
 
 import math
-from functools import cache
+from functools import cache, partial
 from types import SimpleNamespace
 
 import numpy as np
@@ -282,12 +282,13 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, **config):
 #   P V_j, two barriers a key block.  Online softmax as v1 (log2 units, exponent (s − m)·τ log2 e).
 
 
-def smem_bytes_v2(dp: int, br: int, bc: int) -> int:
-    """Q (Br rows) and K (Bc rows) with row stride d + 8, V (Bc rows) with d + 4, in floats x 4."""
-    return 4 * ((br + bc) * (dp + 8) + bc * (dp + 4))
+def smem_bytes_v2(dp: int, br: int, bc: int, qsplit: bool = False) -> int:
+    """Q (Br rows of stride d + 8; with ``qsplit`` its hi and lo fragments instead, 2·Br·d), K
+    (Bc rows, d + 8) and V (Bc rows, d + 4), in floats x 4."""
+    return 4 * ((2 * br * dp if qsplit else br * (dp + 8)) + bc * (dp + 8) + bc * (dp + 4))
 
 
-def _source_v2(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, AK: int = 1):
+def _source_v2(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, AK: int = 1, QSPLIT: bool = False):
     QS, VS = D + 8, D + 4  # row strides (floats): Q, K; V
     BR = 16 * NW * MT
     NT = 32 * NW
@@ -301,8 +302,9 @@ def _source_v2(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, AK: int = 1):
     NB = max(2 * NA, 8)  # B fragments of one k-step (hi or lo)
     NT_ = 4 * MT * NA if AK > 1 else 1  # S chunk accumulators
     NTO, NFA, M2 = 16 * MT, 4 * MT, 2 * MT  # local array sizes (literals for Numba)
-    QOFF = 0
-    KOFF = BR * QS
+    QOFF = 0  # Q; with QSPLIT its hi fragments, and its lo fragments from QLOFF
+    QLOFF = BR * D
+    KOFF = 2 * BR * D if QSPLIT else BR * QS
     VOFF = KOFF + BC * QS
     assert D % 32 == 0 and BC % 16 == 0 and MT >= 1 and 1 <= NW <= tc.MAX_WARPS and KS % AK == 0
 
@@ -310,6 +312,8 @@ def _source_v2(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, AK: int = 1):
     copy_q = f32_copier(BR, NT, D, QS)
     copy_k = f32_copier(BC, NT, D, QS)
     copy_v = f32_copier(BC, NT, D, VS)
+    QCH = D // 4  # 4-float chunks of a Q row
+    QCP = -(-BR * QCH // NT)  # Q chunks a thread splits (QSPLIT)
 
     @tc.device_inline
     def split(x, hi, lo, i):
@@ -318,19 +322,46 @@ def _source_v2(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, AK: int = 1):
         lo[i] = x - h
 
     @tc.device_inline
+    def split_q(sm, sbase, q, b, h, r0, nq, tid):
+        """QSPLIT: Q_i read from global memory once, split, and stored as hi and lo A fragments
+        in fragment order (m-tile, k-step, lane, a0..a3: 16 bytes a lane, one ``ld.shared.v4``
+        each in S's k-loop, already in the registers' order); rows past Nq are 0.  Element (r, c)
+        of the block: m-tile r // 16, k-step c // 8, lane 4·(r % 8) + (c % 8) // 2, register
+        (r % 16) // 8 + 2·(c % 2) (S's k permutation: dims 2t, 2t + 1 are k = t, t + 4)."""
+        for u in range(QCP):
+            e = tid + u * NT
+            if QCP * NT == BR * QCH or e < BR * QCH:
+                r = e // QCH
+                c = (e % QCH) * 4
+                ok = r0 + r < nq
+                base = (((r >> 4) * KS + (c >> 3)) * 32 + 4 * (r & 7) + ((c & 7) >> 1)) * 4 + ((r & 15) >> 3)
+                for f in range(4):
+                    x = q[b, h, r0 + r, c + f] if ok else float32(0.0)
+                    hx = tc.tf32_hi(x)
+                    tc.sts32_f32_a(sm, sbase + 4 * QOFF, base + 4 * (f >> 1) + 2 * (f & 1), hx)
+                    tc.sts32_f32_a(sm, sbase + 4 * QLOFF, base + 4 * (f >> 1) + 2 * (f & 1), x - hx)
+
+    @tc.device_inline
     def s_step(acc, raw, ah, al, bh, bl, sm, qa, ka, kk):
         """acc += Q Kᵀ over dims 8kk..8kk+7 for the warp's MT x NA tiles: Q rows g, g + 8 of each
-        m-tile and K row g of each n-tile, dims 8kk + 2t, + 1, one ``ld.shared.v2`` each."""
+        m-tile and K row g of each n-tile, dims 8kk + 2t, + 1, one ``ld.shared.v2`` each (with
+        QSPLIT, Q's hi and lo fragments from ``qa``, the lane's place in the fragment tiles: one
+        ``ld.shared.v4`` each, no split)."""
         for mt in range(MT):
-            tc.lds64_f32_a(raw, 4 * mt, sm, qa + 4 * (16 * mt * QS + 8 * kk))  # a0, a2
-            tc.lds64_f32_a(raw, 4 * mt + 2, sm, qa + 4 * ((16 * mt + 8) * QS + 8 * kk))  # a1, a3
+            if QSPLIT:
+                tc.lds128_f32_a(ah, 4 * mt, sm, qa, (mt * KS + kk) * 128)
+                tc.lds128_f32_a(al, 4 * mt, sm, qa, QLOFF + (mt * KS + kk) * 128)
+            else:
+                tc.lds64_f32_a(raw, 4 * mt, sm, qa + 4 * (16 * mt * QS + 8 * kk))  # a0, a2
+                tc.lds64_f32_a(raw, 4 * mt + 2, sm, qa + 4 * ((16 * mt + 8) * QS + 8 * kk))  # a1, a3
         for n in range(NA):
             tc.lds64_f32_a(raw, 4 * MT + 2 * n, sm, ka + 4 * (8 * n * QS + 8 * kk))  # b0, b1
-        for mt in range(MT):
-            split(raw[4 * mt], ah, al, 4 * mt)
-            split(raw[4 * mt + 2], ah, al, 4 * mt + 1)
-            split(raw[4 * mt + 1], ah, al, 4 * mt + 2)
-            split(raw[4 * mt + 3], ah, al, 4 * mt + 3)
+        if not QSPLIT:
+            for mt in range(MT):
+                split(raw[4 * mt], ah, al, 4 * mt)
+                split(raw[4 * mt + 2], ah, al, 4 * mt + 1)
+                split(raw[4 * mt + 1], ah, al, 4 * mt + 2)
+                split(raw[4 * mt + 3], ah, al, 4 * mt + 3)
         for n in range(2 * NA):
             split(raw[4 * MT + n], bh, bl, n)
         tc.mma3_tf32(acc, ah, al, bh, bl, MT, NA)
@@ -387,11 +418,17 @@ def _source_v2(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, AK: int = 1):
         kbase = ((b * k.shape[1] + hk) * nk) * D
         sbase = tc.smem_u32_f32(sm)
         rw = 16 * MT * warp  # the warp's first row in the block
-        qa = sbase + 4 * (QOFF + (rw + g) * QS + 2 * t)  # Q[rw + g, 2t]
+        if QSPLIT:  # the lane's A fragments of the warp's first m-tile, k-step 0
+            qa = sbase + 4 * (QOFF + MT * warp * KS * 128 + 4 * lane)
+        else:
+            qa = sbase + 4 * (QOFF + (rw + g) * QS + 2 * t)  # Q[rw + g, 2t]
         ka = sbase + 4 * (KOFF + g * QS + 2 * t)  # K[g, 2t]
         va = sbase + 4 * (VOFF + 2 * t * VS + 4 * g)  # V[2t, 4g]
         # Q_i and K_0 (rows past N zero-filled), one cp.async group.
-        copy_q(sm, sbase + 4 * QOFF, q, qbase + r0 * D, nq - r0, tid)
+        if QSPLIT:  # (visible after the first key block's barrier)
+            split_q(sm, sbase, q, b, h, r0, nq, tid)
+        else:
+            copy_q(sm, sbase + 4 * QOFF, q, qbase + r0 * D, nq - r0, tid)
         if nblk > 0:
             copy_k(sm, sbase + 4 * KOFF, k, kbase, nk, tid)
         tc.cp_async_commit()
@@ -503,19 +540,21 @@ def _check_v2(d: int, bc: int, nw: int, mt: int, ak: int):
 
 
 @cache
-def kernel_v2(d: int, bc: int, nw: int, mt: int, causal: bool, ak: int = 1, minb: int = 1):
+def kernel_v2(d: int, bc: int, nw: int, mt: int, causal: bool, ak: int = 1, minb: int = 1, qsplit: bool = False):
     """(compiled kernel, threads, Br); ValueError for a block shape the kernel cannot take."""
     _check_v2(d, bc, nw, mt, ak)
-    fn, nt, br = _source_v2(d, bc, nw, mt, causal, ak)
+    fn, nt, br = _source_v2(d, bc, nw, mt, causal, ak, qsplit)
     return tc.jit_kernel(fn, nt, minb), nt, br
 
 
 def default_config_v2(d: int) -> dict:
     """Bc keys, warps, m-tiles (16 query rows) a warp, S summed in ak chunks (d / 32: 12 mma a
-    chain, bwd_fp32_v2's choice), blocks per SM promised to ptxas.  Not yet timed: one m-tile a
-    warp keeps the registers near 128-170 (three or four blocks of 4 warps per SM); Bc = 32 at
-    d > 64 keeps shared memory at 69 KB (three blocks)."""
-    return dict(bc=64 if d <= 64 else 32, nw=4, mt=1, ak=max(1, d // 32), minb=1)
+    chain, bwd_fp32_v2's choice), blocks per SM promised to ptxas, Q split once into hi and lo
+    tiles in shared memory (qsplit) rather than a k-step at a time.  Not yet timed; chosen from
+    ptxas's registers (13.0, sm_90): one m-tile a warp, 181-185 registers at d = 64 (Bc 64) and
+    221-227 at d = 128 (Bc 32, which keeps K and V at 34 KB), two blocks of 4 warps an SM either
+    way, which also leaves the shared memory for Q's lo tile (73 and 104 KB a block)."""
+    return dict(bc=64 if d <= 64 else 32, nw=4, mt=1, ak=max(1, d // 32), minb=1, qsplit=True)
 
 
 def supports_v2(dtype, d: int) -> bool:
@@ -527,8 +566,9 @@ def forward_v2(q, k, v, *, causal=False, scale=None, return_lse=False, **config)
     :func:`default_config_v2`."""
     from ._launch import launch_forward
 
-    return launch_forward("fwd_fp32_v2", kernel_v2, smem_bytes_v2, default_config_v2, supports_v2, q, k, v,
-                          causal=causal, scale=scale, return_lse=return_lse, config=config)
+    qsplit = bool(config.get("qsplit", default_config_v2(q.shape[-1])["qsplit"]))
+    return launch_forward("fwd_fp32_v2", kernel_v2, partial(smem_bytes_v2, qsplit=qsplit), default_config_v2,
+                          supports_v2, q, k, v, causal=causal, scale=scale, return_lse=return_lse, config=config)
 
 
 #: The versions by the names the records use (:func:`kernels.perf.variant`).

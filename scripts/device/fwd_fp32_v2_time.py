@@ -21,8 +21,12 @@ import torch
 from kernels.bench import _check_fwd, _time, _torch_fns, flops
 from kernels.perf import fwd_fp32_v1, fwd_fp32_v2
 
-SWEEP = {64: [dict(minb=2), dict(minb=3), dict(mt=2), dict(bc=32), dict(bc=128), dict(nw=8), dict(ak=1)],
-         128: [dict(minb=2), dict(minb=3), dict(bc=64), dict(bc=16), dict(mt=2), dict(nw=8), dict(ak=2)]}
+#: v2's block shapes tried against its default (registers from ptxas 13.0 in the comments, where known).
+SWEEP = {64: [dict(qsplit=False), dict(minb=3),  # 181 registers, no spills; minb 3: 168 and 240 bytes of spills
+              dict(bc=32), dict(bc=32, minb=3), dict(mt=2, bc=32),  # 149; -; 238
+              dict(nw=8), dict(ak=1)],
+         128: [dict(qsplit=False), dict(minb=3),  # 221; minb 3: 168 and 32 bytes of spills (qsplit off)
+               dict(bc=16), dict(mt=2, bc=16), dict(nw=8), dict(ak=2), dict(bc=64)]}  # bc 64: local memory
 
 
 def main() -> int:
