@@ -270,9 +270,18 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, **config):
 #   d + 4 floats apart (≡ 4 mod 32: the 8 lanes of a quarter warp read rows 2t, 2t + 1 and
 #   columns 4g in 8 distinct 16-byte bank groups).  The accumulators then hold, per group u, the
 #   dims 32u + 8t + (0..7) of rows g and g + 8.
-# * Split: every operand x is split as hi = x rounded to tf32 (``tc.tf32_hi``) and lo = x − hi
-#   where it is read (Q and K per k-step, P once per key block, V per k-step and column group);
-#   each warp splits the K and V fragments of its own products, shared by its MT m-tiles.
+# * Split: every operand x is split as hi = x rounded to tf32 (``tc.tf32_hi``) and lo = x − hi.
+#   Q once a query block (``qsplit``, the default): read from global memory, split, and stored
+#   as hi and lo A fragments in fragment order (``split_q``), so that S's k-loop reads each with
+#   one ``ld.shared.v4``, in the registers' order (a row-major hi/lo pair of tiles would need two
+#   register moves an m-tile and k-step to put a0..a3 in order: ptxas's SASS had ~500 of them a
+#   key block); without it Q is copied row-major and split a k-step at a time, as K is.  Why not
+#   Q in registers: its hi and lo fragments are 2·d registers a lane an m-tile (256 at d = 128).
+#   K per k-step and V per k-step and column group, P once a key block, where they are read:
+#   each warp splits the K and V fragments of its own products (shared by its MT m-tiles), 3
+#   instructions an element, ~2 an mma at MT = 1.  Splitting K and V once a key block into hi
+#   and lo tiles would trade those for twice the shared loads (at MT = 1 ~1.9 wavefronts an mma,
+#   above what the tensor pipe leaves: NOTES.md) and a store pass: not done.
 # * Accumulation in chunks (the tensor core's adds into its accumulator round toward zero;
 #   NOTES.md, bwd_fp32_v2): S in AK chunks of d / AK dims summed in zeroed registers and added
 #   in fp32; P V_j per 32-column group summed over the block's Bc keys (3·Bc/8 mma) in zeroed
