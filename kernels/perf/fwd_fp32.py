@@ -274,9 +274,10 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, **config):
 #   Q once a query block (``qsplit``, the default): read from global memory, split, and stored
 #   as hi and lo A fragments in fragment order (``split_q``), so that S's k-loop reads each with
 #   one ``ld.shared.v4``, in the registers' order (a row-major hi/lo pair of tiles would need two
-#   register moves an m-tile and k-step to put a0..a3 in order: ptxas's SASS had ~500 of them a
-#   key block); without it Q is copied row-major and split a k-step at a time, as K is.  Why not
-#   Q in registers: its hi and lo fragments are 2·d registers a lane an m-tile (256 at d = 128).
+#   register moves an m-tile and k-step to put a0..a3 in order: that first build's main loop had
+#   ~500 more IMAD.MOV/MOV in the SASS); without it Q is copied row-major and split a k-step
+#   at a time, as K is.  Why not Q in registers: its hi and lo fragments are 2·d registers a lane
+#   an m-tile (256 at d = 128).
 #   K per k-step and V per k-step and column group, P once a key block, where they are read:
 #   each warp splits the K and V fragments of its own products (shared by its MT m-tiles), 3
 #   instructions an element, ~2 an mma at MT = 1.  Splitting K and V once a key block into hi
