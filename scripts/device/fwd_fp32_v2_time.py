@@ -21,12 +21,14 @@ import torch
 from kernels.bench import _check_fwd, _time, _torch_fns, flops
 from kernels.perf import fwd_fp32_v1, fwd_fp32_v2
 
-#: v2's block shapes tried against its default (registers from ptxas 13.0 in the comments, where known).
-SWEEP = {64: [dict(qsplit=False), dict(minb=3),  # 181 registers, no spills; minb 3: 168 and 240 bytes of spills
-              dict(bc=32), dict(bc=32, minb=3), dict(mt=2, bc=32),  # 149; -; 238
+#: v2's block shapes tried against its default.  Registers from ptxas 13.0 on the CPU machine (not
+#: causal): d = 64 default (Bc 64) 181, Bc 32 166 (three blocks of 4 warps an SM fit), mt 2 with
+#: Bc 32 238; d = 128 default (Bc 32) 221, nw 8 221, mt 2 with Bc 16 255 and 60 bytes of spills,
+#: Bc 64 puts an array in local memory (P V is not fully unrolled); minb 3 caps them at 168 (spills).
+SWEEP = {64: [dict(qsplit=False), dict(bc=32), dict(minb=3), dict(bc=32, minb=3), dict(mt=2, bc=32),
               dict(nw=8), dict(ak=1)],
-         128: [dict(qsplit=False), dict(minb=3),  # 221; minb 3: 168 and 32 bytes of spills (qsplit off)
-               dict(bc=16), dict(mt=2, bc=16), dict(nw=8), dict(ak=2), dict(bc=64)]}  # bc 64: local memory
+         128: [dict(qsplit=False), dict(minb=3), dict(bc=16), dict(nw=8), dict(ak=2), dict(mt=2, bc=16),
+               dict(bc=64)]}
 
 
 def main() -> int:
