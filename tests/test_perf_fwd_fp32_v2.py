@@ -3,11 +3,11 @@ the CUDA simulator (its mma twin reads each operand's 19 high bits, as the tenso
 the bar of the exact-FFMA fwd_fp32_v1: ‖O − ref‖/‖ref‖ printed for both on the same inputs, v2
 within 2x of v1's (or of fp32's rounding level, 2.5e-7, where both are below it) and 2e-6.
 
-Tiny shapes (one Python thread per simulated lane): d = 32 (the smallest head dim it takes; one
-32-column group of O), one or two warps, one or two m-tiles a warp, Bc of 16 or 32 so that key
+Tiny shapes (one Python thread per simulated lane): d = 32 and 64 (one and two 32-column groups
+of O), one or two warps, one or two m-tiles a warp, Bc of 16 or 32 so that key
 blocks are ragged and several, S summed in one, two or four chunks, Q split once into fragment
 tiles (``qsplit``, the default) or a k-step at a time; GQA, causal with Nq > Nk (rows
-that see no key) and Nq < Nk; one d = 64 case.  ``pytest -m gpu`` runs the compiled kernel at
+that see no key) and Nq < Nk.  ``pytest -m gpu`` runs the compiled kernel at
 N = 1,000-4,096, d = 32-128.
 """
 
@@ -52,7 +52,8 @@ def check(q, k, v, causal, scale, cfg, label, v1_cfg=None):
 def cases(draw):
     hkv = draw(st.sampled_from([1, 2]))
     return dict(hkv=hkv, h=hkv * draw(st.sampled_from([1, 2])), nq=draw(st.integers(1, 40)),
-                nk=draw(st.integers(1, 40)), d=32, causal=draw(st.booleans()), bc=draw(st.sampled_from([16, 32])),
+                nk=draw(st.integers(1, 40)), d=draw(st.sampled_from([32, 64])), causal=draw(st.booleans()),
+                bc=draw(st.sampled_from([16, 32])),
                 nw=draw(st.sampled_from([1, 2])), mt=draw(st.sampled_from([1, 2])),
                 ak=draw(st.sampled_from([1, 2, 4])), qsplit=draw(st.booleans()),
                 scale=draw(st.sampled_from([None, 0.05, 1.0])), seed=draw(st.integers(0, 2**16)))
