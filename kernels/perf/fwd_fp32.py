@@ -434,7 +434,8 @@ def _source_v2(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, AK: int = 1, QSP
             qa = sbase + 4 * (QOFF + (rw + g) * QS + 2 * t)  # Q[rw + g, 2t]
         ka = sbase + 4 * (KOFF + g * QS + 2 * t)  # K[g, 2t]
         va = sbase + 4 * (VOFF + 2 * t * VS + 4 * g)  # V[2t, 4g]
-        # Q_i and K_0 (rows past N zero-filled), one cp.async group.
+        # Q_i (split into its fragment tiles by plain loads and stores, or copied) and K_0 (one
+        # cp.async group); rows past N are zero.
         if QSPLIT:  # (visible after the first key block's barrier)
             split_q(sm, sbase, q, b, h, r0, nq, tid)
         else:
