@@ -1,7 +1,7 @@
 """Every kernel once at a small, ragged size: the program compute-sanitizer runs.
 
     compute-sanitizer --tool memcheck  python -m kernels.sanitize
-    compute-sanitizer --tool racecheck python -m kernels.sanitize [--only bwd_fp16_v3|bwd_fp32_v2|decode]
+    compute-sanitizer --tool racecheck python -m kernels.sanitize [--only bwd_fp16_v3|bwd_fp32_v2|fwd_fp32_v2|decode]
 
 Sizes are ragged (N = 97 queries, 130 keys, d = 40) so that partial tiles, masked rows and
 the bounds checks all run; causal and grouped-query variants included; fp32 and fp16; the fp16
@@ -15,8 +15,9 @@ from numba import cuda
 
 
 def only(name: str) -> None:
-    """One fast variant's backward (``kernels.perf.variant(name)``, d = 64; fp32 for an *_fp32_* variant, else
-    fp16) at the ragged size, causal and not, with grouped-query heads."""
+    """One fast variant (``kernels.perf.variant(name)``, d = 64; fp32 for an *_fp32_* variant, else
+    fp16) at the ragged size, causal and not, with grouped-query heads: a forward variant's
+    forward, a backward variant's saved forward and backward."""
     from kernels import perf
 
     mod = perf.variant(name)
@@ -26,8 +27,11 @@ def only(name: str) -> None:
         q = rng.standard_normal((1, 4, 97, 64)).astype(dt)
         k, v = (rng.standard_normal((1, 2, 130, 64)).astype(dt) for _ in range(2))
         do = rng.standard_normal(q.shape).astype(dt)
-        o, lse = mod.saved_forward(q, k, v, causal=causal)
-        mod.backward(q, k, v, o, lse, do, causal=causal)
+        if hasattr(mod, "forward"):
+            mod.forward(q, k, v, causal=causal, return_lse=True)
+        else:
+            o, lse = mod.saved_forward(q, k, v, causal=causal)
+            mod.backward(q, k, v, o, lse, do, causal=causal)
         cuda.synchronize()
         print(f"ran {name}: causal={causal}", flush=True)
 
@@ -84,7 +88,7 @@ def main(argv=None) -> int:
     import kernels
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", default=None, help="one fast backward variant of kernels/perf, e.g. bwd_fp16_v3; "
+    ap.add_argument("--only", default=None, help="one fast variant of kernels/perf, e.g. bwd_fp16_v3 or fwd_fp32_v2; "
                     "or 'decode': the decode kernels")
     args = ap.parse_args(argv)
     if args.only == "decode":

@@ -1,7 +1,24 @@
-"""The fp32 forward, one version: ``fwd_fp32_v1``, FlashAttention-2 in exact fp32 on the CUDA cores,
-register-tiled like an SGEMM (shipped).
+"""The fp32 forward, two versions of FlashAttention-2 in exact fp32 (~1e-7 relative to float64):
 
-What it is.  The fp32 counterpart of fwd_fp16 (v3): same module API, arguments and conventions
+* ``fwd_fp32_v1`` (shipped: in ``BEST``): every product an FFMA on the CUDA cores, register-tiled
+  like an SGEMM.  H100 (bench_h100.csv): 1.28-1.55x naive fp32 at d = 64, 0.87-1.04x at d = 128.
+* ``fwd_fp32_v2`` (not in ``BEST`` until timed on the GPU): v1's semantics, pipeline and softmax,
+  but S = Q Kᵀ and O += P V on the TF32 tensor cores as 3xTF32 (``mma.sync.m16n8k8``, x = hi + lo,
+  A·B ≈ A_lo·B_hi + A_hi·B_lo + A_hi·B_hi, fp32 accumulators), the method that made the fp32
+  backward (bwd_fp32_v2) beat naive; d = 32, 64, 96, 128.  Its layout is in the comment above
+  :func:`_source_v2`.  What changed against v1: the products (FFMA micro-tiles -> m16n8k8 warp
+  tiles, 16·MT query rows a warp); P stays in registers (S's C fragment is P's A fragment under a
+  key permutation: no shuffle, no shared-memory round trip, where v1 wrote P̃ to shared memory);
+  the online softmax's rescale of O folds into the FFMA that adds each block's P V (summed in
+  zeroed registers, as the tensor core's accumulator adds round toward zero).
+  Prediction (NOTES.md, "fwd_fp32_v2"): per key block a warp issues 6·MT·(d/8)·(Bc/8) mma and
+  ~3.5 other instructions per mma at MT = 1 (the hi/lo splits of K and V, 2 an mma, most of
+  it), so it is bound by the tensor pipe (~6-7 cycles an m16n8k8 tf32 on an H100 sub-partition:
+  ~100 TFLOP/s of 3xTF32) and by latency with 8-12 warps an SM; at the backward's ~45% of
+  that, 45-60 TFLOP/s at d = 64 and 128: 1.7-2.3x naive at d = 64 (naive 24-27), 1.3-1.7x at
+  d = 128 (naive 34-36), 1.2-1.6x v1.  Not yet measured.
+
+fwd_fp32_v1 in detail.  The fp32 counterpart of fwd_fp16 (v3): same module API, arguments and conventions
 (grid (Tr, B·H), causal aligned bottom-right with the longest query blocks launched first,
 grouped-query attention, keys >= Nk masked, a row that sees no key gets O = 0 and L = -inf),
 but every product is an FFMA: no tensor cores and no TF32, so O matches the float64 reference
@@ -58,7 +75,7 @@ Measured (H200): d = 64 35.7-38.0 TFLOP/s, 1.30-1.31x naive (predicted 35-42); d
 from __future__ import annotations
 
 import math
-from functools import cache
+from functools import cache, partial
 from types import SimpleNamespace
 
 import numpy as np
@@ -230,8 +247,347 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, **config):
                           scale=scale, return_lse=return_lse, config=config)
 
 
+# ---------------------------------------------------------------------------------------------
+# fwd_fp32_v2: 3xTF32 on the tensor cores (``mma.sync.m16n8k8`` tf32, fp32 accumulators), the
+# method of bwd_fp32_v2 on the forward.  Header: the module docstring; prediction: NOTES.md.
+#
+# Layout.  A block of NW warps owns Br = 16·NW·MT query rows, warp w the MT m-tiles of rows
+# 16·(MT·w + mt) + (0..15); every warp walks every key block (Bc keys) of K and V in shared
+# memory.  Lane l, g = l // 4, t = l % 4 (fragments: ``tc_gpu``'s m16n8k8 tf32 layout).
+#
+# * S = Q Kᵀ (reduction over d): the k index of each k-step is permuted so that a lane's two k's
+#   (t, t + 4) are the adjacent dims 2t, 2t + 1: A (Q rows g, g + 8) and B (K row g) are one
+#   ``ld.shared.v2`` each, as in bwd_fp32_v2's phase A; Q and K rows d + 8 floats apart (≡ 8 mod
+#   32 banks: conflict-free).  S's C fragment: c0, c1 = S[g, keys 2t, 2t + 1], c2, c3 the same of
+#   row g + 8, in the keys' own order.
+# * O += P V (reduction over the keys): here the k index of k-step j is permuted as key
+#   8j + 2t for k = t and 8j + 2t + 1 for k = t + 4.  Then P's A fragment of k-step j is the C
+#   fragment of S's n-tile j, in registers, with no shuffle and no shared-memory round trip:
+#   a0 = c0, a1 = c2, a2 = c1, a3 = c3.  V's B fragment is then b0 = V[8j + 2t, n], b1 =
+#   V[8j + 2t + 1, n]; with the n index permuted as in bwd_fp32_v2's phases B and C (n-tile jj of
+#   a 32-column group u takes the dims 32u + 4n + jj) one ``ld.shared.v4`` of row 8j + 2t at
+#   column 32u + 4g gives b0 of four n-tiles, and one of row 8j + 2t + 1 their b1.  V rows are
+#   d + 4 floats apart (≡ 4 mod 32: the 8 lanes of a quarter warp read rows 2t, 2t + 1 and
+#   columns 4g in 8 distinct 16-byte bank groups).  The accumulators then hold, per group u, the
+#   dims 32u + 8t + (0..7) of rows g and g + 8.
+# * Split: every operand x is split as hi = x rounded to tf32 (``tc.tf32_hi``) and lo = x − hi.
+#   Q once a query block (``qsplit``, the default): read from global memory, split, and stored
+#   as hi and lo A fragments in fragment order (``split_q``), so that S's k-loop reads each with
+#   one ``ld.shared.v4``, in the registers' order (a row-major hi/lo pair of tiles would need two
+#   register moves an m-tile and k-step to put a0..a3 in order: that first build's main loop had
+#   ~500 more IMAD.MOV/MOV in the SASS); without it Q is copied row-major and split a k-step
+#   at a time, as K is.  Why not Q in registers: its hi and lo fragments are 2·d registers a lane
+#   an m-tile (256 at d = 128).
+#   K per k-step and V per k-step and column group, P once a key block, where they are read:
+#   each warp splits the K and V fragments of its own products (shared by its MT m-tiles), 3
+#   instructions an element, ~2 an mma at MT = 1.  Splitting K and V once a key block into hi
+#   and lo tiles would trade those for twice the shared loads (at MT = 1 ~1.9 wavefronts an mma,
+#   above what the tensor pipe leaves: NOTES.md) and a store pass: not done.
+# * Accumulation in chunks (the tensor core's adds into its accumulator round toward zero;
+#   NOTES.md, bwd_fp32_v2): S in AK chunks of d / AK dims summed in zeroed registers and added
+#   in fp32; P V_j per 32-column group summed over the block's Bc keys (3·Bc/8 mma) in zeroed
+#   registers, then O = α·O + (P V_j) by one FFMA an element (the online softmax's rescale is
+#   that FFMA, so it costs nothing extra).
+# * Pipeline: fwd_fp32_v1's: one K and one V buffer, V_j copied under S_j and K_{j+1} under
+#   P V_j, two barriers a key block.  Online softmax as v1 (log2 units, exponent (s − m)·τ log2 e).
+
+
+def smem_bytes_v2(dp: int, br: int, bc: int, qsplit: bool = False) -> int:
+    """Q (Br rows of stride d + 8; with ``qsplit`` its hi and lo fragments instead, 2·Br·d), K
+    (Bc rows, d + 8) and V (Bc rows, d + 4), in floats x 4."""
+    return 4 * ((2 * br * dp if qsplit else br * (dp + 8)) + bc * (dp + 8) + bc * (dp + 4))
+
+
+def _source_v2(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, AK: int = 1, QSPLIT: bool = False):
+    QS, VS = D + 8, D + 4  # row strides (floats): Q, K; V
+    BR = 16 * NW * MT
+    NT = 32 * NW
+    KS = D // 8  # k-steps of S = Q Kᵀ
+    NA = BC // 8  # n-tiles of S; also the k-steps of O += P V
+    NU = D // 32  # 32-column groups of O (4 n-tiles each)
+    NS = 4 * MT * NA  # S accumulators of a lane
+    NO = 16 * MT * NU  # O accumulators
+    NP = 4 * MT * NA  # P fragments (hi or lo) of a key block: [k-step][m-tile][a0..a3]
+    NRAW = max(4 * MT + 2 * NA, 8)  # one k-step's operands, as loaded
+    NB = max(2 * NA, 8)  # B fragments of one k-step (hi or lo)
+    NT_ = 4 * MT * NA if AK > 1 else 1  # S chunk accumulators
+    NTO, NFA, M2 = 16 * MT, 4 * MT, 2 * MT  # local array sizes (literals for Numba)
+    QOFF = 0  # Q; with QSPLIT its hi fragments, and its lo fragments from QLOFF
+    QLOFF = BR * D
+    KOFF = 2 * BR * D if QSPLIT else BR * QS
+    VOFF = KOFF + BC * QS
+    assert D % 32 == 0 and BC % 16 == 0 and MT >= 1 and 1 <= NW <= tc.MAX_WARPS and KS % AK == 0
+
+    start = query_block(BR, BC, CAUSAL)
+    copy_q = f32_copier(BR, NT, D, QS)
+    copy_k = f32_copier(BC, NT, D, QS)
+    copy_v = f32_copier(BC, NT, D, VS)
+    QCH = D // 4  # 4-float chunks of a Q row
+    QCP = -(-BR * QCH // NT)  # Q chunks a thread splits (QSPLIT)
+
+    @tc.device_inline
+    def split(x, hi, lo, i):
+        h = tc.tf32_hi(x)
+        hi[i] = h
+        lo[i] = x - h
+
+    @tc.device_inline
+    def split_q(sm, sbase, q, b, h, r0, nq, tid):
+        """QSPLIT: Q_i read from global memory once, split, and stored as hi and lo A fragments
+        in fragment order (m-tile, k-step, lane, a0..a3: 16 bytes a lane, one ``ld.shared.v4``
+        each in S's k-loop, already in the registers' order); rows past Nq are 0.  Element (r, c)
+        of the block: m-tile r // 16, k-step c // 8, lane 4·(r % 8) + (c % 8) // 2, register
+        (r % 16) // 8 + 2·(c % 2) (S's k permutation: dims 2t, 2t + 1 are k = t, t + 4)."""
+        for u in range(QCP):
+            e = tid + u * NT
+            if QCP * NT == BR * QCH or e < BR * QCH:
+                r = e // QCH
+                c = (e % QCH) * 4
+                ok = r0 + r < nq
+                base = (((r >> 4) * KS + (c >> 3)) * 32 + 4 * (r & 7) + ((c & 7) >> 1)) * 4 + ((r & 15) >> 3)
+                for f in range(4):
+                    x = q[b, h, r0 + r, c + f] if ok else float32(0.0)
+                    hx = tc.tf32_hi(x)
+                    tc.sts32_f32_a(sm, sbase + 4 * QOFF, base + 4 * (f >> 1) + 2 * (f & 1), hx)
+                    tc.sts32_f32_a(sm, sbase + 4 * QLOFF, base + 4 * (f >> 1) + 2 * (f & 1), x - hx)
+
+    @tc.device_inline
+    def s_step(acc, raw, ah, al, bh, bl, sm, qa, ka, kk):
+        """acc += Q Kᵀ over dims 8kk..8kk+7 for the warp's MT x NA tiles: Q rows g, g + 8 of each
+        m-tile and K row g of each n-tile, dims 8kk + 2t, + 1, one ``ld.shared.v2`` each (with
+        QSPLIT, Q's hi and lo fragments from ``qa``, the lane's place in the fragment tiles: one
+        ``ld.shared.v4`` each, no split)."""
+        for mt in range(MT):
+            if QSPLIT:
+                tc.lds128_f32_a(ah, 4 * mt, sm, qa, (mt * KS + kk) * 128)
+                tc.lds128_f32_a(al, 4 * mt, sm, qa, QLOFF + (mt * KS + kk) * 128)
+            else:
+                tc.lds64_f32_a(raw, 4 * mt, sm, qa + 4 * (16 * mt * QS + 8 * kk))  # a0, a2
+                tc.lds64_f32_a(raw, 4 * mt + 2, sm, qa + 4 * ((16 * mt + 8) * QS + 8 * kk))  # a1, a3
+        for n in range(NA):
+            tc.lds64_f32_a(raw, 4 * MT + 2 * n, sm, ka + 4 * (8 * n * QS + 8 * kk))  # b0, b1
+        if not QSPLIT:
+            for mt in range(MT):
+                split(raw[4 * mt], ah, al, 4 * mt)
+                split(raw[4 * mt + 2], ah, al, 4 * mt + 1)
+                split(raw[4 * mt + 1], ah, al, 4 * mt + 2)
+                split(raw[4 * mt + 3], ah, al, 4 * mt + 3)
+        for n in range(2 * NA):
+            split(raw[4 * MT + n], bh, bl, n)
+        tc.mma3_tf32(acc, ah, al, bh, bl, MT, NA)
+
+    @tc.device_inline
+    def qk(s, ts, raw, ah, al, bh, bl, sm, qa, ka):
+        """S = Q Kᵀ, summed in AK chunks of KS / AK k-steps (the first straight into ``s``, the
+        others in zeroed ``ts``, then added in fp32).  The addresses go through ``opaque_u32`` so
+        that each stays one register plus immediates (bwd_fp32_v2)."""
+        qa = tc.opaque_u32(qa)
+        ka = tc.opaque_u32(ka)
+        for x in range(NS):
+            s[x] = 0.0
+        for kk in range(KS // AK):
+            s_step(s, raw, ah, al, bh, bl, sm, qa, ka, kk)
+        for ck in range(1, AK):
+            for x in range(NS):
+                ts[x] = 0.0
+            for kk in range(KS // AK):
+                s_step(ts, raw, ah, al, bh, bl, sm, qa, ka, ck * (KS // AK) + kk)
+            for x in range(NS):
+                s[x] += ts[x]
+
+    @tc.device_inline
+    def pv(acc, to, raw, ph, pl, bh, bl, alpha, sm, va):
+        """O = α·O + P V_j, one 32-column group u at a time: P V_j[:, group u] over the NA k-steps
+        in zeroed ``to`` (3·NA mma a chain), then one FFMA an element into ``acc``."""
+        va = tc.opaque_u32(va)
+        for u in range(NU):
+            for x in range(16 * MT):
+                to[x] = 0.0
+            for j in range(NA):
+                tc.lds128_f32_a(raw, 0, sm, va, 8 * j * VS + 32 * u)  # b0 of n-tiles 4u..4u+3
+                tc.lds128_f32_a(raw, 4, sm, va, (8 * j + 1) * VS + 32 * u)  # their b1
+                for jj in range(4):
+                    split(raw[jj], bh, bl, 2 * jj)
+                    split(raw[4 + jj], bh, bl, 2 * jj + 1)
+                tc.mma3_tf32(to, ph[4 * MT * j:], pl[4 * MT * j:], bh, bl, MT, 4)
+            for mt in range(MT):
+                for jj in range(4):
+                    for e in range(4):
+                        x = 16 * (u * MT + mt) + 4 * jj + e
+                        acc[x] = acc[x] * alpha[2 * mt + (e >> 1)] + to[4 * (4 * mt + jj) + e]
+
+    def fwd(q, k, v, o, lse, sl2, scale):
+        sm = cuda.shared.array(0, float32)
+        tid = cuda.threadIdx.x
+        warp = tid >> 5
+        lane = tid & 31
+        g = lane >> 2
+        t = lane & 3
+        i, b, h, hk, nq, nk, shift, r0, nblk = start(q, k)
+        qbase = ((b * q.shape[1] + h) * nq) * D
+        kbase = ((b * k.shape[1] + hk) * nk) * D
+        sbase = tc.smem_u32_f32(sm)
+        rw = 16 * MT * warp  # the warp's first row in the block
+        if QSPLIT:  # the lane's A fragments of the warp's first m-tile, k-step 0
+            qa = sbase + 4 * (QOFF + MT * warp * KS * 128 + 4 * lane)
+        else:
+            qa = sbase + 4 * (QOFF + (rw + g) * QS + 2 * t)  # Q[rw + g, 2t]
+        ka = sbase + 4 * (KOFF + g * QS + 2 * t)  # K[g, 2t]
+        va = sbase + 4 * (VOFF + 2 * t * VS + 4 * g)  # V[2t, 4g]
+        # Q_i (split into its fragment tiles by plain loads and stores, or copied) and K_0 (one
+        # cp.async group); rows past N are zero.
+        if QSPLIT:  # (visible after the first key block's barrier)
+            split_q(sm, sbase, q, b, h, r0, nq, tid)
+        else:
+            copy_q(sm, sbase + 4 * QOFF, q, qbase + r0 * D, nq - r0, tid)
+        if nblk > 0:
+            copy_k(sm, sbase + 4 * KOFF, k, kbase, nk, tid)
+        tc.cp_async_commit()
+        acc = cuda.local.array(NO, float32)
+        for x in range(NO):
+            acc[x] = 0.0
+        s = cuda.local.array(NS, float32)
+        ts = cuda.local.array(NT_, float32)
+        to = cuda.local.array(NTO, float32)
+        raw = cuda.local.array(NRAW, float32)
+        ah = cuda.local.array(NFA, float32)
+        al = cuda.local.array(NFA, float32)
+        bh = cuda.local.array(NB, float32)
+        bl = cuda.local.array(NB, float32)
+        ph = cuda.local.array(NP, float32)
+        pl = cuda.local.array(NP, float32)
+        mrow = cuda.local.array(M2, float32)  # running max (raw scores) of rows g, g + 8 of each m-tile
+        lrow = cuda.local.array(M2, float32)  # this lane's part of ℓ of the same rows
+        alpha = cuda.local.array(M2, float32)
+        for x in range(2 * MT):
+            mrow[x] = NEG_INF
+            lrow[x] = 0.0
+        for j in range(nblk):
+            c0 = j * BC
+            tc.cp_async_wait(0)  # this thread's copies of K_j (and Q_i) have landed
+            cuda.syncthreads()  # everyone's have, and every warp is done with V_{j-1}
+            copy_v(sm, sbase + 4 * VOFF, v, kbase + c0 * D, nk - c0, tid)
+            tc.cp_async_commit()  # V_j lands while S_j is computed
+            qk(s, ts, raw, ah, al, bh, bl, sm, qa, ka)
+            if c0 + BC > nk or (CAUSAL and c0 + BC - 1 > r0 + shift):
+                for mt in range(MT):
+                    for n in range(NA):
+                        for e in range(4):
+                            row = r0 + rw + 16 * mt + g + 8 * (e >> 1)
+                            col = c0 + 8 * n + 2 * t + (e & 1)
+                            if col >= nk or (CAUSAL and col > row + shift):
+                                s[4 * (mt * NA + n) + e] = NEG_INF
+            # Online softmax, rows g and g + 8 of each m-tile (a quad holds a row's 8 keys of an
+            # n-tile): m_new = max(m, max S), P̃ = 2^((S − m_new)·τ log2 e), α = 2^((m − m_new)·τ
+            # log2 e); while m_new is −inf (no visible key yet) subtract 0.  P̃ is split into the
+            # A fragments of P V (k-step n = S's n-tile n: a0 = c0, a1 = c2, a2 = c1, a3 = c3).
+            for mt in range(MT):
+                mx_0 = mrow[2 * mt]
+                mx_1 = mrow[2 * mt + 1]
+                for n in range(NA):
+                    x = 4 * (mt * NA + n)
+                    mx_0 = max(mx_0, max(s[x], s[x + 1]))
+                    mx_1 = max(mx_1, max(s[x + 2], s[x + 3]))
+                mx_0, mx_1 = tc.quad_max2(mx_0, mx_1)
+                mu_0 = mx_0 if mx_0 != NEG_INF else float32(0.0)
+                mu_1 = mx_1 if mx_1 != NEG_INF else float32(0.0)
+                alpha[2 * mt] = tc.ex2((mrow[2 * mt] - mu_0) * sl2)
+                alpha[2 * mt + 1] = tc.ex2((mrow[2 * mt + 1] - mu_1) * sl2)
+                mrow[2 * mt] = mx_0
+                mrow[2 * mt + 1] = mx_1
+                ps_0 = float32(0.0)
+                ps_1 = float32(0.0)
+                for n in range(NA):
+                    x = 4 * (mt * NA + n)
+                    p0 = tc.ex2((s[x] - mu_0) * sl2)
+                    p1 = tc.ex2((s[x + 1] - mu_0) * sl2)
+                    p2 = tc.ex2((s[x + 2] - mu_1) * sl2)
+                    p3 = tc.ex2((s[x + 3] - mu_1) * sl2)
+                    ps_0 += p0 + p1
+                    ps_1 += p2 + p3
+                    y = 4 * (n * MT + mt)
+                    split(p0, ph, pl, y)
+                    split(p2, ph, pl, y + 1)
+                    split(p1, ph, pl, y + 2)
+                    split(p3, ph, pl, y + 3)
+                lrow[2 * mt] = lrow[2 * mt] * alpha[2 * mt] + ps_0
+                lrow[2 * mt + 1] = lrow[2 * mt + 1] * alpha[2 * mt + 1] + ps_1
+            tc.cp_async_wait(0)  # this thread's copies of V_j have landed
+            cuda.syncthreads()  # everyone's have, and every warp is done with K_j
+            if j + 1 < nblk:
+                copy_k(sm, sbase + 4 * KOFF, k, kbase + (c0 + BC) * D, nk - c0 - BC, tid)
+            tc.cp_async_commit()  # K_{j+1} (empty on the last block) lands while O += P̃ V
+            pv(acc, to, raw, ph, pl, bh, bl, alpha, sm, va)
+        tc.cp_async_wait(0)
+        # Epilogue: ℓ over the quad, O = acc/ℓ (row g + 8h, dims 32u + 8t + 4f + jj) and
+        # L = m·τ + log ℓ straight to global memory.
+        for mt in range(MT):
+            l_0, l_1 = tc.quad_sum2(lrow[2 * mt], lrow[2 * mt + 1])
+            for hh in range(2):
+                lsum = l_0 if hh == 0 else l_1
+                inv = float32(1.0) / lsum if lsum > 0 else float32(0.0)
+                row = r0 + rw + 16 * mt + g + 8 * hh
+                if row < nq:
+                    for u in range(NU):
+                        for jj in range(4):
+                            for f in range(2):
+                                x = 16 * (u * MT + mt) + 4 * jj + 2 * hh + f
+                                o[b, h, row, 32 * u + 8 * t + 4 * f + jj] = acc[x] * inv
+                    if t == 0:
+                        lse[b, h, row] = mrow[2 * mt + hh] * scale + math.log(lsum) if lsum != 0 else NEG_INF
+
+    return fwd, NT, BR
+
+
+def _check_v2(d: int, bc: int, nw: int, mt: int, ak: int):
+    if not 1 <= nw <= tc.MAX_WARPS:
+        raise ValueError(f"nw={nw}: must be 1..{tc.MAX_WARPS}")
+    if mt < 1 or (tc.SIM and mt > 4):
+        raise ValueError(f"mt={mt}: must be >= 1" + (" (at most 4 under the simulator)" if tc.SIM else ""))
+    if tc.SIM and bc > 64:
+        raise ValueError(f"bc={bc}: at most 64 under the simulator (its mma3_tf32 twin takes 8 n-tiles)")
+    if ak < 1 or (d // 8) % ak:
+        raise ValueError(f"ak={ak}: must divide d / 8 = {d // 8}")
+
+
+@cache
+def kernel_v2(d: int, bc: int, nw: int, mt: int, causal: bool, ak: int = 1, minb: int = 1, qsplit: bool = False):
+    """(compiled kernel, threads, Br); ValueError for a block shape the kernel cannot take."""
+    _check_v2(d, bc, nw, mt, ak)
+    fn, nt, br = _source_v2(d, bc, nw, mt, causal, ak, qsplit)
+    return tc.jit_kernel(fn, nt, minb), nt, br
+
+
+def default_config_v2(d: int) -> dict:
+    """Bc keys, warps, m-tiles (16 query rows) a warp, S summed in ak chunks (d / 32: 12 mma a
+    chain, bwd_fp32_v2's choice), blocks per SM promised to ptxas, Q split once into hi and lo
+    tiles in shared memory (qsplit) rather than a k-step at a time.  Not yet timed; chosen from
+    ptxas's registers (13.0, sm_90): one m-tile a warp, 181-185 registers at d = 64 (Bc 64) and
+    221-227 at d = 128 (Bc 32, which keeps K and V at 34 KB), two blocks of 4 warps an SM either
+    way, which also leaves the shared memory for Q's lo tile (73 and 104 KB a block)."""
+    return dict(bc=64 if d <= 64 else 32, nw=4, mt=1, ak=max(1, d // 32), minb=1, qsplit=True)
+
+
+def supports_v2(dtype, d: int) -> bool:
+    return np.dtype(dtype) == np.float32 and d % 32 == 0 and 32 <= d <= 128
+
+
+def forward_v2(q, k, v, *, causal=False, scale=None, return_lse=False, **config):
+    """O (and L) for fp32 (B, H, N, d) inputs, d = 32, 64, 96 or 128; ``config`` overrides
+    :func:`default_config_v2`."""
+    from ._launch import launch_forward
+
+    qsplit = bool(config.get("qsplit", default_config_v2(q.shape[-1])["qsplit"]))
+    return launch_forward("fwd_fp32_v2", kernel_v2, partial(smem_bytes_v2, qsplit=qsplit), default_config_v2,
+                          supports_v2, q, k, v, causal=causal, scale=scale, return_lse=return_lse, config=config)
+
+
 #: The versions by the names the records use (:func:`kernels.perf.variant`).
 VERSIONS = {"fwd_fp32_v1": SimpleNamespace(name="fwd_fp32_v1", forward=forward, kernel=kernel,
                                            default_config=default_config, supports=supports,
                                            smem_bytes=smem_bytes, signature=signature,
-                                           SOURCES={"fwd": (_source, signature)})}
+                                           SOURCES={"fwd": (_source, signature)}),
+            "fwd_fp32_v2": SimpleNamespace(name="fwd_fp32_v2", forward=forward_v2, kernel=kernel_v2,
+                                           default_config=default_config_v2, supports=supports_v2,
+                                           smem_bytes=smem_bytes_v2, signature=signature,
+                                           SOURCES={"fwd": (_source_v2, signature)})}

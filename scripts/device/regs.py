@@ -1,6 +1,7 @@
 """Registers, local memory (spills) and shared memory of a fast variant's compiled kernel.
 
     python scripts/device/regs.py fwd_fp32_v1 64 '{"rm": 2}'
+    python scripts/device/regs.py fwd_fp32_v2 128 '{}' '{"minb": 2}'
 
 Runs the variant once on small random inputs (so Numba compiles it for this GPU), then prints
 what the driver reports for every kernel that module has compiled.  A backward variant (a module
@@ -38,8 +39,8 @@ def main():
             args = dict(full)
             if bwd:
                 kern = mod.kernel(d, causal, **args)[0]
-            else:
-                kern = mod.kernel(d, args.pop("bc"), args.pop("nw"), args.pop("rm"), causal, **args)[0]
+            else:  # the forwards' kernel(d=, causal=, **config), as kernels.perf._launch calls it
+                kern = mod.kernel(d=d, causal=causal, **args)[0]
             regs = kern.get_regs_per_thread()
             lmem = kern.get_local_mem_per_thread()
             print(f"  {json.dumps(full)} causal={causal}: regs {list(regs.values())} local bytes {list(lmem.values())}")
