@@ -23,8 +23,6 @@ synchronised before the call returns.
 
 from __future__ import annotations
 
-import numpy as np
-
 from . import _sim
 
 _sim.lock_shared_arrays()  # before any kernel runs under the CUDA simulator (a no-op on a GPU)
@@ -35,9 +33,12 @@ from .standard import standard_attention, standard_attention_backward  # noqa: E
 
 
 def _dtype_and_dim(q):
-    dt = getattr(q, "dtype", None)
+    """(dtype name, head dim) of the query, (None, None) if it has none."""
+    from ._arrays import dtype_name
+
+    dt = dtype_name(getattr(q, "dtype", None))
     try:
-        return np.dtype(str(dt).replace("torch.", "")), int(q.shape[-1])
+        return dt, int(q.shape[-1])
     except (TypeError, ValueError, IndexError, AttributeError):
         return None, None
 
