@@ -71,7 +71,7 @@ def storer(bf16: bool):
     return cvt_bf16 if bf16 else cvt_plain
 
 
-# Host-side twins (numpy), for tests and the simulator's tensor-core helpers.
+# Host-side twins (numpy): the simulator's tensor-core helpers, kernels.reference.round_bf16.
 
 def round_bf16_bits(x) -> np.ndarray:
     """The uint16 bits of float32 ``x`` rounded to bf16, nearest even (NaN: a quiet NaN)."""
@@ -84,8 +84,3 @@ def round_bf16_bits(x) -> np.ndarray:
 def bf16_bits_to_f32(bits) -> np.ndarray:
     """float32 values of bf16 bits (any 16-bit integer array)."""
     return (np.asarray(bits).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-
-
-def round_bf16(x) -> np.ndarray:
-    """float32 ``x`` rounded to the nearest bf16 value, as float32."""
-    return bf16_bits_to_f32(round_bf16_bits(x))
