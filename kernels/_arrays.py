@@ -246,7 +246,8 @@ def to_device(*, stream=None, causal=False, scale=None, return_lse=False, bf16=F
         if kind == "numpy":
             dt = x.dtype
             if dt not in SUPPORTED_DTYPES:
-                raise ValueError(f"{name}.dtype={dt}: must be float32 or float16")
+                raise ValueError(f"{name}.dtype={dt}: must be float32 or float16"
+                                 + (" (bfloat16: pass torch tensors)" if bf16 else ""))
             arrays[name] = cuda.to_device(np.ascontiguousarray(x), stream=st)
         else:
             # inputs produced on torch's current stream, which the call launches on (stream=None):

@@ -16,9 +16,9 @@ The forward and the backward are registered with ``torch.library.custom_op`` (op
 which run on torch's current stream and allocate their results from torch's caching allocator.
 
 What it takes: q (B, H, Nq, d), k and v (B, Hkv, Nk, d) with Hkv dividing H (grouped-query
-attention), all float16, all bfloat16 or all float32, on one CUDA device.  Contiguous tensors are used in
-place; a non-contiguous one (a transposed view, say) is made contiguous first, which is one copy
-of that tensor.  ``causal`` is aligned bottom-right (query i sees key j iff j <= i + Nk - Nq), as
+attention), all float16, all bfloat16 or all float32, on one CUDA device.  Contiguous tensors
+are used in place; a non-contiguous one (a transposed view, say) is made contiguous first, which
+is one copy of that tensor.  ``causal`` is aligned bottom-right (query i sees key j iff j <= i + Nk - Nq), as
 flash-attention >= 2.1; PyTorch's ``is_causal=True`` aligns top-left, and the two agree when
 Nq = Nk.  ``scale`` defaults to 1/sqrt(d).  bfloat16 tensors reach the kernels as their int16
 bits, without a copy (Numba has no bfloat16 arrays; ``kernels/_bf16.py``).
