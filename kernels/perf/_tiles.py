@@ -11,7 +11,8 @@ if the code were written out in it (constant trip counts, no call frames).
 * fp16 tiles (``fwd_fp16``, ``bwd_fp16``): :func:`f16_copy`, :func:`f16_chunks` (cp.async
   copies of a tile into shared memory, the copy of a finished tile out), :func:`f16_zero_pad`,
   :func:`f16_frags`, :func:`f16_abt`, :func:`f16_ab` (the products on ``mma.sync``: A Bᵀ over d,
-  A·B with B read transposed) and :func:`f16_pack` (accumulators to f16 pairs in shared memory).
+  A·B with B read transposed) and :func:`f16_pack` (accumulators to f16 pairs in shared memory);
+  bf16 tiles too (the copies move bits; the products and the packing take ``BF16``).
 * fp32 tiles (``fwd_fp32``, ``bwd_fp32``): :func:`f32_copier` (cp.async copies) and the FFMA
   micro-tile products :func:`ffma_abt`, :func:`ffma_ab` with their unrolling :func:`steps`.
 """

@@ -21,6 +21,9 @@ tile copies and the products (Q Kᵀ, P V) are :mod:`kernels.perf._tiles`'s.
   (+10%), then 296 (1.73x naive) with Bc = 32 and Q in registers; d = 64 291.  H100
   (bench_h100.csv): 3.63-5.59x naive at d = 64, 1.85-2.85x at d = 128.
 
+Both compile for bf16 too (``bf16=True``: the ``.bf16`` mma and ``cvt.rn.bf16x2.f32``; the tiles
+are the inputs' bits, moved unchanged), not yet timed on a GPU (NOTES.md, "bf16").
+
 Measurements and the tuning behind the defaults: ``kernels/perf/NOTES.md`` ("fp16 forward").
 """
 
