@@ -1,7 +1,7 @@
 """Every kernel once at a small, ragged size: the program compute-sanitizer runs.
 
     compute-sanitizer --tool memcheck  python -m kernels.sanitize
-    compute-sanitizer --tool racecheck python -m kernels.sanitize [--only bwd_fp16_v3|bwd_fp32_v2|decode]
+    compute-sanitizer --tool racecheck python -m kernels.sanitize [--only bwd_fp16_v3|bwd_fp32_v2|decode|bf16]
 
 Sizes are ragged (N = 97 queries, 130 keys, d = 40) so that partial tiles, masked rows and
 the bounds checks all run; causal and grouped-query variants included; fp32 and fp16, and bf16
@@ -86,10 +86,13 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default=None, help="one fast backward variant of kernels/perf, e.g. bwd_fp16_v3; "
-                    "or 'decode': the decode kernels")
+                    "or 'decode': the decode kernels; or 'bf16': the FlashAttention-2 kernels in bf16")
     args = ap.parse_args(argv)
     if args.only == "decode":
         decode()
+        return 0
+    if args.only == "bf16":
+        bf16()
         return 0
     if args.only:
         only(args.only)
