@@ -134,6 +134,22 @@ def test_backward_bf16(c):
         assert np.all(f32(grads[0])[np.isneginf(lse)] == 0), "rows that see no key get dQ = 0"
 
 
+def test_sm90_ptx_of_the_bf16_forward():
+    """fwd_fp16_v4 compiled for bf16 at its d = 64 default (no GPU needed; in a subprocess, outside
+    the simulator): every mma is the .bf16 one, P is packed by cvt.rn.bf16x2.f32, no local memory."""
+    from _ptx import run_without_simulator
+
+    res = run_without_simulator(
+        "from kernels.perf.inspect import lto_ptx\n"
+        "ptx = lto_ptx('fwd_fp16_v4', 64, 64, 4, 2, 0, 1, BF16=True)\n"
+        "print(ptx.count('mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32'), ptx.count('.f16.f16'),\n"
+        "      ptx.count('cvt.rn.bf16x2.f32'), '.local' in ptx)\n")
+    assert res.returncode == 0, res.stderr[-2000:]
+    bf16, f16, cvt, local = res.stdout.split()
+    print(f"bf16 mma {bf16}, f16 mma {f16}, cvt.rn.bf16x2 {cvt}, local memory {local}")
+    assert int(bf16) >= 64 and int(f16) == 0 and int(cvt) >= 32 and local == "False"
+
+
 def test_public_api_and_torch_op_take_bf16():
     """``impl="auto"`` picks the fast bf16 kernels (``BEST``), the torch op runs forward and
     backward in bf16; the kernels without a bf16 path refuse it by name."""
@@ -144,7 +160,7 @@ def test_public_api_and_torch_op_take_bf16():
     assert perf.best("bwd", "bfloat16", 128).name == "bwd_fp16_v3"
     assert perf.best("bwd", torch.bfloat16, 40).name == "bwd_fp16_v1"
     assert perf.best("fwd", "bfloat16", 12) is None  # d % 8 != 0: the reference kernel
-    (q, k, v, do), (qf, kf, vf, dof) = make(11, 2, 1, 10, 12, 8)
+    (q, k, v, do), (qf, kf, vf, dof) = make(11, 1, 1, 10, 12, 8)
     qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
     o = attention(qg, kg, vg, causal=True)
     o.backward(do)
