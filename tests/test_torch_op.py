@@ -138,7 +138,7 @@ def test_gpu_side_stream(dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_gpu_gradients_against_sdpa(dtype):
     """fp16 (bf16) gradients of the op against float64, judged by the 2x rule against SDPA's math
     path in fp16 (bf16)."""
