@@ -184,7 +184,7 @@ def test_public_api_and_torch_op_take_bf16():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("n", [1024, 2048])
+@pytest.mark.parametrize("n", [2000])  # ragged: no block size divides it
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("impl", ["reference", "auto"])
@@ -196,7 +196,7 @@ def test_gpu_forward_bf16(n, d, causal, impl):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("n", [512, 1024])
+@pytest.mark.parametrize("n", [1000])  # ragged
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("impl", ["reference", "auto", "bwd_fp16_v1", "bwd_fp16_v3"])
 def test_gpu_backward_bf16(n, d, impl):
