@@ -23,8 +23,6 @@ synchronised before the call returns.
 
 from __future__ import annotations
 
-import numpy as np
-
 from . import _sim
 
 _sim.lock_shared_arrays()  # before any kernel runs under the CUDA simulator (a no-op on a GPU)
@@ -35,9 +33,12 @@ from .standard import standard_attention, standard_attention_backward  # noqa: E
 
 
 def _dtype_and_dim(q):
-    dt = getattr(q, "dtype", None)
+    """(dtype name, head dim) of the query, (None, None) if it has none."""
+    from ._arrays import dtype_name
+
+    dt = dtype_name(getattr(q, "dtype", None))
     try:
-        return np.dtype(str(dt).replace("torch.", "")), int(q.shape[-1])
+        return dt, int(q.shape[-1])
     except (TypeError, ValueError, IndexError, AttributeError):
         return None, None
 
@@ -73,15 +74,16 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_m=None, block_n=
     ``q`` is (B, H, Nq, d), ``k`` and ``v`` are (B, Hkv, Nk, d) with Hkv dividing H (query head h
     uses kv head h // (H/Hkv)).  Any Nq, Nk >= 1; any head dim whose tiles fit 48 KB of static
     shared memory (tested 16..128; up to about 256 with the smallest blocks; d is padded on chip
-    to a multiple of 16, so 24 or 59 work).  float32 or float16 inputs, all the same;
-    accumulation is float32.  ``scale`` τ defaults to 1/sqrt(d).  Default blocks
+    to a multiple of 16, so 24 or 59 work).  float32, float16 or bfloat16 inputs, all the same
+    (bfloat16 as torch tensors, CPU or CUDA: numpy has no bfloat16; they pass as their int16
+    bits); accumulation is float32.  ``scale`` τ defaults to 1/sqrt(d).  Default blocks
     (:func:`kernels.flash2.default_blocks`): the largest of 64x64, 64x32, 32x32, ... whose
     kernels fit, e.g. 64x32 for fp16 d = 64, 32x32 for fp16 d = 128, 16x16 for fp32 d = 128.
 
     Inputs: numpy arrays are copied to the device and results come back as numpy; Numba device
     arrays and ``__cuda_array_interface__`` objects (torch, CuPy) are used in place and results
     come back in the query's kind.  ValueError for: arrays that are not 4-D or whose shapes
-    disagree, zero-size dimensions, dtypes other than float32/float16 or mixed dtypes, device
+    disagree, zero-size dimensions, dtypes other than float32/float16/bfloat16 or mixed dtypes, device
     arrays that are not C-contiguous, a mix of host and device inputs, block sizes whose kernels
     do not fit 48 KB of static shared memory, an array given as None, ``causal`` or
     ``return_lse`` that is not a bool (numpy bools count), a ``scale`` that is not None or a
@@ -103,11 +105,12 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_m=None, block_n=
     the arithmetic, so a NaN there has no effect.
 
     Returns O (the input dtype), and with ``return_lse=True`` also L (float32, (B, H, Nq)),
-    which :func:`flash_attention_backward` needs.  Extra device memory: O and L only, O(N·d).
+    which :func:`flash_attention_backward` needs (for CPU bfloat16 tensors both come back as CPU
+    torch tensors).  Extra device memory: O and L only, O(N·d).
 
     ``impl``: "reference" runs the readable kernel of ``kernels/flash2.py`` (the one whose
     traffic counters equal the simulator's); "fast" the fastest numbered variant of
-    ``kernels/perf`` (fp16 on the tensor cores, head dim a multiple of 8; fp32 on the CUDA cores,
+    ``kernels/perf`` (fp16 and bf16 on the tensor cores, head dim a multiple of 8; fp32 on the CUDA cores,
     d a multiple of 4); "auto" (default) the fast one where it applies (no block sizes, block
     mask or counters given),
     else the reference.  Both compute the same function to within the stated tolerances.
@@ -131,7 +134,7 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, b
     sizes may be smaller than the forward's (the backward keeps more tiles on chip) unless a
     block mask fixes them.  Fully masked rows (L = -inf) contribute nothing: their dQ row is 0
     and they add nothing to dK, dV.  NaN propagates to the gradients computed from it.
-    ``impl`` as in :func:`flash_attention`.  The fast backwards: fp16 on the tensor cores,
+    ``impl`` as in :func:`flash_attention`.  The fast backwards: fp16 and bf16 on the tensor cores,
     deterministic at d <= 64 (``bwd_fp16_v1``) and above that one kernel that accumulates dQ in
     float32 with atomic adds across key blocks (``bwd_fp16_v3``); fp32 at d = 32, 64, 128 on the
     TF32 tensor cores with each product taken as three (3xTF32: x = hi + lo, as accurate as fp32

@@ -7,8 +7,11 @@ Decisions (tested in tests/test_kernel_inputs.py):
 * Numba device arrays and any object with ``__cuda_array_interface__`` (torch, CuPy) are used
   in place, without a copy; they must be C-contiguous, otherwise ``ValueError`` (a silent copy
   would hide a doubling of memory traffic from the traffic measurements);
-* q, k, v (and dO) must all be float32 or all float16; other dtypes (bf16 included: Numba has
-  no bfloat16 arrays) raise ``ValueError``;
+* q, k, v (and dO) must all be float32, all float16, or (where the caller takes it:
+  ``to_device(bf16=True)``) all bfloat16; other dtypes raise ``ValueError``.  Numba has no
+  bfloat16 arrays: a torch bf16 tensor travels as its int16 bits (``t.view(torch.int16)``, no
+  copy; :data:`BF16` is that carrier's dtype, ``Inputs.bf16`` says so), a CPU one copied to the
+  device like a numpy array, its results coming back as CPU torch tensors (kind "torch-cpu");
 * results come back in the kind of the query input: numpy for numpy, a Numba device array for a
   Numba device array, and a tensor of the same library for torch or CuPy inputs;
 * every copy, allocation and launch of one call is on one stream (:func:`launch_stream`): the
@@ -27,6 +30,25 @@ import numpy as np
 from numba import cuda
 
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
+#: The dtype of the device arrays that carry bfloat16 values (their bits; ``kernels/_bf16.py``).
+BF16 = np.dtype(np.int16)
+
+
+def dtype_name(dtype) -> str | None:
+    """'float32', 'float16', 'bfloat16', ... for a numpy dtype, a torch dtype or a name (None if it
+    names no dtype)."""
+    if dtype is None:
+        return None
+    s = str(dtype).replace("torch.", "")
+    if s == "bfloat16":
+        return s
+    try:
+        return np.dtype(dtype).name
+    except TypeError:
+        try:
+            return np.dtype(s).name
+        except TypeError:
+            return None
 
 
 def _is_numba_device_array(x) -> bool:
@@ -118,20 +140,39 @@ class Inputs:
     """Device views of the inputs plus what is needed to hand results back."""
 
     arrays: dict  # name -> device array
-    kind: str  # "numpy" | "device" | "torch" | "cupy"
-    dtype: np.dtype
+    kind: str  # "numpy" | "torch-cpu" | "device" | "torch" | "cupy"
+    dtype: np.dtype  # of the device arrays: float32, float16, or BF16 (int16 bits) for bfloat16
     stream: object = 0  # the Numba stream of this call (launch_stream)
     _owned: dict = field(default_factory=dict)  # id(device view) -> the tensor that owns its memory
 
+    @property
+    def bf16(self) -> bool:
+        """Whether the inputs are bfloat16 (carried as int16 bits)."""
+        return self.dtype == BF16
+
+    @property
+    def dtype_name(self) -> str:
+        """'float32', 'float16' or 'bfloat16'."""
+        return "bfloat16" if self.bf16 else self.dtype.name
+
+    @property
+    def host(self) -> bool:
+        """Whether the inputs came from the host (numpy arrays or CPU torch tensors)."""
+        return self.kind in ("numpy", "torch-cpu")
+
     def empty(self, shape, dtype):
-        """An uninitialised device array for a result.  For torch inputs the memory comes from
-        torch's caching allocator (a cudaMalloc per call would cost more than a short kernel)
-        and :meth:`out` hands back that tensor itself."""
+        """An uninitialised device array for a result (``dtype`` :data:`BF16` for a bfloat16
+        result, when the inputs are bfloat16).  For torch inputs the memory comes from torch's
+        caching allocator (a cudaMalloc per call would cost more than a short kernel) and
+        :meth:`out` hands back that tensor itself."""
         if self.kind == "torch":
             import torch
 
-            t = torch.empty(tuple(shape), dtype=getattr(torch, np.dtype(dtype).name), device="cuda")
-            dev = as_device_array(t, sync=False)  # fresh memory on the current stream: nothing to wait for
+            bf16 = self.bf16 and np.dtype(dtype) == BF16
+            tdt = torch.bfloat16 if bf16 else getattr(torch, np.dtype(dtype).name)
+            t = torch.empty(tuple(shape), dtype=tdt, device="cuda")
+            # fresh memory on the current stream: nothing to wait for
+            dev = as_device_array(t.view(torch.int16) if bf16 else t, sync=False)
             self._owned[id(dev)] = t
             return dev
         return cuda.device_array(tuple(shape), dtype=dtype, stream=self.stream)
@@ -140,10 +181,15 @@ class Inputs:
         """Return a device result in the caller's kind."""
         if id(dev) in self._owned:
             return self._owned[id(dev)]
-        if self.kind == "numpy":
+        if self.kind in ("numpy", "torch-cpu"):
             host = dev.copy_to_host(stream=self.stream)
             self.stream.synchronize()
-            return host
+            if self.kind == "numpy":
+                return host
+            import torch
+
+            t = torch.from_numpy(np.ascontiguousarray(host))
+            return t.view(torch.bfloat16) if self.bf16 and host.dtype == BF16 else t
         if self.kind == "torch":
             import torch
 
@@ -155,18 +201,41 @@ class Inputs:
         return dev
 
 
-def to_device(*, stream=None, causal=False, scale=None, return_lse=False, **named) -> Inputs:
+def _bf16_tensor(name, x, st, sync, bf16):
+    """(device array of the int16 bits, kind) of a torch bfloat16 tensor, without a copy on the
+    device; ValueError where the caller has no bf16 path (``bf16`` False)."""
+    if not bf16:
+        raise ValueError(f"{name}.dtype={x.dtype}: must be float32 or float16 (this kernel has no bfloat16 path)")
+    import torch
+
+    bits = x.detach().view(torch.int16)  # (no interface on grad-requiring tensors)
+    if x.device.type != "cuda":
+        return cuda.to_device(np.ascontiguousarray(bits.contiguous().numpy()), stream=st), "torch-cpu"
+    if not x.is_contiguous():
+        raise ValueError(f"{name}: device array must be C-contiguous (got strides {tuple(x.stride())})")
+    return as_device_array(bits, sync=sync), "torch"
+
+
+def to_device(*, stream=None, causal=False, scale=None, return_lse=False, bf16=False, **named) -> Inputs:
     """Validate and move/wrap arrays given by name (q=..., k=..., v=...) on the call's stream
     (:func:`launch_stream` of ``stream`` and the first array); check the options
-    (:func:`check_options`)."""
+    (:func:`check_options`).  ``bf16``: whether torch bfloat16 tensors are taken (as their bits,
+    dtype :data:`BF16`)."""
     check_options(causal, scale, return_lse)
     if not named:
         raise ValueError("no arrays given")
     st = launch_stream(stream, next(iter(named.values())))
     arrays, kinds, dtypes = {}, set(), set()
+    first_kind = None
     for name, x in named.items():
         if x is None:
             raise ValueError(f"{name}=None: must be an array")
+        if _is_torch(x) and str(getattr(x, "dtype", "")) == "torch.bfloat16":
+            arrays[name], kind = _bf16_tensor(name, x, st, stream is not None, bf16)
+            kinds.add("host" if kind == "torch-cpu" else "device")
+            dtypes.add(BF16)
+            first_kind = first_kind or kind
+            continue
         kind = _kind(x)
         if kind == "other":
             if hasattr(x, "__array__"):
@@ -177,7 +246,8 @@ def to_device(*, stream=None, causal=False, scale=None, return_lse=False, **name
         if kind == "numpy":
             dt = x.dtype
             if dt not in SUPPORTED_DTYPES:
-                raise ValueError(f"{name}.dtype={dt}: must be float32 or float16")
+                raise ValueError(f"{name}.dtype={dt}: must be float32 or float16"
+                                 + (" (bfloat16: pass torch tensors)" if bf16 else ""))
             arrays[name] = cuda.to_device(np.ascontiguousarray(x), stream=st)
         else:
             # inputs produced on torch's current stream, which the call launches on (stream=None):
@@ -190,14 +260,13 @@ def to_device(*, stream=None, causal=False, scale=None, return_lse=False, **name
                 raise ValueError(f"{name}: device array must be C-contiguous (got strides {dev.strides})")
             arrays[name] = dev
         dtypes.add(dt)
+        first_kind = first_kind or kind
     if len(dtypes) > 1:
-        raise ValueError(f"dtypes={sorted(str(d) for d in dtypes)}: all inputs must share one dtype")
+        names = sorted("bfloat16" if d == BF16 else str(d) for d in dtypes)
+        raise ValueError(f"dtypes={names}: all inputs must share one dtype")
     if len(kinds) > 1:
         raise ValueError("inputs mix host (numpy) and device arrays: pass all on the host or all on the device")
-    kind = _kind(next(iter(named.values())))
-    if kind == "other":
-        kind = "numpy"
-    return Inputs(arrays, kind, dtypes.pop(), st)
+    return Inputs(arrays, first_kind, dtypes.pop(), st)
 
 
 def check_attention_shapes(q, k, v, do=None) -> tuple[int, int, int, int, int, int]:

@@ -46,8 +46,9 @@ from dataclasses import dataclass
 from functools import cache
 
 import numpy as np
-from numba import config, cuda, float32, int16, int32, int64, types
+from numba import config, cuda, float32, int16, int32, types
 
+from ._bf16 import cvt_bf16, cvt_plain, ld_bf16, ld_plain  # bf16 through its bits
 from .counters import INDEX, READ, WRITE
 
 SIM = bool(config.ENABLE_CUDASIM)
@@ -64,58 +65,6 @@ _EB = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 IQ, IK, IV, IO, IL = INDEX["Q"], INDEX["K"], INDEX["V"], INDEX["O"], INDEX["L"]
 IOP, ILP, IBT, ILENS = INDEX["Op"], INDEX["Lp"], INDEX["BT"], INDEX["Lens"]
-
-# ---------------------------------------------------------------------------------------------
-# bf16 <-> float32 through the bits, with pure-Python twins for the simulator.
-
-if SIM:
-    def _f32_from_bits_py(u):
-        return np.uint32(int(u) & 0xFFFFFFFF).view(np.float32)
-
-    def _bits_from_f32_py(f):
-        return int(np.float32(f).view(np.uint32))
-
-    f32_from_bits = cuda.jit(device=True)(_f32_from_bits_py)
-    bits_from_f32 = cuda.jit(device=True)(_bits_from_f32_py)
-else:
-    from numba.cuda import libdevice
-
-    @cuda.jit(device=True, forceinline=True)
-    def f32_from_bits(u):
-        return libdevice.int_as_float(int32(u))
-
-    @cuda.jit(device=True, forceinline=True)
-    def bits_from_f32(f):
-        return int64(libdevice.float_as_int(f)) & 0xFFFFFFFF
-
-
-@cuda.jit(device=True)
-def ld_bf16(x):
-    """float32 of a bf16 element held as int16 bits."""
-    return f32_from_bits((int64(x) & 0xFFFF) << 16)
-
-
-@cuda.jit(device=True)
-def ld_plain(x):
-    return float32(x)
-
-
-@cuda.jit(device=True)
-def cvt_bf16(f):
-    """The int16 bits of float32 ``f`` rounded to bf16 (nearest even; NaN stays a quiet NaN)."""
-    u = bits_from_f32(f)
-    if (u & 0x7FFFFFFF) > 0x7F800000:
-        r = (u >> 16) | 0x40
-    else:
-        r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-    r = r & 0xFFFF
-    return int16(r - 65536 if r >= 32768 else r)
-
-
-@cuda.jit(device=True)
-def cvt_plain(f):
-    return f
-
 
 def loader(dt: str):
     return ld_bf16 if dt == "bf16" else ld_plain

@@ -33,17 +33,39 @@ import math
 from functools import cache
 
 import numpy as np
-from numba import cuda, float32, int64, types, uint8
+from numba import cuda, float32, int16, int64, types, uint8
 
+from ._bf16 import cvt_bf16, ld_bf16
 from .counters import INDEX, READ, WRITE
 
 #: Static shared memory one block may use without opting in (bytes).
 SMEM_LIMIT = 48 * 1024
 #: Block sizes tried, best first, when the caller gives none.
 _CANDIDATES = ((64, 64), (64, 32), (32, 64), (32, 32), (32, 16), (16, 32), (16, 16), (16, 8), (8, 16), (8, 8))
-_NUMBA_DTYPES = {np.dtype(np.float32): float32, np.dtype(np.float16): types.float16}
+#: Element types of the tiles by dtype name; bfloat16 is held as its int16 bits (``kernels/_bf16.py``).
+_NUMBA_DTYPES = {"float32": float32, "float16": types.float16, "bfloat16": int16}
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 NEG_INF = float32(-math.inf)
 ZERO = float32(0.0)
+
+
+def _name(dtype) -> str:
+    """The dtype's name ('float32', 'float16', 'bfloat16'); ValueError for any other."""
+    from ._arrays import dtype_name
+
+    name = dtype_name(dtype)
+    if name not in _ITEMSIZE:
+        raise ValueError(f"dtype={dtype}: must be float32, float16 or bfloat16")
+    return name
+
+
+def _widen_store(dtype):
+    """(LD, CV): a stored element to float32, a float32 to a storable value.  bfloat16 goes through
+    its bits (``ld_bf16``, ``cvt_bf16``, rounding to nearest even); fp16 and fp32 through float32
+    (Numba converts on the store)."""
+    if _name(dtype) == "bfloat16":
+        return ld_bf16, cvt_bf16
+    return float32, float32
 
 
 def padded_head_dim(d: int) -> int:
@@ -56,7 +78,7 @@ def _kv_stride(dtype, dp: int) -> int:
     loops have consecutive threads read consecutive rows of K_j (V_j) at the same column; with a
     row of DP elements (a multiple of 32 words) they would all hit one bank, with an odd number
     of words per row they hit 32 different ones."""
-    return dp + (2 if np.dtype(dtype).itemsize == 2 else 1)
+    return dp + (2 if _ITEMSIZE[_name(dtype)] == 2 else 1)
 
 
 def _threads(br: int, bc: int) -> int:
@@ -85,7 +107,7 @@ def default_blocks(pass_: str, dtype, d: int) -> tuple[int, int]:
 
     fp16: d <= 64 gives (64, 32), d = 128 gives (32, 32); fp32 d = 128 gives (16, 16).
     """
-    eb = np.dtype(dtype).itemsize
+    eb = _ITEMSIZE[_name(dtype)]
     for br, bc in _CANDIDATES:
         if smem_bytes(pass_, eb, d, br, bc) <= SMEM_LIMIT:
             return br, bc
@@ -96,10 +118,10 @@ def check_blocks(pass_: str, dtype, d: int, br: int, bc: int) -> None:
     for name, v in (("block_m", br), ("block_n", bc)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
             raise ValueError(f"{name}={v!r}: must be a positive integer")
-    need = smem_bytes(pass_, np.dtype(dtype).itemsize, d, br, bc)
+    need = smem_bytes(pass_, _ITEMSIZE[_name(dtype)], d, br, bc)
     if need > SMEM_LIMIT:
         raise ValueError(f"block_m={br}, block_n={bc}: the {pass_} kernels need {need} bytes of shared memory "
-                         f"for head_dim={d} {np.dtype(dtype).name}, over the {SMEM_LIMIT}-byte static limit")
+                         f"for head_dim={d} {_name(dtype)}, over the {SMEM_LIMIT}-byte static limit")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -110,7 +132,8 @@ IDO, IDQ, IDK, IDV = INDEX["dO"], INDEX["dQ"], INDEX["dK"], INDEX["dV"]
 
 
 def _fwd_source(dtype, DP, BR, BC, CAUSAL, HAS_MASK, COUNT):
-    ST = _NUMBA_DTYPES[np.dtype(dtype)]
+    ST = _NUMBA_DTYPES[_name(dtype)]
+    LD, CV = _widen_store(dtype)
     NT = _threads(BR, BC)
     KP = _kv_stride(dtype, DP)
     SC = BC + 1
@@ -192,7 +215,7 @@ def _fwd_source(dtype, DP, BR, BC, CAUSAL, HAS_MASK, COUNT):
                 if c < cols and (not CAUSAL or c0 + c <= r0 + r + shift):
                     acc = ZERO
                     for x in range(d):
-                        acc += float32(sQ[r, x]) * float32(sK[c, x])
+                        acc += LD(sQ[r, x]) * LD(sK[c, x])
                     s = acc * scale
                 sS[r, c] = s
             cuda.syncthreads()  # the whole S tile is written before the row statistics read it
@@ -219,7 +242,7 @@ def _fwd_source(dtype, DP, BR, BC, CAUSAL, HAS_MASK, COUNT):
                 if x < d:
                     acc = sAcc[r, x] * sAlpha[r]
                     for c in range(BC):
-                        acc += sS[r, c] * float32(sV[c, x])
+                        acc += sS[r, c] * LD(sV[c, x])
                     sAcc[r, x] = acc
             cuda.syncthreads()  # acc is done reading P̃ and V_j before the next tile overwrites them
         cuda.syncthreads()  # (no visible block at all) sM, sL, sAcc initialised before the epilogue
@@ -227,7 +250,7 @@ def _fwd_source(dtype, DP, BR, BC, CAUSAL, HAS_MASK, COUNT):
             r = e // d
             x = e % d
             l_r = sL[r]
-            o[b, h, r0 + r, x] = ZERO if l_r == ZERO else sAcc[r, x] / l_r
+            o[b, h, r0 + r, x] = CV(ZERO if l_r == ZERO else sAcc[r, x] / l_r)
         for r in range(tid, rows, NT):
             l_r = sL[r]
             lse[b, h, r0 + r] = NEG_INF if l_r == ZERO else sM[r] + math.log(l_r)
@@ -239,6 +262,7 @@ def _fwd_source(dtype, DP, BR, BC, CAUSAL, HAS_MASK, COUNT):
 
 
 def _preprocess_source(dtype, DP, BR, BC, CAUSAL, HAS_MASK, COUNT):
+    LD, _ = _widen_store(dtype)
     NT = 128  # a multiple of G, whatever the blocks
     G = 16  # threads per row: a warp reads 2 rows x 16 consecutive elements, whole sectors
     RG = NT // G  # rows in flight per step
@@ -267,7 +291,7 @@ def _preprocess_source(dtype, DP, BR, BC, CAUSAL, HAS_MASK, COUNT):
             acc = ZERO
             if r < rows:
                 for x in range(lane, d, G):
-                    acc += float32(do[b, h, r0 + r, x]) * float32(o[b, h, r0 + r, x])
+                    acc += LD(do[b, h, r0 + r, x]) * LD(o[b, h, r0 + r, x])
             part[tid] = acc
             cuda.syncthreads()  # the G partial sums of each row are in shared memory
             if lane == 0 and r < rows:
@@ -289,7 +313,8 @@ def _preprocess_source(dtype, DP, BR, BC, CAUSAL, HAS_MASK, COUNT):
 
 
 def _dkdv_source(dtype, DP, BR, BC, CAUSAL, HAS_MASK, COUNT):
-    ST = _NUMBA_DTYPES[np.dtype(dtype)]
+    ST = _NUMBA_DTYPES[_name(dtype)]
+    LD, CV = _widen_store(dtype)
     NT = _threads(BR, BC)
     KP = _kv_stride(dtype, DP)
 
@@ -378,7 +403,7 @@ def _dkdv_source(dtype, DP, BR, BC, CAUSAL, HAS_MASK, COUNT):
                     if c < cols and lr != NEG_INF and (not CAUSAL or c0 + c <= r0 + r + shift):
                         acc = ZERO
                         for x in range(d):
-                            acc += float32(sQ[r, x]) * float32(sK[c, x])
+                            acc += LD(sQ[r, x]) * LD(sK[c, x])
                         p = math.exp(acc * scale - lr)
                     sP[r, c] = p
                 cuda.syncthreads()  # P complete before dV reads its columns
@@ -388,7 +413,7 @@ def _dkdv_source(dtype, DP, BR, BC, CAUSAL, HAS_MASK, COUNT):
                     if x < d:
                         acc = sdV[c, x]
                         for r in range(BR):
-                            acc += sP[r, c] * float32(sdO[r, x])
+                            acc += sP[r, c] * LD(sdO[r, x])
                         sdV[c, x] = acc
                 cuda.syncthreads()  # dV is done reading P before it is overwritten by dS
                 for e in range(tid, BR * BC, NT):
@@ -398,7 +423,7 @@ def _dkdv_source(dtype, DP, BR, BC, CAUSAL, HAS_MASK, COUNT):
                     if c < cols and (not CAUSAL or c0 + c <= r0 + r + shift):
                         acc = ZERO
                         for x in range(d):
-                            acc += float32(sdO[r, x]) * float32(sV[c, x])
+                            acc += LD(sdO[r, x]) * LD(sV[c, x])
                         sP[r, c] = p * (acc - sD[r])
                 cuda.syncthreads()  # dS complete before dK reads its columns
                 for e in range(tid, BC * DP, NT):
@@ -407,15 +432,15 @@ def _dkdv_source(dtype, DP, BR, BC, CAUSAL, HAS_MASK, COUNT):
                     if x < d:
                         acc = ZERO
                         for r in range(BR):
-                            acc += sP[r, c] * float32(sQ[r, x])
+                            acc += sP[r, c] * LD(sQ[r, x])
                         sdK[c, x] += acc * scale
                 cuda.syncthreads()  # dK is done with dS and Q_i before the next step reloads them
         cuda.syncthreads()  # (no visible block at all) the zeroed accumulators are in place
         for e in range(tid, cols * d, NT):
             c = e // d
             x = e % d
-            dk[b, hk, c0 + c, x] = sdK[c, x]
-            dv[b, hk, c0 + c, x] = sdV[c, x]
+            dk[b, hk, c0 + c, x] = CV(sdK[c, x])
+            dv[b, hk, c0 + c, x] = CV(sdV[c, x])
         if COUNT and tid == 0:
             cuda.atomic.add(counters, (IDK, WRITE), cols * d)
             cuda.atomic.add(counters, (IDV, WRITE), cols * d)
@@ -424,7 +449,8 @@ def _dkdv_source(dtype, DP, BR, BC, CAUSAL, HAS_MASK, COUNT):
 
 
 def _dq_source(dtype, DP, BR, BC, CAUSAL, HAS_MASK, COUNT):
-    ST = _NUMBA_DTYPES[np.dtype(dtype)]
+    ST = _NUMBA_DTYPES[_name(dtype)]
+    LD, CV = _widen_store(dtype)
     NT = _threads(BR, BC)
     KP = _kv_stride(dtype, DP)
 
@@ -507,8 +533,8 @@ def _dq_source(dtype, DP, BR, BC, CAUSAL, HAS_MASK, COUNT):
                     s = ZERO
                     dp = ZERO
                     for x in range(d):
-                        s += float32(sQ[r, x]) * float32(sK[c, x])
-                        dp += float32(sdO[r, x]) * float32(sV[c, x])
+                        s += LD(sQ[r, x]) * LD(sK[c, x])
+                        dp += LD(sdO[r, x]) * LD(sV[c, x])
                     ds = math.exp(s * scale - lr) * (dp - sD[r])
                 sS[r, c] = ds
             cuda.syncthreads()  # dS complete before dQ reads its rows
@@ -518,14 +544,14 @@ def _dq_source(dtype, DP, BR, BC, CAUSAL, HAS_MASK, COUNT):
                 if x < d:
                     acc = ZERO
                     for c in range(BC):
-                        acc += sS[r, c] * float32(sK[c, x])
+                        acc += sS[r, c] * LD(sK[c, x])
                     sdQ[r, x] += acc * scale
             cuda.syncthreads()  # dQ is done with dS and K_j before the next tile overwrites them
         cuda.syncthreads()  # (no visible block at all) the zeroed accumulator is in place
         for e in range(tid, rows * d, NT):
             r = e // d
             x = e % d
-            dq[b, h, r0 + r, x] = sdQ[r, x]
+            dq[b, h, r0 + r, x] = CV(sdQ[r, x])
         if COUNT and tid == 0:
             cuda.atomic.add(counters, (IDQ, WRITE), rows * d)
 
@@ -536,7 +562,7 @@ _SOURCES = {"fwd": _fwd_source, "preprocess": _preprocess_source, "dkdv": _dkdv_
 
 
 def _key(dtype, d, br, bc, causal, has_mask, count):
-    return (np.dtype(dtype).name, padded_head_dim(d), int(br), int(bc), bool(causal), bool(has_mask), bool(count))
+    return (_name(dtype), padded_head_dim(d), int(br), int(bc), bool(causal), bool(has_mask), bool(count))
 
 
 @cache
@@ -552,7 +578,7 @@ def kernel(kind: str, dtype, d: int, br: int, bc: int, causal: bool, has_mask: b
 
 def signature(kind: str, dtype):
     """Numba signature of a kernel for C-contiguous arrays of ``dtype``."""
-    t = _NUMBA_DTYPES[np.dtype(dtype)]
+    t = _NUMBA_DTYPES[_name(dtype)]
     a4 = types.Array(t, 4, "C")
     st = types.Array(float32, 3, "C")
     mask = types.Array(uint8, 2, "C")
@@ -645,7 +671,7 @@ def _scale(scale, d):
 def _inputs(names_values, **options):
     from ._arrays import check_attention_shapes, to_device
 
-    inp = to_device(**dict(names_values), **options)
+    inp = to_device(**dict(names_values), bf16=True, **options)
     a = inp.arrays
     shape = check_attention_shapes(a["q"], a["k"], a["v"], a.get("do"))
     if shape[0] * shape[1] > 65535:  # the grid's y dimension holds (batch, head)
@@ -660,10 +686,10 @@ def forward(q, k, v, *, causal=False, scale=None, block_m=None, block_n=None, bl
     """See :func:`kernels.flash_attention`."""
     inp, (nb, nh, nhk, nq, nk, d) = _inputs((("q", q), ("k", k), ("v", v)), stream=stream, causal=causal,
                                             scale=scale, return_lse=return_lse)
-    a, dt = inp.arrays, inp.dtype
+    a, dt = inp.arrays, inp.dtype_name
     mask, br, bc = _blocks("fwd", dt, d, block_m, block_n, block_mask, nq, nk, inp.stream)
     cnt, back = _counter_array(counters, inp.stream)
-    o = inp.empty((nb, nh, nq, d), dt)
+    o = inp.empty((nb, nh, nq, d), inp.dtype)
     lse = inp.empty((nb, nh, nq), np.float32)
     kern, nt = kernel("fwd", dt, d, br, bc, causal, block_mask is not None, counters is not None)
     kern[(-(-nq // br), nb * nh), nt, inp.stream](a["q"], a["k"], a["v"], o, lse, _scale(scale, d), mask, cnt)
@@ -680,11 +706,11 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, block_m=None, blo
 
     inp, (nb, nh, nhk, nq, nk, d) = _inputs((("q", q), ("k", k), ("v", v), ("o", o), ("do", do)), stream=stream,
                                             causal=causal, scale=scale)
-    a, dt = inp.arrays, inp.dtype
+    a, dt = inp.arrays, inp.dtype_name
     if lse is None:
         raise ValueError("lse=None: pass the logsumexp L returned by flash_attention(..., return_lse=True)")
     st = to_device(lse=lse, stream=inp.stream)
-    if (st.kind == "numpy") != (inp.kind == "numpy"):
+    if st.host != inp.host:
         raise ValueError("inputs mix host (numpy) and device arrays: pass all on the host or all on the device")
     lse_d = st.arrays["lse"]
     if np.dtype(lse_d.dtype) != np.float32:
@@ -697,9 +723,9 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, block_m=None, blo
     has_mask, count = block_mask is not None, counters is not None
     tr, tc = -(-nq // br), -(-nk // bc)
     dvec = inp.empty((nb, nh, nq), np.float32)
-    dq = inp.empty((nb, nh, nq, d), dt)
-    dk = inp.empty((nb, nhk, nk, d), dt)
-    dv = inp.empty((nb, nhk, nk, d), dt)
+    dq = inp.empty((nb, nh, nq, d), inp.dtype)
+    dk = inp.empty((nb, nhk, nk, d), inp.dtype)
+    dv = inp.empty((nb, nhk, nk, d), inp.dtype)
     kern, nt = kernel("preprocess", dt, d, br, bc, causal, has_mask, count)
     kern[(tr, nb * nh), nt, inp.stream](a["o"], a["do"], dvec, cnt)
     kern, nt = kernel("dkdv", dt, d, br, bc, causal, has_mask, count)

@@ -142,23 +142,23 @@ def _round(x, dtype):
 def plain_attention_lowp(q, k, v, *, dtype=np.float16, causal: bool = False, scale: float | None = None,
                          block_mask: BlockMask | None = None) -> np.ndarray:
     """Attention as plain low-precision code computes it: the naive three steps with every
-    intermediate stored in ``dtype`` (matrix products accumulate in float32, as cuBLAS and
+    intermediate stored in ``dtype`` ("bf16" for bfloat16; matrix products accumulate in float32, as cuBLAS and
     numpy-on-GPU-style libraries do, then round), softmax in ``dtype``.  This is the baseline
     that a flash kernel's low-precision error is judged against."""
-    q, k, v = (_round(x, dtype) for x in (q, k, v))
+    q, k, v = (_round_to(x, dtype) for x in (q, k, v))
     _check(q, k, v)
     scale = default_scale(q.shape[-1]) if scale is None else float(scale)
     k, v = _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1])
-    s = _round(q @ np.swapaxes(k, -1, -2), dtype)
-    s = _round(s * np.float32(scale), dtype)
+    s = _round_to(q @ np.swapaxes(k, -1, -2), dtype)
+    s = _round_to(s * np.float32(scale), dtype)
     allowed = attention_mask(q.shape[2], k.shape[2], causal, block_mask)
     s = np.where(allowed, s, -np.inf)
     m = s.max(axis=-1, keepdims=True)
     m = np.where(np.isfinite(m), m, 0.0)
-    p = _round(np.exp(s - m), dtype)
-    l = _round(p.sum(axis=-1, keepdims=True), dtype)
-    p = _round(p / np.where(l > 0, l, 1.0), dtype)
-    return _round(p @ v, dtype)
+    p = _round_to(np.exp(s - m), dtype)
+    l = _round_to(p.sum(axis=-1, keepdims=True), dtype)
+    p = _round_to(p / np.where(l > 0, l, 1.0), dtype)
+    return _round_to(p @ v, dtype)
 
 
 def plain_attention_backward_lowp(q, k, v, do, *, dtype=np.float16, causal: bool = False,
@@ -167,29 +167,29 @@ def plain_attention_backward_lowp(q, k, v, do, *, dtype=np.float16, causal: bool
     the forward's S, P and O stored in ``dtype``, then dV = Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP − D)
     with D = rowsum(dO ∘ O), dQ = τ dS K, dK = τ dSᵀ Q, every product accumulated in float32
     and rounded to ``dtype``.  The baseline a low-precision backward kernel is judged against."""
-    q, k, v, do = (_round(x, dtype) for x in (q, k, v, do))
+    q, k, v, do = (_round_to(x, dtype) for x in (q, k, v, do))
     _check(q, k, v)
     heads, hkv = q.shape[1], k.shape[1]
     scale = default_scale(q.shape[-1]) if scale is None else float(scale)
     ke, ve = _expand_kv(k, heads), _expand_kv(v, heads)
     o = plain_attention_lowp(q, k, v, dtype=dtype, causal=causal, scale=scale, block_mask=block_mask)
-    s = _round(_round(q @ np.swapaxes(ke, -1, -2), dtype) * np.float32(scale), dtype)
+    s = _round_to(_round_to(q @ np.swapaxes(ke, -1, -2), dtype) * np.float32(scale), dtype)
     allowed = attention_mask(q.shape[2], k.shape[2], causal, block_mask)
     s = np.where(allowed, s, -np.inf)
     m = s.max(axis=-1, keepdims=True)
     m = np.where(np.isfinite(m), m, 0.0)
-    p = _round(np.exp(s - m), dtype)
-    l = _round(p.sum(axis=-1, keepdims=True), dtype)
-    p = _round(p / np.where(l > 0, l, 1.0), dtype)
-    dv = _round(np.swapaxes(p, -1, -2) @ do, dtype)
-    dp = _round(do @ np.swapaxes(ve, -1, -2), dtype)
-    d_row = _round((do * o).sum(axis=-1, keepdims=True), dtype)
-    ds = _round(p * _round(dp - d_row, dtype), dtype)
-    dq = _round(_round(ds @ ke, dtype) * np.float32(scale), dtype)
-    dk = _round(_round(np.swapaxes(ds, -1, -2) @ q, dtype) * np.float32(scale), dtype)
+    p = _round_to(np.exp(s - m), dtype)
+    l = _round_to(p.sum(axis=-1, keepdims=True), dtype)
+    p = _round_to(p / np.where(l > 0, l, 1.0), dtype)
+    dv = _round_to(np.swapaxes(p, -1, -2) @ do, dtype)
+    dp = _round_to(do @ np.swapaxes(ve, -1, -2), dtype)
+    d_row = _round_to((do * o).sum(axis=-1, keepdims=True), dtype)
+    ds = _round_to(p * _round_to(dp - d_row, dtype), dtype)
+    dq = _round_to(_round_to(ds @ ke, dtype) * np.float32(scale), dtype)
+    dk = _round_to(_round_to(np.swapaxes(ds, -1, -2) @ q, dtype) * np.float32(scale), dtype)
     b, g = q.shape[0], heads // hkv
-    dk = _round(dk.reshape(b, hkv, g, *dk.shape[2:]).sum(axis=2), dtype)
-    dv = _round(dv.reshape(b, hkv, g, *dv.shape[2:]).sum(axis=2), dtype)
+    dk = _round_to(dk.reshape(b, hkv, g, *dk.shape[2:]).sum(axis=2), dtype)
+    dv = _round_to(dv.reshape(b, hkv, g, *dv.shape[2:]).sum(axis=2), dtype)
     return dq, dk, dv
 
 
@@ -224,7 +224,7 @@ def judge_low_precision(out, q, k, v, *, dtype=np.float16, causal: bool = False,
     ‖out − ref‖/‖ref‖ with the same error of :func:`plain_attention_lowp` on the same (rounded)
     inputs, and passes when the ratio is at most ``tolerance_ratio`` (2 by default).
     """
-    qr, kr, vr = (_round(x, dtype) for x in (q, k, v))
+    qr, kr, vr = (_round_to(x, dtype) for x in (q, k, v))
     if ref is None:
         ref, _ = attention_forward(qr, kr, vr, causal=causal, scale=scale, block_mask=block_mask)
     base = plain_attention_lowp(qr, kr, vr, dtype=dtype, causal=causal, scale=scale, block_mask=block_mask)
@@ -241,11 +241,11 @@ def judge_low_precision_backward(grads, q, k, v, do, *, dtype=np.float16, causal
                                  tolerance_ratio: float = 2.0) -> dict[str, Judgement]:
     """:func:`judge_low_precision` for gradients: each of dQ, dK, dV against the float64 gradient
     of the rounded inputs, compared with the error of :func:`plain_attention_backward_lowp`."""
-    qr, kr, vr, dor = (_round(x, dtype) for x in (q, k, v, do))
+    qr, kr, vr, dor = (_round_to(x, dtype) for x in (q, k, v, do))
     refs, mags = attention_backward_and_scales(qr, kr, vr, dor, causal=causal, scale=scale, block_mask=block_mask)
     bases = plain_attention_backward_lowp(qr, kr, vr, dor, dtype=dtype, causal=causal, scale=scale,
                                           block_mask=block_mask)
-    unit = float(np.finfo(dtype).eps) / 2
+    unit = 2.0 ** -9 if isinstance(dtype, str) and dtype == "bf16" else float(np.finfo(dtype).eps) / 2
     out = {}
     for name, g, r, base, mag in zip(("dQ", "dK", "dV"), grads, refs, bases, mags):
         err, berr = rel_error(g, r), rel_error(base, r)
@@ -269,11 +269,10 @@ def judge_low_precision_backward(grads, q, k, v, do, *, dtype=np.float16, causal
 
 
 def round_bf16(x) -> np.ndarray:
-    """float32 values rounded to bfloat16 (to nearest even), returned as float32."""
-    u = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
-    r = np.where((u & 0x7FFFFFFF) > 0x7F800000, u | 0x400000, r)  # NaN stays NaN
-    return (r & 0xFFFFFFFF).astype(np.uint32).view(np.float32)
+    """float32 values rounded to bfloat16 (to nearest even; NaN stays NaN), returned as float32."""
+    from ._bf16 import bf16_bits_to_f32, round_bf16_bits
+
+    return bf16_bits_to_f32(round_bf16_bits(x))
 
 
 def _round_to(x, dtype):

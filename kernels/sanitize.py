@@ -1,11 +1,12 @@
 """Every kernel once at a small, ragged size: the program compute-sanitizer runs.
 
     compute-sanitizer --tool memcheck  python -m kernels.sanitize
-    compute-sanitizer --tool racecheck python -m kernels.sanitize [--only bwd_fp16_v3|bwd_fp32_v2|fwd_fp32_v2|decode]
+    compute-sanitizer --tool racecheck python -m kernels.sanitize [--only bwd_fp16_v3|bwd_fp32_v2|fwd_fp32_v2|decode|bf16]
 
 Sizes are ragged (N = 97 queries, 130 keys, d = 40) so that partial tiles, masked rows and
-the bounds checks all run; causal and grouped-query variants included; fp32 and fp16; the fp16
-backward of head dims above 64 (bwd_fp16_v3, which takes multiples of 16) at d = 64.
+the bounds checks all run; causal and grouped-query variants included; fp32 and fp16, and bf16
+through torch CUDA tensors (the FlashAttention-2 kernels: reference and fast); the fp16 (and
+bf16) backward of head dims above 64 (bwd_fp16_v3, which takes multiples of 16) at d = 64.
 """
 
 from __future__ import annotations
@@ -89,10 +90,13 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default=None, help="one fast variant of kernels/perf, e.g. bwd_fp16_v3 or fwd_fp32_v2; "
-                    "or 'decode': the decode kernels")
+                    "or 'decode': the decode kernels; or 'bf16': the FlashAttention-2 kernels in bf16")
     args = ap.parse_args(argv)
     if args.only == "decode":
         decode()
+        return 0
+    if args.only == "bf16":
+        bf16()
         return 0
     if args.only:
         only(args.only)
@@ -122,7 +126,33 @@ def main(argv=None) -> int:
             kernels.standard_attention_backward(q, k, v, o2, do, causal=causal)
             cuda.synchronize()
             print(f"ran all kernels: {np.dtype(dt).name}, causal={causal}", flush=True)
+    bf16()
     return 0
+
+
+def bf16() -> None:
+    """The FlashAttention-2 kernels in bf16 (torch CUDA tensors, passed as their int16 bits): the
+    reference ones and the fast ones (fwd_fp16_v4, bwd_fp16_v1 at d = 40; bwd_fp16_v3 at d = 64)
+    at the ragged size, causal and not, grouped-query heads."""
+    try:
+        import torch
+    except ImportError:
+        return
+    import kernels
+    from kernels.perf import bwd_fp16_v3
+
+    g = torch.Generator(device="cpu").manual_seed(7)
+    for causal in (False, True):
+        q, do = (torch.randn(1, 4, 97, 40, generator=g).to("cuda", torch.bfloat16) for _ in range(2))
+        k, v = (torch.randn(1, 2, 130, 40, generator=g).to("cuda", torch.bfloat16) for _ in range(2))
+        for impl in ("reference", "auto"):
+            o, lse = kernels.flash_attention(q, k, v, causal=causal, return_lse=True, impl=impl)
+            kernels.flash_attention_backward(q, k, v, o, lse, do, causal=causal, impl=impl)
+        q6, k6, v6, do6 = (x[..., :32].repeat(1, 1, 1, 2).contiguous() for x in (q, k, v, do))
+        o6, lse6 = kernels.flash_attention(q6, k6, v6, causal=causal, return_lse=True)
+        bwd_fp16_v3.backward(q6, k6, v6, o6, lse6, do6, causal=causal)
+        torch.cuda.synchronize()
+        print(f"ran all kernels: bfloat16, causal={causal}", flush=True)
 
 
 if __name__ == "__main__":

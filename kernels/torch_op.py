@@ -16,12 +16,12 @@ The forward and the backward are registered with ``torch.library.custom_op`` (op
 which run on torch's current stream and allocate their results from torch's caching allocator.
 
 What it takes: q (B, H, Nq, d), k and v (B, Hkv, Nk, d) with Hkv dividing H (grouped-query
-attention), all float16 or all float32, on one CUDA device.  Contiguous tensors are used in
-place; a non-contiguous one (a transposed view, say) is made contiguous first, which is one copy
-of that tensor.  ``causal`` is aligned bottom-right (query i sees key j iff j <= i + Nk - Nq), as
+attention), all float16, all bfloat16 or all float32, on one CUDA device.  Contiguous tensors
+are used in place; a non-contiguous one (a transposed view, say) is made contiguous first, which
+is one copy of that tensor.  ``causal`` is aligned bottom-right (query i sees key j iff j <= i + Nk - Nq), as
 flash-attention >= 2.1; PyTorch's ``is_causal=True`` aligns top-left, and the two agree when
-Nq = Nk.  ``scale`` defaults to 1/sqrt(d).  bfloat16 is refused: the kernels have no bf16 path
-yet (Numba has no bfloat16 arrays).
+Nq = Nk.  ``scale`` defaults to 1/sqrt(d).  bfloat16 tensors reach the kernels as their int16
+bits, without a copy (Numba has no bfloat16 arrays; ``kernels/_bf16.py``).
 
 CPU tensors run the same kernels under Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1`` set
 before numba is imported), which is how the test suite checks the operator without a GPU; without
@@ -39,7 +39,7 @@ from torch import Tensor
 from . import flash_attention as _flash_attention
 from . import flash_attention_backward as _flash_attention_backward
 
-_DTYPES = (torch.float16, torch.float32)
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def _simulator() -> bool:
@@ -55,8 +55,7 @@ def _check(names: tuple[str, ...], tensors: tuple[Tensor, ...]) -> None:
         if not isinstance(t, Tensor):
             raise ValueError(f"{name}: type {type(t).__name__} is not a torch.Tensor")
         if t.dtype not in _DTYPES:
-            raise ValueError(f"{name}.dtype={t.dtype}: must be torch.float16 or torch.float32"
-                             + (" (bf16 is not supported by the kernels yet)" if t.dtype == torch.bfloat16 else ""))
+            raise ValueError(f"{name}.dtype={t.dtype}: must be torch.float16, torch.bfloat16 or torch.float32")
         if t.device != q.device:
             raise ValueError(f"{name}.device={t.device}: must be q.device={q.device}")
     if q.device.type == "cpu" and not _simulator():
@@ -66,8 +65,15 @@ def _check(names: tuple[str, ...], tensors: tuple[Tensor, ...]) -> None:
         raise ValueError(f"q.device={q.device}: must be a CUDA device (or the CPU under the CUDA simulator)")
 
 
-def _host(t: Tensor) -> np.ndarray:
-    return t.detach().contiguous().numpy()
+def _host(t: Tensor):
+    """A CPU tensor as the launchers take it: numpy, or the tensor itself for bfloat16 (numpy has
+    none; the launchers take CPU bf16 tensors and give CPU tensors back)."""
+    t = t.detach().contiguous()
+    return t if t.dtype == torch.bfloat16 else t.numpy()
+
+
+def _tensor(x) -> Tensor:
+    return x if isinstance(x, Tensor) else torch.from_numpy(np.ascontiguousarray(x))
 
 
 def _run(fn, tensors: tuple[Tensor, ...], **kw):
@@ -76,8 +82,7 @@ def _run(fn, tensors: tuple[Tensor, ...], **kw):
         with torch.cuda.device(tensors[0].device):
             return fn(*(t.detach().contiguous() for t in tensors), **kw)
     out = fn(*(_host(t) for t in tensors), **kw)
-    return tuple(torch.from_numpy(np.ascontiguousarray(x)) for x in out) if isinstance(out, tuple) \
-        else torch.from_numpy(np.ascontiguousarray(out))
+    return tuple(_tensor(x) for x in out) if isinstance(out, tuple) else _tensor(out)
 
 
 @torch.library.custom_op("flashsim::attention_fwd", mutates_args=())

@@ -2,6 +2,7 @@
 
     python scripts/ptx_snapshot.py DIR [variant ...]     # write DIR/<kernel>.ptx and DIR/summary.json
     python scripts/ptx_snapshot.py --compare OLD NEW     # which kernels' PTX differ
+    python scripts/ptx_snapshot.py --bf16 DIR [variant ...]  # the fp16 variants compiled for bf16
 
 Every variant of :data:`kernels.perf.VARIANTS` (or those named) is compiled for sm_90 with its
 default block shape at d = 64 and 128, causal or not (``kernels.perf.inspect``'s way: NVVM and
@@ -58,7 +59,7 @@ def _ptxas(ptx: str) -> dict:
     return out
 
 
-def snapshot(out: str, names: list[str]) -> int:
+def snapshot(out: str, names: list[str], bf16: bool = False) -> int:
     import numba.cuda.dispatcher as dispatcher
     from numba.cuda.compiler import _compile_pyfunc_with_fixup
 
@@ -69,7 +70,8 @@ def snapshot(out: str, names: list[str]) -> int:
     tc.jit_kernel = lambda fn, threads, min_blocks=1: captured.append((fn, threads, min_blocks)) or fn
     os.makedirs(out, exist_ok=True)
     summary = {}
-    for name in names or list(perf.VARIANTS):
+    extra = {"bf16": True} if bf16 else {}
+    for name in names or [n for n in perf.VARIANTS if not bf16 or "fp16" in n]:
         v = perf.variant(name)
         parts = list(v.SOURCES)
         for d in (64, 128):
@@ -77,11 +79,11 @@ def snapshot(out: str, names: list[str]) -> int:
                 cfg = v.default_config(d)
                 captured.clear()
                 if hasattr(v, "kernels"):  # bwd_fp16_v1: its two kernels, in SOURCES' order
-                    v.kernels.__wrapped__(d, causal, **cfg)
+                    v.kernels.__wrapped__(d, causal, **cfg, **extra)
                 elif hasattr(v, "forward"):
-                    getattr(v.kernel, "__wrapped__", v.kernel)(d=d, causal=causal, **cfg)
+                    getattr(v.kernel, "__wrapped__", v.kernel)(d=d, causal=causal, **cfg, **extra)
                 else:
-                    v.kernel.__wrapped__(d, causal, **cfg)
+                    v.kernel.__wrapped__(d, causal, **cfg, **extra)
                 for part, (fn, nt, minb) in zip(parts, captured):
                     saved = dispatcher.get_current_device
                     dispatcher.get_current_device = lambda: inspect._Hopper()
@@ -92,7 +94,8 @@ def snapshot(out: str, names: list[str]) -> int:
                         ptx = lib.get_lto_ptx(cc=inspect.CC).rstrip("\0")
                     finally:
                         dispatcher.get_current_device = saved
-                    label = f"{name}{'-' + part if len(parts) > 1 else ''}-d{d}-{'causal' if causal else 'full'}"
+                    label = (f"{name}{'-' + part if len(parts) > 1 else ''}-d{d}-{'causal' if causal else 'full'}"
+                             f"{'-bf16' if bf16 else ''}")
                     Path(out, label + ".ptx").write_text(re.sub(r"_ZN[0-9A-Za-z_$]+", "FN", ptx))
                     summary[label] = dict(_ptxas(ptx), mma=ptx.count("mma.sync"), ldmatrix=ptx.count("ldmatrix"),
                                           cp_async=ptx.count("cp.async.cg"), local=".local" in ptx)
@@ -116,12 +119,18 @@ def main(argv=None) -> int:
         return compare(args[1], args[2])
     from kernels import perf
 
-    unknown = [n for n in args[1:] if n not in perf.VARIANTS]
+    bf16 = args[0] == "--bf16"
+    if bf16:
+        args = args[1:]
+        if not args:
+            print("ptx_snapshot: error: --bf16 takes DIR", file=sys.stderr)
+            return 2
+    unknown = [n for n in args[1:] if n not in perf.VARIANTS or (bf16 and "fp16" not in n)]
     if unknown:
         names = ", ".join(sorted(perf.VARIANTS))
         print(f"ptx_snapshot: error: variant={unknown[0]!r}: one of {names}", file=sys.stderr)
         return 2
-    return snapshot(args[0], args[1:])
+    return snapshot(args[0], args[1:], bf16)
 
 
 if __name__ == "__main__":

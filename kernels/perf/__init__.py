@@ -18,16 +18,17 @@ from __future__ import annotations
 
 import importlib
 
-import numpy as np
-
 #: (pass, dtype) -> the fastest variants that passed the exactness suite, as (variant, smallest d,
 #: largest d) in order of preference: the first whose range holds d and whose ``supports`` accepts
 #: it runs.  The fp16 backward takes bwd_fp16_v3 above d = 64, where it runs 1.4x bwd_fp16_v1 on
 #: the H100; at d <= 64 the two are within run-to-run noise and v1 is deterministic (v3's dQ is
 #: summed by atomics).  The fp32 backward takes bwd_fp32_v2 (3xTF32 on the tensor cores, as
-#: accurate as v1's FFMA) at d = 32, 64 and 128, v1 (any d % 4 == 0) elsewhere.
+#: accurate as v1's FFMA) at d = 32, 64 and 128, v1 (any d % 4 == 0) elsewhere.  bf16 runs the
+#: fp16 kernels compiled for bf16 (``bf16=True``), in the fp16 order (not yet timed on a GPU).
 BEST = {("fwd", "float16"): (("fwd_fp16_v4", 1, 1 << 30),),
         ("bwd", "float16"): (("bwd_fp16_v3", 65, 128), ("bwd_fp16_v1", 1, 1 << 30)),
+        ("fwd", "bfloat16"): (("fwd_fp16_v4", 1, 1 << 30),),
+        ("bwd", "bfloat16"): (("bwd_fp16_v3", 65, 128), ("bwd_fp16_v1", 1, 1 << 30)),
         ("fwd", "float32"): (("fwd_fp32_v1", 1, 1 << 30),),
         ("bwd", "float32"): (("bwd_fp32_v2", 32, 128), ("bwd_fp32_v1", 1, 1 << 30))}
 
@@ -56,7 +57,9 @@ def __getattr__(name: str):
 def best(pass_: str, dtype, d: int):
     """The fastest variant for this pass, dtype and head dim (its :func:`variant`), or None if
     none applies."""
-    for name, lo, hi in BEST.get((pass_, np.dtype(dtype).name), ()):
+    from .._arrays import dtype_name
+
+    for name, lo, hi in BEST.get((pass_, dtype_name(dtype)), ()):
         if lo <= d <= hi:
             v = variant(name)
             if v.supports(dtype, d):

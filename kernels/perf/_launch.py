@@ -1,6 +1,12 @@
 """What the numbered variants share: the forward launcher (inputs, block shape, shared memory,
 grid) and the backward's input checks, D = rowsum(dO ∘ O) preprocess, and the zeroed float32 dQ
-buffer of the one-kernel backwards with its rounding to fp16."""
+buffer of the one-kernel backwards with its rounding to fp16 (or bf16).
+
+bfloat16: the inputs arrive as their int16 bits (``kernels._arrays.BF16``); the tensor-core
+kernels take them as float16 arrays (:func:`tc_view`, no copy), which they never read as fp16
+numbers (``cp.async`` and ``ldmatrix`` move bits, the mma and the packing are compiled for bf16:
+``bf16=True``); the elementwise helpers here widen and round through the bits
+(``kernels/_bf16.py``)."""
 
 from __future__ import annotations
 
@@ -9,6 +15,8 @@ from functools import cache
 
 import numpy as np
 from numba import config, cuda, float32
+
+from .._bf16 import cvt_bf16, ld_bf16
 
 #: log2(e): the kernels exponentiate with ex2, in log2 units (the one definition).
 LOG2E = 1.4426950408889634
@@ -43,11 +51,11 @@ def launch_forward(name, kernel, smem_bytes, default_config, supports, q, k, v, 
 
     config = dict(config or {})
     stream = config.pop("stream", stream)
-    inp = to_device(q=q, k=k, v=v, stream=stream, causal=causal, scale=scale, return_lse=return_lse)
+    inp = to_device(q=q, k=k, v=v, stream=stream, causal=causal, scale=scale, return_lse=return_lse, bf16=True)
     a = inp.arrays
     nb, nh, nhk, nq, nk, d = check_attention_shapes(a["q"], a["k"], a["v"])
-    if not supports(inp.dtype, d):
-        raise ValueError(f"dtype={inp.dtype}, head_dim={d}: not supported by {name.rsplit('.', 1)[-1]}")
+    if not supports(inp.dtype_name, d):
+        raise ValueError(f"dtype={inp.dtype_name}, head_dim={d}: not supported by {name.rsplit('.', 1)[-1]}")
     if nb * nh > 65535:
         raise ValueError(f"batch*heads={nb * nh}: at most 65535")
     cfg = default_config(d)
@@ -60,12 +68,12 @@ def launch_forward(name, kernel, smem_bytes, default_config, supports, q, k, v, 
     from ..flash2 import padded_head_dim
 
     dp = padded_head_dim(d)
-    kern, nt, br = kernel(d=d, causal=bool(causal), **cfg)
+    kern, nt, br = kernel(d=d, causal=bool(causal), **cfg, **({"bf16": True} if inp.bf16 else {}))
     sc = positive_scale(inp, a, 1.0 / math.sqrt(d) if scale is None else float(scale))
     o = inp.empty((nb, nh, nq, d), inp.dtype)
     lse = inp.empty((nb, nh, nq), np.float32)
     smem = smem_bytes(dp, br, cfg["bc"])
-    args = (a["q"], a["k"], a["v"], o, lse, float32(sc * LOG2E), float32(sc))
+    args = (*tc_view(inp, a["q"], a["k"], a["v"], o), lse, float32(sc * LOG2E), float32(sc))
     raise_smem_limit(kern, args, smem)
     kern[(-(-nq // br), nb * nh), nt, inp.stream, smem](*args)
     if return_lse:
@@ -93,15 +101,15 @@ def prepare_backward(requirement, default_config, supports, q, k, v, o, lse, do,
 
     config = dict(config or {})
     stream = config.pop("stream", stream)
-    inp = to_device(q=q, k=k, v=v, o=o, do=do, stream=stream, causal=causal, scale=scale)
+    inp = to_device(q=q, k=k, v=v, o=o, do=do, stream=stream, causal=causal, scale=scale, bf16=True)
     a = inp.arrays
     nb, nh, nhk, nq, nk, d = dims = check_attention_shapes(a["q"], a["k"], a["v"], a["do"])
-    if not supports(inp.dtype, d):
-        raise ValueError(f"dtype={inp.dtype}, head_dim={d}: {requirement}")
+    if not supports(inp.dtype_name, d):
+        raise ValueError(f"dtype={inp.dtype_name}, head_dim={d}: {requirement}")
     if tuple(a["o"].shape) != tuple(a["q"].shape):
         raise ValueError(f"o.shape={tuple(a['o'].shape)}: must equal q.shape={tuple(a['q'].shape)}")
     st = to_device(lse=lse, stream=inp.stream)
-    if (st.kind == "numpy") != (inp.kind == "numpy"):
+    if st.host != inp.host:
         raise ValueError("inputs mix host (numpy) and device arrays: pass all on the host or all on the device")
     lse_d = st.arrays["lse"]
     if np.dtype(lse_d.dtype) != np.float32 or tuple(lse_d.shape) != (nb, nh, nq):
@@ -123,6 +131,18 @@ def _times(src, dst, c):
         dst[x] = float32(src[x]) * c
 
 
+@cuda.jit
+def _times_bf16(src, dst, c):
+    for x in range(cuda.grid(1), src.shape[0], cuda.gridsize(1)):
+        dst[x] = cvt_bf16(ld_bf16(src[x]) * c)
+
+
+def tc_view(inp, *arrays):
+    """The arrays as the tensor-core kernels take them: bf16 bits (int16) as float16 elements,
+    the same memory (a view); fp16 and fp32 arrays unchanged."""
+    return tuple(x.view(np.float16) for x in arrays) if inp.bf16 else arrays
+
+
 def positive_scale(inp, a, sc):
     """τ for the kernels, which is τ itself when positive.  The kernels keep the running max of
     the raw scores Q Kᵀ and apply τ in the exponent (one FFMA per score); that max is the right
@@ -138,7 +158,8 @@ def positive_scale(inp, a, sc):
     q = a["q"]
     n = int(np.prod(q.shape))
     qp = inp.empty(tuple(q.shape), inp.dtype)
-    _times[(*elementwise_grid(n), inp.stream)](q.reshape(n), qp.reshape(n), float32(inp.dq_factor))
+    times = _times_bf16 if inp.bf16 else _times
+    times[(*elementwise_grid(n), inp.stream)](q.reshape(n), qp.reshape(n), float32(inp.dq_factor))
     a["q"] = qp
     return -sc if sc < 0 else 1.0
 
@@ -147,7 +168,8 @@ def finish_dq(inp, dq):
     """dQ = c·dQ' in place where :func:`positive_scale` ran the kernels on Q' = c·Q."""
     if inp.dq_factor != 1.0:
         n = int(np.prod(dq.shape))
-        _times[(*elementwise_grid(n), inp.stream)](dq.reshape(n), dq.reshape(n), float32(inp.dq_factor))
+        times = _times_bf16 if inp.bf16 and np.dtype(dq.dtype) != np.float32 else _times
+        times[(*elementwise_grid(n), inp.stream)](dq.reshape(n), dq.reshape(n), float32(inp.dq_factor))
 
 
 def elementwise_grid(n: int) -> tuple:
@@ -184,12 +206,19 @@ def _scaled_to_f16(src, dst, scale):
         dst[x] = src[x] * scale
 
 
+@cuda.jit
+def _scaled_to_bf16(src, dst, scale):
+    for x in range(cuda.grid(1), src.shape[0], cuda.gridsize(1)):
+        dst[x] = cvt_bf16(src[x] * scale)
+
+
 def dq_to_f16(inp, flat, shape, scale):
-    """dQ = τ · (the float32 buffer of :func:`zeroed_dq`), rounded to fp16, in the inputs' kind
-    (times ``inp.dq_factor``: :func:`positive_scale`)."""
-    dq = inp.empty(shape, np.float16)
-    _scaled_to_f16[(*elementwise_grid(flat.shape[0]), inp.stream)](flat, dq.reshape(flat.shape[0]),
-                                                                np.float32(scale * inp.dq_factor))
+    """dQ = τ · (the float32 buffer of :func:`zeroed_dq`), rounded to fp16 (bf16 for bf16 inputs,
+    to nearest even), in the inputs' kind (times ``inp.dq_factor``: :func:`positive_scale`)."""
+    dq = inp.empty(shape, inp.dtype)
+    conv = _scaled_to_bf16 if inp.bf16 else _scaled_to_f16
+    conv[(*elementwise_grid(flat.shape[0]), inp.stream)](flat, dq.reshape(flat.shape[0]),
+                                                        np.float32(scale * inp.dq_factor))
     return inp.out(dq)
 
 
@@ -205,7 +234,7 @@ def row_dots(inp, a, causal):
 
     nb, nh, nq, d = a["o"].shape
     dvec = inp.empty((nb, nh, nq), np.float32)
-    pre, ntp = flash2.kernel("preprocess", inp.dtype, d, 64, 64, causal, False, False)
+    pre, ntp = flash2.kernel("preprocess", inp.dtype_name, d, 64, 64, causal, False, False)
     pre[(-(-nq // 64), nb * nh), ntp, inp.stream](a["o"], a["do"], dvec, _dummy_counters())
     return dvec
 

@@ -11,7 +11,8 @@ if the code were written out in it (constant trip counts, no call frames).
 * fp16 tiles (``fwd_fp16``, ``bwd_fp16``): :func:`f16_copy`, :func:`f16_chunks` (cp.async
   copies of a tile into shared memory, the copy of a finished tile out), :func:`f16_zero_pad`,
   :func:`f16_frags`, :func:`f16_abt`, :func:`f16_ab` (the products on ``mma.sync``: A Bᵀ over d,
-  A·B with B read transposed) and :func:`f16_pack` (accumulators to f16 pairs in shared memory).
+  A·B with B read transposed) and :func:`f16_pack` (accumulators to f16 pairs in shared memory);
+  bf16 tiles too (the copies move bits; the products and the packing take ``BF16``).
 * fp32 tiles (``fwd_fp32``, ``bwd_fp32``): :func:`f32_copier` (cp.async copies) and the FFMA
   micro-tile products :func:`ffma_abt`, :func:`ffma_ab` with their unrolling :func:`steps`.
 """
@@ -219,27 +220,37 @@ def f16_frags(MT: int, NW: int, KT: int, S: int):
     return frags, frags_all
 
 
-@_device
-def mma_pair(c, x, a, ai, fb, first):
-    """c[x:x+4], c[x+4:x+8] (+)= A·B for the two n-tiles of one ``ldmatrix.x4`` of B (fb[0:2], then
-    fb[2:4]): the zero-accumulator ``mma`` on a product's first k-step (``first``, a constant)."""
-    if first:
-        tc.mma_z(c, x, a, ai, fb[0], fb[1])
-        tc.mma_z(c, x + 4, a, ai, fb[2], fb[3])
-    else:
-        tc.mma(c, x, a, ai, fb[0], fb[1])
-        tc.mma(c, x + 4, a, ai, fb[2], fb[3])
+def _mma_pair_of(MMA, MMA_Z):
+    @_device
+    def mma_pair(c, x, a, ai, fb, first):
+        """c[x:x+4], c[x+4:x+8] (+)= A·B for the two n-tiles of one ``ldmatrix.x4`` of B (fb[0:2],
+        then fb[2:4]): the zero-accumulator ``mma`` on a product's first k-step (``first``, a
+        constant)."""
+        if first:
+            MMA_Z(c, x, a, ai, fb[0], fb[1])
+            MMA_Z(c, x + 4, a, ai, fb[2], fb[3])
+        else:
+            MMA(c, x, a, ai, fb[0], fb[1])
+            MMA(c, x + 4, a, ai, fb[2], fb[3])
+
+    return mma_pair
 
 
-def f16_abt(MT: int, NW: int, KT: int, NN: int, S: int, REG: bool):
+#: :func:`mma_pair` of fp16 and of bf16 fragments (``tc.ops``).
+mma_pair = _mma_pair_of(tc.mma, tc.mma_z)
+mma_pair_bf16 = _mma_pair_of(tc.mma_bf16, tc.mma_z_bf16)
+
+
+def f16_abt(MT: int, NW: int, KT: int, NN: int, S: int, REG: bool, BF16: bool = False):
     """(abt, abt2): c = A Bᵀ over the KT k-steps of d on ``mma.sync`` m16n8k16.  A: the warp's MT
     m-tiles of the tile at ``off`` (fragments held in ``fa`` for every k-step when REG, else
     loaded into it a k-step at a time: :func:`f16_frags`); B: NN n-tiles (8 rows each) of a tile
     stored [n, k] at ``boff``, one ``ldmatrix.x4`` a pair (``tc.ldsm_x4_b``: each mma's (b0, b1)
     in adjacent registers); c[4(mt·NN + n):+4].  ``abt2`` computes two such products (A2, B2 at
     ``off2``, ``boff2``) in one k-loop, their loads and mma interleaved (bwd_fp16_v1's Sᵀ and
-    dPᵀ, or S and dP)."""
+    dPᵀ, or S and dP).  ``BF16``: bf16 fragments (the tiles hold bf16 bits)."""
     frags, _ = f16_frags(MT, NW, KT, S)
+    pair = mma_pair_bf16 if BF16 else mma_pair
 
     @_device
     def abt(c, fa, fb, sm, sbase, loff, loffb, off, boff, warp):
@@ -249,7 +260,7 @@ def f16_abt(MT: int, NW: int, KT: int, NN: int, S: int, REG: bool):
             for n2 in range(NN // 2):
                 tc.ldsm_x4_b(fb, 0, sm, tc.tile_addr(sbase, loffb, boff, S, 16 * n2, 16 * kk), S)
                 for mt in range(MT):
-                    mma_pair(c, 4 * (mt * NN + 2 * n2), fa, 4 * (mt * KT + kk) if REG else 4 * mt, fb, kk == 0)
+                    pair(c, 4 * (mt * NN + 2 * n2), fa, 4 * (mt * KT + kk) if REG else 4 * mt, fb, kk == 0)
 
     @_device
     def abt2(c, c2, fa, fa2, fb, sm, sbase, loff, loffb, off, off2, boff, boff2, warp):
@@ -260,19 +271,20 @@ def f16_abt(MT: int, NW: int, KT: int, NN: int, S: int, REG: bool):
             for n2 in range(NN // 2):
                 tc.ldsm_x4_b(fb, 0, sm, tc.tile_addr(sbase, loffb, boff, S, 16 * n2, 16 * kk), S)
                 for mt in range(MT):
-                    mma_pair(c, 4 * (mt * NN + 2 * n2), fa, 4 * (mt * KT + kk) if REG else 4 * mt, fb, kk == 0)
+                    pair(c, 4 * (mt * NN + 2 * n2), fa, 4 * (mt * KT + kk) if REG else 4 * mt, fb, kk == 0)
                 tc.ldsm_x4_b(fb, 0, sm, tc.tile_addr(sbase, loffb, boff2, S, 16 * n2, 16 * kk), S)
                 for mt in range(MT):
-                    mma_pair(c2, 4 * (mt * NN + 2 * n2), fa2, 4 * (mt * KT + kk) if REG else 4 * mt, fb, kk == 0)
+                    pair(c2, 4 * (mt * NN + 2 * n2), fa2, 4 * (mt * KT + kk) if REG else 4 * mt, fb, kk == 0)
 
     return abt, abt2
 
 
-def f16_ab(MT: int, KS: int, NN: int, S: int):
+def f16_ab(MT: int, KS: int, NN: int, S: int, BF16: bool = False):
     """``ab(acc, pa, fb, sm, sbase, loff, boff)``: acc += P B over KS k-steps of 16, P the warp's A
     fragments in registers (pa[4(mt·KS + kk):+4], as the C layout of a product packed to f16
     gives them: P·V, Pᵀ·dO, dS·K), B a tile stored [k, n] at ``boff`` read with transposed
-    loads, NN n-tiles of 8 (acc[4(mt·NN + n):+4])."""
+    loads, NN n-tiles of 8 (acc[4(mt·NN + n):+4]).  ``BF16``: bf16 fragments."""
+    MMA = tc.ops(BF16)[0]
 
     @_device
     def ab(acc, pa, fb, sm, sbase, loff, boff):
@@ -280,23 +292,25 @@ def f16_ab(MT: int, KS: int, NN: int, S: int):
             for n2 in range(NN // 2):
                 tc.ldsm_x4_trans(fb, 0, sm, tc.tile_addr(sbase, loff, boff, S, 16 * kk, 16 * n2), S)
                 for mt in range(MT):
-                    tc.mma(acc, 4 * (mt * NN + 2 * n2), pa, 4 * (mt * KS + kk), fb[0], fb[1])
-                    tc.mma(acc, 4 * (mt * NN + 2 * n2 + 1), pa, 4 * (mt * KS + kk), fb[2], fb[3])
+                    MMA(acc, 4 * (mt * NN + 2 * n2), pa, 4 * (mt * KS + kk), fb[0], fb[1])
+                    MMA(acc, 4 * (mt * NN + 2 * n2 + 1), pa, 4 * (mt * KS + kk), fb[2], fb[3])
 
     return ab
 
 
-def f16_pack(NN: int, S: int):
+def f16_pack(NN: int, S: int, BF16: bool = False):
     """``pack(smw, w0, acc, x0, s0, s1)``: n-tiles x0/4 .. x0/4 + NN - 1 of a C-layout accumulator,
     rows g (times s0) and g + 8 (times s1), packed to f16 pairs into the 32-bit words of shared
-    memory from word w0 (the lane's first pair: row g, column 2t) on, 8 halves an n-tile."""
+    memory from word w0 (the lane's first pair: row g, column 2t) on, 8 halves an n-tile
+    (``BF16``: bf16 pairs)."""
+    PACK = tc.ops(BF16)[2]
 
     @_device
     def pack(smw, w0, acc, x0, s0, s1):
         for nt in range(NN):
             x = x0 + 4 * nt
-            smw[w0 + 4 * nt] = tc.pack_f16x2(acc[x] * s0, acc[x + 1] * s0)
-            smw[w0 + 4 * nt + 4 * S] = tc.pack_f16x2(acc[x + 2] * s1, acc[x + 3] * s1)
+            smw[w0 + 4 * nt] = PACK(acc[x] * s0, acc[x + 1] * s0)
+            smw[w0 + 4 * nt + 4 * S] = PACK(acc[x + 2] * s1, acc[x + 3] * s1)
 
     return pack
 

@@ -3,7 +3,9 @@
 Both recompute P from Q, K and L (the reference backward's semantics, ``kernels/flash2.py``):
 D = rowsum(dO ∘ O) first (:func:`kernels.perf._launch.row_dots`); key columns >= Nk and causal
 entries (bottom-right aligned) get P = 0; rows that see no key have L = +inf in log2 units, so
-P = 0 there too; grouped-query attention sums dK, dV over the query heads of a kv head.  The
+P = 0 there too; grouped-query attention sums dK, dV over the query heads of a kv head.  Both
+compile for bf16 too (``bf16=True``: the ``.bf16`` mma and packing, dQ rounded to bf16; not yet
+timed on a GPU: NOTES.md, "bf16").  The
 helpers, fragment layouts and instruction-count lessons are ``fwd_fp16``'s (and
 :mod:`kernels.perf.tc`'s); the set-up, tile copies, products and epilogue packing are
 :mod:`kernels.perf._tiles`'s.  Measurements: ``kernels/perf/NOTES.md`` ("fp16 backward").
@@ -24,12 +26,21 @@ from __future__ import annotations
 from functools import cache
 from types import SimpleNamespace
 
-import numpy as np
 from numba import cuda, float32, int32, types, uint32
 
+from .._arrays import dtype_name
 from ..flash2 import padded_head_dim
 from . import tc
-from ._launch import LOG2E, dq_to_f16, finish_dq, prepare_backward, raise_smem_limit, row_dots, zeroed_dq
+from ._launch import (
+    LOG2E,
+    dq_to_f16,
+    finish_dq,
+    prepare_backward,
+    raise_smem_limit,
+    row_dots,
+    tc_view,
+    zeroed_dq,
+)
 from ._launch import saved_forward as saved_forward  # the shipped forward (BEST) of the dtype
 from ._tiles import (
     NEG_INF,
@@ -83,7 +94,7 @@ def smem_bytes_dq_v1(d: int, bq: int, bkey: int) -> int:
 # dK, dV
 
 
-def _dkdv_source_v1(D: int, BQ: int, NW: int, MT: int, CAUSAL: bool, KVREG: bool):
+def _dkdv_source_v1(D: int, BQ: int, NW: int, MT: int, CAUSAL: bool, KVREG: bool, BF16: bool = False):
     DP = padded_head_dim(D)
     BK = 16 * NW * MT  # keys per block
     NT = 32 * NW
@@ -104,9 +115,10 @@ def _dkdv_source_v1(D: int, BQ: int, NW: int, MT: int, CAUSAL: bool, KVREG: bool
     _, kv_load2, _, kv_store2 = f16_copy(BK, D, S, NT)
     CPT, q_chunks, q_load2c = f16_chunks(BQ, D, S, NT)
     _, frags_all = f16_frags(MT, NW, KT, S)
-    _, products = f16_abt(MT, NW, KT, NQ, S, KVREG)
-    ab = f16_ab(MT, KQ, NO, S)
-    pack = f16_pack(NO, S)
+    _, products = f16_abt(MT, NW, KT, NQ, S, KVREG, BF16)
+    ab = f16_ab(MT, KQ, NO, S, BF16)
+    pack = f16_pack(NO, S, BF16)
+    PACK = tc.ops(BF16)[2]
 
     @tc.device_inline
     def load_step(sm, smf, sbase, q, do, lse, dvec, b, h, nq, rn, buf, crow, cgof, csof, tid):
@@ -196,8 +208,8 @@ def _dkdv_source_v1(D: int, BQ: int, NW: int, MT: int, CAUSAL: bool, KVREG: bool
                         if key0 + 8 > r0 + qc + 1 + shift:
                             p3 = float32(0.0)
                     y = 4 * (mt * KQ + nt // 2) + 2 * (nt % 2)
-                    pa[y] = tc.pack_f16x2(p0, p1)
-                    pa[y + 1] = tc.pack_f16x2(p2, p3)
+                    pa[y] = PACK(p0, p1)
+                    pa[y + 1] = PACK(p2, p3)
                     dp[x] = p0 * (dp[x] - d0)
                     dp[x + 1] = p1 * (dp[x + 1] - d1)
                     dp[x + 2] = p2 * (dp[x + 2] - d0)
@@ -208,8 +220,8 @@ def _dkdv_source_v1(D: int, BQ: int, NW: int, MT: int, CAUSAL: bool, KVREG: bool
                 for nt in range(NQ):
                     x = 4 * (mt * NQ + nt)
                     y = 4 * (mt * KQ + nt // 2) + 2 * (nt % 2)
-                    pa[y] = tc.pack_f16x2(dp[x], dp[x + 1])
-                    pa[y + 1] = tc.pack_f16x2(dp[x + 2], dp[x + 3])
+                    pa[y] = PACK(dp[x], dp[x + 1])
+                    pa[y + 1] = PACK(dp[x + 2], dp[x + 3])
             ab(acck, pa, fb, sm, sbase, loff, qofs)
             cuda.syncthreads()  # every warp is done with buffer it % 2 before it is refilled
         tc.cp_async_wait(0)
@@ -230,7 +242,7 @@ def _dkdv_source_v1(D: int, BQ: int, NW: int, MT: int, CAUSAL: bool, KVREG: bool
 # dQ
 
 
-def _dq_source_v1(D: int, BK: int, NW: int, MT: int, CAUSAL: bool, QREG: bool):
+def _dq_source_v1(D: int, BK: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, BF16: bool = False):
     DP = padded_head_dim(D)
     BQ = 16 * NW * MT  # query rows per block
     NT = 32 * NW
@@ -250,9 +262,10 @@ def _dq_source_v1(D: int, BK: int, NW: int, MT: int, CAUSAL: bool, QREG: bool):
     _, q_load2, q_store, _ = f16_copy(BQ, D, S, NT)
     CPT, kv_chunks, kv_load2c = f16_chunks(BK, D, S, NT)
     _, frags_all = f16_frags(MT, NW, KT, S)
-    _, products = f16_abt(MT, NW, KT, NS, S, QREG)
-    ab = f16_ab(MT, KK, NO, S)
-    pack = f16_pack(NO, S)
+    _, products = f16_abt(MT, NW, KT, NS, S, QREG, BF16)
+    ab = f16_ab(MT, KK, NO, S, BF16)
+    pack = f16_pack(NO, S, BF16)
+    PACK = tc.ops(BF16)[2]
 
     def dq_kernel(q, k, v, do, lse, dvec, dq, sl2, scale):
         sm = cuda.shared.array(0, types.float16)
@@ -332,8 +345,8 @@ def _dq_source_v1(D: int, BK: int, NW: int, MT: int, CAUSAL: bool, QREG: bool):
                         if col + 1 >= nk or (CAUSAL and col + 1 > row + 8 + shift):
                             p3 = float32(0.0)
                     y = 4 * (mt * KK + nt // 2) + 2 * (nt % 2)
-                    pa[y] = tc.pack_f16x2(p0 * (dp[x] - dr[2 * mt]), p1 * (dp[x + 1] - dr[2 * mt]))
-                    pa[y + 1] = tc.pack_f16x2(p2 * (dp[x + 2] - dr[2 * mt + 1]), p3 * (dp[x + 3] - dr[2 * mt + 1]))
+                    pa[y] = PACK(p0 * (dp[x] - dr[2 * mt]), p1 * (dp[x + 1] - dr[2 * mt]))
+                    pa[y + 1] = PACK(p2 * (dp[x + 2] - dr[2 * mt + 1]), p3 * (dp[x + 3] - dr[2 * mt + 1]))
             ab(acc, pa, fb, sm, sbase, loff, kofs)  # dQ += dS K_j (B = K stored [key, d]: transposed loads)
             cuda.syncthreads()  # every warp is done with buffer j % 2 before it is refilled
         tc.cp_async_wait(0)
@@ -347,10 +360,11 @@ def _dq_source_v1(D: int, BK: int, NW: int, MT: int, CAUSAL: bool, QREG: bool):
 
 
 @cache
-def kernels_v1(d: int, causal: bool, bq: int, bk: int, nw: int, mt: int, reg: bool):
-    """The compiled (dkdv, dq) kernels with their threads and block rows."""
-    f1, nt1, bk1 = _dkdv_source_v1(d, bq, nw, mt, causal, reg)
-    f2, nt2, bq2 = _dq_source_v1(d, bk, nw, mt, causal, reg)
+def kernels_v1(d: int, causal: bool, bq: int, bk: int, nw: int, mt: int, reg: bool, bf16: bool = False):
+    """The compiled (dkdv, dq) kernels with their threads and block rows (``bf16``: for bf16
+    inputs)."""
+    f1, nt1, bk1 = _dkdv_source_v1(d, bq, nw, mt, causal, reg, bf16)
+    f2, nt2, bq2 = _dq_source_v1(d, bk, nw, mt, causal, reg, bf16)
     return (tc.jit_kernel(f1, nt1), nt1, bk1), (tc.jit_kernel(f2, nt2), nt2, bq2)
 
 
@@ -364,7 +378,7 @@ def default_config_v1(d: int) -> dict:
 
 
 def supports_v1(dtype, d: int) -> bool:
-    return np.dtype(dtype) == np.float16 and d % 8 == 0 and 8 <= d <= 256
+    return dtype_name(dtype) in ("float16", "bfloat16") and d % 8 == 0 and 8 <= d <= 256
 
 
 def signature_dkdv_v1():
@@ -380,22 +394,23 @@ def signature_dq_v1():
 
 
 def backward_v1(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
-    """(dQ, dK, dV) for fp16 (B, H, N, d) inputs, O and L from the forward; ``config`` overrides
-    :func:`default_config_v1`."""
+    """(dQ, dK, dV) for fp16 or bf16 (B, H, N, d) inputs, O and L from the forward; ``config``
+    overrides :func:`default_config_v1`."""
     inp, a, (nb, nh, nhk, nq, nk, d), lse_d, cfg, sc = prepare_backward(
-        "bwd_fp16_v1 takes float16 with head_dim % 8 == 0", default_config_v1, supports_v1, q, k, v, o, lse, do,
-        scale=scale, config=config, causal=causal)
-    (kdkdv, nt1, bkey), (kdq, nt2, bqr) = kernels_v1(d, bool(causal), **cfg)
+        "bwd_fp16_v1 takes float16 or bfloat16 with head_dim % 8 == 0", default_config_v1, supports_v1, q, k, v, o,
+        lse, do, scale=scale, config=config, causal=causal)
+    (kdkdv, nt1, bkey), (kdq, nt2, bqr) = kernels_v1(d, bool(causal), **cfg, bf16=inp.bf16)
     dvec = row_dots(inp, a, causal)
-    dq = inp.empty((nb, nh, nq, d), np.float16)
-    dk = inp.empty((nb, nhk, nk, d), np.float16)
-    dv = inp.empty((nb, nhk, nk, d), np.float16)
+    dq = inp.empty((nb, nh, nq, d), inp.dtype)
+    dk = inp.empty((nb, nhk, nk, d), inp.dtype)
+    dv = inp.empty((nb, nhk, nk, d), inp.dtype)
     sl2, scf = float32(sc * LOG2E), float32(sc)
-    args = (a["q"], a["k"], a["v"], a["do"], lse_d, dvec, dk, dv, sl2, scf)
+    qh, kh, vh, doh, dqh, dkh, dvh = tc_view(inp, a["q"], a["k"], a["v"], a["do"], dq, dk, dv)
+    args = (qh, kh, vh, doh, lse_d, dvec, dkh, dvh, sl2, scf)
     smem = smem_bytes_dkdv_v1(d, bkey, cfg["bq"])
     raise_smem_limit(kdkdv, args, smem)
     kdkdv[(-(-nk // bkey), nb * nhk), nt1, inp.stream, smem](*args)
-    args = (a["q"], a["k"], a["v"], a["do"], lse_d, dvec, dq, sl2, scf)
+    args = (qh, kh, vh, doh, lse_d, dvec, dqh, sl2, scf)
     smem = smem_bytes_dq_v1(d, bqr, cfg["bk"])
     raise_smem_limit(kdq, args, smem)
     kdq[(-(-nq // bqr), nb * nh), nt2, inp.stream, smem](*args)
@@ -471,7 +486,7 @@ def smem_bytes_v3(d: int, bq: int, bk: int) -> int:
     return 2 * (2 * bk * s + 4 * bq * s + 2 * bk * (bq + 8)) + 4 * 4 * bq
 
 
-def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAUSAL: bool):
+def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAUSAL: bool, BF16: bool = False):
     lay = layout_v3(D, BQ, BK, NW, MA, MB, MC)
     WAK, NA, WBK, NB, WCQ, NC, RPU = (lay[k] for k in ("wak", "na", "wbk", "nb", "wcq", "nc", "rows"))
     NT = 32 * NW
@@ -492,7 +507,8 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
     DSOFF = POFF + BK * SQ  # dSᵀ [key, query]
     FOFF = (DSOFF + BK * SQ) // 2  # f32 words: L·log2e (2 x BQ), then D (2 x BQ)
     start = key_block(BK, BQ, CAUSAL)
-    pack = f16_pack(NB, S)
+    pack = f16_pack(NB, S, BF16)
+    MMA, MMA_Z, PACK = tc.ops(BF16)
 
     @tc.device_inline
     def load_step(sm, sbase, q, do, g0, rn, nq, buf, lrow, lcol):
@@ -518,8 +534,8 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
         for mt in range(MA):
             for n2 in range(NA // 2):
                 x = 4 * (mt * NA + 2 * n2)
-                tc.mma_z(c, x, fa, 4 * mt, fq[4 * n2], fq[4 * n2 + 1])
-                tc.mma_z(c, x + 4, fa, 4 * mt, fq[4 * n2 + 2], fq[4 * n2 + 3])
+                MMA_Z(c, x, fa, 4 * mt, fq[4 * n2], fq[4 * n2 + 1])
+                MMA_Z(c, x + 4, fa, 4 * mt, fq[4 * n2 + 2], fq[4 * n2 + 3])
         for kk in range(1, KT):
             for mt in range(MA):
                 tc.ldsm_x4(fa, 4 * mt, sm, aa + 2 * (16 * mt * S + 16 * kk), S)
@@ -528,8 +544,8 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
             for mt in range(MA):
                 for n2 in range(NA // 2):
                     x = 4 * (mt * NA + 2 * n2)
-                    tc.mma(c, x, fa, 4 * mt, fq[4 * n2], fq[4 * n2 + 1])
-                    tc.mma(c, x + 4, fa, 4 * mt, fq[4 * n2 + 2], fq[4 * n2 + 3])
+                    MMA(c, x, fa, 4 * mt, fq[4 * n2], fq[4 * n2 + 1])
+                    MMA(c, x + 4, fa, 4 * mt, fq[4 * n2 + 2], fq[4 * n2 + 3])
 
     def bwd(q, k, v, do, lse, dvec, dqa, dk, dv, sl2, scale):
         sm = cuda.shared.array(0, types.float16)
@@ -662,12 +678,12 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
                         if kr + 8 >= nk or (CAUSAL and kr + 8 > qr + 1):
                             p3 = float32(0.0)
                     w = 2 * (16 * mt * SQ + 8 * nt)  # byte offset of the (mt, nt) pair, row g
-                    tc.sts32_u32_a(smw, pbase + w, tc.pack_f16x2(p0, p1))
-                    tc.sts32_u32_a(smw, pbase + w + 16 * SQ, tc.pack_f16x2(p2, p3))
+                    tc.sts32_u32_a(smw, pbase + w, PACK(p0, p1))
+                    tc.sts32_u32_a(smw, pbase + w + 16 * SQ, PACK(p2, p3))
                     tc.sts32_u32_a(smw, pbase + 2 * (DSOFF - POFF) + w,
-                                   tc.pack_f16x2(p0 * (dp[x] - d0), p1 * (dp[x + 1] - d1)))
+                                   PACK(p0 * (dp[x] - d0), p1 * (dp[x + 1] - d1)))
                     tc.sts32_u32_a(smw, pbase + 2 * (DSOFF - POFF) + w + 16 * SQ,
-                                   tc.pack_f16x2(p2 * (dp[x + 2] - d0), p3 * (dp[x + 3] - d1)))
+                                   PACK(p2 * (dp[x + 2] - d0), p3 * (dp[x + 3] - d1)))
             # Barrier 2: Pᵀ and dSᵀ of every warp are in shared memory.
             cuda.syncthreads()
             # Phase B.  dV += Pᵀ dO_i, dK += dSᵀ Q_i: A = Pᵀ, dSᵀ rows of this warp's keys; B = dO_i,
@@ -681,12 +697,12 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
                 for n2 in range(NB // 2):
                     tc.ldsm_x4_trans(fb, 0, sm, ao + 2 * (16 * kk * S + 16 * n2), S)
                     for mt in range(MB):
-                        tc.mma(accv, 4 * (mt * NB + 2 * n2), pf, 4 * mt, fb[0], fb[1])
-                        tc.mma(accv, 4 * (mt * NB + 2 * n2 + 1), pf, 4 * mt, fb[2], fb[3])
+                        MMA(accv, 4 * (mt * NB + 2 * n2), pf, 4 * mt, fb[0], fb[1])
+                        MMA(accv, 4 * (mt * NB + 2 * n2 + 1), pf, 4 * mt, fb[2], fb[3])
                     tc.ldsm_x4_trans(fb, 0, sm, ao - 2 * (OOFF - QOFF) + 2 * (16 * kk * S + 16 * n2), S)
                     for mt in range(MB):
-                        tc.mma(acck, 4 * (mt * NB + 2 * n2), sf, 4 * mt, fb[0], fb[1])
-                        tc.mma(acck, 4 * (mt * NB + 2 * n2 + 1), sf, 4 * mt, fb[2], fb[3])
+                        MMA(acck, 4 * (mt * NB + 2 * n2), sf, 4 * mt, fb[0], fb[1])
+                        MMA(acck, 4 * (mt * NB + 2 * n2 + 1), sf, 4 * mt, fb[2], fb[3])
             # Phase C.  dQ_i += dS K_j: A = dS, read transposed from dSᵀ [key, query]; B = K_j
             # stored [key, d] (transposed loads).  Then into the float32 dQ buffer, 8 bytes a
             # reduction.
@@ -698,8 +714,8 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
                 tc.ldsm_x4_trans(fb, 0, sm, ak + 2 * (16 * n2), S)
                 for mt in range(MC):
                     x = 4 * (mt * NC + 2 * n2)
-                    tc.mma_z(acq, x, af, 4 * mt, fb[0], fb[1])
-                    tc.mma_z(acq, x + 4, af, 4 * mt, fb[2], fb[3])
+                    MMA_Z(acq, x, af, 4 * mt, fb[0], fb[1])
+                    MMA_Z(acq, x + 4, af, 4 * mt, fb[2], fb[3])
             for kk in range(1, KK):
                 for mt in range(MC):
                     tc.ldsm_x4_trans_b(af, 4 * mt, sm, ad + 2 * (16 * kk * SQ + 16 * mt), SQ)
@@ -707,8 +723,8 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
                     tc.ldsm_x4_trans(fb, 0, sm, ak + 2 * (16 * kk * S + 16 * n2), S)
                     for mt in range(MC):
                         x = 4 * (mt * NC + 2 * n2)
-                        tc.mma(acq, x, af, 4 * mt, fb[0], fb[1])
-                        tc.mma(acq, x + 4, af, 4 * mt, fb[2], fb[3])
+                        MMA(acq, x, af, 4 * mt, fb[0], fb[1])
+                        MMA(acq, x + 4, af, 4 * mt, fb[2], fb[3])
             qrow = (b * nh + hq) * nq + r0 + qc0 + g  # the lane's first dQ row (flat)
             full = r0 + BQ <= nq  # every row of the block exists: no per-row test
             for mt in range(MC):
@@ -739,9 +755,11 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
 
 
 @cache
-def kernel_v3(d: int, causal: bool, bq: int, bk: int, nw: int, ma: int, mb: int, mc: int, minb: int = 1):
-    """The compiled kernel and its threads per block (``minb`` blocks per SM promised to ptxas)."""
-    fn, nt, _ = _source_v3(d, bq, bk, nw, ma, mb, mc, causal)
+def kernel_v3(d: int, causal: bool, bq: int, bk: int, nw: int, ma: int, mb: int, mc: int, minb: int = 1,
+              bf16: bool = False):
+    """The compiled kernel and its threads per block (``minb`` blocks per SM promised to ptxas;
+    ``bf16``: for bf16 inputs)."""
+    fn, nt, _ = _source_v3(d, bq, bk, nw, ma, mb, mc, causal, bf16)
     return tc.jit_kernel(fn, nt, minb), nt
 
 
@@ -759,9 +777,9 @@ def default_config_v3(d: int) -> dict:
 
 
 def _accepts_v3(dtype, d: int) -> bool:
-    """fp16, d % 16 == 0, d <= 128 (dK and dV take 4·d·bk / (32·nw) f32 registers a thread: 128 at
-    d = 128); :func:`layout_v3` says whether a given block shape splits d."""
-    return np.dtype(dtype) == np.float16 and d % 16 == 0 and 16 <= d <= 128
+    """fp16 or bf16, d % 16 == 0, d <= 128 (dK and dV take 4·d·bk / (32·nw) f32 registers a thread:
+    128 at d = 128); :func:`layout_v3` says whether a given block shape splits d."""
+    return dtype_name(dtype) in ("float16", "bfloat16") and d % 16 == 0 and 16 <= d <= 128
 
 
 def supports_v3(dtype, d: int) -> bool:
@@ -778,19 +796,20 @@ def supports_v3(dtype, d: int) -> bool:
 
 
 def backward_v3(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
-    """(dQ, dK, dV) for fp16 (B, H, N, d) inputs, O and L from the forward; ``config`` overrides
-    :func:`default_config_v3`.  dQ is summed over key blocks by float32 atomics in no fixed order:
-    it may differ from run to run in its last bits."""
+    """(dQ, dK, dV) for fp16 or bf16 (B, H, N, d) inputs, O and L from the forward; ``config``
+    overrides :func:`default_config_v3`.  dQ is summed over key blocks by float32 atomics in no
+    fixed order: it may differ from run to run in its last bits."""
     inp, a, (nb, nh, nhk, nq, nk, d), lse_d, cfg, sc = prepare_backward(
-        "bwd_fp16_v3 takes float16 with head_dim % 16 == 0, at most 128", default_config_v3, _accepts_v3, q, k, v, o,
-        lse, do, scale=scale, config=config, causal=causal)
+        "bwd_fp16_v3 takes float16 or bfloat16 with head_dim % 16 == 0, at most 128", default_config_v3, _accepts_v3,
+        q, k, v, o, lse, do, scale=scale, config=config, causal=causal)
     layout_v3(d, cfg["bq"], cfg["bk"], cfg["nw"], cfg["ma"], cfg["mb"], cfg["mc"])  # ValueError if the warps cannot
-    kern, nt = kernel_v3(d, bool(causal), **cfg)
+    kern, nt = kernel_v3(d, bool(causal), **cfg, bf16=inp.bf16)
     dvec = row_dots(inp, a, causal)
     dqa, flat = zeroed_dq(inp, (nb, nh, nq, d))
-    dk = inp.empty((nb, nhk, nk, d), np.float16)
-    dv = inp.empty((nb, nhk, nk, d), np.float16)
-    args = (a["q"], a["k"], a["v"], a["do"], lse_d, dvec, dqa, dk, dv, float32(sc * LOG2E), float32(sc))
+    dk = inp.empty((nb, nhk, nk, d), inp.dtype)
+    dv = inp.empty((nb, nhk, nk, d), inp.dtype)
+    qh, kh, vh, doh, dkh, dvh = tc_view(inp, a["q"], a["k"], a["v"], a["do"], dk, dv)
+    args = (qh, kh, vh, doh, lse_d, dvec, dqa, dkh, dvh, float32(sc * LOG2E), float32(sc))
     smem = smem_bytes_v3(d, cfg["bq"], cfg["bk"])
     raise_smem_limit(kern, args, smem)
     kern[(-(-nk // cfg["bk"]), nb * nhk), nt, inp.stream, smem](*args)

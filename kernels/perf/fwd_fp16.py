@@ -21,6 +21,9 @@ tile copies and the products (Q Kᵀ, P V) are :mod:`kernels.perf._tiles`'s.
   (+10%), then 296 (1.73x naive) with Bc = 32 and Q in registers; d = 64 291.  H100
   (bench_h100.csv): 3.63-5.59x naive at d = 64, 1.85-2.85x at d = 128.
 
+Both compile for bf16 too (``bf16=True``: the ``.bf16`` mma and ``cvt.rn.bf16x2.f32``; the tiles
+are the inputs' bits, moved unchanged), not yet timed on a GPU (NOTES.md, "bf16").
+
 Measurements and the tuning behind the defaults: ``kernels/perf/NOTES.md`` ("fp16 forward").
 """
 
@@ -30,9 +33,9 @@ import math
 from functools import cache, partial
 from types import SimpleNamespace
 
-import numpy as np
 from numba import cuda, float32, int32, types, uint32
 
+from .._arrays import dtype_name
 from ..flash2 import padded_head_dim
 from . import tc
 from ._launch import launch_forward
@@ -43,7 +46,7 @@ def smem_bytes(dp: int, br: int, bc: int) -> int:
     return 2 * (dp + 8) * (br + 4 * bc)
 
 
-def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: bool = True):
+def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: bool = True, BF16: bool = False):
     DP = padded_head_dim(D)
     BR = 16 * NW * MT
     NT = 32 * NW
@@ -74,9 +77,10 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
     CPT, kv_chunks, kv_load2c = f16_chunks(BC, D, S, NT)
     zero_pad = f16_zero_pad(BR + 4 * BC, D, S, NT)
     _, frags_all = f16_frags(MT, NW, KT, S)
-    qk, _ = f16_abt(MT, NW, KT, NS, S, QREG)
-    pv = f16_ab(MT, KV, NO, S)
-    pack = f16_pack(NO, S)
+    qk, _ = f16_abt(MT, NW, KT, NS, S, QREG, BF16)
+    pv = f16_ab(MT, KV, NO, S, BF16)
+    pack = f16_pack(NO, S, BF16)
+    PACK = tc.ops(BF16)[2]
 
     def fwd(q, k, v, o, lse, sl2, scale):
         sm = cuda.shared.array(0, types.float16)
@@ -185,8 +189,8 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
                     ps_0 += p0 + p1
                     ps_1 += p2 + p3
                     y = 4 * (mt * KV + nt // 2) + 2 * (nt % 2)
-                    pa[y] = tc.pack_f16x2(p0, p1)
-                    pa[y + 1] = tc.pack_f16x2(p2, p3)
+                    pa[y] = PACK(p0, p1)
+                    pa[y + 1] = PACK(p2, p3)
                 if LAZY:
                     ll[2 * mt] += ps_0
                     ll[2 * mt + 1] += ps_1
@@ -217,8 +221,8 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
 
 
 @cache
-def kernel(d: int, bc: int, nw: int, mt: int, causal: bool, qreg: bool, lazy: bool = True):
-    fn, nt, br = _source(d, bc, nw, mt, causal, qreg, lazy)
+def kernel(d: int, bc: int, nw: int, mt: int, causal: bool, qreg: bool, lazy: bool = True, bf16: bool = False):
+    fn, nt, br = _source(d, bc, nw, mt, causal, qreg, lazy, bf16)
     return tc.jit_kernel(fn, nt), nt, br
 
 
@@ -240,14 +244,14 @@ def default_config_v4(d: int) -> dict:
 
 
 def supports(dtype, d: int) -> bool:
-    return np.dtype(dtype) == np.float16 and d % 8 == 0 and 8 <= d <= 256
+    return dtype_name(dtype) in ("float16", "bfloat16") and d % 8 == 0 and 8 <= d <= 256
 
 
 def _version(name: str, lazy: bool, default_config):
     kern = partial(kernel, lazy=lazy)
 
     def forward(q, k, v, *, causal=False, scale=None, return_lse=False, **config):
-        """O (and L) for fp16 (B, H, N, d) inputs; ``config`` overrides the version's
+        """O (and L) for fp16 or bf16 (B, H, N, d) inputs; ``config`` overrides the version's
         ``default_config``."""
         return launch_forward(name, kern, smem_bytes, default_config, supports, q, k, v, causal=causal,
                               scale=scale, return_lse=return_lse, config=config)

@@ -35,16 +35,17 @@ class _Hopper:
     compute_capability = CC
 
 
-def lto_ptx(module: str, *args, min_blocks: int = 1) -> str:
+def lto_ptx(module: str, *args, min_blocks: int = 1, **kw) -> str:
     """PTX of variant ``module``'s kernel source (``SOURCES``: its only one, or ``module:part``'s)
-    called with ``args``, after linking its CUDA C++ helpers with LTO."""
+    called with ``args`` (and keywords ``kw``, e.g. ``BF16=True``), after linking its CUDA C++
+    helpers with LTO."""
     import numba.cuda.dispatcher as dispatcher
     from numba.cuda.compiler import _compile_pyfunc_with_fixup
 
     name, _, part = module.partition(":")
     mod = variant(name)
     source, signature = mod.SOURCES[part] if part else next(iter(mod.SOURCES.values()))
-    fn, nt, _ = source(*args)
+    fn, nt, _ = source(*args, **kw)
     saved = dispatcher.get_current_device
     dispatcher.get_current_device = lambda: _Hopper()
     try:

@@ -19,6 +19,10 @@ Fragment layouts (PTX ISA, ``mma.m16n8k16`` with f16 inputs and f32 accumulators
   b0 = B[2t:2t+2, g], b1 = B[2t+8:2t+10, g];
 * C, D (16 x 8, f32): c0, c1 = C[g, 2t:2t+2], c2, c3 = C[g+8, 2t:2t+2].
 
+``mma_bf16``, ``mma_z_bf16`` and ``pack_bf16x2`` are the same with bf16 inputs (the layouts are
+the same; ``ldsm_*`` and the 16-byte copies move bits, so they serve both).  :func:`ops` gives a
+kernel template its three for a compile-time ``BF16`` flag.
+
 The C layout of two adjacent 16 x 8 tiles is the A layout of one 16 x 16 tile (after packing
 pairs to f16): that is why P = softmax(S) can feed the P·V product straight from registers.
 
@@ -78,8 +82,17 @@ def tile_addr(sbase, loff, base, stride, row0, col0):
     return sbase + 2 * (base + row0 * stride + col0 + loff)
 
 
+def ops(bf16: bool):
+    """(mma, mma_z, pack) of the 16-bit input type: fp16 (``mma``, ``mma_z``, ``pack_f16x2``) or
+    bf16 (``mma_bf16``, ``mma_z_bf16``, ``pack_bf16x2``)."""
+    if bf16:
+        return mma_bf16, mma_z_bf16, pack_bf16x2  # noqa: F821  (set from the target below)
+    return mma, mma_z, pack_f16x2  # noqa: F821
+
+
 #: The helpers: the same names and signatures on both targets.
-HELPERS = ("mma", "mma_z", "pack_f16x2", "ex2", "smem_u32", "lane_offset", "lane_offset_b", "opaque_u32",
+HELPERS = ("mma", "mma_z", "pack_f16x2", "mma_bf16", "mma_z_bf16", "pack_bf16x2",
+           "ex2", "smem_u32", "lane_offset", "lane_offset_b", "opaque_u32",
            "ldsm_x4", "ldsm_x4_b", "ldsm_x4_trans", "ldsm_x4_trans_b", "cp_async16_a", "st_global16_a",
            "cp_async_commit", "cp_async_wait", "quad_max2", "quad_sum2", "red_v2", "red_v4",
            "smem_u32_f32", "lds128_f32_a", "sts32_f32_a", "sts32_u32_a", "lds64_f32_a", "cp_async16_f32_a",
@@ -88,4 +101,4 @@ HELPERS = ("mma", "mma_z", "pack_f16x2", "ex2", "smem_u32", "lane_offset", "lane
 _target = importlib.import_module(".tc_sim" if SIM else ".tc_gpu", __package__)
 globals().update({name: getattr(_target, name) for name in HELPERS})  # AttributeError if a target lacks one
 
-__all__ = ["SIM", "MAX_WARPS", "device_inline", "jit_kernel", "tile_addr", *HELPERS]
+__all__ = ["SIM", "MAX_WARPS", "device_inline", "jit_kernel", "tile_addr", "ops", *HELPERS]

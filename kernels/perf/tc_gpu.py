@@ -259,6 +259,55 @@ def quad_sum2(x, y):
 
 
 # ---------------------------------------------------------------------------------------------
+# bf16 forms of the products and the packing (the fp16 kernels compiled with BF16 on): the same
+# fragment layouts (PTX ISA: m16n8k16 with .bf16 inputs has .f16's register layout), so ldmatrix
+# and cp.async move bf16 tiles unchanged; only the mma and the f32 -> 16-bit rounding differ.
+
+_CU_BF16 = r"""
+extern "C" __device__ int fs_mma16816_bf16(int* ret, float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    return 0;
+}
+
+extern "C" __device__ int fs_mma16816_z_bf16(int* ret, float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    float z = 0.f;
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+        : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(z));
+    return 0;
+}
+
+// Two f32 to one bf16x2 register, round to nearest even: lo in bits 0..15, hi in 16..31.
+extern "C" __device__ int fs_pack_bf16x2(unsigned* ret, float lo, float hi) {
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(*ret) : "f"(hi), "f"(lo));
+    return 0;
+}
+"""
+
+_link_bf16 = cuda.CUSource(_CU_BF16)
+_mma_bf16_raw = cuda.declare_device("fs_mma16816_bf16", "int32(CPointer(float32), CPointer(uint32), uint32, uint32)",
+                                    link=_link_bf16)
+_mma_z_bf16_raw = cuda.declare_device("fs_mma16816_z_bf16",
+                                      "int32(CPointer(float32), CPointer(uint32), uint32, uint32)", link=_link_bf16)
+#: Two floats as one bf16x2 word (round to nearest even), ``lo`` in the low half.
+pack_bf16x2 = cuda.declare_device("fs_pack_bf16x2", "uint32(float32, float32)", link=_link_bf16)
+
+
+@cuda.jit(device=True, forceinline=True)
+def mma_bf16(c, ci, a, ai, b0, b1):
+    """:func:`mma` with bf16 A and B fragments."""
+    _mma_bf16_raw(_ffi.from_buffer(c[ci:]), _ffi.from_buffer(a[ai:]), b0, b1)
+
+
+@cuda.jit(device=True, forceinline=True)
+def mma_z_bf16(c, ci, a, ai, b0, b1):
+    """:func:`mma_z` with bf16 A and B fragments."""
+    _mma_z_bf16_raw(_ffi.from_buffer(c[ci:]), _ffi.from_buffer(a[ai:]), b0, b1)
+
+
+# ---------------------------------------------------------------------------------------------
 # fp32 helpers (fwd_fp32_v1): 16-byte shared loads into registers, 4-byte shared stores, fp32
 # cp.async, and reductions over the 8 lanes 8g..8g+7 of a warp.  Shared memory is addressed by
 # byte addresses in the shared window (``smem_u32_f32`` + 4·float offset); under the simulator

@@ -16,6 +16,7 @@ import threading
 import numpy as np
 from numba import cuda, float32
 
+from .._bf16 import round_bf16_bits
 from .tc import MAX_WARPS
 
 # The simulator creates a static shared array the first time any thread reaches its line,
@@ -33,6 +34,10 @@ def _halves(word) -> np.ndarray:
     return np.array([word], dtype=np.uint32).view(np.float16).astype(np.float32)
 
 
+def _halves_bf16(word) -> np.ndarray:
+    return (np.array([word], dtype=np.uint32).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
 @cuda.jit(device=True)
 def pack_f16x2(lo, hi):
     return int(np.array([lo, hi], dtype=np.float32).astype(np.float16).view(np.uint32)[0])
@@ -44,23 +49,38 @@ def ex2(x):
 
 
 @cuda.jit(device=True)
-def mma(c, ci, a, ai, b0, b1):
+def pack_bf16x2(lo, hi):
+    return int(round_bf16_bits(np.array([lo, hi], dtype=np.float32)).view(np.uint32)[0])
+
+
+def _mma(c, ci, a, ai, b0, b1, halves):
     warp, lane = _lane()
     g, t = lane // 4, lane % 4
     with _ALLOC_LOCK:
         sa = cuda.shared.array((MAX_WARPS, 16, 16), float32)
         sb = cuda.shared.array((MAX_WARPS, 16, 8), float32)
-    sa[warp, g, 2 * t:2 * t + 2] = _halves(a[ai])
-    sa[warp, g + 8, 2 * t:2 * t + 2] = _halves(a[ai + 1])
-    sa[warp, g, 2 * t + 8:2 * t + 10] = _halves(a[ai + 2])
-    sa[warp, g + 8, 2 * t + 8:2 * t + 10] = _halves(a[ai + 3])
-    sb[warp, 2 * t:2 * t + 2, g] = _halves(b0)
-    sb[warp, 2 * t + 8:2 * t + 10, g] = _halves(b1)
+    sa[warp, g, 2 * t:2 * t + 2] = halves(a[ai])
+    sa[warp, g + 8, 2 * t:2 * t + 2] = halves(a[ai + 1])
+    sa[warp, g, 2 * t + 8:2 * t + 10] = halves(a[ai + 2])
+    sa[warp, g + 8, 2 * t + 8:2 * t + 10] = halves(a[ai + 3])
+    sb[warp, 2 * t:2 * t + 2, g] = halves(b0)
+    sb[warp, 2 * t + 8:2 * t + 10, g] = halves(b1)
     cuda.syncthreads()
     A, B = sa[warp], sb[warp]
     for e, (r, col) in enumerate(((g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1))):
         c[ci + e] = np.float32(c[ci + e]) + np.float32(np.dot(A[r, :], B[:, col]))
     cuda.syncthreads()
+
+
+@cuda.jit(device=True)
+def mma(c, ci, a, ai, b0, b1):
+    _mma(c, ci, a, ai, b0, b1, _halves)
+
+
+@cuda.jit(device=True)
+def mma_bf16(c, ci, a, ai, b0, b1):
+    # bf16 x bf16 products are exact in float32 (8-bit significands); the sums are float32's
+    _mma(c, ci, a, ai, b0, b1, _halves_bf16)
 
 
 def _ldsm(r, ri, smem, base, stride, row0, col0, trans, border=False):
@@ -77,7 +97,8 @@ def _ldsm(r, ri, smem, base, stride, row0, col0, trans, border=False):
         else:
             lo = smem[base + (mr + g) * stride + mc + 2 * t]
             hi = smem[base + (mr + g) * stride + mc + 2 * t + 1]
-        r[ri + i] = pack_f16x2(lo, hi)
+        # the two 16-bit elements' bits, unchanged (an fp16 or a bf16 tile)
+        r[ri + i] = int(np.array([lo, hi], dtype=smem.dtype).view(np.uint32)[0])
 
 
 def _cp_async16(smem, soff, gmem, goff, nvalid):
@@ -139,6 +160,13 @@ def mma_z(c, ci, a, ai, b0, b1):
     for e in range(4):
         c[ci + e] = 0.0
     mma(c, ci, a, ai, b0, b1)
+
+
+@cuda.jit(device=True)
+def mma_z_bf16(c, ci, a, ai, b0, b1):
+    for e in range(4):
+        c[ci + e] = 0.0
+    mma_bf16(c, ci, a, ai, b0, b1)
 
 
 @cuda.jit(device=True)
