@@ -23,13 +23,15 @@ import importlib
 #: it runs.  The fp16 backward takes bwd_fp16_v3 above d = 64, where it runs 1.4x bwd_fp16_v1 on
 #: the H100; at d <= 64 the two are within run-to-run noise and v1 is deterministic (v3's dQ is
 #: summed by atomics).  The fp32 backward takes bwd_fp32_v2 (3xTF32 on the tensor cores, as
-#: accurate as v1's FFMA) at d = 32, 64 and 128, v1 (any d % 4 == 0) elsewhere.  bf16 runs the
+#: accurate as v1's FFMA) at d = 32, 64 and 128, v1 (any d % 4 == 0) elsewhere; the fp32 forward
+#: takes fwd_fp32_v2 (3xTF32, 1.55-2.1x naive fp32 and 1.33-1.69x v1 on the H100, as accurate)
+#: at d = 32, 64, 96 and 128, v1 elsewhere.  bf16 runs the
 #: fp16 kernels compiled for bf16 (``bf16=True``), in the fp16 order (not yet timed on a GPU).
 BEST = {("fwd", "float16"): (("fwd_fp16_v4", 1, 1 << 30),),
         ("bwd", "float16"): (("bwd_fp16_v3", 65, 128), ("bwd_fp16_v1", 1, 1 << 30)),
         ("fwd", "bfloat16"): (("fwd_fp16_v4", 1, 1 << 30),),
         ("bwd", "bfloat16"): (("bwd_fp16_v3", 65, 128), ("bwd_fp16_v1", 1, 1 << 30)),
-        ("fwd", "float32"): (("fwd_fp32_v1", 1, 1 << 30),),
+        ("fwd", "float32"): (("fwd_fp32_v2", 32, 128), ("fwd_fp32_v1", 1, 1 << 30)),
         ("bwd", "float32"): (("bwd_fp32_v2", 32, 128), ("bwd_fp32_v1", 1, 1 << 30))}
 
 

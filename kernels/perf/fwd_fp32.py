@@ -561,11 +561,14 @@ def kernel_v2(d: int, bc: int, nw: int, mt: int, causal: bool, ak: int = 1, minb
 def default_config_v2(d: int) -> dict:
     """Bc keys, warps, m-tiles (16 query rows) a warp, S summed in ak chunks (d / 32: 12 mma a
     chain, bwd_fp32_v2's choice), blocks per SM promised to ptxas, Q split once into hi and lo
-    tiles in shared memory (qsplit) rather than a k-step at a time.  Not yet timed; chosen from
-    ptxas's registers (13.0, sm_90): one m-tile a warp, 181-185 registers at d = 64 (Bc 64) and
-    221-227 at d = 128 (Bc 32, which keeps K and V at 34 KB), two blocks of 4 warps an SM either
-    way, which also leaves the shared memory for Q's lo tile (73 and 104 KB a block)."""
-    return dict(bc=64 if d <= 64 else 32, nw=4, mt=1, ak=max(1, d // 32), minb=1, qsplit=True)
+    tiles in shared memory (qsplit) rather than a k-step at a time.  Timed on the H100 at N = 4,096
+    (kernels/data/fwd_fp32_v2_97f1bc6/, one sweep): at d = 64 Bc 32 with two m-tiles a warp
+    (4.69 ms) beat the first choice, Bc 64 with one (5.31-5.52 ms), and every other shape tried;
+    at d = 128 the first choice, Bc 32 with one m-tile (221-228 registers, two blocks of 4 warps
+    an SM), was the fastest (10.07 ms; Bc 64 13.4, Bc 16 11.3, 8 warps 10.4)."""
+    if d <= 64:
+        return dict(bc=32, nw=4, mt=2, ak=max(1, d // 32), minb=1, qsplit=True)
+    return dict(bc=32, nw=4, mt=1, ak=max(1, d // 32), minb=1, qsplit=True)
 
 
 def supports_v2(dtype, d: int) -> bool:
