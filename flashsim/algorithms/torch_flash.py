@@ -153,6 +153,12 @@ def tiles(w: Workload) -> tuple[int, int, int, int, int, int]:
     return TRAITS[w.d]
 
 
+def d_store_rows(d: int) -> int:
+    """Rows of D one warp's store writes in dot_do_o: 32 threads / kGmemThreadsPerRow, where
+    kGmemThreadsPerRow = kBlockKSmem / 8 (kBlockKSmem = 64 if 64 divides d, else 32)."""
+    return 32 // ((64 if d % 64 == 0 else 32) // 8)
+
+
 def _round(n: int, m: int) -> int:
     return cdiv(n, m) * m
 
@@ -279,7 +285,7 @@ def _backward(w: Workload) -> Schedule:
         for i in range(tm):
             yield read("dO_t", q0[i], qn[i])
             yield read("O_t", q0[i], qn[i])
-            gs, gr, _ = _groups(q0[i:i + 1], full[:1], bm, 4, np.ones(1, dtype=np.int64))
+            gs, gr, _ = _groups(q0[i:i + 1], full[:1], bm, d_store_rows(w.d), np.ones(1, dtype=np.int64))
             yield write("D", gs, gr)
             yield write("dQaccum", q0[i], bm, 0, w.d)
 
@@ -287,7 +293,7 @@ def _backward(w: Workload) -> Schedule:
         qc = classes(q0, qn)
         yield read("dO_t", qc[0], qc[1], repeat=qc[2])
         yield read("O_t", qc[0], qc[1], repeat=qc[2])
-        dc = classes(*_groups(q0, full, bm, 4, np.ones(tm, dtype=np.int64)))
+        dc = classes(*_groups(q0, full, bm, d_store_rows(w.d), np.ones(tm, dtype=np.int64)))
         yield write("D", dc[0], dc[1], repeat=dc[2])
         fc = classes(q0, full)
         yield write("dQaccum", fc[0], fc[1], 0, w.d, repeat=fc[2])

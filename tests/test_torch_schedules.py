@@ -1,0 +1,130 @@
+"""Schedules of PyTorch's attention kernels (issue 15): hand-derived counts for small cases, the
+walker against the closed form, the grouped counts against the loop-order stream."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flashsim import Workload
+from flashsim.api import build_schedule, closed_form_elements, simulate
+from flashsim.traffic import Traffic, walk
+
+
+def wl(n, d, heads=1, kv=None, causal=False, dtype="fp16", nk=None, batch=1):
+    return Workload(batch=batch, heads=heads, kv_heads=kv, seq_len_q=n, seq_len_k=nk, head_dim=d, dtype=dtype,
+                    causal=causal)
+
+
+def key(io, launch=None):
+    c = io if launch is None else io.per_launch[launch]
+    return {k: (t.elements, t.sectors) for k, t in sorted(c.breakdown.items())}
+
+
+# --------------------------------------------------------------------------------------------
+# torch_flash: forward
+
+
+def test_flash_fwd_dense_by_hand():
+    # d = 64 on sm_90: Bm = Bn = 128.  N = 256, 2 heads: Tm = Tn = 2.  Per head: Q 256 rows x 64
+    # fp16 (128-byte rows, 4 sectors each) once: 16,384 elements, 1,024 sectors; K and V: both
+    # query blocks load both key blocks, 2 x 256 rows: 32,768 elements, 2,048 sectors; O as Q;
+    # LSE: 256 floats in 8-row groups of 32 bytes, 1 sector each: 32 sectors.
+    io = simulate(wl(256, 64, heads=2), "torch_flash", "fwd").io
+    assert key(io) == {("K", "read"): (2 * 32768, 2 * 2048), ("L", "write"): (2 * 256, 2 * 32),
+                       ("O", "write"): (2 * 16384, 2 * 1024), ("Q", "read"): (2 * 16384, 2 * 1024),
+                       ("V", "read"): (2 * 32768, 2 * 2048)}
+
+
+def test_flash_fwd_causal_by_hand():
+    # causal, N = 256: query block 0 loads key blocks 0 .. ⌈(128 + 0)/128⌉ - 1 = 0, block 1 loads
+    # ⌈256/128⌉ = 2 blocks: 128 + 256 = 384 key rows = 24,576 elements per head.
+    res = simulate(wl(256, 64, causal=True), "torch_flash", "fwd")
+    assert res.io.breakdown[("K", "read")] == Traffic(24576, 49152, 1536)
+    assert res.agrees
+
+
+def test_flash_fwd_lse_groups_unaligned():
+    # d = 128: Bm = 128, Bn = 64.  N = 196, 2 heads: LSE rows are 784 bytes, so head 1's start at
+    # byte 784 = 16 mod 32.  Each warp's store writes 8 rows (32 bytes): head 0's 25 groups (16 of
+    # block 0; block 1 holds 68 rows: 8 full groups and one of 4) are 1 sector each; head 1's 24
+    # full groups straddle 2 sectors each (48) and its 4-row group (16 bytes at offset 16) 1: 74 in
+    # all, where the coalesced rows would be 25 + 25 = 50.  (sms=1: with 132 SMs mha_fwd would
+    # split the keys of so small a workload.)
+    io = simulate(wl(196, 128, heads=2), "torch_flash", "fwd", sms=1).io
+    assert io.breakdown[("L", "write")] == Traffic(392, 1568, 74)
+
+
+# --------------------------------------------------------------------------------------------
+# torch_flash: backward
+
+
+def test_flash_bwd_dense_by_hand():
+    # d = 64: backward Bm = Bn = 128, 8 warps, AtomLayoutMSdP 4 (so 2 warps request each LSE/D
+    # row).  N = 256, one head: Tm = Tn = 2, dq_accum rows 256 (rounded to 128) of 64 fp32.
+    io = walk(build_schedule(wl(256, 64), "torch_flash", "bwd"))
+    assert list(io.per_launch) == ["contiguous_dO", "contiguous_O", "flash_bwd_dot_do_o", "flash_bwd_dq_dk_dv",
+                                   "flash_bwd_convert_dq"]
+    # the copies: 16,384 elements (1,024 sectors) in and out
+    assert key(io, "contiguous_dO") == {("dO", "read"): (16384, 1024), ("dO_t", "write"): (16384, 1024)}
+    # dot(dO, O): both tiles in; D stored by 4-row groups (16 bytes, 1 sector each): 64 requests
+    # of 4 rows for 256 rows; dq_accum zeroed: 256 x 64 fp32 = 65,536 bytes = 2,048 sectors
+    assert key(io, "flash_bwd_dot_do_o") == {("D", "write"): (256, 64), ("O_t", "read"): (16384, 1024),
+                                             ("dO_t", "read"): (16384, 1024), ("dQaccum", "write"): (16384, 2048)}
+    # main: K, V once per key block (256 rows); each of the 2 key blocks visits both query blocks:
+    # Q and dO_t 512 rows (32,768 elements, 2,048 sectors); LSE and D: 4 block visits x 16 groups
+    # of 8 rows x 2 warps = 128 requests of 1 sector, 4 x 128 x 2 = 1,024 elements; dQ atomics:
+    # 4 x 128 rows x 64 fp32 = 32,768 elements = 131,072 bytes = 4,096 sectors
+    assert key(io, "flash_bwd_dq_dk_dv") == {
+        ("D", "read"): (1024, 128), ("K", "read"): (16384, 1024), ("L", "read"): (1024, 128),
+        ("Q", "read"): (32768, 2048), ("V", "read"): (16384, 1024), ("dK", "write"): (16384, 1024),
+        ("dO_t", "read"): (32768, 2048), ("dQaccum", "reduction"): (32768, 4096), ("dV", "write"): (16384, 1024)}
+    assert key(io, "flash_bwd_convert_dq") == {("dQ", "write"): (16384, 1024), ("dQaccum", "read"): (16384, 2048)}
+    cls = io.per_launch["flash_bwd_dq_dk_dv"].by_class()
+    assert cls["reduction"] == Traffic(32768, 131072, 4096) and cls["bulk"] == Traffic(0, 0, 0)
+
+
+def test_flash_bwd_causal_and_gqa_by_hand():
+    # causal, N = 256, d = 64: key block 0 visits query blocks from ⌊(0 + 0)/128⌋ = 0, key block 1
+    # from ⌊128/128⌋ = 1: query block 0 is visited once, block 1 twice: 384 Q rows, 3 x 128 x 64
+    # dQ reductions.
+    io = walk(build_schedule(wl(256, 64, causal=True), "torch_flash", "bwd"))
+    assert io.breakdown[("Q", "read")].elements == 384 * 64
+    assert io.breakdown[("dQaccum", "reduction")].elements == 3 * 128 * 64
+    # GQA 4 query heads on 2 kv heads, N = 128, d = 128 (Bm = 64, Bn = 128, 4 warps per LSE row):
+    # every query head's program loads its kv head's K (4 x 128 x 128); dK_exp per query head,
+    # then sum_out reads it (65,536) and writes dK (2 x 128 x 128 = 32,768)
+    io = walk(build_schedule(wl(128, 128, heads=4, kv=2), "torch_flash", "bwd"))
+    assert list(io.per_launch)[-2:] == ["sum_dK", "sum_dV"]
+    assert key(io, "sum_dK") == {("dK", "write"): (32768, 2048), ("dK_exp", "read"): (65536, 4096)}
+    assert io.per_launch["flash_bwd_dq_dk_dv"].breakdown[("K", "read")].elements == 65536
+    # LSE: 2 query blocks x 8 groups x 4 warps, each 8 rows: 512 elements, 64 requests of 1 sector
+    assert io.per_launch["flash_bwd_dq_dk_dv"].breakdown[("L", "read")] == Traffic(4 * 512, 4 * 2048, 4 * 64)
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 300), nk=st.integers(1, 300), d=st.sampled_from([32, 64, 96, 128]),
+       group=st.sampled_from([1, 2]), causal=st.booleans(), dtype=st.sampled_from(["fp16", "bf16"]),
+       pass_=st.sampled_from(["fwd", "bwd"]))
+def test_flash_walker_equals_closed_form(n, nk, d, group, causal, dtype, pass_):
+    if causal and n > nk:
+        n, nk = nk, n
+    w = wl(n, d, heads=2 * group, kv=2, causal=causal, dtype=dtype, nk=nk)
+    sched = build_schedule(w, "torch_flash", pass_, sms=1)  # one SM: never the split-KV kernels
+    io = walk(sched)
+    print(n, nk, d, group, causal, pass_, io.elements_by_key())
+    want = closed_form_elements(w, "torch_flash", pass_, sms=1)
+    assert io.elements_by_key() == {k: v for k, v in want.items() if v}
+    assert walk(sched, ordered=True).breakdown == io.breakdown
+
+
+def test_flash_refusals():
+    with pytest.raises(ValueError, match="dtype"):
+        build_schedule(wl(256, 64, dtype="fp32"), "torch_flash", "fwd")
+    with pytest.raises(ValueError, match="head_dim"):
+        build_schedule(wl(256, 80), "torch_flash", "fwd")
+    with pytest.raises(ValueError, match="split-KV"):  # 1 x 1 x 1 query block of 64 rows, N = 4,096
+        build_schedule(wl(64, 64, nk=4096), "torch_flash", "fwd")
+    with pytest.raises(ValueError, match="causal"):
+        build_schedule(wl(256, 64, nk=128, causal=True), "torch_flash", "fwd")
+    with pytest.raises(ValueError, match="sms"):
+        build_schedule(wl(256, 64), "torch_flash", "fwd", sms=0)
