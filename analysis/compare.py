@@ -41,6 +41,8 @@ from flashsim.traffic import SECTOR_BYTES, walk
 
 from .configs import KERNELS, sim_options, tiling_of, workload_of
 from .measure import CONFIG_FIELDS, METRIC_FIELDS
+from .torch_set import TORCH_KERNELS
+from .torch_set import records as torch_records
 
 LSU_TOLERANCE = 0.01
 #: Set sampling of the L2 model in comparisons: one set in 16 is simulated (every count x 16).
@@ -144,6 +146,8 @@ def _typed(path: Path, line: int, r: dict) -> dict:
                 raise _bad(path, f"line {line}: kernel 'decode' needs {k}")
         if r["pass"] != "fwd":
             raise _bad(path, f"line {line}: kernel 'decode' has a forward pass only (pass={r['pass']!r})")
+    elif r["kernel"] in TORCH_KERNELS:  # the kernel's own tiles (analysis/torch_set.py)
+        pass
     elif not r["sram_bytes"] and (r["block_m"] is None or r["block_n"] is None):
         raise _bad(path, f"line {line}: kernel {r['kernel']!r} needs sram_bytes or block_m and block_n")
     return r
@@ -247,6 +251,9 @@ def compare(rows: list[dict], gpu: str = "h100") -> list[dict]:
     rate = _timed_rate()
     for cid, launches in by_cfg.items():
         launches.sort(key=lambda r: r["launch_index"])
+        if launches[0]["kernel"] in TORCH_KERNELS:  # PyTorch's launches, matched by kernel name
+            out += torch_records(cid, launches)
+            continue
         preds = predict(launches[0], gpu)
         if len(preds) != len(launches):
             raise ValueError(f"{cid}: {len(launches)} measured launches but the simulator models {len(preds)}")
