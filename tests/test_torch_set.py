@@ -13,12 +13,12 @@ from flashsim.traffic import SECTOR_BYTES, walk
 
 #: kernel names as ncu prints them (shortened templates)
 NAMES = {
-    "sdpa_flash_fwd": "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4>>(Flash_fwd_params)",
+    "sdpa_flash_fwd": "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4>>(Params)",
     "contiguous_dO": "void at::native::elementwise_kernel<128, 4, direct_copy_kernel_cuda>(int, T1)",
     "contiguous_O": "void at::native::elementwise_kernel<128, 4, direct_copy_kernel_cuda>(int, T1)",
-    "flash_bwd_dot_do_o": "void pytorch_flash::flash_bwd_dot_do_o_kernel<true, Flash_bwd_kernel_traits>(Flash_bwd_params)",
-    "flash_bwd_dq_dk_dv": "void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<...>(Flash_bwd_params)",
-    "flash_bwd_convert_dq": "void pytorch_flash::flash_bwd_convert_dq_kernel<Flash_bwd_kernel_traits>(Flash_bwd_params)",
+    "flash_bwd_dot_do_o": "void pytorch_flash::flash_bwd_dot_do_o_kernel<true, Flash_bwd_kernel_traits>(Params)",
+    "flash_bwd_dq_dk_dv": "void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<...>(Params)",
+    "flash_bwd_convert_dq": "void pytorch_flash::flash_bwd_convert_dq_kernel<Flash_bwd_kernel_traits>(Params)",
     "sum_dK": "void at::native::reduce_kernel<512, 1, ReduceOp<c10::Half, func_wrapper_t<float, sum_functor>>>(T3)",
     "sum_dV": "void at::native::reduce_kernel<512, 1, ReduceOp<c10::Half, func_wrapper_t<float, sum_functor>>>(T3)",
 }
