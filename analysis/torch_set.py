@@ -27,7 +27,7 @@ from flashsim.api import build_schedule
 from flashsim.traffic import SECTOR_BYTES, walk
 
 #: The configuration kernels of this set, each modelled by the flashsim algorithm of that name.
-TORCH_KERNELS = ("torch_flash",)
+TORCH_KERNELS = ("torch_flash", "torch_naive")
 
 
 def _cfg(kernel, pass_, n, d, dtype="fp16", causal=False, batch=1, heads=16, kv_heads=None) -> dict:
@@ -51,7 +51,28 @@ def torch_set() -> list[dict]:
     out.append(_cfg("torch_flash", "fwd", 4096, 64, dtype="bf16"))
     for p in ("fwd", "bwd"):
         out.append(_cfg("torch_flash", p, 4096, 128, kv_heads=4))
+    # eager naive attention: fp16 (TMA GEMMs) and fp32 (LSU GEMMs), causal and not
+    for n in (1024, 4096):
+        out.append(_cfg("torch_naive", "fwd", n, 64))
+    out.append(_cfg("torch_naive", "fwd", 4096, 64, causal=True))
+    out.append(_cfg("torch_naive", "fwd", 1024, 128))
+    out.append(_cfg("torch_naive", "fwd", 1024, 64, dtype="fp32"))
+    out.append(_cfg("torch_naive", "bwd", 1024, 64))
+    out.append(_cfg("torch_naive", "bwd", 1024, 64, causal=True))
+    out.append(_cfg("torch_naive", "bwd", 1024, 64, dtype="fp32"))
     return out
+
+
+def naive(q, k, v, causal: bool):
+    """Eager naive attention as kernels/bench.py's ``naive`` (and users) write it."""
+    import torch
+
+    s = (q * (q.shape[-1] ** -0.5)) @ k.transpose(-1, -2)
+    if causal:
+        n, m = s.shape[-2], s.shape[-1]
+        mask = torch.ones(n, m, dtype=torch.bool, device=q.device).tril(m - n)
+        s = s.masked_fill(~mask, float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
 
 
 # --------------------------------------------------------------------------------------------
@@ -84,6 +105,14 @@ def make_call(cfg: dict, device: str = "cuda"):
             q, k, v, 0.0, causal, False)
         return lambda: torch.ops.aten._scaled_dot_product_flash_attention_backward(
             do, q, k, v, out, lse, cq, ck, mq, mk, 0.0, causal, seed, offset)
+    if kernel == "torch_naive":
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 GEMMs in fp32 (torch's default)
+        if cfg["pass"] == "fwd":
+            return lambda: naive(q, k, v, causal)
+        for t in (q, k, v):
+            t.requires_grad_(True)
+        o = naive(q, k, v, causal)  # the graph autograd walks back (built outside the measurement)
+        return lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
     raise ValueError(f"kernel={kernel!r}: not a torch kernel ({list(TORCH_KERNELS)})")
 
 
@@ -91,10 +120,37 @@ def make_call(cfg: dict, device: str = "cuda"):
 # The comparison
 
 
-def schedule_of(cfg: dict):
+def schedule_of(cfg: dict, **options):
     from .configs import workload_of
 
-    return build_schedule(workload_of(cfg), cfg["kernel"], cfg["pass"])
+    return build_schedule(workload_of(cfg), cfg["kernel"], cfg["pass"], **options)
+
+
+#: A cuBLAS / CUTLASS GEMM kernel's tile in its name, cuBLAS order (M along C's columns):
+#: ``tilesize128x256x64`` (cuBLAS sm90/sm80 xmma kernels), ``_128x256x64_1x2x1_`` (CUTLASS 3 names:
+#: tile, then cluster), ``sgemm_128x64_`` (SIMT kernels).
+GEMM_TILE = (re.compile(r"tilesize(\d+)x(\d+)"), re.compile(r"_(\d+)x(\d+)x\d+_\d+x\d+x\d+_"),
+             re.compile(r"gemm_(\d+)x(\d+)_"))
+
+
+def gemm_tile(kernel_name: str) -> str | None:
+    """The "MxN" tile in a GEMM kernel's name (:data:`GEMM_TILE`), or None."""
+    for pat in GEMM_TILE:
+        m = pat.search(kernel_name)
+        if m:
+            return f"{m.group(1)}x{m.group(2)}"
+    return None
+
+
+def _options_from_names(cfg: dict, sched, measured: list[dict]) -> dict:
+    """Schedule options read off the measured kernel names: torch_naive's GEMM tiles."""
+    if cfg["kernel"] != "torch_naive":
+        return {}
+    from flashsim.algorithms.torch_naive import GEMMS, OPTIONS
+
+    tiles = [gemm_tile(str(r.get("kernel_name", ""))) or OPTIONS["gemm_tiles"][0]
+             for r, ln in zip(measured, sched.launches) if ln.name in GEMMS]
+    return {"gemm_tiles": ",".join(tiles)}
 
 
 def kernel_patterns(cfg: dict, sched) -> list[str]:
@@ -137,6 +193,9 @@ def records(cid: str, launches: list[dict]) -> list[dict]:
     cfg = launches[0]
     sched = schedule_of(cfg)
     match_launches(cid, launches, sched, kernel_patterns(cfg, sched))
+    options = _options_from_names(cfg, sched, launches)
+    if options:
+        sched = schedule_of(cfg, **options)
     io = walk(sched)
     out = []
     for r, (name, c) in zip(launches, io.per_launch.items()):
@@ -180,4 +239,4 @@ def records(cid: str, launches: list[dict]) -> list[dict]:
     return out
 
 
-__all__ = ["TORCH_KERNELS", "torch_set", "make_call", "records", "match_launches", "schedule_of"]
+__all__ = ["TORCH_KERNELS", "torch_set", "make_call", "records", "match_launches", "schedule_of", "gemm_tile", "naive"]

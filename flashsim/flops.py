@@ -137,7 +137,7 @@ def _flops_as(w: Workload, algo, tiling, options):
     if getattr(mod, "FLOPS_AS", None) is None:
         return algo, tiling, options
     bm, bn = mod.blocks(w, tiling, **options)
-    return mod.FLOPS_AS, Tiling(bm, bn), {}
+    return mod.FLOPS_AS, (None if bm is None else Tiling(bm, bn)), {}
 
 
 def flops(workload: Workload, pass_: str, algo: str | None = None, tiling: Tiling | None = None,

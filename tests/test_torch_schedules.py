@@ -128,3 +128,84 @@ def test_flash_refusals():
         build_schedule(wl(256, 64, nk=128, causal=True), "torch_flash", "fwd")
     with pytest.raises(ValueError, match="sms"):
         build_schedule(wl(256, 64), "torch_flash", "fwd", sms=0)
+
+
+# --------------------------------------------------------------------------------------------
+# torch_naive
+
+
+def test_naive_fwd_by_hand():
+    # N = 256, d = 64, fp16, one head; cuBLAS tile "128x256" = 128 columns x 256 rows of C.
+    io = walk(build_schedule(wl(256, 64), "torch_naive", "fwd", gemm_tiles="128x256"))
+    assert list(io.per_launch) == ["scale", "gemm_qk", "softmax", "gemm_pv"]
+    # scale: Q in, Qs out, 16,384 elements (128-byte rows: 1,024 sectors) each
+    assert key(io, "scale") == {("Q", "read"): (16384, 1024), ("Qs", "write"): (16384, 1024)}
+    # S = Qs Kᵀ (256 x 256): one band of 256 rows, two of 128 columns: Qs read twice (TMA: bulk),
+    # K once, S written once (256 rows x 2 tiles x 256 bytes = 8 sectors each: 4,096)
+    assert key(io, "gemm_qk") == {("K", "bulk_read"): (16384, 1024), ("Qs", "bulk_read"): (32768, 2048),
+                                  ("S", "bulk_write"): (65536, 4096)}
+    assert io.per_launch["gemm_qk"].sectors == 0  # nothing at the LSU level
+    assert key(io, "softmax") == {("P", "write"): (65536, 4096), ("S", "read"): (65536, 4096)}
+    # O = P V (256 x 64): one tile; P and V read once
+    assert key(io, "gemm_pv") == {("O", "bulk_write"): (16384, 1024), ("P", "bulk_read"): (65536, 4096),
+                                  ("V", "bulk_read"): (16384, 1024)}
+
+
+def test_naive_causal_mask_by_hand():
+    # 2 heads, N = 256.  ones: 256 x 256 booleans once (2,048 sectors); tril(0) reads row r's first
+    # r + 1 entries: 256·257/2 = 32,896, in Σ_r ⌈(r + 1)/32⌉ = 32·(1 + ... + 8) = 1,152 sectors;
+    # masked_fill_ reads the mask once per head.
+    io = walk(build_schedule(wl(256, 64, heads=2, causal=True), "torch_naive", "fwd"))
+    names = list(io.per_launch)
+    assert names == ["scale", "gemm_qk", "mask_ones", "mask_tril", "mask_not", "mask_clone", "masked_fill",
+                     "softmax", "gemm_pv"]
+    assert key(io, "mask_ones") == {("Mask1", "write"): (65536, 2048)}
+    assert key(io, "mask_tril") == {("Mask", "write"): (65536, 2048), ("Mask1", "read"): (32896, 1152)}
+    assert key(io, "masked_fill") == {("NotMask", "read"): (2 * 65536, 2 * 2048), ("Sm", "read"): (2 * 65536, 2 * 4096),
+                                      ("Sm", "write"): (2 * 65536, 2 * 4096)}
+
+
+def test_naive_bwd_by_hand():
+    # N = 256, d = 64, fp32 (LSU GEMMs), default tiles 128 x 128.
+    io = walk(build_schedule(wl(256, 64, dtype="fp32"), "torch_naive", "bwd"))
+    assert list(io.per_launch) == ["gemm_dp", "gemm_dv", "softmax_mul", "softmax_bwd", "gemm_dq", "gemm_dk",
+                                   "scale_bwd"]
+    el = {n: {k: v[0] for k, v in key(io, n).items()} for n in io.per_launch}
+    # dP = dO Vᵀ: 2 x 2 tiles, dO and V read twice each
+    assert el["gemm_dp"] == {("dO", "read"): 32768, ("V", "read"): 32768, ("dP", "write"): 65536}
+    # dV = Pᵀ dO (256 x 64): two row bands of 128 columns of P, one column band: P once, dO twice
+    assert el["gemm_dv"] == {("P", "read"): 65536, ("dO", "read"): 32768, ("dV", "write"): 16384}
+    # the softmax backward: T = dP ∘ P, then dS from T and P
+    assert el["softmax_mul"] == {("P", "read"): 65536, ("dP", "read"): 65536, ("T", "write"): 65536}
+    assert el["softmax_bwd"] == {("P", "read"): 65536, ("T", "read"): 65536, ("dS", "write"): 65536}
+    # dKᵀ = Qsᵀ dS (64 x 256): one row band, two column bands: Qs twice, dS once
+    assert el["gemm_dk"] == {("Qs", "read"): 32768, ("dS", "read"): 65536, ("dKT", "write"): 16384}
+    assert el["scale_bwd"] == {("dQs", "read"): 16384, ("dQ", "write"): 16384}
+    # fp32 rows of 256 bytes: 8 sectors each, dP's tiles of 128 columns 16 sectors a row
+    assert io.per_launch["gemm_dp"].breakdown[("dP", "write")].sectors == 256 * 2 * 16
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 200), nk=st.integers(1, 200), d=st.sampled_from([8, 64, 72]), causal=st.booleans(),
+       dtype=st.sampled_from(["fp16", "fp32"]), pass_=st.sampled_from(["fwd", "bwd"]),
+       tiles=st.sampled_from(["128x128", "64x256", "128x64,256x128", "32x32,64x64,128x128,16x16"]))
+def test_naive_walker_equals_closed_form(n, nk, d, causal, dtype, pass_, tiles):
+    count = 2 if pass_ == "fwd" else 4
+    if len(tiles.split(",")) not in (1, count):
+        tiles = tiles.split(",")[0]
+    w = wl(n, d, heads=2, causal=causal, dtype=dtype, nk=nk)
+    sched = build_schedule(w, "torch_naive", pass_, gemm_tiles=tiles)
+    io = walk(sched)
+    want = closed_form_elements(w, "torch_naive", pass_, gemm_tiles=tiles)
+    print(n, nk, d, causal, dtype, pass_, tiles)
+    assert io.elements_by_key() == {k: v for k, v in want.items() if v}
+    assert walk(sched, ordered=True).breakdown == io.breakdown
+
+
+def test_naive_refusals():
+    with pytest.raises(ValueError, match="gemm_tiles"):
+        build_schedule(wl(256, 64), "torch_naive", "fwd", gemm_tiles="128")
+    with pytest.raises(ValueError, match="gemm_tiles"):
+        build_schedule(wl(256, 64), "torch_naive", "bwd", gemm_tiles="128x128,64x64")
+    with pytest.raises(ValueError, match="kv_heads"):
+        build_schedule(wl(256, 64, heads=4, kv=2), "torch_naive", "fwd")
