@@ -27,7 +27,7 @@ from flashsim.api import build_schedule
 from flashsim.traffic import SECTOR_BYTES, walk
 
 #: The configuration kernels of this set, each modelled by the flashsim algorithm of that name.
-TORCH_KERNELS = ("torch_flash", "torch_naive")
+TORCH_KERNELS = ("torch_flash", "torch_naive", "torch_memeff")
 
 
 def _cfg(kernel, pass_, n, d, dtype="fp16", causal=False, batch=1, heads=16, kv_heads=None) -> dict:
@@ -38,8 +38,10 @@ def _cfg(kernel, pass_, n, d, dtype="fp16", causal=False, batch=1, heads=16, kv_
 def torch_set() -> list[dict]:
     """PyTorch's attention on the H100: SDPA's flash backend forward at N 1,024 .. 16,384, d 64 and
     128, fp16 (one bf16), causal and not; its backward at N 1,024 and 4,096; a GQA case (16 query
-    heads on 4 kv heads) both ways.  B·H = 16, so B·H·⌈N/64⌉ >= 256 > 0.8 · 2 · 132: mha_fwd never
-    switches to its split-KV kernels."""
+    heads on 4 kv heads) both ways (B·H = 16, so B·H·⌈N/64⌉ >= 256 > 0.8 · 2 · 132: mha_fwd never
+    switches to its split-KV kernels); eager naive attention forward and backward, fp16 and fp32,
+    causal and not, N 1,024 and 4,096; the memory-efficient backend's forward, N 1,024 .. 16,384,
+    fp16 and fp32, causal and not."""
     out = []
     for d in (64, 128):
         for n in (1024, 4096, 16384):
@@ -60,6 +62,12 @@ def torch_set() -> list[dict]:
     out.append(_cfg("torch_naive", "bwd", 1024, 64))
     out.append(_cfg("torch_naive", "bwd", 1024, 64, causal=True))
     out.append(_cfg("torch_naive", "bwd", 1024, 64, dtype="fp32"))
+    # the memory-efficient backend's forward
+    for n in (1024, 4096, 16384):
+        out.append(_cfg("torch_memeff", "fwd", n, 64))
+    out.append(_cfg("torch_memeff", "fwd", 4096, 128))
+    out.append(_cfg("torch_memeff", "fwd", 4096, 64, causal=True))
+    out.append(_cfg("torch_memeff", "fwd", 1024, 64, dtype="fp32"))
     return out
 
 
@@ -105,6 +113,14 @@ def make_call(cfg: dict, device: str = "cuda"):
             q, k, v, 0.0, causal, False)
         return lambda: torch.ops.aten._scaled_dot_product_flash_attention_backward(
             do, q, k, v, out, lse, cq, ck, mq, mk, 0.0, causal, seed, offset)
+    if kernel == "torch_memeff":  # inputs that need no grad: no logsumexp, as SDPA decides
+        if cfg["pass"] != "fwd":
+            raise ValueError("torch_memeff: the forward only is modelled")
+
+        def memeff():
+            with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return memeff
     if kernel == "torch_naive":
         torch.backends.cuda.matmul.allow_tf32 = False  # fp32 GEMMs in fp32 (torch's default)
         if cfg["pass"] == "fwd":

@@ -209,3 +209,38 @@ def test_naive_refusals():
         build_schedule(wl(256, 64), "torch_naive", "bwd", gemm_tiles="128x128,64x64")
     with pytest.raises(ValueError, match="kv_heads"):
         build_schedule(wl(256, 64, heads=4, kv=2), "torch_naive", "fwd")
+
+
+# --------------------------------------------------------------------------------------------
+# torch_memeff (forward)
+
+
+def test_memeff_fwd_by_hand():
+    # d = 128: Bq = 64, Bk = 128.  N = 256, one head: 4 query blocks x 2 key blocks; Q_i is
+    # re-read for each key block: 2 x 256 rows = 65,536 elements; K and V once per query block:
+    # 4 x 256 rows = 131,072 each.
+    io = walk(build_schedule(wl(256, 128), "torch_memeff", "fwd"))
+    el = {k: v[0] for k, v in key(io).items()}
+    assert el == {("K", "read"): 131072, ("O", "write"): 32768, ("Q", "read"): 65536, ("V", "read"): 131072}
+    # causal: query block i's loop covers min(256, 64 (i + 1)) keys: 64 + 128 + 192 + 256 = 640 key
+    # rows; blocks of 128 keys: 1, 1, 2, 2 of them, so Q is read 6 x 64 rows.  With lse=True: 4
+    # blocks x 64 floats (⌈256/32⌉·32 = 256 rows).
+    io = walk(build_schedule(wl(256, 128, causal=True), "torch_memeff", "fwd", lse=True))
+    el = {k: v[0] for k, v in key(io).items()}
+    assert el == {("K", "read"): 640 * 128, ("L", "write"): 256, ("O", "write"): 32768, ("Q", "read"): 6 * 64 * 128,
+                  ("V", "read"): 640 * 128}
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 400), nk=st.integers(1, 400), d=st.sampled_from([8, 64, 96, 128]), causal=st.booleans(),
+       dtype=st.sampled_from(["fp16", "fp32"]), lse=st.booleans())
+def test_memeff_walker_equals_closed_form(n, nk, d, causal, dtype, lse):
+    if causal:
+        nk = n
+    w = wl(n, d, heads=2, causal=causal, dtype=dtype, nk=nk)
+    sched = build_schedule(w, "torch_memeff", "fwd", lse=lse)
+    io = walk(sched)
+    print(n, nk, d, causal, dtype, lse, io.elements_by_key())
+    want = closed_form_elements(w, "torch_memeff", "fwd", lse=lse)
+    assert io.elements_by_key() == {k: v for k, v in want.items() if v}
+    assert walk(sched, ordered=True).breakdown == io.breakdown

@@ -34,6 +34,7 @@ NAMES = {
     "softmax": "void at::native::cunn_SoftMaxForwardSmem<8, c10::Half, float, c10::Half, SoftMaxForwardEpilogue>",
     "softmax_mul": "void at::native::vectorized_elementwise_kernel<4, BinaryFunctor<c10::Half, MulFunctor>>(int, T2)",
     "softmax_bwd": "void at::native::cunn_SoftMaxBackwardSmem<8, c10::Half, float, c10::Half, Epilogue>",
+    "fmha_cutlassF": "fmha_cutlassF_f16_aligned_64x64_rf_sm80(AttentionKernel<half_t, Sm80, true, 64, 64, 64>::Params)",
     **{g: "sm90_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize128x256x64_warpgroupsize2x1x1_execute_kernel__5x_cublas"
        for g in ("gemm_qk", "gemm_pv", "gemm_dp", "gemm_dv", "gemm_dq", "gemm_dk")},
 }

@@ -40,6 +40,7 @@ _MODULES = {
     "decode": "decode",
     "torch_flash": "torch_flash",
     "torch_naive": "torch_naive",
+    "torch_memeff": "torch_memeff",
 }
 
 #: Decoding schedules: they take a KV cache's options (lengths, splits, pages) and mask causally
@@ -48,7 +49,7 @@ _MODULES = {
 DECODERS = ("decode",)
 #: Schedules of the kernels PyTorch launches (issue 15): fixed tiles from the kernels' own source,
 #: so the attention-wide lists (bounds, sweeps) leave them out too; ``simulate`` takes them.
-TORCH_KERNELS = ("torch_flash", "torch_naive")
+TORCH_KERNELS = ("torch_flash", "torch_naive", "torch_memeff")
 #: The attention algorithms: every workload, the paper's bounds apply.
 ALGORITHMS = tuple(a for a in _MODULES if a not in DECODERS + TORCH_KERNELS)
 #: Everything ``get_algorithm`` knows.
