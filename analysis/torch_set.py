@@ -27,7 +27,7 @@ from flashsim.api import build_schedule
 from flashsim.traffic import SECTOR_BYTES, walk
 
 #: The configuration kernels of this set, each modelled by the flashsim algorithm of that name.
-TORCH_KERNELS = ("torch_flash", "torch_naive", "torch_memeff")
+TORCH_KERNELS = ("torch_flash", "torch_naive", "torch_memeff", "torch_cudnn")
 
 
 def _cfg(kernel, pass_, n, d, dtype="fp16", causal=False, batch=1, heads=16, kv_heads=None) -> dict:
@@ -41,7 +41,7 @@ def torch_set() -> list[dict]:
     heads on 4 kv heads) both ways (B·H = 16, so B·H·⌈N/64⌉ >= 256 > 0.8 · 2 · 132: mha_fwd never
     switches to its split-KV kernels); eager naive attention forward and backward, fp16 and fp32,
     causal and not, N 1,024 and 4,096; the memory-efficient backend's forward, N 1,024 .. 16,384,
-    fp16 and fp32, causal and not."""
+    fp16 and fp32, causal and not; the cuDNN backend's forward, N 1,024 .. 16,384, fp16."""
     out = []
     for d in (64, 128):
         for n in (1024, 4096, 16384):
@@ -68,6 +68,11 @@ def torch_set() -> list[dict]:
     out.append(_cfg("torch_memeff", "fwd", 4096, 128))
     out.append(_cfg("torch_memeff", "fwd", 4096, 64, causal=True))
     out.append(_cfg("torch_memeff", "fwd", 1024, 64, dtype="fp32"))
+    # the cuDNN backend's forward (TMA: compared at the L2 level, an estimate)
+    for n in (1024, 4096, 16384):
+        out.append(_cfg("torch_cudnn", "fwd", n, 64))
+    out.append(_cfg("torch_cudnn", "fwd", 4096, 128))
+    out.append(_cfg("torch_cudnn", "fwd", 4096, 64, causal=True))
     return out
 
 
@@ -113,14 +118,15 @@ def make_call(cfg: dict, device: str = "cuda"):
             q, k, v, 0.0, causal, False)
         return lambda: torch.ops.aten._scaled_dot_product_flash_attention_backward(
             do, q, k, v, out, lse, cq, ck, mq, mk, 0.0, causal, seed, offset)
-    if kernel == "torch_memeff":  # inputs that need no grad: no logsumexp, as SDPA decides
+    backend = {"torch_memeff": SDPBackend.EFFICIENT_ATTENTION, "torch_cudnn": SDPBackend.CUDNN_ATTENTION}.get(kernel)
+    if backend is not None:  # inputs that need no grad: no logsumexp, as SDPA decides
         if cfg["pass"] != "fwd":
-            raise ValueError("torch_memeff: the forward only is modelled")
+            raise ValueError(f"{kernel}: the forward only is modelled")
 
-        def memeff():
-            with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+        def sdpa():
+            with sdpa_kernel(backend):
                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-        return memeff
+        return sdpa
     if kernel == "torch_naive":
         torch.backends.cuda.matmul.allow_tf32 = False  # fp32 GEMMs in fp32 (torch's default)
         if cfg["pass"] == "fwd":

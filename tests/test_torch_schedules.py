@@ -244,3 +244,23 @@ def test_memeff_walker_equals_closed_form(n, nk, d, causal, dtype, lse):
     want = closed_form_elements(w, "torch_memeff", "fwd", lse=lse)
     assert io.elements_by_key() == {k: v for k, v in want.items() if v}
     assert walk(sched, ordered=True).breakdown == io.breakdown
+
+
+# --------------------------------------------------------------------------------------------
+# torch_cudnn (forward, bulk estimate)
+
+
+def test_cudnn_fwd_by_hand():
+    # assumed 128 x 128 tiles, N = 256, d = 64, 2 heads: Q once, K and V once per query block
+    # (2 x 256 rows), all of it bulk (TMA): nothing at the LSU level.
+    io = walk(build_schedule(wl(256, 64, heads=2), "torch_cudnn", "fwd"))
+    assert key(io) == {("K", "bulk_read"): (2 * 32768, 2 * 2048), ("O", "bulk_write"): (2 * 16384, 2 * 1024),
+                       ("Q", "bulk_read"): (2 * 16384, 2 * 1024), ("V", "bulk_read"): (2 * 32768, 2 * 2048)}
+    assert io.sectors == 0 and io.by_class()["bulk"].sectors == 2 * (1024 + 2048 + 2048 + 1024)
+    # causal with 64-row query tiles: query block i loads ⌈64 (i + 1) / 128⌉ key blocks: 1, 1, 2, 2
+    io = walk(build_schedule(wl(256, 64, causal=True), "torch_cudnn", "fwd", block_q=64))
+    assert io.breakdown[("K", "bulk_read")].elements == (128 + 128 + 256 + 256) * 64
+    for n, causal, bq in ((200, False, 128), (333, True, 64), (77, True, 128)):
+        w = wl(n, 64, causal=causal)
+        got = walk(build_schedule(w, "torch_cudnn", "fwd", block_q=bq, lse=True)).elements_by_key()
+        assert got == closed_form_elements(w, "torch_cudnn", "fwd", block_q=bq, lse=True)

@@ -41,6 +41,7 @@ _MODULES = {
     "torch_flash": "torch_flash",
     "torch_naive": "torch_naive",
     "torch_memeff": "torch_memeff",
+    "torch_cudnn": "torch_cudnn",
 }
 
 #: Decoding schedules: they take a KV cache's options (lengths, splits, pages) and mask causally
@@ -49,7 +50,7 @@ _MODULES = {
 DECODERS = ("decode",)
 #: Schedules of the kernels PyTorch launches (issue 15): fixed tiles from the kernels' own source,
 #: so the attention-wide lists (bounds, sweeps) leave them out too; ``simulate`` takes them.
-TORCH_KERNELS = ("torch_flash", "torch_naive", "torch_memeff")
+TORCH_KERNELS = ("torch_flash", "torch_naive", "torch_memeff", "torch_cudnn")
 #: The attention algorithms: every workload, the paper's bounds apply.
 ALGORITHMS = tuple(a for a in _MODULES if a not in DECODERS + TORCH_KERNELS)
 #: Everything ``get_algorithm`` knows.
