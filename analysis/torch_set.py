@@ -2,10 +2,14 @@
 held against the simulator's schedules of those kernels (``flashsim.algorithms.torch_*``).
 
 A configuration names ``kernel`` = one of :data:`TORCH_KERNELS` (the simulator algorithm of the
-same name models it).  The worker (:func:`make_call`) builds the inputs with torch and returns the
-call to measure: for the flash backend's forward ``F.scaled_dot_product_attention`` under
-``sdpa_kernel(FLASH_ATTENTION)``; for its backward ``aten._scaled_dot_product_flash_attention_backward``
-on the saved forward outputs (the call autograd makes for that forward).
+same name models it).  The worker (:func:`make_call`) builds the inputs with torch, runs the call
+once (lazy initialisation stays outside the measurement) and returns it: for the flash backend
+``aten._scaled_dot_product_flash_attention`` (the op ``F.scaled_dot_product_attention`` runs for
+it; called directly, GQA needs no ``enable_gqa`` dispatch) and, for the backward,
+``aten._scaled_dot_product_flash_attention_backward`` on its saved outputs (the call autograd makes);
+for the memory-efficient and cuDNN backends ``F.scaled_dot_product_attention`` under
+``sdpa_kernel`` with inputs that need no grad (so no logsumexp); for eager naive attention
+:func:`naive` and, for the backward, ``torch.autograd.grad`` through its graph.
 
 :func:`records` compares a configuration's measured launches with its schedule: every measured
 launch must match, in order, the kernel-name pattern of a schedule launch (the module's
@@ -107,15 +111,20 @@ def make_call(cfg: dict, device: str = "cuda"):
     k = torch.randn(b, hkv, nk, d, device=device, dtype=dt)
     v = torch.randn(b, hkv, nk, d, device=device, dtype=dt)
     do = torch.randn(b, h, nq, d, device=device, dtype=dt)
+    call = _call(cfg, torch, F, SDPBackend, sdpa_kernel, q, k, v, do, causal)
+    call()  # once at the full size, outside the measurement: lazy initialisation (cuBLAS, cuDNN plans)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return call
+
+
+def _call(cfg, torch, F, SDPBackend, sdpa_kernel, q, k, v, do, causal):
     kernel = cfg["kernel"]
-    if kernel == "torch_flash":
+    if kernel == "torch_flash":  # the op F.scaled_dot_product_attention runs for the flash backend
+        flash = torch.ops.aten._scaled_dot_product_flash_attention
         if cfg["pass"] == "fwd":
-            def fwd():
-                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=hkv != h)
-            return fwd
-        out, lse, cq, ck, mq, mk, seed, offset, _ = torch.ops.aten._scaled_dot_product_flash_attention(
-            q, k, v, 0.0, causal, False)
+            return lambda: flash(q, k, v, 0.0, causal, False)
+        out, lse, cq, ck, mq, mk, seed, offset, _ = flash(q, k, v, 0.0, causal, False)
         return lambda: torch.ops.aten._scaled_dot_product_flash_attention_backward(
             do, q, k, v, out, lse, cq, ck, mq, mk, 0.0, causal, seed, offset)
     backend = {"torch_memeff": SDPBackend.EFFICIENT_ATTENTION, "torch_cudnn": SDPBackend.CUDNN_ATTENTION}.get(kernel)
