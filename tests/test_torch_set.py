@@ -5,7 +5,7 @@ import csv
 
 import pytest
 
-from analysis.compare import compare, read_measured
+from analysis.compare import compare, read_measured, summarize
 from analysis.configs import SETS, config_id
 from analysis.measure import CONFIG_FIELDS, METRIC_FIELDS
 from analysis.torch_set import TORCH_KERNELS, make_call, schedule_of
@@ -106,6 +106,9 @@ def test_compare_maps_every_launch(tmp_path):
             continue
         assert r["level"] == "lsu" and r["lsu_ld_err"] == r["lsu_st_err"] == 0.0
         assert r["lsu_red_err"] == 0.0 or r["sim_lsu_red_bytes"] == r["lsu_red_bytes"] == 0
+    s = summarize(recs)
+    assert (s["torch_lsu_exact"], s["torch_l2_within"]) == (s["torch_lsu_launches"], s["torch_l2_launches"])
+    assert s["torch_l2_launches"] > 0
     main = [r for r in recs if r["sim_launch"] == "flash_bwd_dq_dk_dv"]
     assert main and all(r["sim_lsu_red_bytes"] > 0 for r in main)
 
