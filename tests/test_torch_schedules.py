@@ -152,15 +152,19 @@ def test_naive_fwd_by_hand():
 
 
 def test_naive_causal_mask_by_hand():
-    # 2 heads, N = 256.  ones: 256 x 256 booleans once (2,048 sectors); tril(0) reads row r's first
-    # r + 1 entries: 256·257/2 = 32,896, in Σ_r ⌈(r + 1)/32⌉ = 32·(1 + ... + 8) = 1,152 sectors;
+    # 2 heads, N = 256.  ones: 256 x 256 booleans once (2,048 sectors).  tril(0): thread t of a row
+    # (one warp per row: 32 chunks of 8 bytes) loads its chunk, one byte per step for 8 steps, when
+    # 8t <= r: a_r = ⌊r/8⌋ + 1 threads, 8·a_r bytes, Σ_r = 8·8·(1 + ... + 32) = 33,792; a step of
+    # n threads spans 8n bytes from the row's (aligned) start: ⌈n/4⌉ sectors, 8 steps a row, so
+    # Σ_r 8⌈a_r/4⌉ = 8·8·4·(1 + ... + 8) = 9,216 sectors.  Its stores: every thread, 8 steps of 8
+    # sectors, 64 a row: 16,384 sectors for 65,536 bytes (8x the 2,048 of a coalesced store).
     # masked_fill_ reads the mask once per head.
     io = walk(build_schedule(wl(256, 64, heads=2, causal=True), "torch_naive", "fwd"))
     names = list(io.per_launch)
     assert names == ["scale", "gemm_qk", "mask_ones", "mask_tril", "mask_not", "mask_clone", "masked_fill",
                      "softmax", "gemm_pv"]
     assert key(io, "mask_ones") == {("Mask1", "write"): (65536, 2048)}
-    assert key(io, "mask_tril") == {("Mask", "write"): (65536, 2048), ("Mask1", "read"): (32896, 1152)}
+    assert key(io, "mask_tril") == {("Mask", "write"): (65536, 16384), ("Mask1", "read"): (33792, 9216)}
     assert key(io, "masked_fill") == {("NotMask", "read"): (2 * 65536, 2 * 2048), ("Sm", "read"): (2 * 65536, 2 * 4096),
                                       ("Sm", "write"): (2 * 65536, 2 * 4096)}
 
@@ -193,6 +197,8 @@ def test_naive_walker_equals_closed_form(n, nk, d, causal, dtype, pass_, tiles):
     count = 2 if pass_ == "fwd" else 4
     if len(tiles.split(",")) not in (1, count):
         tiles = tiles.split(",")[0]
+    if causal:
+        nk = -(-nk // 8) * 8  # tril's 8-byte chunks
     w = wl(n, d, heads=2, causal=causal, dtype=dtype, nk=nk)
     sched = build_schedule(w, "torch_naive", pass_, gemm_tiles=tiles)
     io = walk(sched)
@@ -264,3 +270,22 @@ def test_cudnn_fwd_by_hand():
         w = wl(n, 64, causal=causal)
         got = walk(build_schedule(w, "torch_cudnn", "fwd", block_q=bq, lse=True)).elements_by_key()
         assert got == closed_form_elements(w, "torch_cudnn", "fwd", block_q=bq, lse=True)
+
+
+@pytest.mark.parametrize(("nq", "nk"), [(40, 256), (7, 512), (300, 256), (33, 768)])
+def test_naive_tril_requests_brute_force(nq, nk):
+    # triu_tril_kernel on a bool (nq, nk) matrix, tril(nk - nq): global thread c owns bytes
+    # [8c, 8c + 8); warps are 32 consecutive threads; at step i each thread whose chunk starts in the
+    # kept triangle loads byte 8c + i (every thread stores it).  A request's sectors are the distinct
+    # 32-byte sectors of its warp's addresses at that step.
+    cpr, k = nk // 8, nk - nq
+    loads = stores = 0
+    for g in range(-(-nq * cpr // 32)):
+        chunks = range(32 * g, min(32 * g + 32, nq * cpr))
+        active = [c for c in chunks if 8 * (c % cpr) - c // cpr <= k]
+        for i in range(8):
+            loads += len({(8 * c + i) // 32 for c in active})
+            stores += len({(8 * c + i) // 32 for c in chunks})
+    io = walk(build_schedule(wl(nq, 64, nk=nk, causal=True), "torch_naive", "fwd")).per_launch["mask_tril"]
+    print(nq, nk, loads, stores, io.breakdown)
+    assert (io.breakdown[("Mask1", "read")].sectors, io.breakdown[("Mask", "write")].sectors) == (loads, stores)

@@ -31,9 +31,16 @@ and ``torch.autograd.grad(o, (q, k, v), do)`` for the backward.  Launch by launc
 
 The softmax kernels read each row once (``softmax_warp_*`` up to 1,024 columns, the shared-memory
 ``cunn_SoftMax*Smem`` kernels beyond, as long as a row fits in 48 KB); elementwise kernels read and
-write whole tensors; the mask kernels move 1-byte booleans (``tril`` reads only the kept part of
-each row: row r reads its first min(Nk, r + Nk - Nq + 1) entries); ``masked_fill_`` reads its
-input and the (broadcast) mask for every element of every head.
+write whole tensors; the mask kernels move 1-byte booleans; ``masked_fill_`` reads its input and
+the (broadcast) mask for every element of every head.  ``triu_tril_kernel`` (bool: 8 elements a
+thread, ``elements_per_thread = 8 / sizeof``) gives thread t the 8 bytes [8t, 8t + 8) of a row and
+moves them one byte per instruction (the stride is a run-time value): at each of its 8 steps a warp
+asks for 32 bytes spread over 256, so every step touches all the sectors of the warp's span.  Its
+loads are made only by the threads whose chunk starts inside the kept triangle (col - row <= Nk -
+Nq), all 8 bytes of such a chunk; its stores by every thread.  They are ``per_thread_rows``
+accesses of the mask viewed as rows of 8 bytes (``Mask1``, ``Mask``: Nq·Nk/8 rows), one per warp
+piece of a matrix row: exact when a warp never spans two matrix rows (Nk a multiple of 256);
+causal naive attention needs Nk to be a multiple of 8.
 
 GEMMs.  cuBLAS computes the row-major C = A·B as the column-major Cᵀ, so its "m" runs along C's
 columns: a kernel tile m x n (as in the kernel's name, ``tilesize128x256x64``) covers n rows and m
@@ -108,6 +115,8 @@ def _check(w: Workload) -> None:
     if w.hkv != w.heads:
         raise ValueError(f"kv_heads={w.hkv}: torch_naive models kv_heads == heads (naive GQA would need "
                          "repeat_interleave, not modelled)")
+    if w.causal and w.nk % 8:
+        raise ValueError(f"seq_len_k={w.nk}: causal torch_naive needs a multiple of 8 (tril's 8-byte chunks)")
 
 
 class _Gemm:
@@ -173,8 +182,9 @@ def _parts(w: Workload, pass_: str, tiles: str):
     for n in ("S", "Sm", "P", "dP", "T", "dS", "dSm"):
         mat(n, nq, nk)
     mat("dKT", d, nk)
-    for n in ("Mask1", "Mask", "NotMask"):
-        mat(n, nq, nk, 1, 1)
+    for n in ("Mask1", "Mask"):  # tril's view: rows of 8 bytes (a thread's chunk)
+        mat(n, nq * nk // 8, 8, 1, 1)
+    mat("NotMask", nq, nk, 1, 1)
     parts = []
     causal = w.causal
     if pass_ == "fwd":
@@ -214,9 +224,26 @@ def _parts(w: Workload, pass_: str, tiles: str):
     return {k: v for k, v in t.items() if k in used}, parts
 
 
-def _tril_rows(w: Workload) -> np.ndarray:
-    """Entries ``tril(nk - nq)`` keeps (and reads) in each row r: min(Nk, r + Nk - Nq + 1), >= 0."""
-    return np.clip(np.arange(w.nq, dtype=np.int64) + w.nk - w.nq + 1, 0, w.nk)
+def _tril_active(w: Workload) -> np.ndarray:
+    """Chunks of 8 entries ``tril(nk - nq)`` loads in each row r: those starting at a kept column,
+    8c <= r + Nk - Nq, so min(Nk/8, ⌊(r + Nk - Nq)/8⌋ + 1), or none when r + Nk - Nq < 0."""
+    t = np.arange(w.nq, dtype=np.int64) + w.nk - w.nq
+    return np.where(t < 0, 0, np.minimum(w.nk // 8, t // 8 + 1))
+
+
+def _warp_pieces(w: Workload, chunks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Chunks 0 .. chunks_r - 1 of each row r, in the global chunk numbering (row r starts at chunk
+    r·Nk/8), cut at warp boundaries (multiples of 32): (first chunk, chunk count) of each piece."""
+    cpr = w.nk // 8
+    base = np.arange(w.nq, dtype=np.int64) * cpr
+    first_w, last_w = base // 32, (base + np.maximum(chunks, 1) - 1) // 32
+    count = np.where(chunks > 0, last_w - first_w + 1, 0)
+    row = np.repeat(np.arange(w.nq, dtype=np.int64), count)
+    k = np.arange(int(count.sum()), dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
+    wstart = (first_w[row] + k) * 32
+    lo = np.maximum(wstart, base[row])
+    hi = np.minimum(wstart + 32, base[row] + chunks[row])
+    return lo, hi - lo
 
 
 def schedule(w: Workload, tiling: Tiling | None, pass_: str, **options) -> Schedule:
@@ -240,12 +267,12 @@ def schedule(w: Workload, tiling: Tiling | None, pass_: str, **options) -> Sched
                     yield write(wt, 0, tensors[wt].rows)
             programs = 1 if all(tensors[n].slices == 1 for n in p[0] + p[1]) else w.bh
             launches.append(Launch(name, programs, {n: s[:programs] for n, s in slices.items()}, acc))
-        else:  # tril: each row reads its kept prefix, writes the whole row
-            keep = _tril_rows(w)
-
-            def tril(keep=keep):
-                yield read("Mask1", np.arange(w.nq), 1, 0, keep)
-                yield write("Mask", 0, w.nq)
+        else:  # tril: per-thread 8-byte chunks, loads where the chunk starts in the triangle
+            def tril():
+                r0, rn = _warp_pieces(w, _tril_active(w))
+                yield read("Mask1", r0, rn, 0, 8, per_thread_rows=True)
+                r0, rn = _warp_pieces(w, np.full(w.nq, w.nk // 8, dtype=np.int64))
+                yield write("Mask", r0, rn, 0, 8, per_thread_rows=True)
             launches.append(Launch(name, 1, {n: s[:1] for n, s in slices.items()}, tril))
     return Schedule("torch_naive", tensors, launches,
                     {"pass": pass_, "gemm_tiles": tiles, "kernels": [KERNEL_NAMES[ln.name] for ln in launches]})
@@ -273,7 +300,7 @@ def closed_form(w: Workload, tiling: Tiling | None, pass_: str, **options) -> di
             for wt in p[1]:
                 add((wt, "write"), programs * tensors[wt].rows * tensors[wt].cols)
         else:
-            add(("Mask1", "read"), int(_tril_rows(w).sum()))
+            add(("Mask1", "read"), 8 * int(_tril_active(w).sum()))
             add(("Mask", "write"), w.nq * w.nk)
     return out
 
