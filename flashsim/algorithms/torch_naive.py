@@ -29,8 +29,12 @@ and ``torch.autograd.grad(o, (q, k, v), do)`` for the backward.  Launch by launc
     gemm_dk      (dKᵀ) = Qsᵀ dS               Qs, dS           dKT
     scale_bwd    dQ = dQs ∘ τ                 dQs              dQ
 
-The softmax kernels read each row once (``softmax_warp_*`` up to 1,024 columns, the shared-memory
-``cunn_SoftMax*Smem`` kernels beyond, as long as a row fits in 48 KB); elementwise kernels read and
+The softmax kernels read each row once: ``host_softmax`` runs the persistent warp softmax up to
+2,048 columns (8 KB a row), beyond that ``cunn_SoftMaxForwardReg`` (the row in registers, at most
+9 values a thread) or ``cunn_SoftMaxForwardSmem`` (the row in shared memory); the backward's
+``softmax_warp_backward`` (N = 1,024 here) and ``cunn_SoftMaxBackwardSmem`` read T and P once
+each (the multi-pass ``cunn_SoftMaxForward``/``Backward`` and the ``Gmem`` kernels, for rows
+too long for these, are not modelled); elementwise kernels read and
 write whole tensors; the mask kernels move 1-byte booleans; ``masked_fill_`` reads its input and
 the (broadcast) mask for every element of every head.  ``triu_tril_kernel`` (bool: 8 elements a
 thread, ``elements_per_thread = 8 / sizeof``) gives thread t the 8 bytes [8t, 8t + 8) of a row and
