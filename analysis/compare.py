@@ -41,6 +41,9 @@ from flashsim.traffic import SECTOR_BYTES, walk
 
 from .configs import KERNELS, sim_options, tiling_of, workload_of
 from .measure import CONFIG_FIELDS, METRIC_FIELDS
+from .torch_set import TORCH_KERNELS
+from .torch_set import records as torch_records
+from .torch_set import summary as torch_summary
 
 LSU_TOLERANCE = 0.01
 #: Set sampling of the L2 model in comparisons: one set in 16 is simulated (every count x 16).
@@ -144,6 +147,8 @@ def _typed(path: Path, line: int, r: dict) -> dict:
                 raise _bad(path, f"line {line}: kernel 'decode' needs {k}")
         if r["pass"] != "fwd":
             raise _bad(path, f"line {line}: kernel 'decode' has a forward pass only (pass={r['pass']!r})")
+    elif r["kernel"] in TORCH_KERNELS:  # the kernel's own tiles (analysis/torch_set.py)
+        pass
     elif not r["sram_bytes"] and (r["block_m"] is None or r["block_n"] is None):
         raise _bad(path, f"line {line}: kernel {r['kernel']!r} needs sram_bytes or block_m and block_n")
     return r
@@ -247,6 +252,9 @@ def compare(rows: list[dict], gpu: str = "h100") -> list[dict]:
     rate = _timed_rate()
     for cid, launches in by_cfg.items():
         launches.sort(key=lambda r: r["launch_index"])
+        if launches[0]["kernel"] in TORCH_KERNELS:  # PyTorch's launches, matched by kernel name
+            out += torch_records(cid, launches)
+            continue
         preds = predict(launches[0], gpu)
         if len(preds) != len(launches):
             raise ValueError(f"{cid}: {len(launches)} measured launches but the simulator models {len(preds)}")
@@ -380,8 +388,8 @@ def print_table(records: list[dict], file=None) -> None:
     print(head, file=f)
     print("-" * len(head), file=f)
     for r in records:
-        lsu = r["lsu_ld_bytes"] + r["lsu_st_bytes"]
-        sim = r["sim_lsu_ld_bytes"] + r["sim_lsu_st_bytes"]
+        lsu = r.get("lsu_compared_bytes", r["lsu_ld_bytes"] + r["lsu_st_bytes"])  # torch: as compared
+        sim = r.get("sim_lsu_compared_bytes", r["sim_lsu_ld_bytes"] + r["sim_lsu_st_bytes"])
         dram = r["dram_read_bytes"] + r["dram_write_bytes"]
         sdram = r["sim_dram_read_bytes"] + r["sim_dram_write_bytes"]
         print(f"{r['config_id'][:58]:58s} {r['launch_index']:6d} {_fmt_bytes(lsu)} {_fmt_bytes(sim)} "
@@ -404,6 +412,8 @@ def summarize(records: list[dict]) -> dict:
     lsu = np.array([abs(r["lsu_err"]) for r in records])
     out = {"launches": len(records), "lsu_max_abs_err": float(lsu.max()) if lsu.size else math.nan,
            "lsu_within_tolerance": int((lsu <= LSU_TOLERANCE).sum())}
+    if any("level" in r for r in records):  # PyTorch's launches (analysis/torch_set.py)
+        out.update(torch_summary(records))
     if any(r.get("kernel") == "decode" for r in records):
         # the decode kernels' launches against the walker's sectors: how many agree to the byte,
         # loads and stores apart
@@ -459,6 +469,10 @@ def run(data: str | Path, out_dir: str | Path | None = None, gpu: str | None = N
     s = summarize(records)
     print(f"\nLSU level: {s['lsu_within_tolerance']}/{s['launches']} launches within "
           f"{100 * LSU_TOLERANCE:.0f}% (max |err| {100 * s['lsu_max_abs_err']:.3f}%)")
+    if "torch_lsu_launches" in s:
+        print(f"PyTorch's launches: LSU level, to the byte (loads incl. LDGSTS, stores, reductions apart): "
+              f"{s['torch_lsu_exact']}/{s['torch_lsu_launches']}; L2 level (TMA launches) within 2%: "
+              f"{s['torch_l2_within']}/{s['torch_l2_launches']}")
     if "lsu_ld_exact" in s:
         n = s["launches"]
         print(f"LSU level, to the byte: loads equal the walker's on {s['lsu_ld_exact']}/{n} launches "
@@ -494,7 +508,9 @@ def run(data: str | Path, out_dir: str | Path | None = None, gpu: str | None = N
                 # plots never needs
                 from .plots import plot_all
 
-                made = plot_all(configs, stage)
+                # PyTorch's launches have no DRAM prediction and are not in these plots
+                ours = [c for c in configs if c["kernel"] not in TORCH_KERNELS]
+                made = plot_all(ours, stage) if ours else []
         for p in made:
             print(f"wrote {out / p.name}")
     return 0 if s["lsu_within_tolerance"] == s["launches"] else 1

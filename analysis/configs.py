@@ -13,10 +13,12 @@ import numpy as np
 
 from flashsim.config import DTYPE_BYTES, Tiling, Workload
 
+from .torch_set import TORCH_KERNELS, torch_set
+
 #: The kernels a configuration may name (the worker runs them, the simulator models them);
 #: "decode" is the reference decode kernel (``kernels/decode.py``), whose schedule is
 #: ``flashsim.algorithms.decode``'s.
-KERNELS = ("flash2", "flash1", "standard", "decode")
+KERNELS = ("flash2", "flash1", "standard", "decode", *TORCH_KERNELS)  # torch_*: analysis/torch_set.py
 #: Configuration fields of the decode set beyond :data:`analysis.measure.CONFIG_FIELDS`
 #: (``num_splits``; ``page_size``, 0 for a contiguous cache), recorded when a set has them.
 DECODE_FIELDS = ("num_splits", "page_size")
@@ -55,6 +57,8 @@ def config_id(cfg: dict) -> str:
              f"n{cfg['seq_len_q']}", f"d{cfg['head_dim']}", cfg["dtype"]]
     if cfg.get("seq_len_k") and cfg["seq_len_k"] != cfg["seq_len_q"]:
         parts.insert(4, f"nk{cfg['seq_len_k']}")
+    if cfg["kernel"] in TORCH_KERNELS and cfg.get("kv_heads") not in (None, cfg["heads"]):
+        parts[2] += f"kv{cfg['kv_heads']}"
     if cfg.get("causal"):
         parts.append("causal")
     if cfg.get("sram_bytes"):
@@ -168,4 +172,5 @@ def decode_set() -> list[dict]:
 
 #: Named sets.  The data file is named after the set, so "h100" and "h200" name the same
 #: configurations measured on each GPU.
-SETS = {"main": main_set, "h100": main_set, "h200": main_set, "smoke": smoke_set, "decode": decode_set}
+SETS = {"main": main_set, "h100": main_set, "h200": main_set, "smoke": smoke_set, "decode": decode_set,
+        "torch": torch_set}

@@ -33,7 +33,7 @@ from pathlib import Path
 from flashsim.output import check_overwrite, staged
 
 from .configs import DECODE_FIELDS
-from .ncu import METRICS, ncu_command, parse_raw_csv, split_by_marker
+from .ncu import METRICS, OPTIONAL_METRICS, available_metrics, ncu_command, parse_raw_csv, split_by_marker
 
 CONFIG_FIELDS = ("kernel", "pass", "batch", "heads", "kv_heads", "seq_len_q", "seq_len_k", "head_dim", "dtype",
                  "causal", "block_m", "block_n", "sram_bytes", "gemm_block")
@@ -163,7 +163,8 @@ def measure(configs: list[dict], out_dir: str | Path, name: str, cache_control: 
         cfg_path, man_path = Path(tmp, "configs.json"), Path(tmp, "manifest.json")
         cfg_path.write_text(json.dumps(configs))
         program = [sys.executable, "-m", "analysis.worker", str(cfg_path), str(man_path)]
-        cmd = ncu_command(program, export=str(stage / raw_name), cache_control=cache_control,
+        metrics = (*METRICS, *available_metrics())  # the optional ones this ncu knows (red, atom, ldgsts)
+        cmd = ncu_command(program, export=str(stage / raw_name), metrics=metrics, cache_control=cache_control,
                           profile_from_start=False)
         print("running:", " ".join(cmd), file=sys.stderr, flush=True)
         proc = subprocess.run(cmd)
@@ -189,6 +190,7 @@ def measure(configs: list[dict], out_dir: str | Path, name: str, cache_control: 
                 row["kernel_name"] = rec["kernel"]
                 row["grid"], row["block"] = rec["grid"], rec["block"]
                 row.update({f: rec[f] for f in METRIC_FIELDS})
+                row.update({f: rec[f] for f in OPTIONAL_METRICS.values() if f in rec})
                 rows.append(row)
         if not rows:
             raise MeasureError(f"no kernel launch was profiled; nothing written ({out_dir} unchanged)")
@@ -197,9 +199,10 @@ def measure(configs: list[dict], out_dir: str | Path, name: str, cache_control: 
             w.writeheader()
             w.writerows(rows)
         # the command as recorded names the export where it ends up, not the staging folder
-        recorded = ncu_command(program, export=str(out_dir / raw_name), cache_control=cache_control,
-                               profile_from_start=False)
+        recorded = ncu_command(program, export=str(out_dir / raw_name), metrics=metrics,
+                               cache_control=cache_control, profile_from_start=False)
         meta = provenance(recorded, cache_control, git)
+        meta["metrics"] = list(metrics)
         meta["configs"] = len(manifest)
         meta["launches"] = len(rows)
         (stage / meta_name).write_text(json.dumps(meta, indent=1))

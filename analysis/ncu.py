@@ -50,6 +50,37 @@ UNITS = {"lsu_ld_bytes": "byte", "lsu_st_bytes": "byte", "l2_read_sectors": "sec
          "l2_write_sectors": "sector", "dram_read_bytes": "byte", "dram_write_bytes": "byte", "time_ns": "ns"}
 
 
+#: Metrics recorded beside :data:`METRICS` when the installed ncu knows them (issue 15; see
+#: :func:`available_metrics`), in 32-byte sectors: global reductions (``red``, e.g. the dQ
+#: atomics of FlashAttention-2's backward) and atomics at the LSU and L2 levels, and the
+#: ``cp.async`` (LDGSTS) global-to-shared loads at the LSU level.  A record may lack them (older
+#: records, or an ncu without them); readers treat an absent column as not measured.
+OPTIONAL_METRICS = {
+    "l1tex__t_sectors_pipe_lsu_mem_global_op_red.sum": "lsu_red_sectors",
+    "l1tex__t_sectors_pipe_lsu_mem_global_op_atom.sum": "lsu_atom_sectors",
+    "l1tex__t_sectors_pipe_lsu_mem_global_op_ldgsts_cache_access.sum": "lsu_ldgsts_access_sectors",
+    "l1tex__t_sectors_pipe_lsu_mem_global_op_ldgsts_cache_bypass.sum": "lsu_ldgsts_bypass_sectors",
+    "lts__t_sectors_srcunit_tex_op_red.sum": "l2_red_sectors",
+    "lts__t_sectors_srcunit_tex_op_atom.sum": "l2_atom_sectors",
+}
+
+
+def available_metrics(candidates=OPTIONAL_METRICS, query: str | None = None) -> list[str]:
+    """Those of ``candidates`` whose base name (without ``.sum``) the installed ncu lists
+    (``ncu --query-metrics``, or ``query``, its output, given); none when ncu cannot be asked.
+    An unknown metric would make ncu refuse the whole run, so optional ones are asked for only
+    when listed."""
+    if query is None:
+        import subprocess
+
+        try:
+            query = subprocess.run(["ncu", "--query-metrics"], capture_output=True, text=True, timeout=120).stdout
+        except (OSError, subprocess.SubprocessError):
+            return []
+    listed = set(query.split())
+    return [m for m in candidates if m.rsplit(".", 1)[0] in listed]
+
+
 def ncu_command(program: Sequence[str], export: str | None = None, metrics: Sequence[str] = METRICS,
                 cache_control: str = "all", profile_from_start: bool = True) -> list[str]:
     """The ``ncu`` command that profiles every kernel launch of ``program`` for ``metrics``."""
@@ -100,6 +131,12 @@ def parse_raw_csv(text: str) -> list[dict]:
         for long, short in SHORT.items():
             v = _number(r[col[long]])
             rec[short] = int(v) if short != "time_ns" and v == v else v
+        for long, short in OPTIONAL_METRICS.items():
+            if long in col:
+                if units[col[long]] != "sector":
+                    raise ValueError(f"{long}: unit {units[col[long]]!r}, expected 'sector' (use --print-units base)")
+                v = _number(r[col[long]])
+                rec[short] = int(v) if v == v else None
         rec["lsu_bytes"] = rec["lsu_ld_bytes"] + rec["lsu_st_bytes"]
         rec["dram_bytes"] = rec["dram_read_bytes"] + rec["dram_write_bytes"]
         out.append(rec)

@@ -21,6 +21,8 @@ import numpy as np
 from numba import cuda
 
 from .configs import config_id, tiling_of
+from .torch_set import TORCH_KERNELS
+from .torch_set import make_call as torch_call
 
 
 @cuda.jit
@@ -73,6 +75,8 @@ def make_call(cfg: dict, rng):
 
     if cfg["kernel"] == "decode":
         return _decode_call(cfg, rng)
+    if cfg["kernel"] in TORCH_KERNELS:  # PyTorch's own attention (analysis/torch_set.py)
+        return torch_call(cfg)
     q, k, v, do = _inputs(cfg, rng)
     causal = bool(cfg.get("causal"))
     if cfg["kernel"] == "flash2":

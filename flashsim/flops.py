@@ -126,6 +126,20 @@ def computed_entries(w: Workload, algo: str | None = None, tiling: Tiling | None
     raise ValueError(f"algo={algo!r}: no FLOP model; choose one of {[a for a in MATMULS_PER_ENTRY if a]}")
 
 
+def _flops_as(w: Workload, algo, tiling, options):
+    """(algorithm, tiling, options) whose FLOPs a kernel schedule has: its module's ``FLOPS_AS``
+    algorithm with the module's forward blocks (``blocks``) as the tiling."""
+    from .algorithms import ALL_ALGORITHMS, get_algorithm
+
+    if not isinstance(algo, str) or algo not in ALL_ALGORITHMS:
+        return algo, tiling, options
+    mod = get_algorithm(algo)
+    if getattr(mod, "FLOPS_AS", None) is None:
+        return algo, tiling, options
+    bm, bn = mod.blocks(w, tiling, **options)
+    return mod.FLOPS_AS, (None if bm is None else Tiling(bm, bn)), {}
+
+
 def flops(workload: Workload, pass_: str, algo: str | None = None, tiling: Tiling | None = None,
           sram_elems: int | None = None, **options) -> dict:
     """FLOPs of ``pass_`` ("fwd", "bwd" or "fwd+bwd") for the whole workload (all B·H heads).
@@ -142,6 +156,8 @@ def flops(workload: Workload, pass_: str, algo: str | None = None, tiling: Tilin
         raise ValueError(f"pass_={pass_!r}: must be 'fwd', 'bwd' or 'fwd+bwd'")
     if algo == "decode":
         return _decode_flops(w, passes, tiling, sram_elems, options)
+    if algo not in MATMULS_PER_ENTRY:  # a kernel's schedule (torch_flash, ...) counts as the algorithm it runs
+        algo, tiling, options = _flops_as(w, algo, tiling, options)
     if algo not in MATMULS_PER_ENTRY:
         raise ValueError(f"algo={algo!r}: no FLOP model; choose one of {[a for a in MATMULS_PER_ENTRY if a]}")
     e = computed_entries(w, algo, tiling, sram_elems, options.get("window") if algo in _TILED else None)

@@ -72,18 +72,20 @@ def roofline(sim_result, gpu, tf32: bool = False, sectors: bool = False, use_clo
 
     FLOPs come from :func:`flashsim.flops.flops` for the result's algorithm, pass and tiling;
     bytes from the walker (``sectors=True``: sectors x 32; ``use_closed_form=True``: the closed
-    form's bytes).
+    form's bytes), every traffic class (loads, stores, reductions, bulk copies) together.
     """
     r = sim_result
     opts = {k: v for k, v in r.options.items() if k != "sram_elems"}  # decode's lengths, splits, ...
     f = count_flops(r.workload, r.pass_, algo=r.algorithm, tiling=r.tiling, **opts)
     io = r.closed_form if use_closed_form else r.io
+    # every traffic class reaches HBM's side of the chip: loads and stores, reductions, bulk (TMA)
+    cls = io.by_class().values()
     if sectors:
-        if io.sectors is None:
+        if any(t.sectors is None for t in cls):
             raise ValueError("sectors=True: this count has no sector numbers (closed forms count elements only)")
-        nbytes = io.sectors * SECTOR_BYTES
+        nbytes = sum(t.sectors for t in cls) * SECTOR_BYTES
     else:
-        nbytes = io.bytes
+        nbytes = sum(t.bytes for t in cls)
     return roofline_from_counts(f["matmul"], f["nonmatmul"], nbytes, gpu, r.workload.dtype, tf32=tf32)
 
 

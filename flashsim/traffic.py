@@ -36,8 +36,9 @@ breakdown keys loads ``(tensor, "read")`` and stores ``(tensor, "write")`` as al
 reductions ``(tensor, "reduction")`` and bulk copies ``(tensor, "bulk_read" | "bulk_write")``.
 The totals ``read_*``, ``write_*``, ``bytes``, ``elements`` and ``sectors`` (and the
 ``hbm_*`` keys of :meth:`IOCount.to_dict`) count loads and stores only, the LSU level;
-:meth:`IOCount.by_class` gives every class's elements, bytes and sectors apart.  No built-in
-schedule uses reductions, bulk copies or per-thread rows yet.
+:meth:`IOCount.by_class` gives every class's elements, bytes and sectors apart.  The schedules of
+PyTorch's kernels use them: reductions (``torch_flash``'s dQ atomics), bulk copies (``torch_naive``'s
+fp16 GEMMs, ``torch_cudnn``) and per-thread rows (``torch_naive``'s ``tril``).
 """
 
 from __future__ import annotations

@@ -38,14 +38,21 @@ _MODULES = {
     "flash2": "flash2",
     "smallcache": "smallcache",
     "decode": "decode",
+    "torch_flash": "torch_flash",
+    "torch_naive": "torch_naive",
+    "torch_memeff": "torch_memeff",
+    "torch_cudnn": "torch_cudnn",
 }
 
 #: Decoding schedules: they take a KV cache's options (lengths, splits, pages) and mask causally
 #: whatever the workload says, so the attention-wide lists (``bounds``, ``sweep``, the lower-bound
 #: checks) leave them out; ``simulate`` takes them.
 DECODERS = ("decode",)
+#: Schedules of the kernels PyTorch launches (issue 15): fixed tiles from the kernels' own source,
+#: so the attention-wide lists (bounds, sweeps) leave them out too; ``simulate`` takes them.
+TORCH_KERNELS = ("torch_flash", "torch_naive", "torch_memeff", "torch_cudnn")
 #: The attention algorithms: every workload, the paper's bounds apply.
-ALGORITHMS = tuple(a for a in _MODULES if a not in DECODERS)
+ALGORITHMS = tuple(a for a in _MODULES if a not in DECODERS + TORCH_KERNELS)
 #: Everything ``get_algorithm`` knows.
 ALL_ALGORITHMS = tuple(_MODULES)
 

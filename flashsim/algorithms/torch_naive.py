@@ -1,0 +1,323 @@
+"""Eager "naive" attention as PyTorch runs it (torch 2.11 on Hopper), forward and autograd backward.
+
+The code users (and ``kernels/bench.py``) write::
+
+    s = (q * d**-0.5) @ k.transpose(-1, -2)
+    if causal:
+        mask = torch.ones(nq, nk, dtype=torch.bool, device=q.device).tril(nk - nq)
+        s = s.masked_fill(~mask, float("-inf"))
+    o = torch.softmax(s, dim=-1) @ v
+
+and ``torch.autograd.grad(o, (q, k, v), do)`` for the backward.  Launch by launch (every tensor
+(B, H, ·, ·) contiguous; ``matmul`` of 4-d tensors is one batched cuBLAS GEMM, the transposed
+``k`` a transposed operand, not a copy)::
+
+    forward                                   reads            writes
+    scale        q * τ (elementwise)          Q                Qs
+    gemm_qk      Qs Kᵀ                        Qs, K (tiles)    S
+    [causal: ones (fill), tril, bitwise_not (~mask), clone of S, masked_fill_ of the clone]
+    softmax      softmax over the last dim    S (or Sm)        P
+    gemm_pv      P V                          P, V (tiles)     O
+
+    backward (autograd order)
+    gemm_dp      dP = dO Vᵀ                   dO, V            dP
+    gemm_dv      dV = Pᵀ dO                   P, dO            dV
+    softmax_mul  T = dP ∘ P (softmax_backward_cuda_out multiplies first)     dP, P     T
+    softmax_bwd  dS = T − P·rowsum(T)         T, P             dS
+    [causal: masked_fill backward: clone of dS, masked_fill_ (mask read per head)]
+    gemm_dq      dQs = dS K                   dS, K            dQs
+    gemm_dk      (dKᵀ) = Qsᵀ dS               Qs, dS           dKT
+    scale_bwd    dQ = dQs ∘ τ                 dQs              dQ
+
+The softmax kernels read each row once: ``host_softmax`` runs the persistent warp softmax up to
+2,048 columns (8 KB a row), beyond that ``cunn_SoftMaxForwardReg`` (the row in registers, at most
+9 values a thread) or ``cunn_SoftMaxForwardSmem`` (the row in shared memory); the backward's
+``softmax_warp_backward`` (N = 1,024 here) and ``cunn_SoftMaxBackwardSmem`` read T and P once
+each (the multi-pass ``cunn_SoftMaxForward``/``Backward`` and the ``Gmem`` kernels, for rows
+too long for these, are not modelled); elementwise kernels read and
+write whole tensors; the mask kernels move 1-byte booleans; ``masked_fill_`` reads its input and
+the (broadcast) mask for every element of every head.  ``triu_tril_kernel`` (bool: 8 elements a
+thread, ``elements_per_thread = 8 / sizeof``) gives thread t the 8 bytes [8t, 8t + 8) of a row and
+moves them one byte per instruction (the stride is a run-time value): at each of its 8 steps a warp
+asks for 32 bytes spread over 256, so every step touches all the sectors of the warp's span.  Its
+loads are made only by the threads whose chunk starts inside the kept triangle (col - row <= Nk -
+Nq), all 8 bytes of such a chunk; its stores by every thread.  They are ``per_thread_rows``
+accesses of the mask viewed as rows of 8 bytes (``Mask1``, ``Mask``: Nq·Nk/8 rows), one per warp
+piece of a matrix row: exact when a warp never spans two matrix rows (Nk a multiple of 256);
+causal naive attention needs Nk to be a multiple of 8.
+
+GEMMs.  cuBLAS computes the row-major C = A·B as the column-major Cᵀ, so its "m" runs along C's
+columns: a kernel tile m x n (as in the kernel's name, ``tilesize128x256x64``) covers n rows and m
+columns of C.  Each output tile loads its band of A (all of the reduction dimension) and its band of
+B once: A is read ⌈N/m⌉ times, B ⌈M/n⌉ times, C written once.  ``gemm_tiles`` (an option, cuBLAS
+order "MxN", one for all GEMMs or one per GEMM launch in order) sets them; the default 128x128 is a
+placeholder, not cuBLAS's choice: ``analysis/torch_set.py`` reads each measured GEMM's tile from
+its kernel name.  fp16/bf16 GEMMs on sm_90 load through TMA: their traffic is class ``bulk``
+(counted at the L2 level; 0 LSU bytes), a bulk estimate that ignores TMA multicast within a
+cluster.  fp32 GEMMs (TF32 off) run sm80-style kernels that load through the LSU: class ``load``.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from ..config import Tiling, Workload, cdiv
+from ..traffic import Launch, Schedule, TensorLayout, bulk_read, bulk_write, read, write
+from ._common import block_rows, check_programs, classes
+
+PASSES = ("fwd", "bwd")
+NEEDS_TILING = False
+TILING_TEXT = "no tiling of its own (cuBLAS GEMM tiles: gemm_tiles)"
+DESCRIPTION = "eager naive attention in PyTorch (scale, GEMM, mask, softmax, GEMM) and its autograd backward"
+OPTIONS: dict[str, tuple[object, str]] = {
+    "gemm_tiles": ("128x128", "cuBLAS GEMM tile(s), cuBLAS order MxN (M along C's columns): one for all GEMMs "
+                              "or a comma-separated list, one per GEMM launch"),
+}
+FLOPS_AS = "standard"
+
+#: ncu kernel-name pattern of each launch
+KERNEL_NAMES = {
+    "scale": r"elementwise_kernel", "scale_bwd": r"elementwise_kernel",
+    "gemm_qk": r"gemm|xmma|cutlass", "gemm_pv": r"gemm|xmma|cutlass", "gemm_dp": r"gemm|xmma|cutlass",
+    "gemm_dv": r"gemm|xmma|cutlass", "gemm_dq": r"gemm|xmma|cutlass", "gemm_dk": r"gemm|xmma|cutlass",
+    "mask_ones": r"elementwise_kernel|fill", "mask_tril": r"triu_tril", "mask_not": r"elementwise_kernel",
+    "mask_clone": r"elementwise_kernel|copy", "masked_fill": r"elementwise_kernel|masked_fill",
+    "softmax": r"softmax|SoftMax", "softmax_mul": r"elementwise_kernel", "softmax_bwd": r"softmax|SoftMax",
+    "mask_bwd_clone": r"elementwise_kernel|copy", "mask_bwd_fill": r"elementwise_kernel|masked_fill",
+}
+GEMMS = ("gemm_qk", "gemm_pv", "gemm_dp", "gemm_dv", "gemm_dq", "gemm_dk")
+
+
+def parse_tiles(spec, count: int) -> list[tuple[int, int]]:
+    """``gemm_tiles`` as ``count`` (rows, cols) tiles of C (cuBLAS MxN = cols x rows)."""
+    items = [spec] if isinstance(spec, tuple) else str(spec).split(",")
+    out = []
+    for it in items:
+        m = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*", it) if isinstance(it, str) else None
+        if m is None or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+            raise ValueError(f"gemm_tiles={spec!r}: each tile is MxN with positive integers, e.g. '128x256'")
+        out.append((int(m.group(2)), int(m.group(1))))
+    if len(out) == 1:
+        out *= count
+    if len(out) != count:
+        raise ValueError(f"gemm_tiles={spec!r}: give one tile or {count} (one per GEMM launch), not {len(out)}")
+    return out
+
+
+def _options(options: dict) -> str:
+    extra = sorted(set(options) - set(OPTIONS))
+    if extra:
+        raise ValueError(f"options={extra}: torch_naive takes only {sorted(OPTIONS)}")
+    return options.get("gemm_tiles", OPTIONS["gemm_tiles"][0])
+
+
+def _check(w: Workload) -> None:
+    if w.block_mask is not None:
+        raise ValueError("block_mask: torch_naive has no block-sparse mask")
+    if w.hkv != w.heads:
+        raise ValueError(f"kv_heads={w.hkv}: torch_naive models kv_heads == heads (naive GQA would need "
+                         "repeat_interleave, not modelled)")
+    if w.causal and w.nk % 8:
+        raise ValueError(f"seq_len_k={w.nk}: causal torch_naive needs a multiple of 8 (tril's 8-byte chunks)")
+
+
+class _Gemm:
+    """C (M x N) = A (M x K) · B (K x N) of one program, output tiles tm x tn (rows x cols).
+
+    ``a = (tensor, "rows")``: A's rows are the tensor's rows (K = its columns); ``(tensor, "cols")``:
+    A = tensorᵀ (A's rows are its columns, K = its rows).  ``b = (tensor, "rows")``: B = tensorᵀ
+    (C's columns are its rows); ``(tensor, "cols")``: C's columns are its columns (K = its rows).
+    """
+
+    def __init__(self, m, n, k, a, b, c, tm, tn, bulk):
+        self.m, self.n, self.k, self.a, self.b, self.c, self.bulk = m, n, k, a, b, c, bulk
+        self.r0, self.rn = block_rows(m, tm)
+        self.c0, self.cn = block_rows(n, tn)
+
+    def _band(self, spec, starts, sizes, rows_of_k, weight):
+        t, how = spec
+        rd = bulk_read if self.bulk else read
+        if how == "rows":
+            return rd(t, starts, sizes, repeat=weight)
+        return rd(t, 0, rows_of_k, starts, sizes, repeat=weight)
+
+    def counts(self):
+        tm_, tn_ = len(self.r0), len(self.c0)
+        rc, cc = classes(self.r0, self.rn), classes(self.c0, self.cn)
+        yield self._band(self.a, rc[0], rc[1], self.k, rc[2] * tn_)
+        yield self._band(self.b, cc[0], cc[1], self.k, cc[2] * tm_)
+        wr = bulk_write if self.bulk else write
+        yield wr(self.c, rc[0][:, None], rc[1][:, None], cc[0][None, :], cc[1][None, :],
+                 repeat=rc[2][:, None] * cc[2][None, :])
+
+    def accesses(self):
+        wr = bulk_write if self.bulk else write
+        for i in range(len(self.r0)):
+            for j in range(len(self.c0)):
+                yield self._band(self.a, self.r0[i], self.rn[i], self.k, 1)
+                yield self._band(self.b, self.c0[j], self.cn[j], self.k, 1)
+                yield wr(self.c, self.r0[i], self.rn[i], self.c0[j], self.cn[j])
+
+    def elements(self) -> dict[tuple[str, str], int]:
+        """The same counts by formula: A read ⌈N/tn⌉ times, B ⌈M/tm⌉ times, C once."""
+        tm_, tn_ = len(self.r0), len(self.c0)
+        rk, wk = ("bulk_read", "bulk_write") if self.bulk else ("read", "write")
+        return {(self.a[0], rk): tn_ * self.m * self.k, (self.b[0], rk): tm_ * self.n * self.k,
+                (self.c, wk): self.m * self.n}
+
+
+def _parts(w: Workload, pass_: str, tiles: str):
+    """(tensors, [(launch name, kind, payload)]) of a pass: kind "gemm" (a _Gemm), "ew" (reads,
+    writes: whole tensors) or "tril"."""
+    eb = w.elem_bytes
+    nq, nk, d, bh = w.nq, w.nk, w.d, w.bh
+    bulk = w.dtype != "fp32"
+    t = {}
+
+    def mat(name, rows, cols, e=eb, slices=bh):
+        t[name] = TensorLayout(name, rows, cols, e, slices)
+
+    for n in ("Q", "Qs", "O", "dO", "dQs", "dQ"):
+        mat(n, nq, d)
+    for n in ("K", "V", "dV"):
+        mat(n, nk, d)
+    for n in ("S", "Sm", "P", "dP", "T", "dS", "dSm"):
+        mat(n, nq, nk)
+    mat("dKT", d, nk)
+    for n in ("Mask1", "Mask"):  # tril's view: rows of 8 bytes (a thread's chunk)
+        mat(n, nq * nk // 8, 8, 1, 1)
+    mat("NotMask", nq, nk, 1, 1)
+    parts = []
+    causal = w.causal
+    if pass_ == "fwd":
+        tl = parse_tiles(tiles, 2)
+        parts.append(("scale", "ew", (["Q"], ["Qs"])))
+        parts.append(("gemm_qk", "gemm", _Gemm(nq, nk, d, ("Qs", "rows"), ("K", "rows"), "S", *tl[0], bulk)))
+        s = "S"
+        if causal:
+            parts += [("mask_ones", "ew", ([], ["Mask1"])), ("mask_tril", "tril", None),
+                      ("mask_not", "ew", (["Mask"], ["NotMask"])), ("mask_clone", "ew", (["S"], ["Sm"])),
+                      ("masked_fill", "ew", (["Sm", "NotMask"], ["Sm"]))]
+            s = "Sm"
+        parts.append(("softmax", "ew", ([s], ["P"])))
+        parts.append(("gemm_pv", "gemm", _Gemm(nq, d, nk, ("P", "rows"), ("V", "cols"), "O", *tl[1], bulk)))
+    else:
+        tl = parse_tiles(tiles, 4)
+        parts.append(("gemm_dp", "gemm", _Gemm(nq, nk, d, ("dO", "rows"), ("V", "rows"), "dP", *tl[0], bulk)))
+        parts.append(("gemm_dv", "gemm", _Gemm(nk, d, nq, ("P", "cols"), ("dO", "cols"), "dV", *tl[1], bulk)))
+        parts.append(("softmax_mul", "ew", (["dP", "P"], ["T"])))
+        parts.append(("softmax_bwd", "ew", (["T", "P"], ["dS"])))
+        ds = "dS"
+        if causal:
+            parts += [("mask_bwd_clone", "ew", (["dS"], ["dSm"])),
+                      ("mask_bwd_fill", "ew", (["dSm", "NotMask"], ["dSm"]))]
+            ds = "dSm"
+        parts.append(("gemm_dq", "gemm", _Gemm(nq, d, nk, (ds, "rows"), ("K", "cols"), "dQs", *tl[2], bulk)))
+        parts.append(("gemm_dk", "gemm", _Gemm(d, nk, nq, ("Qs", "cols"), (ds, "cols"), "dKT", *tl[3], bulk)))
+        parts.append(("scale_bwd", "ew", (["dQs"], ["dQ"])))
+    used = set()
+    for _, kind, p in parts:
+        if kind == "gemm":
+            used |= {p.a[0], p.b[0], p.c}
+        elif kind == "ew":
+            used |= set(p[0]) | set(p[1])
+        else:
+            used |= {"Mask1", "Mask"}
+    return {k: v for k, v in t.items() if k in used}, parts
+
+
+def _tril_active(w: Workload) -> np.ndarray:
+    """Chunks of 8 entries ``tril(nk - nq)`` loads in each row r: those starting at a kept column,
+    8c <= r + Nk - Nq, so min(Nk/8, ⌊(r + Nk - Nq)/8⌋ + 1), or none when r + Nk - Nq < 0."""
+    t = np.arange(w.nq, dtype=np.int64) + w.nk - w.nq
+    return np.where(t < 0, 0, np.minimum(w.nk // 8, t // 8 + 1))
+
+
+def _warp_pieces(w: Workload, chunks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Chunks 0 .. chunks_r - 1 of each row r, in the global chunk numbering (row r starts at chunk
+    r·Nk/8), cut at warp boundaries (multiples of 32): (first chunk, chunk count) of each piece."""
+    cpr = w.nk // 8
+    base = np.arange(w.nq, dtype=np.int64) * cpr
+    first_w, last_w = base // 32, (base + np.maximum(chunks, 1) - 1) // 32
+    count = np.where(chunks > 0, last_w - first_w + 1, 0)
+    row = np.repeat(np.arange(w.nq, dtype=np.int64), count)
+    k = np.arange(int(count.sum()), dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
+    wstart = (first_w[row] + k) * 32
+    lo = np.maximum(wstart, base[row])
+    hi = np.minimum(wstart + 32, base[row] + chunks[row])
+    return lo, hi - lo
+
+
+def schedule(w: Workload, tiling: Tiling | None, pass_: str, **options) -> Schedule:
+    tiles = _options(options)
+    _check(w)
+    if pass_ not in PASSES:
+        raise ValueError(f"pass_={pass_!r}: not modelled")
+    check_programs(w.bh, "batch*heads")
+    tensors, parts = _parts(w, pass_, tiles)
+    slices = {n: (np.zeros(w.bh, dtype=np.int64) if tensors[n].slices == 1 else np.arange(w.bh, dtype=np.int64))
+              for n in tensors}
+    launches = []
+    for name, kind, p in parts:
+        if kind == "gemm":
+            launches.append(Launch(name, w.bh, slices, p.accesses, p.counts))
+        elif kind == "ew":
+            def acc(p=p):
+                for r in p[0]:
+                    yield read(r, 0, tensors[r].rows)
+                for wt in p[1]:
+                    yield write(wt, 0, tensors[wt].rows)
+            programs = 1 if all(tensors[n].slices == 1 for n in p[0] + p[1]) else w.bh
+            launches.append(Launch(name, programs, {n: s[:programs] for n, s in slices.items()}, acc))
+        else:  # tril: per-thread 8-byte chunks, loads where the chunk starts in the triangle
+            def tril():
+                r0, rn = _warp_pieces(w, _tril_active(w))
+                yield read("Mask1", r0, rn, 0, 8, per_thread_rows=True)
+                r0, rn = _warp_pieces(w, np.full(w.nq, w.nk // 8, dtype=np.int64))
+                yield write("Mask", r0, rn, 0, 8, per_thread_rows=True)
+            launches.append(Launch(name, 1, {n: s[:1] for n, s in slices.items()}, tril))
+    return Schedule("torch_naive", tensors, launches,
+                    {"pass": pass_, "gemm_tiles": tiles, "kernels": [KERNEL_NAMES[ln.name] for ln in launches]})
+
+
+def closed_form(w: Workload, tiling: Tiling | None, pass_: str, **options) -> dict[tuple[str, str], int]:
+    tiles = _options(options)
+    _check(w)
+    if pass_ not in PASSES:
+        raise ValueError(f"pass_={pass_!r}: not modelled")
+    tensors, parts = _parts(w, pass_, tiles)
+    out: dict[tuple[str, str], int] = {}
+
+    def add(k, n):
+        out[k] = out.get(k, 0) + int(n)
+
+    for _, kind, p in parts:
+        if kind == "gemm":
+            for k, n in p.elements().items():
+                add(k, w.bh * n)
+        elif kind == "ew":  # one program per head, or one for the (Nq, Nk) mask kernels alone
+            programs = 1 if all(tensors[n].slices == 1 for n in p[0] + p[1]) else w.bh
+            for r in p[0]:
+                add((r, "read"), programs * tensors[r].rows * tensors[r].cols)  # a shared mask: per head
+            for wt in p[1]:
+                add((wt, "write"), programs * tensors[wt].rows * tensors[wt].cols)
+        else:
+            add(("Mask1", "read"), 8 * int(_tril_active(w).sum()))
+            add(("Mask", "write"), w.nq * w.nk)
+    return out
+
+
+def plan(w: Workload, sram_elems: int | None = None, tiling: Tiling | None = None, **options):
+    if tiling is not None:
+        raise ValueError("tiling: torch_naive has no tiles of its own (cuBLAS tiles: the gemm_tiles option)")
+    return None, dict(options)
+
+
+def blocks(w: Workload, tiling: Tiling | None, **options) -> tuple[None, None]:
+    return None, None
+
+
+__all__ = ["schedule", "closed_form", "plan", "blocks", "PASSES", "NEEDS_TILING", "TILING_TEXT", "DESCRIPTION",
+           "OPTIONS", "KERNEL_NAMES", "GEMMS", "parse_tiles", "cdiv"]

@@ -1,0 +1,291 @@
+"""Schedules of PyTorch's attention kernels (issue 15): hand-derived counts for small cases, the
+walker against the closed form, the grouped counts against the loop-order stream."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flashsim import Workload
+from flashsim.api import build_schedule, closed_form_elements, simulate
+from flashsim.traffic import Traffic, walk
+
+
+def wl(n, d, heads=1, kv=None, causal=False, dtype="fp16", nk=None, batch=1):
+    return Workload(batch=batch, heads=heads, kv_heads=kv, seq_len_q=n, seq_len_k=nk, head_dim=d, dtype=dtype,
+                    causal=causal)
+
+
+def key(io, launch=None):
+    c = io if launch is None else io.per_launch[launch]
+    return {k: (t.elements, t.sectors) for k, t in sorted(c.breakdown.items())}
+
+
+# --------------------------------------------------------------------------------------------
+# torch_flash: forward
+
+
+def test_flash_fwd_dense_by_hand():
+    # d = 64 on sm_90: Bm = Bn = 128.  N = 256, 2 heads: Tm = Tn = 2.  Per head: Q 256 rows x 64
+    # fp16 (128-byte rows, 4 sectors each) once: 16,384 elements, 1,024 sectors; K and V: both
+    # query blocks load both key blocks, 2 x 256 rows: 32,768 elements, 2,048 sectors; O as Q;
+    # LSE: 256 floats in 8-row groups of 32 bytes, 1 sector each: 32 sectors.
+    io = simulate(wl(256, 64, heads=2), "torch_flash", "fwd").io
+    assert key(io) == {("K", "read"): (2 * 32768, 2 * 2048), ("L", "write"): (2 * 256, 2 * 32),
+                       ("O", "write"): (2 * 16384, 2 * 1024), ("Q", "read"): (2 * 16384, 2 * 1024),
+                       ("V", "read"): (2 * 32768, 2 * 2048)}
+
+
+def test_flash_fwd_causal_by_hand():
+    # causal, N = 256: query block 0 loads key blocks 0 .. ⌈(128 + 0)/128⌉ - 1 = 0, block 1 loads
+    # ⌈256/128⌉ = 2 blocks: 128 + 256 = 384 key rows = 24,576 elements per head.
+    res = simulate(wl(256, 64, causal=True), "torch_flash", "fwd")
+    assert res.io.breakdown[("K", "read")] == Traffic(24576, 49152, 1536)
+    assert res.agrees
+
+
+def test_flash_fwd_lse_groups_unaligned():
+    # d = 128: Bm = 128, Bn = 64.  N = 196, 2 heads: LSE rows are 784 bytes, so head 1's start at
+    # byte 784 = 16 mod 32.  Each warp's store writes 8 rows (32 bytes): head 0's 25 groups (16 of
+    # block 0; block 1 holds 68 rows: 8 full groups and one of 4) are 1 sector each; head 1's 24
+    # full groups straddle 2 sectors each (48) and its 4-row group (16 bytes at offset 16) 1: 74 in
+    # all, where the coalesced rows would be 25 + 25 = 50.  (sms=1: with 132 SMs mha_fwd would
+    # split the keys of so small a workload.)
+    io = simulate(wl(196, 128, heads=2), "torch_flash", "fwd", sms=1).io
+    assert io.breakdown[("L", "write")] == Traffic(392, 1568, 74)
+
+
+# --------------------------------------------------------------------------------------------
+# torch_flash: backward
+
+
+def test_flash_bwd_dense_by_hand():
+    # d = 64: backward Bm = Bn = 128, 8 warps, AtomLayoutMSdP 4 (so 2 warps request each LSE/D
+    # row).  N = 256, one head: Tm = Tn = 2, dq_accum rows 256 (rounded to 128) of 64 fp32.
+    io = walk(build_schedule(wl(256, 64), "torch_flash", "bwd"))
+    assert list(io.per_launch) == ["contiguous_dO", "contiguous_O", "flash_bwd_dot_do_o", "flash_bwd_dq_dk_dv",
+                                   "flash_bwd_convert_dq"]
+    # the copies: 16,384 elements (1,024 sectors) in and out
+    assert key(io, "contiguous_dO") == {("dO", "read"): (16384, 1024), ("dO_t", "write"): (16384, 1024)}
+    # dot(dO, O): both tiles in; D stored by 4-row groups (16 bytes, 1 sector each): 64 requests
+    # of 4 rows for 256 rows; dq_accum zeroed: 256 x 64 fp32 = 65,536 bytes = 2,048 sectors
+    assert key(io, "flash_bwd_dot_do_o") == {("D", "write"): (256, 64), ("O_t", "read"): (16384, 1024),
+                                             ("dO_t", "read"): (16384, 1024), ("dQaccum", "write"): (16384, 2048)}
+    # main: K, V once per key block (256 rows); each of the 2 key blocks visits both query blocks:
+    # Q and dO_t 512 rows (32,768 elements, 2,048 sectors); LSE and D: 4 block visits x 16 groups
+    # of 8 rows x 2 warps = 128 requests of 1 sector, 4 x 128 x 2 = 1,024 elements; dQ atomics:
+    # 4 x 128 rows x 64 fp32 = 32,768 elements = 131,072 bytes = 4,096 sectors
+    assert key(io, "flash_bwd_dq_dk_dv") == {
+        ("D", "read"): (1024, 128), ("K", "read"): (16384, 1024), ("L", "read"): (1024, 128),
+        ("Q", "read"): (32768, 2048), ("V", "read"): (16384, 1024), ("dK", "write"): (16384, 1024),
+        ("dO_t", "read"): (32768, 2048), ("dQaccum", "reduction"): (32768, 4096), ("dV", "write"): (16384, 1024)}
+    assert key(io, "flash_bwd_convert_dq") == {("dQ", "write"): (16384, 1024), ("dQaccum", "read"): (16384, 2048)}
+    cls = io.per_launch["flash_bwd_dq_dk_dv"].by_class()
+    assert cls["reduction"] == Traffic(32768, 131072, 4096) and cls["bulk"] == Traffic(0, 0, 0)
+
+
+def test_flash_bwd_causal_and_gqa_by_hand():
+    # causal, N = 256, d = 64: key block 0 visits query blocks from ⌊(0 + 0)/128⌋ = 0, key block 1
+    # from ⌊128/128⌋ = 1: query block 0 is visited once, block 1 twice: 384 Q rows, 3 x 128 x 64
+    # dQ reductions.
+    io = walk(build_schedule(wl(256, 64, causal=True), "torch_flash", "bwd"))
+    assert io.breakdown[("Q", "read")].elements == 384 * 64
+    assert io.breakdown[("dQaccum", "reduction")].elements == 3 * 128 * 64
+    # GQA 4 query heads on 2 kv heads, N = 128, d = 128 (Bm = 64, Bn = 128, 4 warps per LSE row):
+    # every query head's program loads its kv head's K (4 x 128 x 128); dK_exp per query head,
+    # then sum_out reads it (65,536) and writes dK (2 x 128 x 128 = 32,768)
+    io = walk(build_schedule(wl(128, 128, heads=4, kv=2), "torch_flash", "bwd"))
+    assert list(io.per_launch)[-2:] == ["sum_dK", "sum_dV"]
+    assert key(io, "sum_dK") == {("dK", "write"): (32768, 2048), ("dK_exp", "read"): (65536, 4096)}
+    assert io.per_launch["flash_bwd_dq_dk_dv"].breakdown[("K", "read")].elements == 65536
+    # LSE: 2 query blocks x 8 groups x 4 warps, each 8 rows: 512 elements, 64 requests of 1 sector
+    assert io.per_launch["flash_bwd_dq_dk_dv"].breakdown[("L", "read")] == Traffic(4 * 512, 4 * 2048, 4 * 64)
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 300), nk=st.integers(1, 300), d=st.sampled_from([32, 64, 96, 128]),
+       group=st.sampled_from([1, 2]), causal=st.booleans(), dtype=st.sampled_from(["fp16", "bf16"]),
+       pass_=st.sampled_from(["fwd", "bwd"]))
+def test_flash_walker_equals_closed_form(n, nk, d, group, causal, dtype, pass_):
+    if causal and n > nk:
+        n, nk = nk, n
+    w = wl(n, d, heads=2 * group, kv=2, causal=causal, dtype=dtype, nk=nk)
+    sched = build_schedule(w, "torch_flash", pass_, sms=1)  # one SM: never the split-KV kernels
+    io = walk(sched)
+    print(n, nk, d, group, causal, pass_, io.elements_by_key())
+    want = closed_form_elements(w, "torch_flash", pass_, sms=1)
+    assert io.elements_by_key() == {k: v for k, v in want.items() if v}
+    assert walk(sched, ordered=True).breakdown == io.breakdown
+
+
+def test_flash_refusals():
+    with pytest.raises(ValueError, match="dtype"):
+        build_schedule(wl(256, 64, dtype="fp32"), "torch_flash", "fwd")
+    with pytest.raises(ValueError, match="head_dim"):
+        build_schedule(wl(256, 80), "torch_flash", "fwd")
+    with pytest.raises(ValueError, match="split-KV"):  # 1 x 1 x 1 query block of 64 rows, N = 4,096
+        build_schedule(wl(64, 64, nk=4096), "torch_flash", "fwd")
+    with pytest.raises(ValueError, match="causal"):
+        build_schedule(wl(256, 64, nk=128, causal=True), "torch_flash", "fwd")
+    with pytest.raises(ValueError, match="sms"):
+        build_schedule(wl(256, 64), "torch_flash", "fwd", sms=0)
+
+
+# --------------------------------------------------------------------------------------------
+# torch_naive
+
+
+def test_naive_fwd_by_hand():
+    # N = 256, d = 64, fp16, one head; cuBLAS tile "128x256" = 128 columns x 256 rows of C.
+    io = walk(build_schedule(wl(256, 64), "torch_naive", "fwd", gemm_tiles="128x256"))
+    assert list(io.per_launch) == ["scale", "gemm_qk", "softmax", "gemm_pv"]
+    # scale: Q in, Qs out, 16,384 elements (128-byte rows: 1,024 sectors) each
+    assert key(io, "scale") == {("Q", "read"): (16384, 1024), ("Qs", "write"): (16384, 1024)}
+    # S = Qs Kᵀ (256 x 256): one band of 256 rows, two of 128 columns: Qs read twice (TMA: bulk),
+    # K once, S written once (256 rows x 2 tiles x 256 bytes = 8 sectors each: 4,096)
+    assert key(io, "gemm_qk") == {("K", "bulk_read"): (16384, 1024), ("Qs", "bulk_read"): (32768, 2048),
+                                  ("S", "bulk_write"): (65536, 4096)}
+    assert io.per_launch["gemm_qk"].sectors == 0  # nothing at the LSU level
+    assert key(io, "softmax") == {("P", "write"): (65536, 4096), ("S", "read"): (65536, 4096)}
+    # O = P V (256 x 64): one tile; P and V read once
+    assert key(io, "gemm_pv") == {("O", "bulk_write"): (16384, 1024), ("P", "bulk_read"): (65536, 4096),
+                                  ("V", "bulk_read"): (16384, 1024)}
+
+
+def test_naive_causal_mask_by_hand():
+    # 2 heads, N = 256.  ones: 256 x 256 booleans once (2,048 sectors).  tril(0): thread t of a row
+    # (one warp per row: 32 chunks of 8 bytes) loads its chunk, one byte per step for 8 steps, when
+    # 8t <= r: a_r = ⌊r/8⌋ + 1 threads, 8·a_r bytes, Σ_r = 8·8·(1 + ... + 32) = 33,792; a step of
+    # n threads spans 8n bytes from the row's (aligned) start: ⌈n/4⌉ sectors, 8 steps a row, so
+    # Σ_r 8⌈a_r/4⌉ = 8·8·4·(1 + ... + 8) = 9,216 sectors.  Its stores: every thread, 8 steps of 8
+    # sectors, 64 a row: 16,384 sectors for 65,536 bytes (8x the 2,048 of a coalesced store).
+    # masked_fill_ reads the mask once per head.
+    io = walk(build_schedule(wl(256, 64, heads=2, causal=True), "torch_naive", "fwd"))
+    names = list(io.per_launch)
+    assert names == ["scale", "gemm_qk", "mask_ones", "mask_tril", "mask_not", "mask_clone", "masked_fill",
+                     "softmax", "gemm_pv"]
+    assert key(io, "mask_ones") == {("Mask1", "write"): (65536, 2048)}
+    assert key(io, "mask_tril") == {("Mask", "write"): (65536, 16384), ("Mask1", "read"): (33792, 9216)}
+    assert key(io, "masked_fill") == {("NotMask", "read"): (2 * 65536, 2 * 2048), ("Sm", "read"): (2 * 65536, 2 * 4096),
+                                      ("Sm", "write"): (2 * 65536, 2 * 4096)}
+
+
+def test_naive_bwd_by_hand():
+    # N = 256, d = 64, fp32 (LSU GEMMs), default tiles 128 x 128.
+    io = walk(build_schedule(wl(256, 64, dtype="fp32"), "torch_naive", "bwd"))
+    assert list(io.per_launch) == ["gemm_dp", "gemm_dv", "softmax_mul", "softmax_bwd", "gemm_dq", "gemm_dk",
+                                   "scale_bwd"]
+    el = {n: {k: v[0] for k, v in key(io, n).items()} for n in io.per_launch}
+    # dP = dO Vᵀ: 2 x 2 tiles, dO and V read twice each
+    assert el["gemm_dp"] == {("dO", "read"): 32768, ("V", "read"): 32768, ("dP", "write"): 65536}
+    # dV = Pᵀ dO (256 x 64): two row bands of 128 columns of P, one column band: P once, dO twice
+    assert el["gemm_dv"] == {("P", "read"): 65536, ("dO", "read"): 32768, ("dV", "write"): 16384}
+    # the softmax backward: T = dP ∘ P, then dS from T and P
+    assert el["softmax_mul"] == {("P", "read"): 65536, ("dP", "read"): 65536, ("T", "write"): 65536}
+    assert el["softmax_bwd"] == {("P", "read"): 65536, ("T", "read"): 65536, ("dS", "write"): 65536}
+    # dKᵀ = Qsᵀ dS (64 x 256): one row band, two column bands: Qs twice, dS once
+    assert el["gemm_dk"] == {("Qs", "read"): 32768, ("dS", "read"): 65536, ("dKT", "write"): 16384}
+    assert el["scale_bwd"] == {("dQs", "read"): 16384, ("dQ", "write"): 16384}
+    # fp32 rows of 256 bytes: 8 sectors each, dP's tiles of 128 columns 16 sectors a row
+    assert io.per_launch["gemm_dp"].breakdown[("dP", "write")].sectors == 256 * 2 * 16
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 200), nk=st.integers(1, 200), d=st.sampled_from([8, 64, 72]), causal=st.booleans(),
+       dtype=st.sampled_from(["fp16", "fp32"]), pass_=st.sampled_from(["fwd", "bwd"]),
+       tiles=st.sampled_from(["128x128", "64x256", "128x64,256x128", "32x32,64x64,128x128,16x16"]))
+def test_naive_walker_equals_closed_form(n, nk, d, causal, dtype, pass_, tiles):
+    count = 2 if pass_ == "fwd" else 4
+    if len(tiles.split(",")) not in (1, count):
+        tiles = tiles.split(",")[0]
+    if causal:
+        nk = -(-nk // 8) * 8  # tril's 8-byte chunks
+    w = wl(n, d, heads=2, causal=causal, dtype=dtype, nk=nk)
+    sched = build_schedule(w, "torch_naive", pass_, gemm_tiles=tiles)
+    io = walk(sched)
+    want = closed_form_elements(w, "torch_naive", pass_, gemm_tiles=tiles)
+    print(n, nk, d, causal, dtype, pass_, tiles)
+    assert io.elements_by_key() == {k: v for k, v in want.items() if v}
+    assert walk(sched, ordered=True).breakdown == io.breakdown
+
+
+def test_naive_refusals():
+    with pytest.raises(ValueError, match="gemm_tiles"):
+        build_schedule(wl(256, 64), "torch_naive", "fwd", gemm_tiles="128")
+    with pytest.raises(ValueError, match="gemm_tiles"):
+        build_schedule(wl(256, 64), "torch_naive", "bwd", gemm_tiles="128x128,64x64")
+    with pytest.raises(ValueError, match="kv_heads"):
+        build_schedule(wl(256, 64, heads=4, kv=2), "torch_naive", "fwd")
+
+
+# --------------------------------------------------------------------------------------------
+# torch_memeff (forward)
+
+
+def test_memeff_fwd_by_hand():
+    # d = 128: Bq = 64, Bk = 128.  N = 256, one head: 4 query blocks x 2 key blocks; Q_i is
+    # re-read for each key block: 2 x 256 rows = 65,536 elements; K and V once per query block:
+    # 4 x 256 rows = 131,072 each.
+    io = walk(build_schedule(wl(256, 128), "torch_memeff", "fwd"))
+    el = {k: v[0] for k, v in key(io).items()}
+    assert el == {("K", "read"): 131072, ("O", "write"): 32768, ("Q", "read"): 65536, ("V", "read"): 131072}
+    # causal: query block i's loop covers min(256, 64 (i + 1)) keys: 64 + 128 + 192 + 256 = 640 key
+    # rows; blocks of 128 keys: 1, 1, 2, 2 of them, so Q is read 6 x 64 rows.  With lse=True: 4
+    # blocks x 64 floats (⌈256/32⌉·32 = 256 rows).
+    io = walk(build_schedule(wl(256, 128, causal=True), "torch_memeff", "fwd", lse=True))
+    el = {k: v[0] for k, v in key(io).items()}
+    assert el == {("K", "read"): 640 * 128, ("L", "write"): 256, ("O", "write"): 32768, ("Q", "read"): 6 * 64 * 128,
+                  ("V", "read"): 640 * 128}
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 400), nk=st.integers(1, 400), d=st.sampled_from([8, 64, 96, 128]), causal=st.booleans(),
+       dtype=st.sampled_from(["fp16", "fp32"]), lse=st.booleans())
+def test_memeff_walker_equals_closed_form(n, nk, d, causal, dtype, lse):
+    if causal:
+        nk = n
+    w = wl(n, d, heads=2, causal=causal, dtype=dtype, nk=nk)
+    sched = build_schedule(w, "torch_memeff", "fwd", lse=lse)
+    io = walk(sched)
+    print(n, nk, d, causal, dtype, lse, io.elements_by_key())
+    want = closed_form_elements(w, "torch_memeff", "fwd", lse=lse)
+    assert io.elements_by_key() == {k: v for k, v in want.items() if v}
+    assert walk(sched, ordered=True).breakdown == io.breakdown
+
+
+# --------------------------------------------------------------------------------------------
+# torch_cudnn (forward, bulk estimate)
+
+
+def test_cudnn_fwd_by_hand():
+    # assumed 128 x 128 tiles, N = 256, d = 64, 2 heads: Q once, K and V once per query block
+    # (2 x 256 rows), all of it bulk (TMA): nothing at the LSU level.
+    io = walk(build_schedule(wl(256, 64, heads=2), "torch_cudnn", "fwd"))
+    assert key(io) == {("K", "bulk_read"): (2 * 32768, 2 * 2048), ("O", "bulk_write"): (2 * 16384, 2 * 1024),
+                       ("Q", "bulk_read"): (2 * 16384, 2 * 1024), ("V", "bulk_read"): (2 * 32768, 2 * 2048)}
+    assert io.sectors == 0 and io.by_class()["bulk"].sectors == 2 * (1024 + 2048 + 2048 + 1024)
+    # causal with 64-row query tiles: query block i loads ⌈64 (i + 1) / 128⌉ key blocks: 1, 1, 2, 2
+    io = walk(build_schedule(wl(256, 64, causal=True), "torch_cudnn", "fwd", block_q=64))
+    assert io.breakdown[("K", "bulk_read")].elements == (128 + 128 + 256 + 256) * 64
+    for n, causal, bq in ((200, False, 128), (333, True, 64), (77, True, 128)):
+        w = wl(n, 64, causal=causal)
+        got = walk(build_schedule(w, "torch_cudnn", "fwd", block_q=bq, lse=True)).elements_by_key()
+        assert got == closed_form_elements(w, "torch_cudnn", "fwd", block_q=bq, lse=True)
+
+
+@pytest.mark.parametrize(("nq", "nk"), [(40, 256), (7, 512), (300, 256), (33, 768)])
+def test_naive_tril_requests_brute_force(nq, nk):
+    # triu_tril_kernel on a bool (nq, nk) matrix, tril(nk - nq): global thread c owns bytes
+    # [8c, 8c + 8); warps are 32 consecutive threads; at step i each thread whose chunk starts in the
+    # kept triangle loads byte 8c + i (every thread stores it).  A request's sectors are the distinct
+    # 32-byte sectors of its warp's addresses at that step.
+    cpr, k = nk // 8, nk - nq
+    loads = stores = 0
+    for g in range(-(-nq * cpr // 32)):
+        chunks = range(32 * g, min(32 * g + 32, nq * cpr))
+        active = [c for c in chunks if 8 * (c % cpr) - c // cpr <= k]
+        for i in range(8):
+            loads += len({(8 * c + i) // 32 for c in active})
+            stores += len({(8 * c + i) // 32 for c in chunks})
+    io = walk(build_schedule(wl(nq, 64, nk=nk, causal=True), "torch_naive", "fwd")).per_launch["mask_tril"]
+    print(nq, nk, loads, stores, io.breakdown)
+    assert (io.breakdown[("Mask1", "read")].sectors, io.breakdown[("Mask", "write")].sectors) == (loads, stores)
