@@ -38,14 +38,19 @@ _MODULES = {
     "flash2": "flash2",
     "smallcache": "smallcache",
     "decode": "decode",
+    "fast": "fast",
 }
 
 #: Decoding schedules: they take a KV cache's options (lengths, splits, pages) and mask causally
 #: whatever the workload says, so the attention-wide lists (``bounds``, ``sweep``, the lower-bound
 #: checks) leave them out; ``simulate`` takes them.
 DECODERS = ("decode",)
+#: Schedules of particular kernels (``fast``: kernels/perf's variants), which take only the
+#: workloads those kernels do and fix their own tiles: ``simulate`` takes them, the
+#: attention-wide lists leave them out.
+KERNELS = ("fast",)
 #: The attention algorithms: every workload, the paper's bounds apply.
-ALGORITHMS = tuple(a for a in _MODULES if a not in DECODERS)
+ALGORITHMS = tuple(a for a in _MODULES if a not in DECODERS + KERNELS)
 #: Everything ``get_algorithm`` knows.
 ALL_ALGORITHMS = tuple(_MODULES)
 

@@ -1,0 +1,431 @@
+"""The fast kernels (``kernels/perf``, what ``kernels.flash_attention(impl="auto")`` runs): one
+schedule per variant, launch by launch, read from the kernels' code (flashsim never imports
+``kernels``; ``tests/test_fast_schedule.py`` holds the block shapes below equal to theirs).
+
+Variants (the names the records use) and their launches, in launch order:
+
+* ``fwd_fp16_v4`` (fp16 forward; block Br = 16·nw·mt = 128 query rows, Bc = 64 keys at d <= 64,
+  32 above) and ``fwd_fp32_v1`` (fp32 forward; Br = 4·rm·nw = 64, Bc = 64 at d <= 64, 32 above):
+  one launch, FlashAttention-2's loop: Q_i once, K_j and V_j once per visible key block (the
+  causal prefix, exactly flash2's visibility for these tiles), O_i and L_i once.  The copies
+  move the d columns of each row (d is padded to a multiple of 16 only in shared memory, by
+  ``f16_zero_pad``; no global load reads the padding).
+* ``bwd_fp16_v1``: D = rowsum(dO ∘ O) (the reference preprocess kernel, Br = 64:
+  ``kernels.perf._launch.row_dots``), then the dK/dV kernel (Bc = 16·nw·mt keys a block, bq query
+  rows a step over every query head of the group), then the dQ kernel (Br = 16·nw·mt query rows,
+  bk keys a step): flash2's three launches with these tiles.
+* ``bwd_fp16_v3`` (d = 128 by default; also 32, 64), ``bwd_fp32_v1``, ``bwd_fp32_v2``: D, the
+  zero fill of the float32 dQ accumulator ``dQacc`` (``zero_fill``: B·H·Nq·d float32 stores), one
+  key-block kernel (K_j, V_j once; per step Q_i, dO_i, L_i, D_i; dQ_i by ``red.global.add``
+  into ``dQacc``, traffic class "reduction"; dK_j, dV_j stored once), and for fp16 the
+  conversion ``dq_to_f16`` (dQacc read, dQ written in fp16).  The fp32 backwards reduce into
+  dQ itself (fp32: no conversion launch).
+
+What is assumed, and where it is exact:
+
+* A copy of a row past the end (``cp.async`` with src-size 0: the zero fill of a ragged last
+  block) is counted as no global request; rows that exist are loaded whole.
+* Row statistics (L, D) are read, and L is written, by groups of consecutive rows per warp
+  instruction (the kernel's thread mapping): 8 rows for fwd_fp16_v4's L store and bwd_fp16_v1's
+  dQ kernel, 4 for fwd_fp32_v1's L store, 32 for the key-block kernels' L and D; each group is
+  one request whose sectors are counted apart.
+* fwd_fp32_v1 writes O from registers by scalar stores: a warp's store covers 4 rows x 8 columns
+  4 apart, so the four stores of a row's 32 columns each touch the same 4 sectors (4x the sectors
+  of the bytes).  The schedule states each store as a pair of adjacent columns in the sector the
+  kernel touches (:func:`_scalar_store`): elements and bytes exact, sectors exact for d % 8 == 0
+  (rows 32-byte aligned).
+* bwd_fp32_v1/v2 (``LSU_EXACT`` False): tiles, elements and bytes are the kernel's; their L/D
+  loads and dK/dV scalar stores are counted as coalesced tiles, not by their per-thread
+  pattern, so their LSU sectors are a lower bound.
+* The scale <= 0 path (an extra elementwise pass over Q and over dQ) is not modelled.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..config import STAT_BYTES, Tiling, Workload, cdiv
+from ..masking import visible_counts
+from ..traffic import Launch, Schedule, TensorLayout, read, reduction, write
+from ._common import block_rows, classes, head_classes, layouts, per_kv_head_slices, per_query_head_slices
+
+PASSES = ("fwd", "bwd")
+NEEDS_TILING = False
+TILING_TEXT = "Br = {block_m}, Bc = {block_n} (the kernel's block shape)"
+DESCRIPTION = ("the fast kernels of kernels/perf (--kernel VARIANT, default the one impl='auto' runs): "
+               "their launches, tiles, re-loads and dQ atomics")
+OPTIONS: dict[str, tuple[object, str]] = {
+    "kernel": (None, "fast kernel variant (fwd_fp16_v4, fwd_fp32_v1, bwd_fp16_v1, bwd_fp16_v3, bwd_fp32_v1, "
+                     "bwd_fp32_v2); default: the one kernels.flash_attention(impl='auto') runs for the pass, "
+                     "dtype and d"),
+}
+
+#: variant -> (pass, dtype)
+VARIANTS = {"fwd_fp16_v4": ("fwd", "fp16"), "fwd_fp32_v1": ("fwd", "fp32"),
+            "bwd_fp16_v1": ("bwd", "fp16"), "bwd_fp16_v3": ("bwd", "fp16"),
+            "bwd_fp32_v1": ("bwd", "fp32"), "bwd_fp32_v2": ("bwd", "fp32")}
+
+#: Variants whose every access is stated with the kernel's request pattern (LSU sectors exact).
+LSU_EXACT = {"fwd_fp16_v4": True, "fwd_fp32_v1": True, "bwd_fp16_v1": True, "bwd_fp16_v3": True,
+             "bwd_fp32_v1": False, "bwd_fp32_v2": False}
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernels' block shapes and selection, restated (kernels.perf's default_config and BEST)
+
+
+def default_config(name: str, d: int) -> dict:
+    """The block-shape keys of ``kernels.perf.variant(name).default_config(d)`` (the tests hold
+    them equal)."""
+    if name == "fwd_fp16_v4":
+        return dict(bc=64 if d <= 64 else 32, nw=4, mt=2, qreg=True)
+    if name == "fwd_fp32_v1":
+        return dict(bc=64, nw=4, rm=4, unroll=2, minb=2) if d <= 64 else dict(bc=32, nw=4, rm=4, unroll=2, minb=1)
+    if name == "bwd_fp16_v1":
+        return dict(bq=64, bk=64, nw=4, mt=1, reg=True) if d <= 64 else dict(bq=32, bk=32, nw=4, mt=1, reg=False)
+    if name == "bwd_fp16_v3":
+        return dict(bq=64, bk=128, nw=8, ma=2, mb=2, mc=2 if d >= 64 else 1, minb=1)
+    if name == "bwd_fp32_v1":
+        nw = 4 if d <= 64 or 68 <= d <= 96 else 8
+        return dict(bc=64, br=64, nw=nw, unroll=2, minb=1, vred=True)
+    if name == "bwd_fp32_v2":
+        bc, br, nw = (64, 64, 8) if d in (64, 128) else (32, 32, 2)
+        return dict(bc=bc, br=br, nw=nw, minb=1, pipe=False, fuse=False, ak=max(1, d // 32))
+    raise ValueError(f"kernel={name!r}: one of {', '.join(VARIANTS)}")
+
+
+def supports(name: str, dtype: str, d: int) -> bool:
+    """``kernels.perf.variant(name).supports`` for a workload dtype ("fp16", "fp32", "bf16")."""
+    if name not in VARIANTS:
+        raise ValueError(f"kernel={name!r}: one of {', '.join(VARIANTS)}")
+    if dtype != VARIANTS[name][1]:
+        return False
+    if name in ("fwd_fp16_v4", "bwd_fp16_v1"):
+        return d % 8 == 0 and 8 <= d <= 256
+    if name == "bwd_fp16_v3":
+        return d in (32, 64, 128)
+    if name in ("fwd_fp32_v1", "bwd_fp32_v1"):
+        return d % 4 == 0 and 4 <= d <= 128
+    return d in (32, 64, 128)  # bwd_fp32_v2
+
+
+#: kernels.perf.BEST: (pass, dtype) -> (variant, smallest d, largest d) in order of preference.
+BEST = {("fwd", "fp16"): (("fwd_fp16_v4", 1, 1 << 30),),
+        ("bwd", "fp16"): (("bwd_fp16_v3", 65, 128), ("bwd_fp16_v1", 1, 1 << 30)),
+        ("fwd", "fp32"): (("fwd_fp32_v1", 1, 1 << 30),),
+        ("bwd", "fp32"): (("bwd_fp32_v2", 32, 128), ("bwd_fp32_v1", 1, 1 << 30))}
+
+
+def best(pass_: str, dtype: str, d: int) -> str | None:
+    """The variant ``impl="auto"`` runs for this pass, dtype and head dim, or None."""
+    for name, lo, hi in BEST.get((pass_, dtype), ()):
+        if lo <= d <= hi and supports(name, dtype, d):
+            return name
+    return None
+
+
+def variant_for(w: Workload, pass_: str, kernel: str | None = None) -> str:
+    """The variant a pass runs: ``kernel`` if it is of this pass (checked against the workload),
+    else :func:`best`'s (ValueError when none applies)."""
+    if kernel is not None:
+        if not isinstance(kernel, str) or kernel not in VARIANTS:
+            raise ValueError(f"kernel={kernel!r}: one of {', '.join(VARIANTS)}")
+        if VARIANTS[kernel][0] == pass_:
+            if not supports(kernel, w.dtype, w.d):
+                raise ValueError(f"kernel={kernel!r}: does not take dtype={w.dtype!r} with head_dim={w.d}")
+            return kernel
+    name = best(pass_, w.dtype, w.d)
+    if name is None:
+        raise ValueError(f"dtype={w.dtype!r}, head_dim={w.d}: no fast {pass_} kernel takes it "
+                         "(fp16 d % 8 == 0 up to 256, fp32 d % 4 == 0 up to 128)")
+    return name
+
+
+def tiles(name: str, d: int) -> dict:
+    """The tiles of each launch of a variant, from its block shape: the forward's (Br, Bc); the
+    backwards' key-block kernel (query rows a step, keys a block) and bwd_fp16_v1's dQ kernel."""
+    c = default_config(name, d)
+    if name == "fwd_fp16_v4":
+        return {"fwd": Tiling(16 * c["nw"] * c["mt"], c["bc"])}
+    if name == "fwd_fp32_v1":
+        return {"fwd": Tiling(4 * c["rm"] * c["nw"], c["bc"])}
+    if name == "bwd_fp16_v1":
+        rows = 16 * c["nw"] * c["mt"]
+        return {"dkdv": Tiling(c["bq"], rows), "dq": Tiling(rows, c["bk"])}
+    if name == "bwd_fp16_v3":
+        return {"dkdv": Tiling(c["bq"], c["bk"])}
+    return {"dkdv": Tiling(c["br"], c["bc"])}  # bwd_fp32_v1, v2
+
+
+# ---------------------------------------------------------------------------------------------
+# Access helpers
+
+
+def _groups(start: np.ndarray, size: np.ndarray, g: int) -> tuple[np.ndarray, np.ndarray]:
+    """Blocks of rows [start, start + size) cut into groups of g rows (one request each):
+    (first row, rows) of every group, empty groups dropped."""
+    k = np.arange(-(-int(size.max()) // g) if size.size else 0, dtype=np.int64) * g
+    s = (start[:, None] + k[None, :]).ravel()
+    n = np.clip(size[:, None] - k[None, :], 0, g).ravel()
+    keep = n > 0
+    return s[keep], n[keep]
+
+
+def _grouped(fn, name, start, size, g):
+    """``fn`` (read or write) of the blocks' rows in requests of g rows, as grouped counts."""
+    gs, gn = _groups(start, size, g)
+    c = classes(gs, gn)
+    return fn(name, c[0], c[1], repeat=c[2])
+
+
+def _scalar_store(name: str, start: np.ndarray, size: np.ndarray, d: int):
+    """fwd_fp32_v1's O store (see the module docstring): per row, for each of the 4 stores f and
+    each 8-float sector σ of the row, the n = [8σ+f < d] + [8σ+f+4 < d] elements it writes there,
+    stated as the adjacent columns 8σ + 2f .. (+n) of that sector."""
+    c = classes(start, size)
+    for f in range(4):
+        for sig in range(cdiv(d, 8)):
+            n = int(8 * sig + f < d) + int(8 * sig + f + 4 < d)
+            if n:
+                col0 = 8 * sig + (2 * f if n == 2 else f)
+                yield write(name, c[0], c[1], col0, n, repeat=c[2])
+
+
+# ---------------------------------------------------------------------------------------------
+# Schedules
+
+
+def _meta(name, pass_, t: Tiling, extra=None):
+    m = {"pass": pass_, "kernel": name, "block_m": t.block_m, "block_n": t.block_n, "lsu_exact": LSU_EXACT[name]}
+    m.update(extra or {})
+    return m
+
+
+def _forward(w: Workload, name: str) -> Schedule:
+    t = tiles(name, w.d)["fwd"]
+    q0, qn = block_rows(w.nq, t.block_m)
+    k0, kn = block_rows(w.nk, t.block_n)
+    lgroup = 8 if name == "fwd_fp16_v4" else 4
+    names = ("Q", "K", "V", "O", "L")
+
+    def counts():
+        _, seen_by = visible_counts(w, t)
+        qc = classes(q0, qn)
+        kc = classes(k0, kn, seen_by)
+        yield read("Q", qc[0], qc[1], repeat=qc[2])
+        yield read("K", kc[0], kc[1], repeat=kc[2])
+        yield read("V", kc[0], kc[1], repeat=kc[2])
+        if name == "fwd_fp16_v4":  # O through shared memory, 16 bytes a thread: whole rows
+            yield write("O", qc[0], qc[1], repeat=qc[2])
+        else:
+            yield from _scalar_store("O", q0, qn, w.d)
+        yield _grouped(write, "L", q0, qn, lgroup)
+
+    launch = Launch(name, w.bh, per_query_head_slices(w, names), counts, counts)
+    return Schedule("fast", layouts(w, names), [launch], _meta(name, "fwd", t))
+
+
+def _preprocess(w: Workload, slices) -> Launch:
+    """row_dots: the reference preprocess kernel (kernels/flash2.py, Br = 64): O_i, dO_i in, D_i out."""
+    q0, qn = block_rows(w.nq, 64)
+
+    def counts():
+        qc = classes(q0, qn)
+        yield read("O", qc[0], qc[1], repeat=qc[2])
+        yield read("dO", qc[0], qc[1], repeat=qc[2])
+        yield write("D", qc[0], qc[1], repeat=qc[2])
+
+    return Launch("flash2_bwd_preprocess", w.bh, slices, counts, counts)
+
+
+def _key_block(w: Workload, name: str, t: Tiling, slices, dq_red: str | None) -> Launch:
+    """A key-block kernel (grid (Tc, B·Hkv)): K_j, V_j once; per query head of the group and query
+    block i that sees j: Q_i, dO_i (whole rows), L_i, D_i (requests of 32 rows), and, with
+    ``dq_red``, dQ_i reduced into that tensor; dK_j, dV_j once."""
+    q0, qn = block_rows(w.nq, t.block_m)
+    k0, kn = block_rows(w.nk, t.block_n)
+    heads, per_head = head_classes(w.group)
+
+    def counts():
+        sees, _ = visible_counts(w, t)
+        kc = classes(k0, kn)
+        qc = classes(q0, qn, sees)
+        yield read("K", kc[0], kc[1], repeat=kc[2])
+        yield read("V", kc[0], kc[1], repeat=kc[2])
+        for tensor in ("Q", "dO"):
+            yield read(tensor, qc[0][None, :], qc[1][None, :], slice_offset=heads, repeat=per_head * qc[2][None, :])
+        for tensor in ("L", "D"):
+            if LSU_EXACT[name]:
+                gs, gn = _groups(q0, qn, 32)
+                gw = np.repeat(sees, -(-int(qn.max()) // 32))[_kept(qn, 32)]
+                gc = classes(gs, gn, gw)
+            else:
+                gc = qc
+            yield read(tensor, gc[0][None, :], gc[1][None, :], slice_offset=heads, repeat=per_head * gc[2][None, :])
+        if dq_red is not None:
+            yield reduction(dq_red, qc[0][None, :], qc[1][None, :], slice_offset=heads,
+                            repeat=per_head * qc[2][None, :])
+        yield write("dK", kc[0], kc[1], repeat=kc[2])
+        yield write("dV", kc[0], kc[1], repeat=kc[2])
+
+    return Launch(name if dq_red is not None else f"{name}_dkdv", w.batch * w.hkv, slices, counts, counts)
+
+
+def _kept(size: np.ndarray, g: int) -> np.ndarray:
+    """Which (block, group) pairs of :func:`_groups` hold rows, flattened."""
+    k = np.arange(-(-int(size.max()) // g), dtype=np.int64) * g
+    return np.flatnonzero((np.clip(size[:, None] - k[None, :], 0, g) > 0).ravel())
+
+
+def _dq_v1(w: Workload, t: Tiling, slices) -> Launch:
+    """bwd_fp16_v1's dQ kernel: Q_i, dO_i once; L_i, D_i by the lanes' rows (requests of 8 rows);
+    K_j, V_j per visible key block; dQ_i (fp16) once."""
+    q0, qn = block_rows(w.nq, t.block_m)
+    k0, kn = block_rows(w.nk, t.block_n)
+
+    def counts():
+        _, seen_by = visible_counts(w, t)
+        qc = classes(q0, qn)
+        kc = classes(k0, kn, seen_by)
+        yield read("Q", qc[0], qc[1], repeat=qc[2])
+        yield read("dO", qc[0], qc[1], repeat=qc[2])
+        yield _grouped(read, "L", q0, qn, 8)
+        yield _grouped(read, "D", q0, qn, 8)
+        yield read("K", kc[0], kc[1], repeat=kc[2])
+        yield read("V", kc[0], kc[1], repeat=kc[2])
+        yield write("dQ", qc[0], qc[1], repeat=qc[2])
+
+    return Launch("bwd_fp16_v1_dq", w.bh, slices, counts, counts)
+
+
+def _elementwise(name: str, w: Workload, slices, reads: tuple[str, ...], writes: tuple[str, ...]) -> Launch:
+    """A grid-stride elementwise kernel over B·H·Nq·d elements (zero fill, fp32 -> fp16): each
+    element read and/or written once, a warp 32 consecutive elements; stated per query head."""
+
+    def counts():
+        for tensor in reads:
+            yield read(tensor, 0, w.nq)
+        for tensor in writes:
+            yield write(tensor, 0, w.nq)
+
+    return Launch(name, w.bh, slices, counts, counts)
+
+
+_BWD_TENSORS = ("Q", "K", "V", "O", "L", "D", "dO", "dQ", "dK", "dV")
+
+
+def _backward(w: Workload, name: str) -> Schedule:
+    tl = tiles(name, w.d)
+    t = tl["dkdv"]
+    tensors = layouts(w, _BWD_TENSORS)
+    qs = per_query_head_slices(w, _BWD_TENSORS + ("dQacc",))
+    ks = per_kv_head_slices(w, _BWD_TENSORS + ("dQacc",))
+    launches = [_preprocess(w, qs)]
+    extra = {}
+    if name == "bwd_fp16_v1":
+        launches += [_key_block(w, name, t, ks, None), _dq_v1(w, tl["dq"], qs)]
+        extra = {"dq_block_m": tl["dq"].block_m, "dq_block_n": tl["dq"].block_n}
+    elif name == "bwd_fp16_v3":
+        tensors["dQacc"] = TensorLayout("dQacc", w.nq, w.d, STAT_BYTES, w.bh)
+        launches += [_elementwise("zero_fill", w, qs, (), ("dQacc",)), _key_block(w, name, t, ks, "dQacc"),
+                     _elementwise("dq_to_f16", w, qs, ("dQacc",), ("dQ",))]
+    else:  # fp32: the atomics add into dQ itself
+        launches += [_elementwise("zero_fill", w, qs, (), ("dQ",)), _key_block(w, name, t, ks, "dQ")]
+    return Schedule("fast", tensors, launches, _meta(name, "bwd", t, extra))
+
+
+def schedule(w: Workload, tiling: Tiling | None, pass_: str, **options) -> Schedule:
+    name = variant_for(w, pass_, _kernel(options))
+    if pass_ == "fwd":
+        return _forward(w, name)
+    if pass_ == "bwd":
+        return _backward(w, name)
+    raise ValueError(f"pass_={pass_!r}: not modelled")
+
+
+def _kernel(options: dict):
+    extra = sorted(set(options) - set(OPTIONS))
+    if extra:
+        raise ValueError(f"options={extra}: fast takes only {sorted(OPTIONS)}")
+    return options.get("kernel")
+
+
+# ---------------------------------------------------------------------------------------------
+# Closed forms (elements; no loop over tiles)
+
+
+def _q_rows_dkdv(w: Workload, t: Tiling) -> int:
+    """Σ over key blocks j of the query rows a query head loads for j (flash2's formula)."""
+    from .flash2 import _q_rows_read_dkdv
+
+    return _q_rows_read_dkdv(w, t)
+
+
+def _kv_rows_fwd(w: Workload, t: Tiling) -> int:
+    from .flash2 import _kv_rows_read_fwd
+
+    return _kv_rows_read_fwd(w, t)
+
+
+def closed_form(w: Workload, tiling: Tiling | None, pass_: str, **options) -> dict[tuple[str, str], int]:
+    name = variant_for(w, pass_, _kernel(options))
+    bh, d, nq = w.bh, w.d, w.nq
+    if pass_ == "fwd":
+        t = tiles(name, d)["fwd"]
+        kv = bh * _kv_rows_fwd(w, t) * d
+        return {("Q", "read"): bh * nq * d, ("K", "read"): kv, ("V", "read"): kv,
+                ("O", "write"): bh * nq * d, ("L", "write"): bh * nq}
+    if pass_ != "bwd":
+        raise ValueError(f"pass_={pass_!r}: not modelled")
+    tl = tiles(name, d)
+    q_rows = _q_rows_dkdv(w, tl["dkdv"])  # per query head
+    kv_once = w.batch * w.hkv * w.nk * d
+    out = {("O", "read"): bh * nq * d, ("dO", "read"): bh * (nq + q_rows) * d, ("D", "write"): bh * nq,
+           ("Q", "read"): bh * q_rows * d, ("L", "read"): bh * q_rows, ("D", "read"): bh * q_rows,
+           ("K", "read"): kv_once, ("V", "read"): kv_once, ("dK", "write"): kv_once, ("dV", "write"): kv_once}
+    if name == "bwd_fp16_v1":
+        kv = bh * _kv_rows_fwd(w, tl["dq"]) * d
+        out[("Q", "read")] += bh * nq * d
+        out[("dO", "read")] += bh * nq * d
+        out[("L", "read")] += bh * nq
+        out[("D", "read")] += bh * nq
+        out[("K", "read")] += kv
+        out[("V", "read")] += kv
+        out[("dQ", "write")] = bh * nq * d
+    else:
+        acc = "dQacc" if name == "bwd_fp16_v3" else "dQ"
+        out[(acc, "write")] = bh * nq * d  # the zero fill
+        out[(acc, "reduction")] = bh * q_rows * d
+        if name == "bwd_fp16_v3":
+            out[("dQacc", "read")] = bh * nq * d
+            out[("dQ", "write")] = bh * nq * d
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The registry's hooks
+
+
+def plan(w: Workload, sram_elems: int | None = None, tiling: Tiling | None = None, **options) -> tuple[None, dict]:
+    """The kernels fix their own tiles: no M rule, no tiling."""
+    if tiling is not None:
+        raise ValueError("tiling: the fast kernels run their own block shapes (kernels.perf default_config); "
+                         "give no block sizes")
+    return None, dict(options)
+
+
+def blocks(w: Workload, tiling: Tiling | None, **options) -> tuple[int | None, int | None]:
+    """(block_m, block_n) of the forward variant's tiles, else of the backward key-block kernel's."""
+    kernel = options.get("kernel")
+    pass_ = VARIANTS[kernel][0] if kernel in VARIANTS else "fwd"
+    try:
+        name = variant_for(w, pass_, kernel)
+    except ValueError:
+        return None, None
+    t = tiles(name, w.d)
+    t = t.get("fwd", t.get("dkdv"))
+    return t.block_m, t.block_n
+
+
+__all__ = ["schedule", "closed_form", "plan", "blocks", "TILING_TEXT", "PASSES", "NEEDS_TILING", "DESCRIPTION",
+           "OPTIONS", "VARIANTS", "BEST", "best", "default_config", "supports", "tiles", "variant_for"]
