@@ -51,7 +51,7 @@ _FIELD_FLAGS = {
     "algo": "--algo", "pass_": "--pass", "out": "--out",
     "devices": "--devices", "parallel": "--parallel", "topology": "--topology",
     "num_splits": "--num-splits", "page_size": "--page-size", "window": "--window", "lengths": "--lengths",
-    "cu_seqlens": "--cu-seqlens", "block_table": "--block-table",
+    "cu_seqlens": "--cu-seqlens", "block_table": "--block-table", "kernel": "--kernel",
 }
 
 
@@ -206,6 +206,8 @@ def _with_sram_bytes(e: ValueError, a: argparse.Namespace, w, m: int) -> ValueEr
 
 
 def _cmd_simulate(a: argparse.Namespace) -> int:
+    if a.algo is None:  # --kernel VARIANT names one of the fast kernels' schedules
+        a.algo = "fast" if hasattr(a, "opt_kernel") else "flash2"
     if a.devices is not None or a.parallel is not None or a.topology is not None:
         return _cmd_context_parallel(a)
     w = _workload(a)
@@ -500,7 +502,8 @@ def add_simulate(sub) -> None:
                        description="Walk one algorithm's tile schedule and count every HBM transfer: "
                                    "elements, bytes and 32-byte sectors per tensor, with the closed form, "
                                    "the FLOPs, the IO bounds and the roofline time on a GPU preset.")
-    s.add_argument("--algo", "-a", choices=ALL_ALGORITHMS, default="flash2", help="algorithm (default flash2)")
+    s.add_argument("--algo", "-a", choices=ALL_ALGORITHMS, default=None,
+                   help="algorithm (default flash2; fast when --kernel is given)")
     s.add_argument("--pass", dest="pass_", choices=("fwd", "bwd", "fwd+bwd"), default="fwd",
                    help="forward, backward or both (default fwd)")
     _add_workload(s)

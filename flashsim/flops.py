@@ -142,6 +142,12 @@ def flops(workload: Workload, pass_: str, algo: str | None = None, tiling: Tilin
         raise ValueError(f"pass_={pass_!r}: must be 'fwd', 'bwd' or 'fwd+bwd'")
     if algo == "decode":
         return _decode_flops(w, passes, tiling, sram_elems, options)
+    if algo == "fast":  # FlashAttention-2's arithmetic on the variant's own tiles, pass by pass
+        from .algorithms.fast import flop_tiling
+
+        parts = [flops(w, p, "flash2", flop_tiling(w, p, options.get("kernel"))) for p in passes]
+        out = {k: sum(x[k] for x in parts) for k in ("matmul", "nonmatmul", "total")}
+        return out | {"entries": parts[0]["entries"]}
     if algo not in MATMULS_PER_ENTRY:
         raise ValueError(f"algo={algo!r}: no FLOP model; choose one of {[a for a in MATMULS_PER_ENTRY if a]}")
     e = computed_entries(w, algo, tiling, sram_elems, options.get("window") if algo in _TILED else None)

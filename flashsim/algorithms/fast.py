@@ -125,15 +125,17 @@ def best(pass_: str, dtype: str, d: int) -> str | None:
 
 
 def variant_for(w: Workload, pass_: str, kernel: str | None = None) -> str:
-    """The variant a pass runs: ``kernel`` if it is of this pass (checked against the workload),
-    else :func:`best`'s (ValueError when none applies)."""
+    """The variant a pass runs: ``kernel`` (checked against the pass and the workload), or
+    :func:`best`'s when it is None (ValueError when none applies)."""
     if kernel is not None:
         if not isinstance(kernel, str) or kernel not in VARIANTS:
             raise ValueError(f"kernel={kernel!r}: one of {', '.join(VARIANTS)}")
-        if VARIANTS[kernel][0] == pass_:
-            if not supports(kernel, w.dtype, w.d):
-                raise ValueError(f"kernel={kernel!r}: does not take dtype={w.dtype!r} with head_dim={w.d}")
-            return kernel
+        if VARIANTS[kernel][0] != pass_:
+            raise ValueError(f"kernel={kernel!r}: a {VARIANTS[kernel][0]} kernel, not a {pass_} one "
+                             f"(pass_={VARIANTS[kernel][0]!r}, or no kernel for the default)")
+        if not supports(kernel, w.dtype, w.d):
+            raise ValueError(f"kernel={kernel!r}: does not take dtype={w.dtype!r} with head_dim={w.d}")
+        return kernel
     name = best(pass_, w.dtype, w.d)
     if name is None:
         raise ValueError(f"dtype={w.dtype!r}, head_dim={w.d}: no fast {pass_} kernel takes it "
@@ -400,6 +402,13 @@ def closed_form(w: Workload, tiling: Tiling | None, pass_: str, **options) -> di
             out[("dQacc", "read")] = bh * nq * d
             out[("dQ", "write")] = bh * nq * d
     return out
+
+
+def flop_tiling(w: Workload, pass_: str, kernel: str | None = None) -> Tiling:
+    """The tiles whose computed score entries the pass's FLOPs count (flashsim.flops: flash2's
+    model): the forward's, or the backward key-block kernel's."""
+    t = tiles(variant_for(w, pass_, kernel), w.d)
+    return t.get("fwd", t.get("dkdv"))
 
 
 # ---------------------------------------------------------------------------------------------
