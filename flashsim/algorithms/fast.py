@@ -58,6 +58,8 @@ OPTIONS: dict[str, tuple[object, str]] = {
     "kernel": (None, "fast kernel variant (fwd_fp16_v4, fwd_fp32_v1, bwd_fp16_v1, bwd_fp16_v3, bwd_fp32_v1, "
                      "bwd_fp32_v2); default: the one kernels.flash_attention(impl='auto') runs for the pass, "
                      "dtype and d"),
+    "config": (None, "block-shape overrides of the kernel's default_config, as the kernels take them "
+                     "(e.g. 'nw=1,mt=1,bc=16' or a dict): the tiles follow"),
 }
 
 #: variant -> (pass, dtype)
@@ -143,10 +145,44 @@ def variant_for(w: Workload, pass_: str, kernel: str | None = None) -> str:
     return name
 
 
-def tiles(name: str, d: int) -> dict:
-    """The tiles of each launch of a variant, from its block shape: the forward's (Br, Bc); the
-    backwards' key-block kernel (query rows a step, keys a block) and bwd_fp16_v1's dQ kernel."""
-    c = default_config(name, d)
+def parse_config(name: str, d: int, config=None) -> dict:
+    """:func:`default_config` updated by ``config`` (a dict, or "key=value,..." with int and
+    true/false values); ValueError for a key the variant does not take or a bad value."""
+    cfg = default_config(name, d)
+    if config is None:
+        return cfg
+    if isinstance(config, str):
+        items = {}
+        for part in filter(None, (x.strip() for x in config.split(","))):
+            key, sep, val = part.partition("=")
+            if not sep:
+                raise ValueError(f"config={config!r}: want key=value pairs separated by commas")
+            low = val.strip().lower()
+            try:
+                items[key.strip()] = {"true": True, "false": False}[low] if low in ("true", "false") else int(val)
+            except ValueError:
+                raise ValueError(f"config={config!r}: {key.strip()}={val!r} is not an integer or true/false") from None
+        config = items
+    if not isinstance(config, dict):
+        raise ValueError(f"config={config!r}: a dict or 'key=value,...'")
+    unknown = sorted(set(config) - set(cfg))
+    if unknown:
+        raise ValueError(f"config={config!r}: {name} takes {sorted(cfg)}, not {unknown}")
+    for key, val in config.items():
+        if isinstance(cfg[key], bool):
+            if not isinstance(val, bool | np.bool_):
+                raise ValueError(f"config={config!r}: {key} must be true or false")
+        elif isinstance(val, bool) or not isinstance(val, int | np.integer) or val < 1:
+            raise ValueError(f"config={config!r}: {key} must be a positive integer")
+    cfg.update(config)
+    return cfg
+
+
+def tiles(name: str, d: int, config=None) -> dict:
+    """The tiles of each launch of a variant, from its block shape (:func:`parse_config`): the
+    forward's (Br, Bc); the backwards' key-block kernel (query rows a step, keys a block) and
+    bwd_fp16_v1's dQ kernel."""
+    c = parse_config(name, d, config)
     if name == "fwd_fp16_v4":
         return {"fwd": Tiling(16 * c["nw"] * c["mt"], c["bc"])}
     if name == "fwd_fp32_v1":
@@ -203,8 +239,8 @@ def _meta(name, pass_, t: Tiling, extra=None):
     return m
 
 
-def _forward(w: Workload, name: str) -> Schedule:
-    t = tiles(name, w.d)["fwd"]
+def _forward(w: Workload, name: str, config=None) -> Schedule:
+    t = tiles(name, w.d, config)["fwd"]
     q0, qn = block_rows(w.nq, t.block_m)
     k0, kn = block_rows(w.nk, t.block_n)
     lgroup = 8 if name == "fwd_fp16_v4" else 4
@@ -316,8 +352,8 @@ def _elementwise(name: str, w: Workload, slices, reads: tuple[str, ...], writes:
 _BWD_TENSORS = ("Q", "K", "V", "O", "L", "D", "dO", "dQ", "dK", "dV")
 
 
-def _backward(w: Workload, name: str) -> Schedule:
-    tl = tiles(name, w.d)
+def _backward(w: Workload, name: str, config=None) -> Schedule:
+    tl = tiles(name, w.d, config)
     t = tl["dkdv"]
     tensors = layouts(w, _BWD_TENSORS)
     qs = per_query_head_slices(w, _BWD_TENSORS + ("dQacc",))
@@ -337,12 +373,11 @@ def _backward(w: Workload, name: str) -> Schedule:
 
 
 def schedule(w: Workload, tiling: Tiling | None, pass_: str, **options) -> Schedule:
+    if pass_ not in PASSES:
+        raise ValueError(f"pass_={pass_!r}: not modelled")
     name = variant_for(w, pass_, _kernel(options))
-    if pass_ == "fwd":
-        return _forward(w, name)
-    if pass_ == "bwd":
-        return _backward(w, name)
-    raise ValueError(f"pass_={pass_!r}: not modelled")
+    config = options.get("config")
+    return _forward(w, name, config) if pass_ == "fwd" else _backward(w, name, config)
 
 
 def _kernel(options: dict):
@@ -370,16 +405,17 @@ def _kv_rows_fwd(w: Workload, t: Tiling) -> int:
 
 
 def closed_form(w: Workload, tiling: Tiling | None, pass_: str, **options) -> dict[tuple[str, str], int]:
+    if pass_ not in PASSES:
+        raise ValueError(f"pass_={pass_!r}: not modelled")
     name = variant_for(w, pass_, _kernel(options))
+    config = options.get("config")
     bh, d, nq = w.bh, w.d, w.nq
     if pass_ == "fwd":
-        t = tiles(name, d)["fwd"]
+        t = tiles(name, d, config)["fwd"]
         kv = bh * _kv_rows_fwd(w, t) * d
         return {("Q", "read"): bh * nq * d, ("K", "read"): kv, ("V", "read"): kv,
                 ("O", "write"): bh * nq * d, ("L", "write"): bh * nq}
-    if pass_ != "bwd":
-        raise ValueError(f"pass_={pass_!r}: not modelled")
-    tl = tiles(name, d)
+    tl = tiles(name, d, config)
     q_rows = _q_rows_dkdv(w, tl["dkdv"])  # per query head
     kv_once = w.batch * w.hkv * w.nk * d
     out = {("O", "read"): bh * nq * d, ("dO", "read"): bh * (nq + q_rows) * d, ("D", "write"): bh * nq,
@@ -404,10 +440,10 @@ def closed_form(w: Workload, tiling: Tiling | None, pass_: str, **options) -> di
     return out
 
 
-def flop_tiling(w: Workload, pass_: str, kernel: str | None = None) -> Tiling:
+def flop_tiling(w: Workload, pass_: str, kernel: str | None = None, config=None) -> Tiling:
     """The tiles whose computed score entries the pass's FLOPs count (flashsim.flops: flash2's
     model): the forward's, or the backward key-block kernel's."""
-    t = tiles(variant_for(w, pass_, kernel), w.d)
+    t = tiles(variant_for(w, pass_, kernel), w.d, config)
     return t.get("fwd", t.get("dkdv"))
 
 
@@ -431,10 +467,11 @@ def blocks(w: Workload, tiling: Tiling | None, **options) -> tuple[int | None, i
         name = variant_for(w, pass_, kernel)
     except ValueError:
         return None, None
-    t = tiles(name, w.d)
+    t = tiles(name, w.d, options.get("config"))
     t = t.get("fwd", t.get("dkdv"))
     return t.block_m, t.block_n
 
 
 __all__ = ["schedule", "closed_form", "plan", "blocks", "TILING_TEXT", "PASSES", "NEEDS_TILING", "DESCRIPTION",
-           "OPTIONS", "VARIANTS", "BEST", "best", "default_config", "supports", "tiles", "variant_for"]
+           "OPTIONS", "VARIANTS", "BEST", "best", "default_config", "parse_config", "supports", "tiles",
+           "variant_for", "flop_tiling"]
