@@ -40,6 +40,7 @@ from flashsim.output import check_overwrite, staged
 from flashsim.traffic import SECTOR_BYTES, walk
 
 from .configs import KERNELS, sim_options, tiling_of, workload_of
+from .fast_set import FAST_KERNELS
 from .measure import CONFIG_FIELDS, METRIC_FIELDS
 
 LSU_TOLERANCE = 0.01
@@ -51,7 +52,8 @@ DRAM_SET_SAMPLE = 16
 
 _INT = ("batch", "heads", "kv_heads", "seq_len_q", "seq_len_k", "head_dim", "block_m", "block_n", "sram_bytes",
         "gemm_block", "num_splits", "page_size", "launch_index", "lsu_ld_bytes", "lsu_st_bytes", "l2_read_sectors",
-        "l2_write_sectors", "dram_read_bytes", "dram_write_bytes")
+        "l2_write_sectors", "dram_read_bytes", "dram_write_bytes", "lsu_red_bytes", "lsu_atom_bytes",
+        "lsu_ldgsts_access_bytes")
 
 
 #: Columns a measured CSV must have: those ``flashsim measure`` writes, but the kernel's name,
@@ -150,6 +152,8 @@ def _typed(path: Path, line: int, r: dict) -> dict:
 
 
 def _algo(kernel: str) -> str:
+    if kernel in FAST_KERNELS:  # kernels/perf's variants: flashsim.algorithms.fast, option kernel
+        return "fast"
     return {"flash2": "flash2", "flash1": "flash1", "standard": "standard", "decode": "decode"}[kernel]
 
 
@@ -178,9 +182,11 @@ def predict_lsu(cfg: dict, sched=None) -> list[dict]:
     io = walk(sched)
     out = []
     for name, c in io.per_launch.items():
+        red = c.by_class()["reduction"]
         out.append({"sim_launch": name, "sim_lsu_ld_bytes": (c.read_sectors or 0) * SECTOR_BYTES,
                     "sim_lsu_st_bytes": (c.write_sectors or 0) * SECTOR_BYTES,
-                    "sim_read_bytes_exact": c.read_bytes, "sim_write_bytes_exact": c.write_bytes})
+                    "sim_read_bytes_exact": c.read_bytes, "sim_write_bytes_exact": c.write_bytes,
+                    "sim_lsu_red_bytes": (red.sectors or 0) * SECTOR_BYTES})
     return out
 
 
@@ -194,6 +200,12 @@ def predict(cfg: dict, gpu: str = "h100") -> list[dict]:
     as the launch's DRAM writes."""
     hw = get_gpu(gpu)
     sched = schedule_of(cfg)
+    if any(ln.blocks is None for ln in sched.launches):
+        # no thread-block model (the fast kernels' schedules): the LSU level only, DRAM left nan
+        nan = math.nan
+        return [{**lsu, "sim_dram_read_bytes": nan, "sim_dram_write_bytes": nan, "sim_dirty_end_bytes": nan,
+                 "sim_grid": "", "sim_blocks_per_sm": None, "footprint_bytes": sum(_footprint_bytes(sched, ln)),
+                 "l2_pressure": False} for ln, lsu in zip(sched.launches, predict_lsu(cfg, sched))]
     dram = dram_traffic(sched, hw, cold_launches=True, sample=DRAM_SET_SAMPLE)
     out = []
     for launch, lsu, d in zip(sched.launches, predict_lsu(cfg, sched), dram.launches):
@@ -256,6 +268,9 @@ def compare(rows: list[dict], gpu: str = "h100") -> list[dict]:
             rec["lsu_ld_err"] = _rel(r["lsu_ld_bytes"], p["sim_lsu_ld_bytes"])
             rec["lsu_st_err"] = _rel(r["lsu_st_bytes"], p["sim_lsu_st_bytes"])
             rec["lsu_err"] = _rel(r["lsu_ld_bytes"] + r["lsu_st_bytes"], p["sim_lsu_ld_bytes"] + p["sim_lsu_st_bytes"])
+            if r.get("lsu_red_bytes") is not None:  # reductions apart (sets measured with them: fast)
+                rec["lsu_red_err"] = _rel(r["lsu_red_bytes"], p["sim_lsu_red_bytes"])
+                rec["lsu_red_residual_bytes"] = r["lsu_red_bytes"] - p["sim_lsu_red_bytes"]
             rec["lsu_ld_residual_bytes"] = r["lsu_ld_bytes"] - p["sim_lsu_ld_bytes"]
             rec["lsu_st_residual_bytes"] = r["lsu_st_bytes"] - p["sim_lsu_st_bytes"]
             rec["dram_err"] = _rel_dram(r["dram_read_bytes"] + r["dram_write_bytes"],
@@ -263,9 +278,9 @@ def compare(rows: list[dict], gpu: str = "h100") -> list[dict]:
             rec["dram_read_err"] = _rel_dram(r["dram_read_bytes"], p["sim_dram_read_bytes"])
             rec["dram_write_err"] = _rel_dram(r["dram_write_bytes"], p["sim_dram_write_bytes"])
             timed = p["sim_dram_write_bytes"] + rate * r["time_ns"] * 1e-9
-            rec["sim_dram_write_timed_bytes"] = round(timed)
+            rec["sim_dram_write_timed_bytes"] = round(timed) if math.isfinite(timed) else timed
             rec["dram_write_timed_err"] = _rel_dram(r["dram_write_bytes"], timed)
-            rec["grid_matches"] = r.get("grid") in (None, "", p["sim_grid"])
+            rec["grid_matches"] = r.get("grid") in (None, "", p["sim_grid"]) or not p["sim_grid"]
             out.append(rec)
     return out
 
@@ -404,13 +419,17 @@ def summarize(records: list[dict]) -> dict:
     lsu = np.array([abs(r["lsu_err"]) for r in records])
     out = {"launches": len(records), "lsu_max_abs_err": float(lsu.max()) if lsu.size else math.nan,
            "lsu_within_tolerance": int((lsu <= LSU_TOLERANCE).sum())}
-    if any(r.get("kernel") == "decode" for r in records):
-        # the decode kernels' launches against the walker's sectors: how many agree to the byte,
-        # loads and stores apart
+    if any(r.get("kernel") == "decode" or r.get("kernel") in FAST_KERNELS for r in records):
+        # the decode and fast kernels' launches against the walker's sectors: how many agree to the
+        # byte, loads and stores apart (and reductions, where measured)
         out["lsu_ld_exact"] = sum(r["lsu_ld_residual_bytes"] == 0 for r in records)
         out["lsu_st_exact"] = sum(r["lsu_st_residual_bytes"] == 0 for r in records)
         out["lsu_ld_residual_max_abs_bytes"] = max(abs(r["lsu_ld_residual_bytes"]) for r in records)
         out["lsu_st_residual_max_abs_bytes"] = max(abs(r["lsu_st_residual_bytes"]) for r in records)
+        red = [r["lsu_red_residual_bytes"] for r in records if "lsu_red_residual_bytes" in r]
+        if red:
+            out["lsu_red_exact"] = sum(x == 0 for x in red)
+            out["lsu_red_residual_max_abs_bytes"] = max(abs(x) for x in red)
     for key, name in (("dram_err", "dram"), ("dram_read_err", "dram_read"), ("dram_write_err", "dram_write"),
                       ("dram_write_timed_err", "dram_write_timed")):
         med, p95, mx = _abs_stats(r[key] for r in records if key in r)
@@ -464,6 +483,10 @@ def run(data: str | Path, out_dir: str | Path | None = None, gpu: str | None = N
         print(f"LSU level, to the byte: loads equal the walker's on {s['lsu_ld_exact']}/{n} launches "
               f"(max |residual| {s['lsu_ld_residual_max_abs_bytes']:,} B), stores on {s['lsu_st_exact']}/{n} "
               f"(max |residual| {s['lsu_st_residual_max_abs_bytes']:,} B)")
+    if "lsu_red_exact" in s:
+        print(f"LSU level, reductions (red/atom through the LSU, apart from loads and stores): equal the walker's "
+              f"reduction class on {s['lsu_red_exact']}/{s['launches']} launches (max |residual| "
+              f"{s['lsu_red_residual_max_abs_bytes']:,} B)")
     for key, what in (("dram_read", "reads"), ("dram_write", "writes")):
         print(f"DRAM level (flashsim.l2 model of the {gpu} L2), {what}: |err| median "
               f"{100 * s[key + '_median_abs_err']:.1f}%, p95 {100 * s[key + '_p95_abs_err']:.1f}%, "

@@ -13,10 +13,14 @@ import numpy as np
 
 from flashsim.config import DTYPE_BYTES, Tiling, Workload
 
+from .fast_set import FAST_KERNELS, fast_set, fast_smoke_set
+from .fast_set import metrics as fast_metrics
+from .fast_set import sim_options as fast_options
+
 #: The kernels a configuration may name (the worker runs them, the simulator models them);
 #: "decode" is the reference decode kernel (``kernels/decode.py``), whose schedule is
 #: ``flashsim.algorithms.decode``'s.
-KERNELS = ("flash2", "flash1", "standard", "decode")
+KERNELS = ("flash2", "flash1", "standard", "decode", *FAST_KERNELS)
 #: Configuration fields of the decode set beyond :data:`analysis.measure.CONFIG_FIELDS`
 #: (``num_splits``; ``page_size``, 0 for a contiguous cache), recorded when a set has them.
 DECODE_FIELDS = ("num_splits", "page_size")
@@ -29,7 +33,7 @@ def workload_of(cfg: dict) -> Workload:
 
 
 def tiling_of(cfg: dict) -> Tiling | None:
-    if cfg["kernel"] == "standard":
+    if cfg["kernel"] == "standard" or cfg["kernel"] in FAST_KERNELS:  # the fast kernels fix their tiles
         return None
     if cfg["kernel"] == "decode":  # a program holds g·Nq query rows; only Bc is a block size
         return Tiling(1, cfg["block_n"])
@@ -39,6 +43,8 @@ def tiling_of(cfg: dict) -> Tiling | None:
 
 
 def sim_options(cfg: dict) -> dict:
+    if cfg["kernel"] in FAST_KERNELS:
+        return fast_options(cfg)
     if cfg["kernel"] == "standard":
         return {"fuse": "softmax", "gemm_block": cfg["gemm_block"]}
     if cfg["kernel"] == "decode":
@@ -53,6 +59,8 @@ def sim_options(cfg: dict) -> dict:
 def config_id(cfg: dict) -> str:
     parts = [cfg["kernel"], cfg["pass"], f"b{cfg['batch']}h{cfg['heads']}",
              f"n{cfg['seq_len_q']}", f"d{cfg['head_dim']}", cfg["dtype"]]
+    if cfg["kernel"] != "decode" and cfg.get("kv_heads") not in (None, cfg["heads"]):  # grouped-query
+        parts[2] += f"kv{cfg['kv_heads']}"
     if cfg.get("seq_len_k") and cfg["seq_len_k"] != cfg["seq_len_q"]:
         parts.insert(4, f"nk{cfg['seq_len_k']}")
     if cfg.get("causal"):
@@ -168,4 +176,7 @@ def decode_set() -> list[dict]:
 
 #: Named sets.  The data file is named after the set, so "h100" and "h200" name the same
 #: configurations measured on each GPU.
-SETS = {"main": main_set, "h100": main_set, "h200": main_set, "smoke": smoke_set, "decode": decode_set}
+SETS = {"main": main_set, "h100": main_set, "h200": main_set, "smoke": smoke_set, "decode": decode_set,
+        "fast": fast_set, "fast_smoke": fast_smoke_set}
+#: Sets measured with more than analysis.ncu.METRICS: set -> a function giving the metrics.
+SET_METRICS = {"fast": fast_metrics, "fast_smoke": fast_metrics}

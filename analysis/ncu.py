@@ -45,6 +45,15 @@ SHORT = {
     "gpu__time_duration.sum": "time_ns",
 }
 
+#: Metrics a set may add (``analysis.fast_set.metrics``: those the installed ncu knows), read
+#: where the export has them: the bytes of global reductions (``red``) and atomics (``atom``)
+#: through the LSU, and of cp.async's global-to-shared loads (LDGSTS) that go through L1.
+EXTRA_METRICS = {
+    "l1tex__t_bytes_pipe_lsu_mem_global_op_red.sum": "lsu_red_bytes",
+    "l1tex__t_bytes_pipe_lsu_mem_global_op_atom.sum": "lsu_atom_bytes",
+    "l1tex__t_bytes_pipe_lsu_mem_global_op_ldgsts_cache_access.sum": "lsu_ldgsts_access_bytes",
+}
+
 #: the unit we require for each metric (``--print-units base``)
 UNITS = {"lsu_ld_bytes": "byte", "lsu_st_bytes": "byte", "l2_read_sectors": "sector",
          "l2_write_sectors": "sector", "dram_read_bytes": "byte", "dram_write_bytes": "byte", "time_ns": "ns"}
@@ -100,6 +109,12 @@ def parse_raw_csv(text: str) -> list[dict]:
         for long, short in SHORT.items():
             v = _number(r[col[long]])
             rec[short] = int(v) if short != "time_ns" and v == v else v
+        for long, short in EXTRA_METRICS.items():
+            if long in col:
+                if units[col[long]] != "byte":
+                    raise ValueError(f"{long}: unit {units[col[long]]!r}, expected 'byte' (use --print-units base)")
+                v = _number(r[col[long]])
+                rec[short] = int(v) if v == v else None
         rec["lsu_bytes"] = rec["lsu_ld_bytes"] + rec["lsu_st_bytes"]
         rec["dram_bytes"] = rec["dram_read_bytes"] + rec["dram_write_bytes"]
         out.append(rec)

@@ -1,0 +1,102 @@
+"""The ``fast`` measurement set on the CPU: its configurations, the worker's calls (run under the
+CUDA simulator: one launch per schedule launch), the extra ncu metrics, and ``compare`` end to
+end on a record made from the walker's own numbers (what an exact measurement would be)."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+from _fast_trace import trace
+
+from analysis import fast_set
+from analysis.compare import predict_lsu, read_measured, run, schedule_of
+from analysis.configs import SET_METRICS, SETS, config_id
+from analysis.measure import CONFIG_FIELDS, METRIC_FIELDS
+from analysis.ncu import EXTRA_METRICS, METRICS, parse_raw_csv
+from flashsim.algorithms import fast
+
+
+def test_the_fast_set():
+    cfgs = SETS["fast"]()
+    launches = sum(len(schedule_of(c).launches) for c in cfgs)
+    print(len(cfgs), "configurations,", launches, "launches")
+    assert (len(cfgs), launches) == (25, 55)  # the docstring's numbers
+    assert len({config_id(c) for c in cfgs}) == len(cfgs)
+    # every variant BEST can pick, both passes and dtypes, d 64 and 128, causal, GQA, N 1,024..16,384
+    assert {c["kernel"] for c in cfgs} == set(fast.VARIANTS)
+    assert {c["head_dim"] for c in cfgs} >= {64, 128} and {c["dtype"] for c in cfgs} == {"fp16", "fp32"}
+    assert {c["causal"] for c in cfgs} == {True, False} and any(c["kv_heads"] < c["heads"] for c in cfgs)
+    assert min(c["seq_len_q"] for c in cfgs if c["seq_len_q"] % 128 == 0) == 1024
+    assert max(c["seq_len_q"] for c in cfgs) == 16384
+    for c in cfgs:  # the kernel named is the one impl="auto" runs there, at its default tiles
+        assert c["kernel"] == fast.best(c["pass"], c["dtype"], c["head_dim"])
+        t = fast.tiles(c["kernel"], c["head_dim"])
+        assert (c["block_m"], c["block_n"]) == (lambda x: (x.block_m, x.block_n))(t.get("fwd", t.get("dkdv")))
+
+
+def test_extra_metrics_are_asked_only_where_ncu_knows_them():
+    listing = "Device GH100\nMetric Name  Metric Type  Metric Unit  Metric Description\n" + "\n".join(
+        f"{m.rsplit('.', 1)[0]}  Counter  byte  x" for m in list(EXTRA_METRICS)[:2])
+    assert fast_set.metrics(listing) == METRICS + tuple(list(EXTRA_METRICS)[:2])
+    assert fast_set.metrics("") == METRICS
+    assert set(SET_METRICS) == {"fast", "fast_smoke"}
+
+
+def test_reader_takes_the_extra_metrics_where_present():
+    names = ["ID", "Kernel Name", *METRICS, *EXTRA_METRICS]
+    units = ["", "", "byte", "byte", "sector", "sector", "byte", "byte", "ns", "byte", "byte", "byte"]
+    vals = ["0", "k", "64", "32", "2", "1", "0", "0", "1000", "4096", "0", "0"]
+    text = "\n".join(",".join(f'"{x}"' for x in row) for row in (names, units, vals))
+    rec = parse_raw_csv(text)[0]
+    assert (rec["lsu_red_bytes"], rec["lsu_atom_bytes"], rec["lsu_ldgsts_access_bytes"]) == (4096, 0, 0)
+    assert "lsu_red_bytes" not in parse_raw_csv("\n".join(
+        ",".join(f'"{x}"' for x in row[:9]) for row in (names, units, vals)))[0]
+    units[names.index("l1tex__t_bytes_pipe_lsu_mem_global_op_red.sum")] = "Kbyte"
+    with pytest.raises(ValueError, match="unit 'Kbyte'"):
+        parse_raw_csv("\n".join(",".join(f'"{x}"' for x in row) for row in (names, units, vals)))
+
+
+@pytest.mark.parametrize("kernel,d", [("bwd_fp32_v2", 32)])
+def test_worker_call_makes_the_schedules_launches(kernel, d, monkeypatch):
+    from analysis import worker
+    from analysis.worker import make_call
+
+    # host copies of the worker's inputs: under the simulator a device array's shape[-1] fails
+    # kernels.flash_attention's dtype test (the GPU's device arrays pass it)
+    inputs = worker._inputs
+    monkeypatch.setattr(worker, "_inputs", lambda cfg, rng: tuple(x.copy_to_host() for x in inputs(cfg, rng)))
+    cfg = dict(fast_set._cfg(kernel, 20, d, causal=True, heads=2, kv_heads=1))
+    call = make_call(cfg, np.random.default_rng(0))
+    with trace() as got:
+        call()
+    print([g[0] for g in got], [ln.name for ln in schedule_of(cfg).launches])
+    assert len(got) == len(schedule_of(cfg).launches)
+
+
+def test_compare_end_to_end_on_an_exact_record(tmp_path):
+    """A record whose every launch measures what the walker counts: compare accepts every launch
+    list the fast variants make (1, 3 or 4 launches), finds them all exact, reductions apart."""
+    rows = []
+    for c in fast_set.fast_smoke_set():
+        for k, p in enumerate(predict_lsu(c)):
+            row = {"config_id": config_id(c), "launch_index": k, **{f: c.get(f) for f in CONFIG_FIELDS}}
+            row.update(lsu_ld_bytes=p["sim_lsu_ld_bytes"], lsu_st_bytes=p["sim_lsu_st_bytes"], l2_read_sectors=0,
+                       l2_write_sectors=0, dram_read_bytes=0, dram_write_bytes=0, time_ns=1000.0,
+                       lsu_red_bytes=p["sim_lsu_red_bytes"], lsu_atom_bytes=0, lsu_ldgsts_access_bytes=0)
+            rows.append(row)
+    assert set(METRIC_FIELDS) <= set(rows[0])
+    data = tmp_path / "fast_smoke.csv"
+    with open(data, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    (tmp_path / "fast_smoke.meta.json").write_text(json.dumps({"gpu": "NVIDIA H100 80GB HBM3"}))
+    assert len(read_measured(data)[0]) == len(rows) == 15
+    assert run(data, tmp_path / "cmp", plots=False) == 0
+    s = json.loads((tmp_path / "cmp" / "compare_summary.json").read_text())["summary"]
+    assert s["lsu_within_tolerance"] == s["launches"] == s["lsu_ld_exact"] == s["lsu_red_exact"] == 15
+    red = [r for r in csv.DictReader(open(tmp_path / "cmp" / "compare_launches.csv")) if float(r["sim_lsu_red_bytes"])]
+    assert len(red) == 3  # the main launches of bwd_fp16_v3, bwd_fp32_v1 and bwd_fp32_v2
