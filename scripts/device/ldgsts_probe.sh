@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: build scripts/device/ldgsts_probe.cu and count, under Nsight Compute, the
 # LSU bytes of each way of loading 64 MiB (plain loads, cp.async .cg/.ca with and without the
-# src-size operand, src-size 0).  Writes $OUT/ldgsts_probe.csv (ncu's raw CSV) and prints one
+# src-size operand, src-size 0, into plain or padded shared rows).  Writes $OUT/ldgsts_probe.csv (ncu's raw CSV) and prints one
 # line per kernel: its mode and the metrics.  Metrics the installed ncu does not list are left out.
 set -u
 out="${OUT:-.}"
@@ -25,7 +25,7 @@ lines = open(sys.argv[1]).read().splitlines()
 start = next(i for i, ln in enumerate(lines) if ln.startswith('"ID"'))
 rows = list(csv.reader(lines[start:]))
 head, data = rows[0], rows[2:]
-modes = ["ldg128", "cp_cg", "cp_cg_size", "cp_cg_zero", "cp_ca", "cp_ca_size"]
+modes = ["ldg128", "cp_cg", "cp_cg_size", "cp_cg_zero", "cp_ca", "cp_ca_size", "pad_cg_size", "pad_cg", "pad_ldg128"]
 cols = [c for c in head if "__" in c]
 for i, r in enumerate(data):
     print("probe", modes[i] if i < len(modes) else i, " ".join(f"{c.split('__', 1)[1]}={r[head.index(c)]}" for c in cols))
