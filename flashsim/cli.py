@@ -288,10 +288,16 @@ def _simulate_text(s: dict) -> str:
                                    subsequent_indent="  "))
     if len(s["per_launch"]) > 1:
         lines.append("")
-        lines.append(format_table(["launch", "read MB", "write MB", "total MB"],
+        red = any(c.get("reduction_bytes") for c in s["per_launch"].values())  # atomics: a column of their own
+        lines.append(format_table(["launch", "read MB", "write MB", "total MB"] + (["reduction MB"] if red else []),
                                   [[n, f"{c['hbm_read_bytes'] / 1e6:,.3f}", f"{c['hbm_write_bytes'] / 1e6:,.3f}",
-                                    f"{c['hbm_bytes'] / 1e6:,.3f}"] for n, c in s["per_launch"].items()],
-                                  right=[False, True, True, True]))
+                                    f"{c['hbm_bytes'] / 1e6:,.3f}"]
+                                   + ([f"{c['reduction_bytes'] / 1e6:,.3f}"] if red else [])
+                                   for n, c in s["per_launch"].items()],
+                                  right=[False, True, True, True] + ([True] if red else [])))
+        if red:
+            lines.append("(reductions: atomics / red into a tensor, counted apart from the loads and stores of the "
+                         "totals)")
     lines.append("")
     lines.append(f"closed form agrees with the walker: {fmt_num(s['closed_form_agrees'])}")
     if s["flops"] is not None:
@@ -326,6 +332,7 @@ TENSORS = {
     "BT": "decode's block table, int32, one entry per page of a paged KV cache",
     "Lens": "decode's cache lengths L_b, int32, one per sequence (read by every main-launch program)",
     "Op": "decode's partial outputs of the splits, fp32, S x N x d", "Lp": "decode's partial logsumexps, fp32, S x N",
+    "dQacc": "the fast fp16 backward's float32 dQ accumulator (zeroed, reduced into, converted to dQ), N x d",
 }
 
 

@@ -36,8 +36,9 @@ breakdown keys loads ``(tensor, "read")`` and stores ``(tensor, "write")`` as al
 reductions ``(tensor, "reduction")`` and bulk copies ``(tensor, "bulk_read" | "bulk_write")``.
 The totals ``read_*``, ``write_*``, ``bytes``, ``elements`` and ``sectors`` (and the
 ``hbm_*`` keys of :meth:`IOCount.to_dict`) count loads and stores only, the LSU level;
-:meth:`IOCount.by_class` gives every class's elements, bytes and sectors apart.  No built-in
-schedule uses reductions, bulk copies or per-thread rows yet.
+:meth:`IOCount.by_class` gives every class's elements, bytes and sectors apart.  The fast
+kernels' backwards (:mod:`flashsim.algorithms.fast`) use reductions; no built-in schedule uses
+bulk copies or per-thread rows yet.
 """
 
 from __future__ import annotations
