@@ -44,6 +44,27 @@ def test_default_configs_and_selection_equal_kernels_perf():
     assert fast.best("fwd", "bf16", 64) is None
 
 
+def test_key_warps_equal_the_kernels_warp_grids():
+    """flashsim restates bwd_fp32's warp grid (which warps read L and D): equal for every block
+    shape the kernels accept over a grid of them."""
+    from kernels.perf import bwd_fp32 as m
+
+    n = 0
+    for name, tiling, dims, key in (("bwd_fp32_v1", m.tiling_v1, (8, 12, 64, 96, 128), "wk1"),
+                                    ("bwd_fp32_v2", m.tiling_v2, (32, 64, 128), "wa")):
+        for d in dims:
+            for nw in (1, 2, 4, 8):
+                for bc in (16, 32, 64, 128):
+                    for br in (16, 32, 64):
+                        try:
+                            want = tiling(d, bc, br, nw)[key]
+                        except ValueError:
+                            continue
+                        assert fast.key_warps(name, d, dict(bc=bc, br=br, nw=nw)) == want, (name, d, nw, bc, br)
+                        n += 1
+    assert n > 100
+
+
 def test_selection_and_bad_input():
     w = W(1, 1, 128, 128, dtype="fp16")
     assert fast.variant_for(w, "bwd") == "bwd_fp16_v3"
@@ -155,9 +176,24 @@ def test_bwd_fp32_counts_by_hand():
     r = simulate(W(1, 1, 128, 64, dtype="fp32"), "fast", "bwd")
     assert list(r.io.per_launch) == ["flash2_bwd_preprocess", "zero_fill", "bwd_fp32_v2"]
     assert r.io.per_launch["zero_fill"].elements_by_key() == {("dQ", "write"): 8192}
-    assert r.io.per_launch["bwd_fp32_v2"].elements_by_key() == {
-        ("D", "read"): 256, ("K", "read"): 8192, ("L", "read"): 256, ("Q", "read"): 16384, ("V", "read"): 8192,
-        ("dK", "write"): 8192, ("dO", "read"): 16384, ("dQ", "reduction"): 16384, ("dV", "write"): 8192}
+    # L, D: every step's 64 rows by each of the 2 warps along the keys (WA = 2), 4 rows 2 apart a
+    # request, in one sector: 2 key blocks · 2 steps · 2 warps · 64 = 512 floats in 128 requests.
+    # dQ: red.v4 of 16 bytes, each in its own sector: 2·2·64·64 floats = 65,536 B = 4,096 sectors.
+    # dK, dV: one element a sector: 8,192 each.
+    assert _by(r, "bwd_fp32_v2") == {
+        ("D", "read"): (512, 2048, 128), ("K", "read"): (8192, 32768, 1024), ("L", "read"): (512, 2048, 128),
+        ("Q", "read"): (16384, 65536, 2048), ("V", "read"): (8192, 32768, 1024), ("dK", "write"): (8192, 32768, 8192),
+        ("dO", "read"): (16384, 65536, 2048), ("dQ", "reduction"): (16384, 65536, 4096),
+        ("dV", "write"): (8192, 32768, 8192)}
+    # bwd_fp32_v1 at d = 64 (one warp along the keys): L, D 4 rows a request (256 floats, 64
+    # sectors); dQ by red.v4 over a row's 32 columns (128 B, 4 sectors); dK, dV by scalar stores,
+    # each sector 4 times: 8,192 floats = 1,024 sectors of data, 4,096 counted.
+    r1 = simulate(W(1, 1, 128, 64, dtype="fp32"), "fast", "bwd", kernel="bwd_fp32_v1")
+    assert _by(r1, "bwd_fp32_v1") == {
+        ("D", "read"): (256, 1024, 64), ("K", "read"): (8192, 32768, 1024), ("L", "read"): (256, 1024, 64),
+        ("Q", "read"): (16384, 65536, 2048), ("V", "read"): (8192, 32768, 1024), ("dK", "write"): (8192, 32768, 4096),
+        ("dO", "read"): (16384, 65536, 2048), ("dQ", "reduction"): (16384, 65536, 2048),
+        ("dV", "write"): (8192, 32768, 4096)}
     assert simulate(W(1, 1, 128, 64, dtype="fp32"), "fast", "bwd").options == {}
 
 
@@ -193,17 +229,18 @@ def test_walker_equals_closed_form(c):
 #: small block shapes, so that the simulator runs each variant in about a second
 SMALL = {"fwd_fp16_v4": dict(nw=1, mt=1, bc=16), "fwd_fp32_v1": dict(nw=1, rm=1, bc=16),
          "bwd_fp16_v1": dict(bq=16, bk=16, nw=1, mt=1), "bwd_fp16_v3": dict(bq=16, bk=16, nw=1, ma=1, mb=1, mc=1),
-         "bwd_fp32_v1": dict(bc=16, br=16, nw=1), "bwd_fp32_v2": dict(bc=32, br=32, nw=2)}
+         "bwd_fp32_v1": dict(bc=128, br=32, nw=2), "bwd_fp32_v2": dict(bc=32, br=16, nw=2)}
 #: kernel parameter -> schedule tensor
 PARAM = {"q": "Q", "k": "K", "v": "V", "o": "O", "lse": "L", "do": "dO", "dvec": "D", "dq": "dQ", "dk": "dK",
          "dv": "dV", "dqa": "dQacc", "src": "dQacc", "dst": "dQ"}
 
 
-@pytest.mark.parametrize("name,d", [("fwd_fp16_v4", 24), ("fwd_fp32_v1", 12), ("bwd_fp16_v1", 16),
-                                    ("bwd_fp16_v3", 32), ("bwd_fp32_v1", 12), ("bwd_fp32_v2", 32)])
-def test_elements_equal_the_kernels_under_the_simulator(name, d):
+@pytest.mark.parametrize("name,d,h", [("fwd_fp16_v4", 24, 2), ("fwd_fp32_v1", 12, 2), ("bwd_fp16_v1", 16, 2),
+                                      ("bwd_fp16_v3", 32, 2), ("bwd_fp32_v1", 8, 2), ("bwd_fp32_v2", 64, 1)])
+def test_elements_equal_the_kernels_under_the_simulator(name, d, h):
     """Every launch touches, per tensor, the elements its schedule counts (ragged blocks: N = 21
-    and 19 with blocks of 16 or 32; causal; two query heads on one kv head).  Threads that read
+    and 19 with blocks of 16 or 32; causal; two query heads on one kv head, but for bwd_fp32_v2,
+    whose d = 64 is the simulator's slowest).  Threads that read
     one address together (a broadcast of L or D to a quad or a lane group) count once; every
     other element is touched by one thread once, so no tile is loaded twice by a block."""
     from kernels.perf import variant
@@ -211,18 +248,21 @@ def test_elements_equal_the_kernels_under_the_simulator(name, d):
     pass_, dtype = fast.VARIANTS[name]
     dt = FP[dtype]
     rng = np.random.default_rng(1)
-    q = rng.standard_normal((1, 2, 21, d)).astype(dt)
+    q = rng.standard_normal((1, h, 21, d)).astype(dt)
     k, v = (rng.standard_normal((1, 1, 19, d)).astype(dt) for _ in range(2))
     vv = variant(name)
     if pass_ == "fwd":
         with trace() as got:
             vv.forward(q, k, v, causal=True, **SMALL[name])
     else:
-        o, lse = vv.saved_forward(q, k, v, causal=True)
+        from kernels.reference import attention_forward  # O and L in float64: no simulated forward
+
+        o, lse = attention_forward(q, k, v, causal=True)
+        o, lse = o.astype(dt), lse.astype(np.float32)
         do = rng.standard_normal(q.shape).astype(dt)
         with trace() as got:
             vv.backward(q, k, v, o, lse, do, causal=True, **SMALL[name])
-    w = W(1, 2, 21, d, seq_len_k=19, kv_heads=1, dtype=dtype, causal=True)
+    w = W(1, h, 21, d, seq_len_k=19, kv_heads=1, dtype=dtype, causal=True)
     io = simulate(w, "fast", pass_, kernel=name, config=SMALL[name]).io
     assert len(got) == len(io.per_launch)
     for (kname, total, distinct), (lname, c) in zip(got, io.per_launch.items(), strict=True):
@@ -238,6 +278,15 @@ def test_elements_equal_the_kernels_under_the_simulator(name, d):
                 want[(tensor, "write")] = want.get((tensor, "write"), 0) + n
             else:
                 want[(tensor, key)] = want.get((tensor, key), 0) + n
+        # L and D: the schedule counts what each request asks for (every warp along the keys of
+        # the fp32 backwards' first product reads them: fast.key_warps); the lanes of a request
+        # that read one address (a quad, a lane group of 8) are one read.
+        lanes = {"bwd_fp16_v1_dq": 4, "bwd_fp32_v1": 8, "bwd_fp32_v2": 8}.get(lname, 1)
+        for tensor, param in (("L", "lse"), ("D", "dvec")):
+            if (tensor, "read") in want:
+                print(lname, tensor, total[(param, "read")], lanes, want[(tensor, "read")])
+                assert total[(param, "read")] == lanes * want[(tensor, "read")], (lname, tensor)
+                assert seen.pop((tensor, "read")) * fast.key_warps(name, d, SMALL[name]) == want.pop((tensor, "read"))
         print(name, lname, kname, seen, want)
         assert seen == want, (lname, kname)
         for (param, what), n in total.items():

@@ -27,16 +27,20 @@ What is assumed, and where it is exact:
   block) is counted as no global request; rows that exist are loaded whole.
 * Row statistics (L, D) are read, and L is written, by groups of consecutive rows per warp
   instruction (the kernel's thread mapping): 8 rows for fwd_fp16_v4's L store and bwd_fp16_v1's
-  dQ kernel, 4 for fwd_fp32_v1's L store, 32 for the key-block kernels' L and D; each group is
-  one request whose sectors are counted apart.
-* fwd_fp32_v1 writes O from registers by scalar stores: a warp's store covers 4 rows x 8 columns
-  4 apart, so the four stores of a row's 32 columns each touch the same 4 sectors (4x the sectors
-  of the bytes).  The schedule states each store as a pair of adjacent columns in the sector the
-  kernel touches (:func:`_scalar_store`): elements and bytes exact, sectors exact for d % 8 == 0
-  (rows 32-byte aligned).
-* bwd_fp32_v1/v2 (``LSU_EXACT`` False): tiles, elements and bytes are the kernel's; their L/D
-  loads and dK/dV scalar stores are counted as coalesced tiles, not by their per-thread
-  pattern, so their LSU sectors are a lower bound.
+  dQ kernel, 4 for fwd_fp32_v1's L store, 32 for the fp16 key-block kernels' L and D; each
+  group is one request whose sectors are counted apart.  The fp32 backwards' L and D are read by
+  every warp along the keys of their first product (:func:`key_warps`), bwd_fp32_v1's 4
+  consecutive rows a request, bwd_fp32_v2's 4 rows 2 apart (stated as the 16 bytes of the
+  sector they fall in: exact when Nq % 8 == 0).
+* fwd_fp32_v1 writes O, and bwd_fp32_v1 dK and dV, from registers by scalar stores: a warp's
+  store covers 4 rows x 8 columns 4 apart, so the four stores of a row's 32 columns each touch
+  the same 4 sectors (4x the sectors of the bytes).  The schedule states each store as a pair of
+  adjacent columns in the sector the kernel touches (:func:`_scalar_store`): elements and bytes
+  exact, sectors exact for d % 8 == 0 (rows 32-byte aligned).  bwd_fp32_v2 stores dK and dV an
+  element per sector (a lane's columns are 8 apart): one sector per element.
+* Reductions: bwd_fp16_v3's ``red.v2`` cover a row's 32 bytes per lane quad (whole rows in all);
+  bwd_fp32_v1's ``red.v4`` a row's 32-column chunk per request (rows 4 apart: counted row by
+  row); bwd_fp32_v2's ``red.v4`` 16 bytes in each of 4 sectors, two requests a sector.
 * The scale <= 0 path (an extra elementwise pass over Q and over dQ) is not modelled.
 """
 
@@ -67,9 +71,10 @@ VARIANTS = {"fwd_fp16_v4": ("fwd", "fp16"), "fwd_fp32_v1": ("fwd", "fp32"),
             "bwd_fp16_v1": ("bwd", "fp16"), "bwd_fp16_v3": ("bwd", "fp16"),
             "bwd_fp32_v1": ("bwd", "fp32"), "bwd_fp32_v2": ("bwd", "fp32")}
 
-#: Variants whose every access is stated with the kernel's request pattern (LSU sectors exact).
+#: Variants whose every access is stated with the kernel's request pattern (LSU sectors exact;
+#: the fp32 kernels' scalar stores for d % 8 == 0, the fp32 L/D requests for Nq % 8 == 0).
 LSU_EXACT = {"fwd_fp16_v4": True, "fwd_fp32_v1": True, "bwd_fp16_v1": True, "bwd_fp16_v3": True,
-             "bwd_fp32_v1": False, "bwd_fp32_v2": False}
+             "bwd_fp32_v1": True, "bwd_fp32_v2": True}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -276,43 +281,114 @@ def _preprocess(w: Workload, slices) -> Launch:
     return Launch("flash2_bwd_preprocess", w.bh, slices, counts, counts)
 
 
-def _key_block(w: Workload, name: str, t: Tiling, slices, dq_red: str | None) -> Launch:
+def _warp_grid(nw: int, rows: int, ur: int, cols: int, uc: int, cost, cap: int | None = None) -> tuple[int, int, int]:
+    """kernels/perf/bwd_fp32.py's ``_warp_grid``: nw warps as wr x wc over a rows x cols tile in
+    units ur x uc, the (wr, mr, mc) of lowest ``cost(mr, mc)`` (mr·mc <= cap)."""
+    best_ = None
+    for wr in range(1, nw + 1):
+        if nw % wr or rows % (ur * wr) or cols % (uc * (nw // wr)):
+            continue
+        mr, mc = rows // (ur * wr), cols // (uc * (nw // wr))
+        if cap is not None and mr * mc > cap:
+            continue
+        c = cost(mr, mc)
+        if best_ is None or c < best_[0]:
+            best_ = (c, wr, mr, mc)
+    if best_ is None:
+        raise ValueError(f"config: no tiling of a {rows} x {cols} tile by nw={nw} warps (units {ur} x {uc})")
+    return best_[1:]
+
+
+def key_warps(name: str, d: int, config=None) -> int:
+    """Warps of the fp32 backwards' first product (Sᵀ, dPᵀ) along the keys: each of them reads
+    the step's L and D (bwd_fp32_v1's ``WK1``, bwd_fp32_v2's ``WA``); 1 for the others."""
+    c = parse_config(name, d, config)
+    if name == "bwd_fp32_v1":
+        return _warp_grid(c["nw"], c["bc"], 8, c["br"], 4, lambda x, y: (x + y) / (x * y))[0]
+    if name == "bwd_fp32_v2":
+        return _warp_grid(c["nw"], c["bc"], 16, c["br"], 8, lambda m, n: (4 * m + 2 * n) / (m * n), 4)[0]
+    return 1
+
+
+def _stat_requests(name: str, q0: np.ndarray, qn: np.ndarray):
+    """(first row, rows, block) of the requests in which a key-block kernel reads a step's L (or
+    D): the fp16 kernels' threads tid < Br read rows r0 + tid (requests of 32 rows); bwd_fp32_v1's
+    lanes 4 consecutive rows (ly) a request; bwd_fp32_v2's lanes rows r0 + 8k + 2t + f (t < 4) a
+    request, stated as rows 8k + 4f .. (as many as exist): the half of the 32-byte sector its 4
+    elements fall in.  Rows past Nq are not read; empty requests are left out."""
+    if name == "bwd_fp32_v2":
+        k = np.arange(-(-int(qn.max()) // 8), dtype=np.int64) * 8
+        blk = np.repeat(np.arange(len(q0)), len(k))
+        starts, sizes, blocks = [], [], []
+        for f in (0, 1):
+            n = sum(((k[None, :] + f + 2 * i) < qn[:, None]).astype(np.int64) for i in range(4))
+            # a block's last, partial group: its rows stated inside the block (within one sector
+            # only when Nq % 8 == 0)
+            starts.append(np.minimum(q0[:, None] + k[None, :] + 4 * f, (q0 + qn)[:, None] - n).ravel())
+            sizes.append(n.ravel())
+            blocks.append(blk)
+        gs, gn, gb = np.concatenate(starts), np.concatenate(sizes), np.concatenate(blocks)
+    else:
+        g = 4 if name == "bwd_fp32_v1" else 32
+        k = np.arange(-(-int(qn.max()) // g), dtype=np.int64) * g
+        gs = (q0[:, None] + k[None, :]).ravel()
+        gn = np.clip(qn[:, None] - k[None, :], 0, g).ravel()
+        gb = np.repeat(np.arange(len(q0)), len(k))
+    keep = gn > 0
+    return gs[keep], gn[keep], gb[keep]
+
+
+def _key_block(w: Workload, name: str, t: Tiling, slices, dq_red: str | None, config=None) -> Launch:
     """A key-block kernel (grid (Tc, B·Hkv)): K_j, V_j once; per query head of the group and query
-    block i that sees j: Q_i, dO_i (whole rows), L_i, D_i (requests of 32 rows), and, with
-    ``dq_red``, dQ_i reduced into that tensor; dK_j, dV_j once."""
+    block i that sees j: Q_i, dO_i (whole rows), L_i, D_i (:func:`_stat_requests`, by each of
+    :func:`key_warps` warps), and, with ``dq_red``, dQ_i reduced into that tensor; dK_j, dV_j
+    once.  The fp32 kernels' reductions and dK/dV stores are stated per request: bwd_fp32_v1's
+    red.v4 covers a row's 32-column chunk, its stores :func:`_scalar_store`'s pattern;
+    bwd_fp32_v2's red.v4 16 bytes in each of 4 sectors (two requests a sector), its stores one
+    element a sector."""
     q0, qn = block_rows(w.nq, t.block_m)
     k0, kn = block_rows(w.nk, t.block_n)
     heads, per_head = head_classes(w.group)
+    rep = key_warps(name, w.d, config)
+
+    def per_step(fn, tensor, start, size, weight, col0=0, ncols=None):
+        c = classes(start, size, weight)
+        return fn(tensor, c[0][None, :], c[1][None, :], col0, ncols, slice_offset=heads,
+                  repeat=per_head * c[2][None, :])
 
     def counts():
         sees, _ = visible_counts(w, t)
         kc = classes(k0, kn)
-        qc = classes(q0, qn, sees)
         yield read("K", kc[0], kc[1], repeat=kc[2])
         yield read("V", kc[0], kc[1], repeat=kc[2])
         for tensor in ("Q", "dO"):
-            yield read(tensor, qc[0][None, :], qc[1][None, :], slice_offset=heads, repeat=per_head * qc[2][None, :])
+            yield per_step(read, tensor, q0, qn, sees)
+        gs, gn, gb = _stat_requests(name, q0, qn)
         for tensor in ("L", "D"):
-            if LSU_EXACT[name]:
-                gs, gn = _groups(q0, qn, 32)
-                gw = np.repeat(sees, -(-int(qn.max()) // 32))[_kept(qn, 32)]
-                gc = classes(gs, gn, gw)
-            else:
-                gc = qc
-            yield read(tensor, gc[0][None, :], gc[1][None, :], slice_offset=heads, repeat=per_head * gc[2][None, :])
+            yield per_step(read, tensor, gs, gn, rep * sees[gb])
         if dq_red is not None:
-            yield reduction(dq_red, qc[0][None, :], qc[1][None, :], slice_offset=heads,
-                            repeat=per_head * qc[2][None, :])
-        yield write("dK", kc[0], kc[1], repeat=kc[2])
-        yield write("dV", kc[0], kc[1], repeat=kc[2])
+            if name == "bwd_fp16_v3":  # red.v2: a row's 32 bytes a lane quad, whole rows in all
+                yield per_step(reduction, dq_red, q0, qn, sees)
+            elif name == "bwd_fp32_v1":  # red.v4: a row's 32-column chunk a request (rows 4 apart)
+                rs = np.arange(w.nq, dtype=np.int64)  # the blocks cover rows 0 .. Nq-1 in order
+                rw = sees[rs // t.block_m]
+                for u in range(cdiv(w.d, 32)):
+                    yield per_step(reduction, dq_red, rs, np.ones_like(rs), rw, 32 * u, min(32, w.d - 32 * u))
+            else:  # bwd_fp32_v2: 16 bytes at 8t + 4h of each 32 columns, each its own sector
+                for col in range(0, w.d, 4):
+                    yield per_step(reduction, dq_red, q0, qn, sees, col, 4)
+        if name == "bwd_fp32_v1":
+            for tensor in ("dK", "dV"):
+                yield from _scalar_store(tensor, k0, kn, w.d)
+        elif name == "bwd_fp32_v2":
+            for tensor in ("dK", "dV"):
+                for col in range(w.d):
+                    yield write(tensor, kc[0], kc[1], col, 1, repeat=kc[2])
+        else:
+            yield write("dK", kc[0], kc[1], repeat=kc[2])
+            yield write("dV", kc[0], kc[1], repeat=kc[2])
 
     return Launch(name if dq_red is not None else f"{name}_dkdv", w.batch * w.hkv, slices, counts, counts)
-
-
-def _kept(size: np.ndarray, g: int) -> np.ndarray:
-    """Which (block, group) pairs of :func:`_groups` hold rows, flattened."""
-    k = np.arange(-(-int(size.max()) // g), dtype=np.int64) * g
-    return np.flatnonzero((np.clip(size[:, None] - k[None, :], 0, g) > 0).ravel())
 
 
 def _dq_v1(w: Workload, t: Tiling, slices) -> Launch:
@@ -361,14 +437,14 @@ def _backward(w: Workload, name: str, config=None) -> Schedule:
     launches = [_preprocess(w, qs)]
     extra = {}
     if name == "bwd_fp16_v1":
-        launches += [_key_block(w, name, t, ks, None), _dq_v1(w, tl["dq"], qs)]
+        launches += [_key_block(w, name, t, ks, None, config), _dq_v1(w, tl["dq"], qs)]
         extra = {"dq_block_m": tl["dq"].block_m, "dq_block_n": tl["dq"].block_n}
     elif name == "bwd_fp16_v3":
         tensors["dQacc"] = TensorLayout("dQacc", w.nq, w.d, STAT_BYTES, w.bh)
-        launches += [_elementwise("zero_fill", w, qs, (), ("dQacc",)), _key_block(w, name, t, ks, "dQacc"),
+        launches += [_elementwise("zero_fill", w, qs, (), ("dQacc",)), _key_block(w, name, t, ks, "dQacc", config),
                      _elementwise("dq_to_f16", w, qs, ("dQacc",), ("dQ",))]
     else:  # fp32: the atomics add into dQ itself
-        launches += [_elementwise("zero_fill", w, qs, (), ("dQ",)), _key_block(w, name, t, ks, "dQ")]
+        launches += [_elementwise("zero_fill", w, qs, (), ("dQ",)), _key_block(w, name, t, ks, "dQ", config)]
     return Schedule("fast", tensors, launches, _meta(name, "bwd", t, extra))
 
 
@@ -417,9 +493,10 @@ def closed_form(w: Workload, tiling: Tiling | None, pass_: str, **options) -> di
                 ("O", "write"): bh * nq * d, ("L", "write"): bh * nq}
     tl = tiles(name, d, config)
     q_rows = _q_rows_dkdv(w, tl["dkdv"])  # per query head
+    rep = key_warps(name, d, config)  # warps that read each step's L and D
     kv_once = w.batch * w.hkv * w.nk * d
     out = {("O", "read"): bh * nq * d, ("dO", "read"): bh * (nq + q_rows) * d, ("D", "write"): bh * nq,
-           ("Q", "read"): bh * q_rows * d, ("L", "read"): bh * q_rows, ("D", "read"): bh * q_rows,
+           ("Q", "read"): bh * q_rows * d, ("L", "read"): bh * q_rows * rep, ("D", "read"): bh * q_rows * rep,
            ("K", "read"): kv_once, ("V", "read"): kv_once, ("dK", "write"): kv_once, ("dV", "write"): kv_once}
     if name == "bwd_fp16_v1":
         kv = bh * _kv_rows_fwd(w, tl["dq"]) * d
