@@ -100,3 +100,26 @@ def test_compare_end_to_end_on_an_exact_record(tmp_path):
     assert s["lsu_within_tolerance"] == s["launches"] == s["lsu_ld_exact"] == s["lsu_red_exact"] == 15
     red = [r for r in csv.DictReader(open(tmp_path / "cmp" / "compare_launches.csv")) if float(r["sim_lsu_red_bytes"])]
     assert len(red) == 3  # the main launches of bwd_fp16_v3, bwd_fp32_v1 and bwd_fp32_v2
+
+
+def test_fig2_record_of_fwd_fp16_v4_stores_exact_loads_nine_eighths():
+    """The H100 record of fwd_fp16_v4 at 10 block shapes (analysis/data/h100/fig2, B 64, H 16,
+    N 1,024, d 64): stores (O, and L in requests of 8 rows) equal the schedule's sectors to the
+    byte; loads are exactly 9/8 of them on every shape: the ratio of the kernel's shared-memory
+    row (64 + 8 halves, 144 bytes) to the 128 bytes it copies into it, not a re-load (the code
+    loads each tile once: test_fast_schedule's cross-check).  scripts/device/ldgsts_probe.sh
+    measures whether the LSU counts cp.async by its shared destination."""
+    from pathlib import Path
+
+    from flashsim import Workload, simulate
+
+    path = Path(__file__).resolve().parents[1] / "analysis" / "data" / "h100" / "fig2" / "fig2_fast_h100.csv"
+    rows = list(csv.DictReader(open(path)))
+    assert len(rows) == 10
+    w = Workload(batch=64, heads=16, seq_len_q=1024, head_dim=64)
+    for r in rows:
+        cfg = dict(nw=int(r["warps"]), mt=int(r["m_tiles"]), bc=int(r["bc"]))
+        io = simulate(w, "fast", "fwd", kernel="fwd_fp16_v4", config=cfg).io
+        print(cfg, int(r["lsu_ld_bytes"]), 32 * io.read_sectors, int(r["lsu_st_bytes"]), 32 * io.write_sectors)
+        assert int(r["lsu_st_bytes"]) == 32 * io.write_sectors
+        assert 8 * int(r["lsu_ld_bytes"]) == 9 * 32 * io.read_sectors
