@@ -41,6 +41,14 @@ What is assumed, and where it is exact:
 * Reductions: bwd_fp16_v3's ``red.v2`` cover a row's 32 bytes per lane quad (whole rows in all);
   bwd_fp32_v1's ``red.v4`` a row's 32-column chunk per request (rows 4 apart: counted row by
   row); bwd_fp32_v2's ``red.v4`` 16 bytes in each of 4 sectors, two requests a sector.
+* The elementwise launches (``zero_fill``, ``dq_to_f16``: grid-stride loops, a warp 32
+  consecutive elements) are stated per query head: exact when a head's slice is a whole number
+  of sectors (Nq·d·4 bytes a multiple of 32), else a sector two heads share counts twice.
+* Loads are counted by their global addresses.  The kernels load tiles by cp.async (LDGSTS) into
+  shared rows padded by 16 bytes (fp16: d + 8 halves); the H100 record of fwd_fp16_v4 measures
+  exactly 9/8 of this schedule's load sectors at d = 64 on every block shape (144-byte rows for
+  128 bytes copied), stores exact: the LSU appears to count LDGSTS by the shared destination's
+  sectors (scripts/device/ldgsts_probe.sh measures it; README, "The fast kernels").
 * The scale <= 0 path (an extra elementwise pass over Q and over dQ) is not modelled.
 """
 
