@@ -106,3 +106,78 @@ def sim_options(cfg: dict) -> dict:
 
 
 __all__ = ["FAST_KERNELS", "fast_set", "fast_smoke_set", "make_call", "metrics", "sim_options"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The LDGSTS question: what the LSU counts if it counts cp.async by its shared destination
+
+
+def _ceil(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def ldgsts_patterns(kernel: str, d: int, config=None) -> dict:
+    """{launch: {tensor: (tile rows, row bytes, shared row stride in bytes, threads)}} of the
+    tiles a variant copies by cp.async, 16 bytes a thread, chunk e = tid + u·threads at row
+    e // (row bytes / 16) (kernels/perf/_tiles.py's f16_copy, f16_chunks, f32_copier;
+    bwd_fp16_v3's own loop), at the variant's block shape (its default, or ``config``)."""
+    c = fast.parse_config(kernel, d, config)
+    if kernel == "fwd_fp16_v4":
+        s, nt = 2 * (_ceil(d, 16) + 8), 32 * c["nw"]
+        return {kernel: {"Q": (16 * c["nw"] * c["mt"], 2 * d, s, nt), "K": (c["bc"], 2 * d, s, nt),
+                         "V": (c["bc"], 2 * d, s, nt)}}
+    if kernel == "fwd_fp32_v1":
+        d16, nt = _ceil(d, 16), 32 * c["nw"]
+        qk, vs = 4 * (d16 + 4), 4 * _ceil(d16, 32)
+        return {kernel: {"Q": (4 * c["rm"] * c["nw"], 4 * d, qk, nt), "K": (c["bc"], 4 * d, qk, nt),
+                         "V": (c["bc"], 4 * d, vs, nt)}}
+    if kernel == "bwd_fp16_v1":
+        s, nt, rows = 2 * (_ceil(d, 16) + 8), 32 * c["nw"], 16 * c["nw"] * c["mt"]
+        kv, qq = (rows, 2 * d, s, nt), (c["bq"], 2 * d, s, nt)
+        return {f"{kernel}_dkdv": {"K": kv, "V": kv, "Q": qq, "dO": qq},
+                f"{kernel}_dq": {"Q": (rows, 2 * d, s, nt), "dO": (rows, 2 * d, s, nt),
+                                 "K": (c["bk"], 2 * d, s, nt), "V": (c["bk"], 2 * d, s, nt)}}
+    if kernel == "bwd_fp16_v3":
+        s, nt = 2 * (d + 8), 32 * c["nw"]
+        kv, qq = (c["bk"], 2 * d, s, nt), (c["bq"], 2 * d, s, nt)
+        return {kernel: {"K": kv, "V": kv, "Q": qq, "dO": qq}}
+    s = 4 * (_ceil(d, 16) + 4) if kernel == "bwd_fp32_v1" else 4 * (d + 8)
+    nt = 32 * c["nw"]
+    kv, qq = (c["bc"], 4 * d, s, nt), (c["br"], 4 * d, s, nt)
+    return {kernel: {"K": kv, "V": kv, "Q": qq, "dO": qq}}
+
+
+def destination_ratio(rows: int, row_bytes: int, stride: int, threads: int):
+    """Over a whole tile's cp.async instructions (a warp's 32 chunks each), the 32-byte sectors of
+    the shared destinations over those of the global sources (rows contiguous in global memory,
+    the tile 32-byte aligned in both): a Fraction."""
+    from fractions import Fraction
+
+    ch = row_bytes // 16
+    n = rows * ch
+    dst = src = 0
+    for u in range(-(-n // threads)):
+        for w in range(threads // 32):
+            es = range(u * threads + 32 * w, min(u * threads + 32 * w + 32, n))
+            if len(es):
+                dst += len({((e // ch) * stride + (e % ch) * 16) // 32 for e in es})
+                src += len({(16 * e) // 32 for e in es})
+    return Fraction(dst, src)
+
+
+def predict_ldgsts_destination(cfg: dict, io, config=None) -> list[int | None]:
+    """Per launch of ``io`` (the walker's count of the configuration's schedule), its LSU load
+    bytes if the LSU counts each cp.async tile by its shared destination's sectors
+    (:func:`destination_ratio` times the tile's global sectors; plain loads as they are); None
+    where that is not a whole number of sectors (a ragged tile)."""
+    pats = ldgsts_patterns(cfg["kernel"], cfg["head_dim"], config)
+    out = []
+    for name, c in io.per_launch.items():
+        total = 0
+        for (tensor, key), t in c.breakdown.items():
+            if key != "read":
+                continue
+            p = pats.get(name, {}).get(tensor)
+            total += t.sectors * (1 if p is None else destination_ratio(*p))
+        out.append(int(total) * 32 if total == int(total) else None)
+    return out

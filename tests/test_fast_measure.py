@@ -98,6 +98,9 @@ def test_compare_end_to_end_on_an_exact_record(tmp_path):
     assert run(data, tmp_path / "cmp", plots=False) == 0
     s = json.loads((tmp_path / "cmp" / "compare_summary.json").read_text())["summary"]
     assert s["lsu_within_tolerance"] == s["launches"] == s["lsu_ld_exact"] == s["lsu_red_exact"] == 15
+    # the destination count differs from the global one where the shared rows are padded: every
+    # launch with cp.async tiles but bwd_fp32_v2's (rows of whole sectors)
+    assert s["lsu_ld_dest_launches"] == 15 and s["lsu_ld_dest_exact"] == 15 - 6
     red = [r for r in csv.DictReader(open(tmp_path / "cmp" / "compare_launches.csv")) if float(r["sim_lsu_red_bytes"])]
     assert len(red) == 3  # the main launches of bwd_fp16_v3, bwd_fp32_v1 and bwd_fp32_v2
 
@@ -123,3 +126,23 @@ def test_fig2_record_of_fwd_fp16_v4_stores_exact_loads_nine_eighths():
         print(cfg, int(r["lsu_ld_bytes"]), 32 * io.read_sectors, int(r["lsu_st_bytes"]), 32 * io.write_sectors)
         assert int(r["lsu_st_bytes"]) == 32 * io.write_sectors
         assert 8 * int(r["lsu_ld_bytes"]) == 9 * 32 * io.read_sectors
+        # the same count, tile by tile, from the cp.async instructions' shared destinations
+        dest = fast_set.predict_ldgsts_destination({"kernel": "fwd_fp16_v4", "head_dim": 64}, io, cfg)
+        assert dest == [int(r["lsu_ld_bytes"])]
+
+
+def test_destination_ratios():
+    """What the fast set will measure if the LSU counts cp.async by its shared destination: the
+    padded rows' sectors over the copied rows' (README, "The fast kernels")."""
+    from fractions import Fraction as F
+
+    def ratios(kernel, d):
+        return {t: fast_set.destination_ratio(*p) for pats in fast_set.ldgsts_patterns(kernel, d).values()
+                for t, p in pats.items()}
+
+    assert set(ratios("fwd_fp16_v4", 64).values()) == {F(9, 8)}  # 4 rows of 144 B a warp: 18 sectors for 16
+    assert set(ratios("bwd_fp16_v3", 128).values()) == {F(17, 16)}  # 2 rows of 272 B: 17 for 16
+    assert ratios("fwd_fp32_v1", 64) == {"Q": F(17, 16), "K": F(17, 16), "V": 1}  # V rows unpadded
+    assert ratios("fwd_fp32_v1", 128)["Q"] == F(33, 32)  # rows of 528 B: every other one 17 sectors
+    assert set(ratios("bwd_fp32_v2", 64).values()) == set(ratios("bwd_fp32_v2", 128).values()) == {1}
+    assert fast_set.destination_ratio(4, 128, 128, 32) == 1  # unpadded rows: the global count
