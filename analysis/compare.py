@@ -181,7 +181,8 @@ def predict_lsu(cfg: dict, sched=None) -> list[dict]:
     sched = schedule_of(cfg) if sched is None else sched
     io = walk(sched)
     # the fast kernels: their loads also as the LSU would count cp.async by its shared destination
-    dest = predict_ldgsts_destination(cfg, io) if cfg["kernel"] in FAST_KERNELS else [None] * len(io.per_launch)
+    fast_k = cfg.get("kernel") in FAST_KERNELS
+    dest = predict_ldgsts_destination(cfg, io) if fast_k else [None] * len(io.per_launch)
     out = []
     for name, c in io.per_launch.items():
         red = c.by_class()["reduction"]
@@ -189,7 +190,7 @@ def predict_lsu(cfg: dict, sched=None) -> list[dict]:
                     "sim_lsu_st_bytes": (c.write_sectors or 0) * SECTOR_BYTES,
                     "sim_read_bytes_exact": c.read_bytes, "sim_write_bytes_exact": c.write_bytes,
                     "sim_lsu_red_bytes": (red.sectors or 0) * SECTOR_BYTES})
-        if cfg["kernel"] in FAST_KERNELS:
+        if fast_k:
             out[-1]["sim_lsu_ld_dest_bytes"] = dest[len(out) - 1]
     return out
 
