@@ -10,6 +10,7 @@ import json
 import numpy as np
 import pytest
 from _fast_trace import trace
+from test_reliability_records import fake_gpu  # noqa: F401  (the fixture: a fake ncu and nvidia-smi)
 
 from analysis import fast_set
 from analysis.compare import predict_lsu, read_measured, run, schedule_of
@@ -146,3 +147,17 @@ def test_destination_ratios():
     assert ratios("fwd_fp32_v1", 128)["Q"] == F(33, 32)  # rows of 528 B: every other one 17 sectors
     assert set(ratios("bwd_fp32_v2", 64).values()) == set(ratios("bwd_fp32_v2", 128).values()) == {1}
     assert fast_set.destination_ratio(4, 128, 128, 32) == 1  # unpadded rows: the global count
+
+
+def test_measure_fast_smoke_end_to_end_with_a_fake_ncu(fake_gpu, tmp_path, capsys):  # noqa: F811
+    """`flashsim measure --set fast_smoke` through the fake ncu of test_reliability_records (which
+    lists no metric, so only analysis.ncu.METRICS are asked): a whole record, one row a launch."""
+    from analysis.cli import main
+
+    out = tmp_path / "rec"
+    assert main(["measure", "--set", "fast_smoke", "--out", str(out)]) == 0, capsys.readouterr().err
+    rows = list(csv.DictReader(open(out / "fast_smoke.csv")))
+    assert len(rows) == len(fast_set.fast_smoke_set()) and rows[0]["kernel"] == "fwd_fp16_v4"
+    call = [ln for ln in fake_gpu.read_text().splitlines() if "--log-file" in ln][0]
+    assert call.split("--metrics ")[1].split()[0] == ",".join(METRICS)
+    assert json.loads((out / "fast_smoke.meta.json").read_text())["metrics"] == list(METRICS)
