@@ -230,9 +230,10 @@ def _grouped(fn, name, start, size, g):
 
 
 def _scalar_store(name: str, start: np.ndarray, size: np.ndarray, d: int):
-    """fwd_fp32_v1's O store (see the module docstring): per row, for each of the 4 stores f and
-    each 8-float sector σ of the row, the n = [8σ+f < d] + [8σ+f+4 < d] elements it writes there,
-    stated as the adjacent columns 8σ + 2f .. (+n) of that sector."""
+    """fwd_fp32_v1's O store and bwd_fp32_v1's dK, dV stores (see the module docstring): per row,
+    for each of the 4 stores f and each 8-float sector σ of the row, the n = [8σ+f < d] +
+    [8σ+f+4 < d] elements it writes there, stated as the adjacent columns 8σ + 2f .. (+n) of
+    that sector."""
     c = classes(start, size)
     for f in range(4):
         for sig in range(cdiv(d, 8)):
