@@ -62,8 +62,9 @@ UNITS = {"lsu_ld_bytes": "byte", "lsu_st_bytes": "byte", "l2_read_sectors": "sec
 #: Metrics recorded beside :data:`METRICS` when the installed ncu knows them (issue 15; see
 #: :func:`available_metrics`), in 32-byte sectors (and, :data:`EXTRA_METRICS`, in bytes): global
 #: reductions (``red``, e.g. the dQ atomics of FlashAttention-2's backward) and atomics at the
-#: LSU and L2 levels, and the ``cp.async`` (LDGSTS) global-to-shared loads at the LSU level.  A record may lack them (older
-#: records, or an ncu without them); readers treat an absent column as not measured.
+#: LSU and L2 levels, and the ``cp.async`` (LDGSTS) global-to-shared loads at the LSU level.  A
+#: record may lack them (older records, or an ncu without them); readers treat an absent column
+#: as not measured.
 OPTIONAL_METRICS = {
     "l1tex__t_sectors_pipe_lsu_mem_global_op_red.sum": "lsu_red_sectors",
     "l1tex__t_sectors_pipe_lsu_mem_global_op_atom.sum": "lsu_atom_sectors",
