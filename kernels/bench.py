@@ -240,26 +240,26 @@ def candidates(cfg: dict, chosen=None) -> list[str]:
         ours = []
         for v in chosen:
             if v == "best":
-                v = best_variant(p, t, cfg["d"]) or "ours_none"
-            if v.startswith("ours_") and v not in ours:
+                v = best_variant(p, t, cfg["d"]) or "ours"
+            if (v == "ours" or v.startswith("ours_")) and v not in ours:
                 ours.append(v)
     for v in ours:
         vt = variant_dtype(v)
-        if v == "ours_none":
+        if v == "ours":
             names.append(v)
         elif vt is None:  # ours_flash2, ours_standard: every pass and dtype
             names.append(v)
         elif v.split("_")[1] == p and (vt == t or (t == "bf16" and vt == "fp16")):
             names.append(v)
-    if want_ours and not any(v.startswith("ours_") for v in names):
-        names.append("ours_none")
+    if want_ours and not any(v.startswith("ours") for v in names):
+        names.append("ours")
     return names
 
 
 def na_reason(var: str, cfg: dict) -> str | None:
     """Why ``var`` does not take ``cfg`` (known before running anything), or None."""
     t, d = cfg["dtype"], cfg["d"]
-    if var == "ours_none":
+    if var == "ours":
         return f"no {cfg['pass']} kernel of ours for {t} among the variants run"
     if var in ("sdpa_flash", "sdpa_cudnn") and t == "fp32":
         return "SDPA's flash and cuDNN backends take fp16/bf16 only"

@@ -111,7 +111,7 @@ def _gather(rows, key):
     for r in rows:
         k = key(r)
         if r.get("na"):
-            (ours_na.add(k) if r["variant"].startswith("ours_") else na.add((k, r["variant"])))
+            (ours_na.add(k) if r["variant"].startswith("ours") else na.add((k, r["variant"])))
         elif r["variant"] in SHOWN and not r.get("error"):
             peers[(k, r["variant"])] = _num(r["tflops"])
     return peers, na, ours_na, ours_rows(rows, key)
