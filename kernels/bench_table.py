@@ -1,13 +1,18 @@
 """The README's performance table, generated from the benchmark's CSV.
 
     python -m kernels.bench_table kernels/data/bench_h100.csv            # print the table
-    python -m kernels.bench_table kernels/data/bench_h100.csv --readme README.md
+    python -m kernels.bench_table kernels/data/bench_h100.csv [OFFGRID.csv ...] --readme README.md
     python -m kernels.bench_table --merge OUT.csv PART.csv [PART.csv ...]
 
-The table has one line per configuration (pass, dtype, d, causal, N): the TFLOP/s of torch's
-naive attention, of SDPA's flash and cuDNN backends, and of our fastest variant, with our
-ratios to each, all from the same run of ``kernels.bench`` (the ratios are the CSV's own
-``x_*`` columns, so no number here is recomputed from another run).  ``--readme`` replaces the
+The table has one line per configuration of the grid (pass, dtype, d, causal, N): the TFLOP/s of
+torch's naive attention, of SDPA's flash, cuDNN and memory-efficient backends, and of our fastest
+variant, with our ratios to naive, flash and cuDNN, all from the same run of ``kernels.bench``
+(the ratios are the CSV's own ``x_*`` columns, so no number here is recomputed from another run;
+a record timed in rounds shows each as its median ± half its interquartile range over the
+rounds).  Rows of the off-grid shapes (``--shapes offgrid``), from the same CSV or from further
+CSVs given after it, make a second table, one line per shape, pass and dtype.  A peer or ours
+that does not take a configuration shows "n/a", listed with its reason under the tables, as are
+the variants that failed.  The provenance line is the first CSV's.  ``--readme`` replaces the
 block between the markers ``<!-- perf-table:start -->`` and ``<!-- perf-table:end -->``; the
 tests hold the README's block equal to the committed CSV's table.
 
@@ -207,8 +212,9 @@ def meta_of(path: str | Path) -> dict | None:
     return json.loads(meta_path.read_text()) if meta_path.is_file() else None
 
 
-def render_file(path: str | Path) -> str:
-    return render(load(path), meta_of(path))
+def render_file(path: str | Path, *more: str | Path) -> str:
+    """The tables of one record, or of several (the provenance line is the first's)."""
+    return render([r for p in (path, *more) for r in load(p)], meta_of(path))
 
 
 def replace_block(text: str, table: str, start: str = START, end: str = END) -> str:
@@ -240,7 +246,7 @@ def merge(out: str | Path, parts: list[str | Path]) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("csv", nargs="?", help="a kernels.bench CSV")
+    ap.add_argument("csv", nargs="*", help="kernels.bench CSVs (the first's provenance is shown)")
     ap.add_argument("--readme", default=None, help="rewrite the table block of this file")
     ap.add_argument("--merge", nargs="+", default=None, metavar=("OUT", "PART"), help="merge PART CSVs into OUT")
     a = ap.parse_args(argv)
@@ -252,7 +258,7 @@ def main(argv=None) -> int:
         return 0
     if not a.csv:
         ap.error("give a CSV (or --merge)")
-    table = render_file(a.csv)
+    table = render_file(*a.csv)
     if a.readme:
         p = Path(a.readme)
         p.write_text(replace_block(p.read_text(), table))
