@@ -4,7 +4,8 @@
                             [--out kernels/data/bench_h100.csv]
 
 Configurations (``--shapes``): ``grid`` is B·H = 16·(16,384/N) (B·H = 16 from N = 16,384), H = 16,
-N = Nq = Nk in ``--ns``, d 64 and 128, causal or not; ``offgrid`` is a fixed list of shapes the
+N = Nq = Nk in ``--ns``, d in ``--ds`` (64 and 128), causal or not (``--causal``), the backward
+to N = 16,384; ``offgrid`` is a fixed list of shapes the
 grid does not hold (head dims 40-256, grouped-query 8:1 and multi-query, causal at N = 512 and
 1,024, Nq != Nk, B·H = 1-4 and 256: :data:`OFFGRID`) plus ``--sample K`` shapes drawn with
 ``--seed S`` (head dim 32-256 in steps of 8, N 512-8,192, causal or not, query heads per kv head
@@ -60,11 +61,11 @@ import numpy as np
 
 from . import reference as ref
 
-#: torch's attention, timed beside ours; every x_* ratio is to one of these.
+#: torch's attention, timed beside ours; every x_* ratio is to one of these.  Ours are by default
+#: the shipped variants of the pass (kernels.perf.BEST, :func:`shipped`); the readable reference
+#: kernels (ours_flash2, ours_standard) and the other numbered variants in the tree
+#: (ours_fwd_fp16_v3) run when named with --variants.
 PEERS = ("naive", "sdpa_flash", "sdpa_mem_eff", "sdpa_cudnn")
-#: The readable reference kernels and the earlier numbered variants still in the tree run when
-#: named with --variants; by default ours are the shipped variants (kernels.perf.BEST) of the pass.
-OTHERS = ("ours_flash2", "ours_standard", "ours_fwd_fp16_v3")
 DTYPES = ("fp16", "bf16", "fp32")
 #: the numpy/``BEST`` name of each dtype
 DTYPE_NAMES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
