@@ -6,7 +6,8 @@
 #
 # Both trees run the working tree's kernels/bench.py (copied over .ab/old/kernels/bench.py: only
 # the kernels differ), alternated old, new, old, new, ... in one machine session while the budget
-# lasts (a run starts only if the tree's previous run would still fit).  Each process:
+# lasts: a pair of runs (old, then new) starts only if the last pair's time still fits, so both
+# trees get as many runs (a verdict needs two each).  Each process:
 # `kernels.bench --shapes grid --ns 4096 16384 --causal no --dtypes fp16,fp32 --rounds 3 --repeat 5
 # --variants sdpa_flash sdpa_mem_eff best`: the shipped variant (kernels.perf.BEST) for each
 # pass, dtype and d (64, 128), timed in 3 rounds interleaved with SDPA's flash backend (fp16) and
@@ -18,10 +19,10 @@
 # packed into four files (a device call returns at most eight): $OUT/ab/runs.csv (every run's
 # rows, columns tree and run added), $OUT/ab/runs.meta.json (their provenance), $OUT/ab/log.txt
 # (their output) and $OUT/ab/summary.txt.
-#   usage: FLASHSIM_GIT_COMMIT=<new sha> bash scripts/device/ab_bench.sh [BUDGET_S (default 330)]
+#   usage: FLASHSIM_GIT_COMMIT=<new sha> bash scripts/device/ab_bench.sh [BUDGET_S (default 340)]
 set -u
 start=$(date +%s)
-budget=${1:-330}
+budget=${1:-340}
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
 export PYTHONUNBUFFERED=1
 if [ ! -d .ab/old/kernels ]; then echo "ab_bench: no old tree in .ab/old (see the header)"; exit 2; fi
@@ -32,14 +33,16 @@ new_commit=${FLASHSIM_GIT_COMMIT:-unknown}
 args="--shapes grid --ns 4096 16384 --ds 64 128 --causal no --dtypes fp16,fp32 --rounds 3 --repeat 5
       --variants sdpa_flash sdpa_mem_eff best"
 declare -A took=([old]=0 [new]=0)
-done_=0
 for run in 1 2 3 4 5 6 7 8; do
+  # a pair (old, then new) starts only if both runs would fit, so that the trees get as many runs
+  left=$(( budget - ($(date +%s) - start) ))
+  need=$(( (took[old] + took[new]) * 11 / 10 ))
+  if [ "$run" -gt 1 ] && [ "$left" -lt "$need" ]; then
+    echo "pair $run: not started ($left s left, the last pair took $(( took[old] + took[new] )) s)"; break
+  fi
   for tree in old new; do
     left=$(( budget - ($(date +%s) - start) ))
-    need=$(( took[$tree] + took[$tree] / 10 ))
-    if [ "$left" -lt 30 ] || [ "$left" -lt "$need" ]; then
-      echo "$tree run $run: not started ($left s left, its last run took ${took[$tree]} s)"; done_=1; break
-    fi
+    if [ "$run" = 1 ] && [ "$left" -lt 30 ]; then echo "$tree run 1: not started ($left s left)"; break 2; fi
     dir=$PWD; commit=$new_commit
     [ $tree = old ] && dir=$PWD/.ab/old && commit=$old_commit
     t0=$(date +%s)
@@ -52,7 +55,6 @@ for run in 1 2 3 4 5 6 7 8; do
     for f in /tmp/ab/*_*.log; do echo "=== $f"; cat "$f"; done > "$OUT/ab/log.txt"
     PYTHONPATH=/tmp/site:$PWD python3 -m kernels.bench_ab --pack /tmp/ab "$OUT/ab/runs.csv"
   done
-  [ $done_ = 1 ] && break
 done
 PYTHONPATH=/tmp/site:$PWD python3 -m kernels.bench_ab "$OUT/ab/runs.csv" | tee "$OUT/ab/summary.txt"
 echo "total: $(( $(date +%s) - start )) s"
