@@ -8,7 +8,7 @@
 #   offgrid-bwd   the same shapes, backward
 #
 # every part in fp16, bf16 and fp32, 5 rounds of 5 timed calls per variant.  It stops starting
-# configurations after BUDGET_S seconds (default 520; the .meta.json lists what was not run,
+# configurations after BUDGET_S seconds (default 480; the .meta.json lists what was not run,
 # for a later `--only`), and is killed at BUDGET_S + 60.  Writes $OUT/bench_<part>.csv,
 # .meta.json and .log.  Then, here: `python -m kernels.bench_table --merge
 # kernels/data/bench_h100.csv bench_grid.csv` (or the grid's two parts) and `--merge
@@ -18,7 +18,7 @@
 #   usage: FLASHSIM_GIT_COMMIT=<sha> bash scripts/device/bench_record.sh PART [BUDGET_S]
 set -u
 part=${1:?usage: bench_record.sh grid|grid-fwd|grid-bwd|offgrid-fwd|offgrid-bwd [BUDGET_S]}
-budget=${2:-520}
+budget=${2:-480}
 case $part in
   grid) flags="--shapes grid --ns 1024 4096 8192 16384" ;;
   grid-fwd) flags="--shapes grid --ns 1024 4096 8192 16384 --only fwd-" ;;
