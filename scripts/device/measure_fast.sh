@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine (the device tool), from the repository root: the `fast` set (issue 15: the
-# kernels users get by default, kernels.perf.BEST, every launch of each; 25 configurations, 55
+# kernels users get by default, kernels.perf.BEST, every launch of each; 25 configurations, 54
 # launches) measured under Nsight Compute and compared with the simulator's `fast` schedules,
 # after the cp.async counting probe (scripts/device/ldgsts_probe.sh).  The forward
 # configurations and the backward ones are two records (so that a time-out of one keeps the
@@ -8,7 +8,7 @@
 # $OUT/compare_fast_{fwd,bwd}/.  Everything lands under $OUT (log included).
 #   usage: FLASHSIM_GIT_COMMIT=<sha> FLASHSIM_GIT_DIRTY=0 bash scripts/device/measure_fast.sh [STAGES]
 #   STAGES: any of probe, fwd, bwd, smoke (default "probe fwd bwd"; smoke: the fast_smoke set,
-#   one small configuration per variant, about a minute)
+#   one small configuration per variant and a bf16 forward and backward, about a minute)
 set -u
 stages="${*:-probe fwd bwd}"
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
