@@ -5,9 +5,11 @@ A configuration's ``kernel`` is the variant's name (``fwd_fp16_v4``, ``bwd_fp16_
 worker runs exactly that variant with its default block shape (:func:`make_call`), the
 simulator walks its schedule (algorithm ``fast``, option ``kernel``), and ``block_m`` /
 ``block_n`` record the tiles (the forward's, or the backward key-block kernel's query rows per
-step and keys per block) for the reader.  A backward configuration measures the backward's
-launches only: D = rowsum(dO ∘ O), the dQ accumulator's zero fill, the main kernel(s), the fp32
--> fp16 dQ conversion (O and L come from the shipped forward, made before the profiler starts).
+step and keys per block) for the reader.  A bf16 configuration runs the fp16 variant on torch
+bfloat16 tensors (the kernels take bf16 as torch tensors; :func:`make_call`).  A backward
+configuration measures the backward's launches only: D = rowsum(dO ∘ O), the dQ accumulator's
+zero fill, the main kernel(s), the fp32 -> fp16 dQ conversion (O and L come from the shipped
+forward, made before the profiler starts).
 
 Besides the LSU loads and stores, the set asks Nsight Compute for the bytes of global
 reductions and atomics (``red.global`` / ``atom``: the backwards' dQ) and of cp.async's

@@ -7,9 +7,10 @@ fp16 schedules with the workload's dtype "bf16".
 Variants (the names the records use) and their launches, in launch order:
 
 * ``fwd_fp16_v4`` (fp16/bf16 forward; block Br = 16·nw·mt = 128 query rows, Bc = 64 keys at
-  d <= 64, 32 above), ``fwd_fp32_v1`` (fp32 forward at d not a multiple of 32; Br = 4·rm·nw = 64,
-  Bc = 64 at d <= 64, 32 above) and ``fwd_fp32_v2`` (fp32 forward on the TF32 tensor cores at
-  d = 32, 64, 96, 128; Br = 16·nw·mt = 128 at d <= 64, 64 above, Bc = 32): one launch,
+  d <= 64, 32 above), ``fwd_fp32_v1`` (fp32 forward, FFMA; what BEST runs at d not a multiple
+  of 32; Br = 4·rm·nw = 64, Bc = 64 at d <= 64, 32 above) and ``fwd_fp32_v2`` (fp32 forward as
+  3xTF32 on the tensor cores, d = 32, 64, 96, 128; Br = 16·nw·mt = 128 at d <= 64, 64 above,
+  Bc = 32): one launch,
   FlashAttention-2's loop: Q_i once, K_j and V_j once per visible key block (the causal prefix,
   exactly flash2's visibility for these tiles), O_i and L_i once.  The copies move the d
   columns of each row (d is padded to a multiple of 16 only in shared memory, by
@@ -43,8 +44,10 @@ What is assumed, and where it is exact:
   reads Q the same way: a lane's 16-byte chunk (chunk e = tid + u·threads, row e // (d/4)) by
   4 scalar ``ld.global.f32`` (split into tf32 hi and lo on the way to shared memory), so each of
   the 4 loads of a warp touches the 16 sectors of its 32 chunks with 2 elements each (rows past
-  Nq are not read); without ``qsplit`` Q is copied by cp.async as K and V are.  The schedule
-  states each such instruction as a pair of adjacent columns in the sector the kernel touches
+  Nq are not read); without ``qsplit`` Q is copied by cp.async as K and V are.  (The sm_90 SASS
+  of its default shapes, d = 64 and 128, has these as 32-bit LDG.E and its O and L stores as
+  32-bit STG.E: no access is widened by the compiler.)  The schedule states each such
+  instruction as a pair of adjacent columns in the sector the kernel touches
   (:func:`_scalar_pairs`): elements and bytes exact, sectors exact for d % 8 == 0 (rows 32-byte
   aligned).  bwd_fp32_v2 stores dK and dV, and fwd_fp32_v2 O, an element per sector: one
   sector per element (fwd_fp32_v2: the store of (u, jj, f) by lane (g, t) is row g (+8) of an
