@@ -204,3 +204,11 @@ def test_measure_fast_smoke_end_to_end_with_a_fake_ncu(fake_gpu, tmp_path, capsy
     call = [ln for ln in fake_gpu.read_text().splitlines() if "--log-file" in ln][0]
     assert call.split("--metrics ")[1].split()[0] == ",".join(METRICS)
     assert json.loads((out / "fast_smoke.meta.json").read_text())["metrics"] == list(METRICS)
+    # --only and --skip (measure_fast.sh keeps the bf16 configurations in a record of their own)
+    out2 = tmp_path / "rec2"
+    assert main(["measure", "--set", "fast_smoke", "--only=-fwd-", "--skip=-bf16-", "--out", str(out2)]) == 0
+    got = [(r["kernel"], r["dtype"]) for r in csv.DictReader(open(out2 / "fast_smoke.csv"))]
+    assert got == [(c["kernel"], c["dtype"]) for c in fast_set.fast_smoke_set()
+                   if c["pass"] == "fwd" and c["dtype"] != "bf16"]
+    assert main(["measure", "--set", "fast_smoke", "--only=-bf16-", "--skip=bf16", "--out", str(out2)]) == 2
+    assert "--only '-bf16-' and --skip 'bf16': leave no configuration" in capsys.readouterr().err
