@@ -30,8 +30,11 @@ def _cmd_measure(a: argparse.Namespace) -> int:
     configs = SETS[a.set]()
     if a.only:
         configs = [c for c in configs if a.only in config_id(c)]
-        if not configs:
-            raise UsageError(f"--only {a.only!r}: matches no configuration of set {a.set!r}")
+    if a.skip:
+        configs = [c for c in configs if a.skip not in config_id(c)]
+    if (a.only or a.skip) and not configs:
+        what = " and ".join(f"--{k} {v!r}" for k, v in (("only", a.only), ("skip", a.skip)) if v)
+        raise UsageError(f"{what}: leave no configuration of set {a.set!r}")
     try:
         extra = {"metrics": SET_METRICS[a.set]()} if a.set in SET_METRICS else {}
         measure(configs, out, a.set, a.cache_control, force=a.force, **extra)
@@ -56,6 +59,8 @@ def add_measure(sub) -> None:
     m.add_argument("--cache-control", default="all", choices=("all", "none"),
                    help="ncu --cache-control: flush caches before each replay pass (all, the default) or not")
     m.add_argument("--only", default=None, metavar="TEXT", help="measure only configurations whose id contains TEXT")
+    m.add_argument("--skip", default=None, metavar="TEXT",
+                   help="leave out configurations whose id contains TEXT (after --only)")
     m.set_defaults(func=_cmd_measure)
 
 

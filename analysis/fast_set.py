@@ -5,9 +5,11 @@ A configuration's ``kernel`` is the variant's name (``fwd_fp16_v4``, ``bwd_fp16_
 worker runs exactly that variant with its default block shape (:func:`make_call`), the
 simulator walks its schedule (algorithm ``fast``, option ``kernel``), and ``block_m`` /
 ``block_n`` record the tiles (the forward's, or the backward key-block kernel's query rows per
-step and keys per block) for the reader.  A backward configuration measures the backward's
-launches only: D = rowsum(dO ∘ O), the dQ accumulator's zero fill, the main kernel(s), the fp32
--> fp16 dQ conversion (O and L come from the shipped forward, made before the profiler starts).
+step and keys per block) for the reader.  A bf16 configuration runs the fp16 variant on torch
+bfloat16 tensors (the kernels take bf16 as torch tensors; :func:`make_call`).  A backward
+configuration measures the backward's launches only: D = rowsum(dO ∘ O), the dQ accumulator's
+zero fill, the main kernel(s), the fp32 -> fp16 dQ conversion (O and L come from the shipped
+forward, made before the profiler starts).
 
 Besides the LSU loads and stores, the set asks Nsight Compute for the bytes of global
 reductions and atomics (``red.global`` / ``atom``: the backwards' dQ) and of cp.async's
@@ -19,6 +21,8 @@ from __future__ import annotations
 
 import subprocess
 
+import numpy as np
+
 from flashsim.algorithms import fast
 
 from .ncu import EXTRA_METRICS, METRICS
@@ -28,8 +32,10 @@ FAST_KERNELS = tuple(fast.VARIANTS)
 
 
 def _cfg(kernel: str, n: int, d: int, causal: bool = False, batch: int = 1, heads: int = 16,
-         kv_heads: int | None = None) -> dict:
-    pass_, dtype = fast.VARIANTS[kernel]
+         kv_heads: int | None = None, dtype: str | None = None) -> dict:
+    pass_, dtype0 = fast.VARIANTS[kernel]
+    dtype = dtype or dtype0
+    assert fast.supports(kernel, dtype, d), (kernel, dtype, d)
     t = fast.tiles(kernel, d)
     t = t.get("fwd", t.get("dkdv"))
     return {"kernel": kernel, "pass": pass_, "batch": batch, "heads": heads, "kv_heads": kv_heads or heads,
@@ -45,43 +51,61 @@ def _best(pass_: str, dtype: str, d: int) -> str:
 
 def fast_set() -> list[dict]:
     """The fast kernels as ``impl="auto"`` picks them, B·H = 16 (batch 1, 16 heads): N 1,024 to
-    16,384, d 64 and 128, fp16 and fp32, causal and not, forward and backward; grouped-query
-    attention (16 query heads on 2 kv heads) forward and backward; N = 1,000 (a ragged last
-    block: the zero-filled rows of cp.async) forward and backward; bwd_fp32_v1 at d = 96 (where
-    BEST takes it).  25 configurations, 55 launches."""
+    16,384, d 64 and 128, fp16 and fp32, causal and not, forward and backward; bf16 forward and
+    backward (d = 64, N = 4,096: the fp16 kernels compiled for bf16); grouped-query attention (16
+    query heads on 2 kv heads) forward and backward; N = 1,000 (a ragged last block: the
+    zero-filled rows of cp.async) forward and backward; fwd_fp32_v1 at d = 80 and bwd_fp32_v1 at
+    d = 96 (head dims where BEST takes them).  25 configurations, 54 launches."""
     out = []
-    f16, f32 = _best("fwd", "fp16", 64), _best("fwd", "fp32", 64)
-    for d in (64, 128):
-        out += [_cfg(_best("fwd", "fp16", d), n, d) for n in (1024, 4096, 16384)]
+    for d in (64, 128):  # the fp16 forward (N = 1,024 at d = 64: the fig2 record and N = 1,000 here)
+        out += [_cfg(_best("fwd", "fp16", d), n, d) for n in ((4096, 16384) if d == 64 else (1024, 4096, 16384))]
         out.append(_cfg(_best("fwd", "fp16", d), 4096, d, causal=True))
-    out += [_cfg(f32, 1024, 64), _cfg(f32, 4096, 64), _cfg(_best("fwd", "fp32", 128), 4096, 128, causal=True)]
-    for d in (64, 128):
-        b = _best("bwd", "fp16", d)
-        out += [_cfg(b, 1024, d), _cfg(b, 4096, d, causal=True)]
+    out += [_cfg(_best("fwd", "fp32", 64), 4096, 64), _cfg(_best("fwd", "fp32", 128), 4096, 128, causal=True),
+            _cfg(_best("fwd", "fp32", 80), 1024, 80)]
+    out.append(_cfg(_best("fwd", "bf16", 64), 4096, 64, dtype="bf16"))
+    out += [_cfg(_best("bwd", "fp16", 64), 1024, 64), _cfg(_best("bwd", "fp16", 64), 4096, 64, causal=True)]
+    out += [_cfg(_best("bwd", "fp16", 128), 4096, 128, causal=True)]
     out += [_cfg(_best("bwd", "fp16", 128), n, 128) for n in (4096, 16384)]
     out += [_cfg(_best("bwd", "fp32", 64), 1024, 64), _cfg(_best("bwd", "fp32", 64), 4096, 64, causal=True),
             _cfg(_best("bwd", "fp32", 128), 4096, 128), _cfg(_best("bwd", "fp32", 96), 1024, 96)]
+    out.append(_cfg(_best("bwd", "bf16", 64), 4096, 64, dtype="bf16"))
     out += [_cfg(_best("fwd", "fp16", 128), 4096, 128, kv_heads=2),
             _cfg(_best("bwd", "fp16", 128), 4096, 128, kv_heads=2)]
-    out += [_cfg(f16, 1000, 64), _cfg(_best("bwd", "fp16", 128), 1000, 128)]
+    out += [_cfg(_best("fwd", "fp16", 64), 1000, 64), _cfg(_best("bwd", "fp16", 128), 1000, 128)]
     return out
 
 
 def fast_smoke_set() -> list[dict]:
-    """One small configuration per variant (B·H = 2, N = 256; GQA and causal in the backwards):
-    the harness end to end in a minute."""
+    """One small configuration per variant (B·H = 2, N = 256; GQA and causal in the backwards) and
+    the bf16 path (fwd_fp16_v4, bwd_fp16_v1): the harness end to end in a minute."""
     return [_cfg("fwd_fp16_v4", 256, 64, heads=2), _cfg("fwd_fp32_v1", 256, 64, heads=2, causal=True),
+            _cfg("fwd_fp32_v2", 256, 64, heads=2, causal=True),
             _cfg("bwd_fp16_v1", 256, 64, heads=2, kv_heads=1), _cfg("bwd_fp16_v3", 256, 128, heads=2, causal=True),
-            _cfg("bwd_fp32_v1", 256, 96, heads=2), _cfg("bwd_fp32_v2", 256, 64, heads=2, kv_heads=1, causal=True)]
+            _cfg("bwd_fp32_v1", 256, 96, heads=2), _cfg("bwd_fp32_v2", 256, 64, heads=2, kv_heads=1, causal=True),
+            _cfg("fwd_fp16_v4", 256, 64, heads=2, dtype="bf16"),
+            _cfg("bwd_fp16_v1", 256, 64, heads=2, causal=True, dtype="bf16")]
+
+
+def _bf16(x):
+    """A torch bfloat16 tensor of ``x``'s values (the worker's inputs of a bf16 configuration come
+    as float32: numpy has no bfloat16), where ``x`` is: on the device (``__cuda_array_interface__``)
+    or, under the CUDA simulator's tests, on the host.  The kernels take bf16 as torch tensors."""
+    import torch
+
+    t = torch.from_numpy(x) if isinstance(x, np.ndarray) else torch.as_tensor(x, device="cuda")
+    return t.to(torch.bfloat16)
 
 
 def make_call(cfg: dict, q, k, v, do):
     """The measured call of a fast configuration (inputs on the device): the variant's forward,
-    or its backward after the shipped forward's O and L (made here, outside the measurement)."""
+    or its backward after the shipped forward's O and L (made here, outside the measurement);
+    bf16 inputs as torch tensors (:func:`_bf16`)."""
     from kernels.perf import variant
 
     vv = variant(cfg["kernel"])
     causal = bool(cfg.get("causal"))
+    if cfg["dtype"] == "bf16":  # converted here, before the measurement
+        q, k, v, do = (_bf16(x) for x in (q, k, v, do))
     if cfg["pass"] == "fwd":
         return lambda: vv.forward(q, k, v, causal=causal)
     o, lse = vv.saved_forward(q, k, v, causal=causal)
@@ -120,7 +144,8 @@ def ldgsts_patterns(kernel: str, d: int, config=None) -> dict:
     """{launch: {tensor: (tile rows, row bytes, shared row stride in bytes, threads)}} of the
     tiles a variant copies by cp.async, 16 bytes a thread, chunk e = tid + u·threads at row
     e // (row bytes / 16) (kernels/perf/_tiles.py's f16_copy, f16_chunks, f32_copier;
-    bwd_fp16_v3's own loop), at the variant's block shape (its default, or ``config``)."""
+    bwd_fp16_v3's own loop), at the variant's block shape (its default, or ``config``);
+    fwd_fp32_v2's Q only without ``qsplit`` (with it, plain loads)."""
     c = fast.parse_config(kernel, d, config)
     if kernel == "fwd_fp16_v4":
         s, nt = 2 * (_ceil(d, 16) + 8), 32 * c["nw"]
@@ -131,6 +156,12 @@ def ldgsts_patterns(kernel: str, d: int, config=None) -> dict:
         qk, vs = 4 * (d16 + 4), 4 * _ceil(d16, 32)
         return {kernel: {"Q": (4 * c["rm"] * c["nw"], 4 * d, qk, nt), "K": (c["bc"], 4 * d, qk, nt),
                          "V": (c["bc"], 4 * d, vs, nt)}}
+    if kernel == "fwd_fp32_v2":  # Q, K rows d + 8 floats apart, V rows d + 4; Q by plain loads with qsplit
+        s, nt = 4 * (d + 8), 32 * c["nw"]
+        out = {"K": (c["bc"], 4 * d, s, nt), "V": (c["bc"], 4 * d, 4 * (d + 4), nt)}
+        if not c["qsplit"]:
+            out["Q"] = (16 * c["nw"] * c["mt"], 4 * d, s, nt)
+        return {kernel: out}
     if kernel == "bwd_fp16_v1":
         s, nt, rows = 2 * (_ceil(d, 16) + 8), 32 * c["nw"], 16 * c["nw"] * c["mt"]
         kv, qq = (rows, 2 * d, s, nt), (c["bq"], 2 * d, s, nt)

@@ -10,6 +10,14 @@ record): every thread's access (``total``) and the distinct elements each thread
 summed over blocks (``distinct``: what a kernel moves when the lanes of a warp that read one
 address, a broadcast, make one request).  The reduction twins (``red_v2``, ``red_v4``) read and write each element once
 (``flat[off] += a``): one read and one write per element reduced.
+
+``requests``: the 32-byte sectors of each warp's requests, for kernels whose accesses to an array
+are scalar instructions that every lane of a warp makes alike (no lane skips one: whole blocks,
+no row past N): the k-th access of each lane of a warp to that array is taken as one
+instruction, and its sectors are the distinct sectors (offsets from the array's start, which a
+GPU allocation aligns to 256 bytes) its lanes touch, summed over instructions, warps and blocks.
+Meaningless for the cp.async and reduction twins, which move a lane's 16 bytes as 4 scalar
+accesses.
 """
 
 from __future__ import annotations
@@ -28,9 +36,10 @@ def _ptr(a) -> int:
 
 @contextlib.contextmanager
 def trace():
-    """Yields a list that fills with one (kernel name, total, distinct) per launch made inside the
-    block, ``total`` a Counter {(param, "read"|"write"): accesses}, ``distinct`` the same keys ->
-    elements distinct within each thread block, summed over blocks."""
+    """Yields a list that fills with one (kernel name, total, distinct, requests) per launch made
+    inside the block, ``total`` a Counter {(param, "read"|"write"): accesses}, ``distinct`` the
+    same keys -> elements distinct within each thread block, summed over blocks, ``requests`` the
+    same keys -> sectors of the warps' requests (see the module docstring)."""
     from numba.cuda.simulator import kernel as sk
     from numba.cuda.simulator.cudadrv import devicearray as da
 
@@ -38,12 +47,12 @@ def trace():
     lock = threading.Lock()
     state = {"ranges": []}  # (start, end, param) of the current launch's arrays
 
-    def name_of(ary) -> str | None:
+    def name_of(ary) -> tuple[str | None, int]:
         p = _ptr(ary)
         for lo, hi, nm in state["ranges"]:
             if lo <= p < hi:
-                return nm
-        return None
+                return nm, lo
+        return None, 0
 
     get0, set0, call0 = da.FakeCUDAArray.__getitem__, da.FakeCUDAArray.__setitem__, sk.FakeCUDAKernel.__call__
 
@@ -51,15 +60,17 @@ def trace():
         a = self._ary
         if not launches or np.ndim(a[idx]) != 0:
             return
-        nm = name_of(a)
+        nm, lo = name_of(a)
         if nm is None:
             return
         ix = idx if isinstance(idx, tuple) else (idx,)
         addr = _ptr(a) + int(np.dot([int(i) for i in ix], a.strides))
-        block = tuple(threading.current_thread().blockIdx)
+        th = threading.current_thread()
+        block = tuple(th.blockIdx)
         with lock:
             launches[-1][1][(nm, what)] += 1
             launches[-1][3].setdefault((nm, what), set()).add((block, addr))
+            launches[-1][4].setdefault((block, th.thread_id, nm, what), []).append(addr - lo)
 
     def getitem(self, idx):
         count(self, idx, "read")
@@ -79,13 +90,13 @@ def trace():
             if isinstance(arr, np.ndarray) and arr.ndim > 0:
                 ranges.append((_ptr(arr), _ptr(arr) + arr.nbytes, nm))
         state["ranges"] = ranges
-        launches.append((self.fn.__name__, Counter(), Counter(), {}))
+        launches.append((self.fn.__name__, Counter(), Counter(), {}, {}))
         try:
             return call0(self, *args)
         finally:
-            name, total, distinct, seen = launches[-1]
+            name, total, distinct, seen, seq = launches[-1]
             distinct.update({k: len(v) for k, v in seen.items()})
-            launches[-1] = (name, total, distinct)
+            launches[-1] = (name, total, distinct, _requests(seq))
 
     da.FakeCUDAArray.__getitem__, da.FakeCUDAArray.__setitem__ = getitem, setitem
     sk.FakeCUDAKernel.__call__ = call
@@ -94,3 +105,16 @@ def trace():
     finally:
         da.FakeCUDAArray.__getitem__, da.FakeCUDAArray.__setitem__ = get0, set0
         sk.FakeCUDAKernel.__call__ = call0
+
+
+def _requests(seq: dict) -> Counter:
+    """{(param, what): sectors} from each thread's ordered accesses (``seq``: (block, thread id,
+    param, what) -> byte offsets): the k-th accesses of a warp's lanes are one request."""
+    warps: dict = {}
+    for (block, tid, nm, what), offs in seq.items():
+        warps.setdefault((block, tid // 32, nm, what), []).append(offs)
+    out = Counter()
+    for (_, _, nm, what), lanes in warps.items():
+        for k in range(max(len(x) for x in lanes)):
+            out[(nm, what)] += len({x[k] // 32 for x in lanes if k < len(x)})
+    return out

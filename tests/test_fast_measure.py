@@ -24,11 +24,13 @@ def test_the_fast_set():
     cfgs = SETS["fast"]()
     launches = sum(len(schedule_of(c).launches) for c in cfgs)
     print(len(cfgs), "configurations,", launches, "launches")
-    assert (len(cfgs), launches) == (25, 55)  # the docstring's numbers
+    assert (len(cfgs), launches) == (25, 54)  # the docstring's numbers
     assert len({config_id(c) for c in cfgs}) == len(cfgs)
-    # every variant BEST can pick, both passes and dtypes, d 64 and 128, causal, GQA, N 1,024..16,384
+    # every variant BEST can pick, both passes and dtypes (bf16 both ways), d 64 and 128, causal,
+    # GQA, N 1,024..16,384
     assert {c["kernel"] for c in cfgs} == set(fast.VARIANTS)
-    assert {c["head_dim"] for c in cfgs} >= {64, 128} and {c["dtype"] for c in cfgs} == {"fp16", "fp32"}
+    assert {c["head_dim"] for c in cfgs} >= {64, 128} and {c["dtype"] for c in cfgs} == {"fp16", "fp32", "bf16"}
+    assert {c["pass"] for c in cfgs if c["dtype"] == "bf16"} == {"fwd", "bwd"}
     assert {c["causal"] for c in cfgs} == {True, False} and any(c["kv_heads"] < c["heads"] for c in cfgs)
     assert min(c["seq_len_q"] for c in cfgs if c["seq_len_q"] % 128 == 0) == 1024
     assert max(c["seq_len_q"] for c in cfgs) == 16384
@@ -77,6 +79,40 @@ def test_worker_call_makes_the_schedules_launches(kernel, d, monkeypatch):
     assert len(got) == len(schedule_of(cfg).launches)
 
 
+def test_bf16_configurations_run_the_variant_on_bf16_tensors(monkeypatch):
+    """The worker's inputs of a bf16 configuration are float32 (numpy has no bfloat16): make_call
+    hands the variant torch bfloat16 tensors of the same values (the kernels take bf16 as torch
+    tensors), made before the measured call; the variant's own calls are stubbed here (the GPU
+    runs them: the fast_smoke set has a bf16 forward and backward)."""
+    import torch
+
+    import kernels.perf
+
+    calls = []
+
+    class Variant:
+        def forward(self, *xs, causal):
+            calls.append(("fwd", [x.dtype for x in xs]))
+
+        def saved_forward(self, *xs, causal):
+            calls.append(("saved", [x.dtype for x in xs]))
+            return "O", "L"
+
+        def backward(self, q, k, v, o, lse, do, causal):
+            calls.append(("bwd", [x.dtype for x in (q, k, v, do)] + [o, lse]))
+
+    monkeypatch.setattr(kernels.perf, "variant", lambda name: Variant())
+    x = np.linspace(-2, 2, 2 * 2 * 4 * 16, dtype=np.float32).reshape(2, 2, 4, 16)
+    for kernel in ("fwd_fp16_v4", "bwd_fp16_v1"):
+        call = fast_set.make_call(fast_set._cfg(kernel, 4, 16, batch=2, heads=2, dtype="bf16"), x, x, x, x)
+        n = len(calls)
+        call()
+        assert len(calls) == n + 1  # the measured call: the variant once
+    bf = torch.bfloat16
+    assert calls == [("fwd", [bf] * 3), ("saved", [bf] * 3), ("bwd", [bf] * 4 + ["O", "L"])]
+    assert torch.equal(fast_set._bf16(x), torch.from_numpy(x).to(bf))
+
+
 def test_compare_end_to_end_on_an_exact_record(tmp_path):
     """A record whose every launch measures what the walker counts: compare accepts every launch
     list the fast variants make (1, 3 or 4 launches), finds them all exact, reductions apart."""
@@ -95,13 +131,14 @@ def test_compare_end_to_end_on_an_exact_record(tmp_path):
         w.writeheader()
         w.writerows(rows)
     (tmp_path / "fast_smoke.meta.json").write_text(json.dumps({"gpu": "NVIDIA H100 80GB HBM3"}))
-    assert len(read_measured(data)[0]) == len(rows) == 15
+    assert len(read_measured(data)[0]) == len(rows) == 20
     assert run(data, tmp_path / "cmp", plots=False) == 0
     s = json.loads((tmp_path / "cmp" / "compare_summary.json").read_text())["summary"]
-    assert s["lsu_within_tolerance"] == s["launches"] == s["lsu_ld_exact"] == s["lsu_red_exact"] == 15
+    assert s["lsu_within_tolerance"] == s["launches"] == s["lsu_ld_exact"] == s["lsu_red_exact"] == 20
     # the destination count differs from the global one where the shared rows are padded: every
-    # launch with cp.async tiles but bwd_fp32_v2's (rows of whole sectors)
-    assert s["lsu_ld_dest_launches"] == 15 and s["lsu_ld_dest_exact"] == 15 - 6
+    # launch with cp.async tiles (10) but bwd_fp32_v2's (rows of whole sectors; fwd_fp32_v2's K
+    # rows at d = 64 too, 288 bytes apart, but not its V rows, 272)
+    assert s["lsu_ld_dest_launches"] == 20 and s["lsu_ld_dest_exact"] == 20 - 10
     red = [r for r in csv.DictReader(open(tmp_path / "cmp" / "compare_launches.csv")) if float(r["sim_lsu_red_bytes"])]
     assert len(red) == 3  # the main launches of bwd_fp16_v3, bwd_fp32_v1 and bwd_fp32_v2
 
@@ -146,6 +183,12 @@ def test_destination_ratios():
     assert ratios("fwd_fp32_v1", 64) == {"Q": F(17, 16), "K": F(17, 16), "V": 1}  # V rows unpadded
     assert ratios("fwd_fp32_v1", 128)["Q"] == F(33, 32)  # rows of 528 B: every other one 17 sectors
     assert set(ratios("bwd_fp32_v2", 64).values()) == set(ratios("bwd_fp32_v2", 128).values()) == {1}
+    # fwd_fp32_v2: K rows d + 8 floats apart (288 B at d = 64, 544 at 128: whole sectors), V rows
+    # d + 4 (272 B: 2 rows a warp, 17 sectors for 16; 528 B: every other row 17 for 16); Q by plain
+    # loads with qsplit (its default), else as K
+    assert ratios("fwd_fp32_v2", 64) == {"K": 1, "V": F(17, 16)}
+    assert ratios("fwd_fp32_v2", 128) == {"K": 1, "V": F(33, 32)}
+    assert fast_set.ldgsts_patterns("fwd_fp32_v2", 64, "qsplit=false")["fwd_fp32_v2"]["Q"] == (128, 256, 288, 128)
     assert fast_set.destination_ratio(4, 128, 128, 32) == 1  # unpadded rows: the global count
 
 
@@ -161,3 +204,11 @@ def test_measure_fast_smoke_end_to_end_with_a_fake_ncu(fake_gpu, tmp_path, capsy
     call = [ln for ln in fake_gpu.read_text().splitlines() if "--log-file" in ln][0]
     assert call.split("--metrics ")[1].split()[0] == ",".join(METRICS)
     assert json.loads((out / "fast_smoke.meta.json").read_text())["metrics"] == list(METRICS)
+    # --only and --skip (measure_fast.sh keeps the bf16 configurations in a record of their own)
+    out2 = tmp_path / "rec2"
+    assert main(["measure", "--set", "fast_smoke", "--only=-fwd-", "--skip=-bf16-", "--out", str(out2)]) == 0
+    got = [(r["kernel"], r["dtype"]) for r in csv.DictReader(open(out2 / "fast_smoke.csv"))]
+    assert got == [(c["kernel"], c["dtype"]) for c in fast_set.fast_smoke_set()
+                   if c["pass"] == "fwd" and c["dtype"] != "bf16"]
+    assert main(["measure", "--set", "fast_smoke", "--only=-bf16-", "--skip=bf16", "--out", str(out2)]) == 2
+    assert "--only '-bf16-' and --skip 'bf16': leave no configuration" in capsys.readouterr().err

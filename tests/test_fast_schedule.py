@@ -15,7 +15,7 @@ from flashsim.algorithms import fast
 from flashsim.api import build_schedule, simulate
 from flashsim.traffic import walk
 
-FP = {"fp16": np.float16, "fp32": np.float32}
+FP = {"fp16": np.float16, "fp32": np.float32, "bf16": "bfloat16"}
 
 
 def W(b, h, n, d, **kw):
@@ -26,22 +26,32 @@ def W(b, h, n, d, **kw):
 # The restated block shapes and selection equal kernels.perf's
 
 
+def _perf_supports(v, dtype: str, d: int) -> bool:
+    try:
+        return bool(v.supports(FP[dtype], d))
+    except TypeError:  # the fp32 kernels' np.dtype("bfloat16"): not theirs
+        return False
+
+
 def test_default_configs_and_selection_equal_kernels_perf():
     from kernels import perf
 
-    for name, (_, dtype) in fast.VARIANTS.items():
+    assert set(fast.VARIANTS) == set(perf.VARIANTS) - {"fwd_fp16_v3"}  # every variant but one BEST left
+    for name in fast.VARIANTS:
         v = perf.variant(name)
-        for d in range(1, 261):
-            assert fast.supports(name, dtype, d) == v.supports(FP[dtype], d), (name, d)
-            if v.supports(FP[dtype], d):
-                assert fast.default_config(name, d) == v.default_config(d), (name, d)
-    assert {k: tuple(x) for k, x in fast.BEST.items()} == {
-        (p, {"float16": "fp16", "float32": "fp32"}[t]): tuple(x) for (p, t), x in perf.BEST.items()}
+        for dtype in FP:
+            for d in range(1, 261):
+                assert fast.supports(name, dtype, d) == _perf_supports(v, dtype, d), (name, dtype, d)
+                if _perf_supports(v, dtype, d):
+                    assert fast.default_config(name, d) == v.default_config(d), (name, d)
+    names = {"float16": "fp16", "float32": "fp32", "bfloat16": "bf16"}
+    assert {k: tuple(x) for k, x in fast.BEST.items()} == {(p, names[t]): tuple(x) for (p, t), x in perf.BEST.items()}
     for (pass_, dtype) in fast.BEST:
         for d in range(1, 261):
             b = perf.best(pass_, FP[dtype], d)
             assert fast.best(pass_, dtype, d) == (None if b is None else b.name), (pass_, dtype, d)
-    assert fast.best("fwd", "bf16", 64) is None
+    assert fast.best("fwd", "bf16", 64) == "fwd_fp16_v4" and fast.best("fwd", "fp32", 96) == "fwd_fp32_v2"
+    assert fast.best("fwd", "fp32", 80) == "fwd_fp32_v1"
 
 
 def test_key_warps_equal_the_kernels_warp_grids():
@@ -71,11 +81,15 @@ def test_selection_and_bad_input():
     assert fast.variant_for(W(1, 1, 128, 64), "bwd") == "bwd_fp16_v1"
     assert fast.variant_for(W(1, 1, 128, 64, dtype="fp32"), "bwd") == "bwd_fp32_v2"
     assert fast.variant_for(W(1, 1, 128, 48, dtype="fp32"), "bwd") == "bwd_fp32_v1"
-    for kernel, msg in (("fwd_fp16_v9", "one of"), ("bwd_fp16_v3", "a bwd kernel"), ("fwd_fp32_v1", "does not take")):
+    assert fast.variant_for(W(1, 1, 128, 128, dtype="bf16"), "bwd") == "bwd_fp16_v3"
+    for kernel, msg in (("fwd_fp16_v9", "one of"), ("bwd_fp16_v3", "a bwd kernel"), ("fwd_fp32_v1", "does not take"),
+                        ("fwd_fp32_v2", "does not take")):
         with pytest.raises(ValueError, match=f"kernel=.*{msg}"):
             simulate(w, "fast", "fwd", kernel=kernel)
+    with pytest.raises(ValueError, match="kernel=.*does not take"):
+        simulate(W(1, 1, 128, 80, dtype="fp32"), "fast", "fwd", kernel="fwd_fp32_v2")
     with pytest.raises(ValueError, match="no fast fwd kernel"):
-        simulate(W(1, 1, 128, 64, dtype="bf16"), "fast")
+        simulate(W(1, 1, 128, 12, dtype="bf16"), "fast")
     for config, msg in (("nw=x", "not an integer"), ({"bk": 16}, "takes"), ({"qreg": 1}, "true or false"),
                         ("nw", "key=value"), ({"nw": 0}, "positive")):
         with pytest.raises(ValueError, match=f"config=.*{msg}"):
@@ -112,13 +126,54 @@ def test_fwd_fp16_v4_counts_by_hand():
 
 def test_fwd_fp32_v1_counts_by_hand():
     # d = 64: Br = 4·rm·nw = 4·4·4 = 64, Bc = 64.  N = 128: Tr = 2.
-    r = simulate(W(1, 1, 128, 64, dtype="fp32"), "fast", "fwd")
+    r = simulate(W(1, 1, 128, 64, dtype="fp32"), "fast", "fwd", kernel="fwd_fp32_v1")
     # Q: 128·64 = 8,192 floats = 32,768 B = 1,024 sectors; K, V: 2·8,192.  O by scalar stores: each
     # of the 4 stores of a row's 32 columns touches its 4 sectors: 128 rows · 8 sectors · 4 = 4,096
     # sectors for 32,768 B.  L in requests of 4 rows (16 B, one sector each): 32.
     assert _by(r) == {("K", "read"): (16384, 65536, 2048), ("L", "write"): (128, 512, 32),
                       ("O", "write"): (8192, 32768, 4096), ("Q", "read"): (8192, 32768, 1024),
                       ("V", "read"): (16384, 65536, 2048)}
+
+
+def test_fwd_fp32_v2_counts_by_hand():
+    # d = 64: Br = 16·nw·mt = 16·4·2 = 128, Bc = 32.  N = 200: query blocks of 128 and 72 rows,
+    # key blocks 6 of 32 and one of 8.
+    r = simulate(W(1, 1, 200, 64, dtype="fp32"), "fast", "fwd")
+    assert list(r.io.per_launch) == ["fwd_fp32_v2"] and r.agrees
+    # Q: 200·64 = 12,800 floats = 51,200 B = 1,600 sectors of data; qsplit reads a lane's 16-byte
+    # chunk by 4 scalar loads, each load of a warp touching the 16 sectors of its 32 chunks with
+    # 2 floats each: 4·1,600 = 6,400 sectors.  K, V by cp.async once per query block: 2·200 rows
+    # ·64 = 25,600 floats, 3,200 sectors.  O: the store (u, jj, f) of lane (g, t) writes row g
+    # (or g + 8) at column 32u + 8t + 4f + jj: 8 rows x 4 sectors a request, one float each, so
+    # one sector per float: 12,800.  L by lanes t = 0, rows g = 0..7 (32 B, one sector a request):
+    # block 0 128 / 8 = 16 requests, block 1 72 / 8 = 9: 25 sectors for 200 floats.
+    assert _by(r) == {("K", "read"): (25600, 102400, 3200), ("L", "write"): (200, 800, 25),
+                      ("O", "write"): (12800, 51200, 12800), ("Q", "read"): (12800, 51200, 6400),
+                      ("V", "read"): (25600, 102400, 3200)}
+    # without qsplit Q is copied by cp.async as K and V are: 1,600 sectors
+    r = simulate(W(1, 1, 200, 64, dtype="fp32"), "fast", "fwd", config="qsplit=false")
+    assert r.io.breakdown[("Q", "read")].sectors == 1600
+    # Causal: query block 0 (rows 0..127) sees key blocks 32j <= 127, j = 0..3 (128 keys); block 1
+    # (rows 128..199) all 7 (200 keys): K = (128 + 200)·64 = 20,992.
+    rc = simulate(W(1, 1, 200, 64, dtype="fp32", causal=True), "fast", "fwd")
+    assert rc.io.breakdown[("K", "read")].elements == 20992 == rc.io.breakdown[("V", "read")].elements
+    # d = 128: Br = 16·4·1 = 64, Bc = 32; N = 128: Q 16,384 floats, 2,048 sectors of data, 8,192
+    # read; O 16,384 sectors; L 128 / 8 = 16 requests.
+    r = simulate(W(1, 1, 128, 128, dtype="fp32"), "fast", "fwd")
+    assert r.options == {} and r.io.per_launch["fwd_fp32_v2"].breakdown[("Q", "read")].sectors == 8192
+    assert {k: t.sectors for k, t in r.io.breakdown.items() if k[0] in "OL"} == {("O", "write"): 16384,
+                                                                                ("L", "write"): 16}
+
+
+def test_bf16_runs_the_fp16_schedules():
+    """bf16 selects the fp16 kernels (kernels.perf.BEST) and moves the same bytes: 2-byte elements."""
+    for pass_, d in (("fwd", 64), ("bwd", 64), ("bwd", 128)):
+        for causal in (False, True):
+            wa = W(1, 2, 200, d, kv_heads=1, causal=causal)
+            wb = W(1, 2, 200, d, kv_heads=1, causal=causal, dtype="bf16")
+            a, b = simulate(wa, "fast", pass_), simulate(wb, "fast", pass_)
+            assert b.agrees and a.io.to_dict() == b.io.to_dict(), (pass_, d, causal)
+            assert fast.variant_for(wb, pass_) == fast.variant_for(wa, pass_) == fast.best(pass_, "fp16", d)
 
 
 def test_bwd_fp16_v3_counts_by_hand():
@@ -204,7 +259,8 @@ def test_bwd_fp32_counts_by_hand():
 @st.composite
 def _workloads(draw):
     name = draw(st.sampled_from(sorted(fast.VARIANTS)))
-    pass_, dtype = fast.VARIANTS[name]
+    pass_ = fast.VARIANTS[name][0]
+    dtype = draw(st.sampled_from(fast.DTYPES[name]))
     d = draw(st.sampled_from([d for d in (16, 32, 40, 64, 72, 128) if fast.supports(name, dtype, d)]))
     hkv = draw(st.sampled_from([1, 2]))
     w = W(draw(st.integers(1, 2)), hkv * draw(st.sampled_from([1, 2])), draw(st.integers(1, 700)), d,
@@ -228,6 +284,7 @@ def test_walker_equals_closed_form(c):
 
 #: small block shapes, so that the simulator runs each variant in about a second
 SMALL = {"fwd_fp16_v4": dict(nw=1, mt=1, bc=16), "fwd_fp32_v1": dict(nw=1, rm=1, bc=16),
+         "fwd_fp32_v2": dict(nw=1, mt=1, bc=16),
          "bwd_fp16_v1": dict(bq=16, bk=16, nw=1, mt=1), "bwd_fp16_v3": dict(bq=16, bk=16, nw=1, ma=1, mb=1, mc=1),
          "bwd_fp32_v1": dict(bc=128, br=32, nw=2), "bwd_fp32_v2": dict(bc=32, br=16, nw=2)}
 #: kernel parameter -> schedule tensor
@@ -235,14 +292,18 @@ PARAM = {"q": "Q", "k": "K", "v": "V", "o": "O", "lse": "L", "do": "dO", "dvec":
          "dv": "dV", "dqa": "dQacc", "src": "dQacc", "dst": "dQ"}
 
 
-@pytest.mark.parametrize("name,d,h", [("fwd_fp16_v4", 24, 2), ("fwd_fp32_v1", 12, 2), ("bwd_fp16_v1", 16, 2),
-                                      ("bwd_fp16_v3", 32, 2), ("bwd_fp32_v1", 8, 2), ("bwd_fp32_v2", 64, 1)])
-def test_elements_equal_the_kernels_under_the_simulator(name, d, h):
+@pytest.mark.parametrize("name,d,h,config", [
+    ("fwd_fp16_v4", 24, 2, None), ("fwd_fp32_v1", 12, 2, None), ("fwd_fp32_v2", 32, 2, None),
+    ("fwd_fp32_v2", 32, 1, dict(nw=1, mt=2, bc=16, qsplit=False)), ("bwd_fp16_v1", 16, 2, None),
+    ("bwd_fp16_v3", 32, 2, None), ("bwd_fp32_v1", 8, 2, None), ("bwd_fp32_v2", 64, 1, None)])
+def test_elements_equal_the_kernels_under_the_simulator(name, d, h, config):
     """Every launch touches, per tensor, the elements its schedule counts (ragged blocks: N = 21
     and 19 with blocks of 16 or 32; causal; two query heads on one kv head, but for bwd_fp32_v2,
     whose d = 64 is the simulator's slowest).  Threads that read
     one address together (a broadcast of L or D to a quad or a lane group) count once; every
-    other element is touched by one thread once, so no tile is loaded twice by a block."""
+    other element is touched by one thread once, so no tile is loaded twice by a block.
+    fwd_fp32_v2's scalar loads of Q (qsplit) and stores of O and L: the sectors of each warp
+    request, from the lanes' addresses (tests/_fast_trace.py), equal the schedule's."""
     from kernels.perf import variant
 
     pass_, dtype = fast.VARIANTS[name]
@@ -251,9 +312,10 @@ def test_elements_equal_the_kernels_under_the_simulator(name, d, h):
     q = rng.standard_normal((1, h, 21, d)).astype(dt)
     k, v = (rng.standard_normal((1, 1, 19, d)).astype(dt) for _ in range(2))
     vv = variant(name)
+    config = SMALL[name] if config is None else config
     if pass_ == "fwd":
         with trace() as got:
-            vv.forward(q, k, v, causal=True, **SMALL[name])
+            vv.forward(q, k, v, causal=True, **config)
     else:
         from kernels.reference import attention_forward  # O and L in float64: no simulated forward
 
@@ -261,11 +323,19 @@ def test_elements_equal_the_kernels_under_the_simulator(name, d, h):
         o, lse = o.astype(dt), lse.astype(np.float32)
         do = rng.standard_normal(q.shape).astype(dt)
         with trace() as got:
-            vv.backward(q, k, v, o, lse, do, causal=True, **SMALL[name])
+            vv.backward(q, k, v, o, lse, do, causal=True, **config)
     w = W(1, h, 21, d, seq_len_k=19, kv_heads=1, dtype=dtype, causal=True)
-    io = simulate(w, "fast", pass_, kernel=name, config=SMALL[name]).io
+    io = simulate(w, "fast", pass_, kernel=name, config=config).io
     assert len(got) == len(io.per_launch)
-    for (kname, total, distinct), (lname, c) in zip(got, io.per_launch.items(), strict=True):
+    for (kname, total, distinct, requests), (lname, c) in zip(got, io.per_launch.items(), strict=True):
+        if name == "fwd_fp32_v2":  # scalar ld/st by every lane alike: each request's sectors
+            scalar = {"O": ("o", "write"), "L": ("lse", "write")}
+            if config.get("qsplit", True):
+                scalar["Q"] = ("q", "read")
+            got_sec = {t: requests[key] for t, key in scalar.items()}
+            want_sec = {t: c.breakdown[(t, key[1])].sectors for t, key in scalar.items()}
+            print(lname, "sectors of the requests", got_sec, "schedule", want_sec)
+            assert got_sec == want_sec
         acc = "dQacc" if name == "bwd_fp16_v3" else "dQ"
         seen = {}
         for (param, what), n in distinct.items():
@@ -286,7 +356,7 @@ def test_elements_equal_the_kernels_under_the_simulator(name, d, h):
             if (tensor, "read") in want:
                 print(lname, tensor, total[(param, "read")], lanes, want[(tensor, "read")])
                 assert total[(param, "read")] == lanes * want[(tensor, "read")], (lname, tensor)
-                assert seen.pop((tensor, "read")) * fast.key_warps(name, d, SMALL[name]) == want.pop((tensor, "read"))
+                assert seen.pop((tensor, "read")) * fast.key_warps(name, d, config) == want.pop((tensor, "read"))
         print(name, lname, kname, seen, want)
         assert seen == want, (lname, kname)
         for (param, what), n in total.items():

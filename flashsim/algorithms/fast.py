@@ -1,14 +1,19 @@
 """The fast kernels (``kernels/perf``, what ``kernels.flash_attention(impl="auto")`` runs): one
 schedule per variant, launch by launch, read from the kernels' code (flashsim never imports
-``kernels``; ``tests/test_fast_schedule.py`` holds the block shapes below equal to theirs).
+``kernels``; ``tests/test_fast_schedule.py`` holds the block shapes and the selection below equal
+to theirs).  bf16 runs the fp16 kernels compiled for bf16 (same tiles, loads and stores): the
+fp16 schedules with the workload's dtype "bf16".
 
 Variants (the names the records use) and their launches, in launch order:
 
-* ``fwd_fp16_v4`` (fp16 forward; block Br = 16·nw·mt = 128 query rows, Bc = 64 keys at d <= 64,
-  32 above) and ``fwd_fp32_v1`` (fp32 forward; Br = 4·rm·nw = 64, Bc = 64 at d <= 64, 32 above):
-  one launch, FlashAttention-2's loop: Q_i once, K_j and V_j once per visible key block (the
-  causal prefix, exactly flash2's visibility for these tiles), O_i and L_i once.  The copies
-  move the d columns of each row (d is padded to a multiple of 16 only in shared memory, by
+* ``fwd_fp16_v4`` (fp16/bf16 forward; block Br = 16·nw·mt = 128 query rows, Bc = 64 keys at
+  d <= 64, 32 above), ``fwd_fp32_v1`` (fp32 forward, FFMA; what BEST runs at d not a multiple
+  of 32; Br = 4·rm·nw = 64, Bc = 64 at d <= 64, 32 above) and ``fwd_fp32_v2`` (fp32 forward as
+  3xTF32 on the tensor cores, d = 32, 64, 96, 128; Br = 16·nw·mt = 128 at d <= 64, 64 above,
+  Bc = 32): one launch,
+  FlashAttention-2's loop: Q_i once, K_j and V_j once per visible key block (the causal prefix,
+  exactly flash2's visibility for these tiles), O_i and L_i once.  The copies move the d
+  columns of each row (d is padded to a multiple of 16 only in shared memory, by
   ``f16_zero_pad``; no global load reads the padding).
 * ``bwd_fp16_v1``: D = rowsum(dO ∘ O) (the reference preprocess kernel, Br = 64:
   ``kernels.perf._launch.row_dots``), then the dK/dV kernel (Bc = 16·nw·mt keys a block, bq query
@@ -26,18 +31,28 @@ What is assumed, and where it is exact:
 * A copy of a row past the end (``cp.async`` with src-size 0: the zero fill of a ragged last
   block) is counted as no global request; rows that exist are loaded whole.
 * Row statistics (L, D) are read, and L is written, by groups of consecutive rows per warp
-  instruction (the kernel's thread mapping): 8 rows for fwd_fp16_v4's L store and bwd_fp16_v1's
-  dQ kernel, 4 for fwd_fp32_v1's L store, 32 for the fp16 key-block kernels' L and D; each
-  group is one request whose sectors are counted apart.  The fp32 backwards' L and D are read by
+  instruction (the kernel's thread mapping): 8 rows for fwd_fp16_v4's and fwd_fp32_v2's L store
+  (lanes t = 0 of rows g) and bwd_fp16_v1's dQ kernel, 4 for fwd_fp32_v1's L store, 32 for the
+  fp16 key-block kernels' L and D; each group is one request whose sectors are counted apart
+  (rows past Nq are not touched).  The fp32 backwards' L and D are read by
   every warp along the keys of their first product (:func:`key_warps`), bwd_fp32_v1's 4
   consecutive rows a request, bwd_fp32_v2's 4 rows 2 apart (stated as the 16 bytes of the
   sector they fall in: exact when Nq % 8 == 0).
 * fwd_fp32_v1 writes O, and bwd_fp32_v1 dK and dV, from registers by scalar stores: a warp's
   store covers 4 rows x 8 columns 4 apart, so the four stores of a row's 32 columns each touch
-  the same 4 sectors (4x the sectors of the bytes).  The schedule states each store as a pair of
-  adjacent columns in the sector the kernel touches (:func:`_scalar_store`): elements and bytes
-  exact, sectors exact for d % 8 == 0 (rows 32-byte aligned).  bwd_fp32_v2 stores dK and dV an
-  element per sector (a lane's columns are 8 apart): one sector per element.
+  the same 4 sectors (4x the sectors of the bytes).  fwd_fp32_v2 (with ``qsplit``, its default)
+  reads Q the same way: a lane's 16-byte chunk (chunk e = tid + u·threads, row e // (d/4)) by
+  4 scalar ``ld.global.f32`` (split into tf32 hi and lo on the way to shared memory), so each of
+  the 4 loads of a warp touches the 16 sectors of its 32 chunks with 2 elements each (rows past
+  Nq are not read); without ``qsplit`` Q is copied by cp.async as K and V are.  (The sm_90 SASS
+  of its default shapes, d = 64 and 128, has these as 32-bit LDG.E and its O and L stores as
+  32-bit STG.E: no access is widened by the compiler.)  The schedule states each such
+  instruction as a pair of adjacent columns in the sector the kernel touches
+  (:func:`_scalar_pairs`): elements and bytes exact, sectors exact for d % 8 == 0 (rows 32-byte
+  aligned).  bwd_fp32_v2 stores dK and dV, and fwd_fp32_v2 O, an element per sector: one
+  sector per element (fwd_fp32_v2: the store of (u, jj, f) by lane (g, t) is row g (+8) of an
+  m-tile, column 32u + 8t + 4f + jj, so the 32 lanes write 8 rows x 4 sectors, one element
+  each; bwd_fp32_v2: a lane's columns are 8 apart).
 * Reductions: bwd_fp16_v3's ``red.v2`` cover a row's 32 bytes per lane quad (whole rows in all);
   bwd_fp32_v1's ``red.v4`` a row's 32-column chunk per request (rows 4 apart: counted row by
   row); bwd_fp32_v2's ``red.v4`` 16 bytes in each of 4 sectors, two requests a sector.
@@ -45,7 +60,8 @@ What is assumed, and where it is exact:
   consecutive elements) are stated per query head: exact when a head's slice is a whole number
   of sectors (Nq·d·4 bytes a multiple of 32), else a sector two heads share counts twice.
 * Loads are counted by their global addresses.  The kernels load tiles by cp.async (LDGSTS) into
-  shared rows padded by 16 bytes (fp16: d + 8 halves); the H100 record of fwd_fp16_v4 measures
+  padded shared rows (fp16: d + 8 halves; fwd_fp32_v2's Q with ``qsplit`` is the exception,
+  plain loads); the H100 record of fwd_fp16_v4 measures
   exactly 9/8 of this schedule's load sectors at d = 64 on every block shape (144-byte rows for
   128 bytes copied), stores exact: the LSU appears to count LDGSTS by the shared destination's
   sectors (scripts/device/ldgsts_probe.sh measures it; README, "The fast kernels").
@@ -67,22 +83,25 @@ TILING_TEXT = "Br = {block_m}, Bc = {block_n} (the kernel's block shape)"
 DESCRIPTION = ("the fast kernels of kernels/perf (--kernel VARIANT, default the one impl='auto' runs): "
                "their launches, tiles, re-loads and dQ atomics")
 OPTIONS: dict[str, tuple[object, str]] = {
-    "kernel": (None, "fast kernel variant (fwd_fp16_v4, fwd_fp32_v1, bwd_fp16_v1, bwd_fp16_v3, bwd_fp32_v1, "
-                     "bwd_fp32_v2); default: the one kernels.flash_attention(impl='auto') runs for the pass, "
-                     "dtype and d"),
+    "kernel": (None, "fast kernel variant (fwd_fp16_v4, fwd_fp32_v1, fwd_fp32_v2, bwd_fp16_v1, bwd_fp16_v3, "
+                     "bwd_fp32_v1, bwd_fp32_v2; the fp16 ones also take bf16); default: the one "
+                     "kernels.flash_attention(impl='auto') runs for the pass, dtype and d"),
     "config": (None, "block-shape overrides of the kernel's default_config, as the kernels take them "
                      "(e.g. 'nw=1,mt=1,bc=16' or a dict): the tiles follow"),
 }
 
-#: variant -> (pass, dtype)
-VARIANTS = {"fwd_fp16_v4": ("fwd", "fp16"), "fwd_fp32_v1": ("fwd", "fp32"),
+#: variant -> (pass, dtype): the first of the workload dtypes it takes (:data:`DTYPES`)
+VARIANTS = {"fwd_fp16_v4": ("fwd", "fp16"), "fwd_fp32_v1": ("fwd", "fp32"), "fwd_fp32_v2": ("fwd", "fp32"),
             "bwd_fp16_v1": ("bwd", "fp16"), "bwd_fp16_v3": ("bwd", "fp16"),
             "bwd_fp32_v1": ("bwd", "fp32"), "bwd_fp32_v2": ("bwd", "fp32")}
 
+#: variant -> the workload dtypes it takes: the fp16 kernels compile for bf16 too (same tiles,
+#: loads and stores: the same schedule, 2-byte elements)
+DTYPES = {name: ("fp16", "bf16") if dtype == "fp16" else (dtype,) for name, (_, dtype) in VARIANTS.items()}
+
 #: Variants whose every access is stated with the kernel's request pattern (LSU sectors exact;
 #: the fp32 kernels' scalar stores for d % 8 == 0, the fp32 L/D requests for Nq % 8 == 0).
-LSU_EXACT = {"fwd_fp16_v4": True, "fwd_fp32_v1": True, "bwd_fp16_v1": True, "bwd_fp16_v3": True,
-             "bwd_fp32_v1": True, "bwd_fp32_v2": True}
+LSU_EXACT = dict.fromkeys(VARIANTS, True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -96,6 +115,8 @@ def default_config(name: str, d: int) -> dict:
         return dict(bc=64 if d <= 64 else 32, nw=4, mt=2, qreg=True)
     if name == "fwd_fp32_v1":
         return dict(bc=64, nw=4, rm=4, unroll=2, minb=2) if d <= 64 else dict(bc=32, nw=4, rm=4, unroll=2, minb=1)
+    if name == "fwd_fp32_v2":
+        return dict(bc=32, nw=4, mt=2 if d <= 64 else 1, ak=max(1, d // 32), minb=1, qsplit=True)
     if name == "bwd_fp16_v1":
         return dict(bq=64, bk=64, nw=4, mt=1, reg=True) if d <= 64 else dict(bq=32, bk=32, nw=4, mt=1, reg=False)
     if name == "bwd_fp16_v3":
@@ -105,7 +126,7 @@ def default_config(name: str, d: int) -> dict:
         return dict(bc=64, br=64, nw=nw, unroll=2, minb=1, vred=True)
     if name == "bwd_fp32_v2":
         bc, br, nw = (64, 64, 8) if d in (64, 128) else (32, 32, 2)
-        return dict(bc=bc, br=br, nw=nw, minb=1, pipe=False, fuse=False, ak=max(1, d // 32))
+        return dict(bc=bc, br=br, nw=nw, minb=1, ak=max(1, d // 32))
     raise ValueError(f"kernel={name!r}: one of {', '.join(VARIANTS)}")
 
 
@@ -113,7 +134,7 @@ def supports(name: str, dtype: str, d: int) -> bool:
     """``kernels.perf.variant(name).supports`` for a workload dtype ("fp16", "fp32", "bf16")."""
     if name not in VARIANTS:
         raise ValueError(f"kernel={name!r}: one of {', '.join(VARIANTS)}")
-    if dtype != VARIANTS[name][1]:
+    if dtype not in DTYPES[name]:
         return False
     if name in ("fwd_fp16_v4", "bwd_fp16_v1"):
         return d % 8 == 0 and 8 <= d <= 256
@@ -121,13 +142,18 @@ def supports(name: str, dtype: str, d: int) -> bool:
         return d in (32, 64, 128)
     if name in ("fwd_fp32_v1", "bwd_fp32_v1"):
         return d % 4 == 0 and 4 <= d <= 128
+    if name == "fwd_fp32_v2":
+        return d % 32 == 0 and 32 <= d <= 128
     return d in (32, 64, 128)  # bwd_fp32_v2
 
 
-#: kernels.perf.BEST: (pass, dtype) -> (variant, smallest d, largest d) in order of preference.
+#: kernels.perf.BEST: (pass, dtype) -> (variant, smallest d, largest d) in order of preference
+#: (bf16 runs the fp16 kernels, in the fp16 order).
 BEST = {("fwd", "fp16"): (("fwd_fp16_v4", 1, 1 << 30),),
         ("bwd", "fp16"): (("bwd_fp16_v3", 65, 128), ("bwd_fp16_v1", 1, 1 << 30)),
-        ("fwd", "fp32"): (("fwd_fp32_v1", 1, 1 << 30),),
+        ("fwd", "bf16"): (("fwd_fp16_v4", 1, 1 << 30),),
+        ("bwd", "bf16"): (("bwd_fp16_v3", 65, 128), ("bwd_fp16_v1", 1, 1 << 30)),
+        ("fwd", "fp32"): (("fwd_fp32_v2", 32, 128), ("fwd_fp32_v1", 1, 1 << 30)),
         ("bwd", "fp32"): (("bwd_fp32_v2", 32, 128), ("bwd_fp32_v1", 1, 1 << 30))}
 
 
@@ -154,7 +180,7 @@ def variant_for(w: Workload, pass_: str, kernel: str | None = None) -> str:
     name = best(pass_, w.dtype, w.d)
     if name is None:
         raise ValueError(f"dtype={w.dtype!r}, head_dim={w.d}: no fast {pass_} kernel takes it "
-                         "(fp16 d % 8 == 0 up to 256, fp32 d % 4 == 0 up to 128)")
+                         "(fp16 and bf16: d % 8 == 0 up to 256; fp32: d % 4 == 0 up to 128)")
     return name
 
 
@@ -200,6 +226,8 @@ def tiles(name: str, d: int, config=None) -> dict:
         return {"fwd": Tiling(16 * c["nw"] * c["mt"], c["bc"])}
     if name == "fwd_fp32_v1":
         return {"fwd": Tiling(4 * c["rm"] * c["nw"], c["bc"])}
+    if name == "fwd_fp32_v2":
+        return {"fwd": Tiling(16 * c["nw"] * c["mt"], c["bc"])}
     if name == "bwd_fp16_v1":
         rows = 16 * c["nw"] * c["mt"]
         return {"dkdv": Tiling(c["bq"], rows), "dq": Tiling(rows, c["bk"])}
@@ -229,18 +257,27 @@ def _grouped(fn, name, start, size, g):
     return fn(name, c[0], c[1], repeat=c[2])
 
 
-def _scalar_store(name: str, start: np.ndarray, size: np.ndarray, d: int):
-    """fwd_fp32_v1's O store and bwd_fp32_v1's dK, dV stores (see the module docstring): per row,
-    for each of the 4 stores f and each 8-float sector σ of the row, the n = [8σ+f < d] +
-    [8σ+f+4 < d] elements it writes there, stated as the adjacent columns 8σ + 2f .. (+n) of
-    that sector."""
+def _scalar_pairs(fn, name: str, start: np.ndarray, size: np.ndarray, d: int):
+    """``fn`` (read or write) of whole rows by 4 scalar instructions a row chunk, a lane's 4
+    columns 4 apart or adjacent, so that each instruction touches every 8-float sector of the
+    row with 2 of its elements (see the module docstring): fwd_fp32_v1's O store, bwd_fp32_v1's
+    dK, dV stores, fwd_fp32_v2's Q loads (qsplit).  Per row, for each instruction f < 4 and
+    each sector σ, the n = [8σ+f < d] + [8σ+f+4 < d] elements it moves there, stated as the
+    adjacent columns 8σ + 2f .. (+n) of that sector."""
     c = classes(start, size)
     for f in range(4):
         for sig in range(cdiv(d, 8)):
             n = int(8 * sig + f < d) + int(8 * sig + f + 4 < d)
             if n:
                 col0 = 8 * sig + (2 * f if n == 2 else f)
-                yield write(name, c[0], c[1], col0, n, repeat=c[2])
+                yield fn(name, c[0], c[1], col0, n, repeat=c[2])
+
+
+def _per_element(fn, name: str, c, d: int):
+    """``fn`` of the rows of classes ``c``, each element in a sector of its own (a request's lanes
+    8 floats or more apart): column by column."""
+    for col in range(d):
+        yield fn(name, c[0], c[1], col, 1, repeat=c[2])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -255,22 +292,28 @@ def _meta(name, pass_, t: Tiling, extra=None):
 
 def _forward(w: Workload, name: str, config=None) -> Schedule:
     t = tiles(name, w.d, config)["fwd"]
+    qsplit = name == "fwd_fp32_v2" and parse_config(name, w.d, config)["qsplit"]
     q0, qn = block_rows(w.nq, t.block_m)
     k0, kn = block_rows(w.nk, t.block_n)
-    lgroup = 8 if name == "fwd_fp16_v4" else 4
+    lgroup = 4 if name == "fwd_fp32_v1" else 8
     names = ("Q", "K", "V", "O", "L")
 
     def counts():
         _, seen_by = visible_counts(w, t)
         qc = classes(q0, qn)
         kc = classes(k0, kn, seen_by)
-        yield read("Q", qc[0], qc[1], repeat=qc[2])
+        if qsplit:  # fwd_fp32_v2's split_q: 4 scalar loads of a lane's 16-byte chunk, 32 chunks a warp
+            yield from _scalar_pairs(read, "Q", q0, qn, w.d)
+        else:
+            yield read("Q", qc[0], qc[1], repeat=qc[2])
         yield read("K", kc[0], kc[1], repeat=kc[2])
         yield read("V", kc[0], kc[1], repeat=kc[2])
         if name == "fwd_fp16_v4":  # O through shared memory, 16 bytes a thread: whole rows
             yield write("O", qc[0], qc[1], repeat=qc[2])
-        else:
-            yield from _scalar_store("O", q0, qn, w.d)
+        elif name == "fwd_fp32_v1":
+            yield from _scalar_pairs(write, "O", q0, qn, w.d)
+        else:  # fwd_fp32_v2: lanes (g, t) store rows g (+8), columns 32u + 8t + 4f + jj
+            yield from _per_element(write, "O", qc, w.d)
         yield _grouped(write, "L", q0, qn, lgroup)
 
     launch = Launch(name, w.bh, per_query_head_slices(w, names), counts, counts)
@@ -352,7 +395,7 @@ def _key_block(w: Workload, name: str, t: Tiling, slices, dq_red: str | None, co
     block i that sees j: Q_i, dO_i (whole rows), L_i, D_i (:func:`_stat_requests`, by each of
     :func:`key_warps` warps), and, with ``dq_red``, dQ_i reduced into that tensor; dK_j, dV_j
     once.  The fp32 kernels' reductions and dK/dV stores are stated per request: bwd_fp32_v1's
-    red.v4 covers a row's 32-column chunk, its stores :func:`_scalar_store`'s pattern;
+    red.v4 covers a row's 32-column chunk, its stores :func:`_scalar_pairs`'s pattern;
     bwd_fp32_v2's red.v4 16 bytes in each of 4 sectors (two requests a sector), its stores one
     element a sector."""
     q0, qn = block_rows(w.nq, t.block_m)
@@ -388,11 +431,10 @@ def _key_block(w: Workload, name: str, t: Tiling, slices, dq_red: str | None, co
                     yield per_step(reduction, dq_red, q0, qn, sees, col, 4)
         if name == "bwd_fp32_v1":
             for tensor in ("dK", "dV"):
-                yield from _scalar_store(tensor, k0, kn, w.d)
+                yield from _scalar_pairs(write, tensor, k0, kn, w.d)
         elif name == "bwd_fp32_v2":
             for tensor in ("dK", "dV"):
-                for col in range(w.d):
-                    yield write(tensor, kc[0], kc[1], col, 1, repeat=kc[2])
+                yield from _per_element(write, tensor, kc, w.d)
         else:
             yield write("dK", kc[0], kc[1], repeat=kc[2])
             yield write("dV", kc[0], kc[1], repeat=kc[2])
