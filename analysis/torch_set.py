@@ -15,8 +15,13 @@ for the memory-efficient and cuDNN backends ``F.scaled_dot_product_attention`` u
 launch must match, in order, the kernel-name pattern of a schedule launch (the module's
 ``KERNEL_NAMES``), else the comparison is refused naming both lists.  A launch that goes through
 the load/store unit is compared at the LSU level with loads, stores and reductions apart (loads:
-``l1tex__t_bytes_pipe_lsu_mem_global_op_ld`` plus the LDGSTS (``cp.async``) sectors when recorded,
-which FlashAttention-2 uses for its tiles; reductions: the ``op_red`` sectors); a launch with bulk
+``l1tex__t_bytes_pipe_lsu_mem_global_op_ld``, which includes the LDGSTS (``cp.async``) loads: the
+H100 record's fp32 cuBLAS GEMMs load only through LDGSTS and their ``op_ldgsts_cache_access``
+sectors x 32 equal their ``op_ld`` bytes, 100,663,296 and 134,217,728, which also equal the
+schedule's loads; FlashAttention-2's ``cp.async.cg`` tile loads, which bypass L1, record no
+``cache_access`` sectors and their ``op_ld`` equals the schedule's loads, each tile counted once;
+the LDGSTS sectors are reported beside, ``lsu_ldgsts_bytes``; reductions: the ``op_red``
+sectors); a launch with bulk
 (TMA) traffic at the L2 level (``lts__t_sectors_srcunit_tex_op_read``/``write`` against all its
 sectors).  No thread-block model exists for these schedules yet, so no DRAM prediction is made
 (``sim_dram_*`` are NaN).
@@ -158,30 +163,40 @@ def schedule_of(cfg: dict, **options):
 
 
 #: A cuBLAS / CUTLASS GEMM kernel's tile in its name, cuBLAS order (M along C's columns):
-#: ``tilesize128x256x64`` (cuBLAS sm90/sm80 xmma kernels), ``_128x256x64_1x2x1_`` (CUTLASS 3 names:
-#: tile, then cluster), ``sgemm_128x64_`` (SIMT kernels).
-GEMM_TILE = (re.compile(r"tilesize(\d+)x(\d+)"), re.compile(r"_(\d+)x(\d+)x\d+_\d+x\d+x\d+_"),
-             re.compile(r"gemm_(\d+)x(\d+)_"))
+#: ``nvjet_sm90_hsh_128x256_64x4_2x1_`` (cuBLASLt's nvjet kernels: tile M x N, K step x pipeline
+#: stages, cluster M x N), ``tilesize128x256x64`` (cuBLAS sm90/sm80 xmma kernels),
+#: ``_128x256x64_1x2x1_`` (CUTLASS 3 names: tile, then cluster), ``sgemm_128x64_`` (SIMT kernels).
+GEMM_TILE = (re.compile(r"nvjet_sm\d+_[a-z]+_(\d+)x(\d+)_\d+x\d+_(\d+)x(\d+)_"), re.compile(r"tilesize(\d+)x(\d+)"),
+             re.compile(r"_(\d+)x(\d+)x\d+_(\d+)x(\d+)x\d+_"), re.compile(r"gemm_(\d+)x(\d+)_"))
 
 
 def gemm_tile(kernel_name: str) -> str | None:
     """The "MxN" tile in a GEMM kernel's name (:data:`GEMM_TILE`), or None."""
+    shape = gemm_shape(kernel_name)
+    return None if shape is None else shape[0]
+
+
+def gemm_shape(kernel_name: str) -> tuple[str, str] | None:
+    """("MxN" tile, "MxN" cluster) of a GEMM kernel's name (:data:`GEMM_TILE`; cluster "1x1" where
+    the name has none), or None.  ``nvjet_sm90_hsh_128x256_64x4_2x1_v_bz_coopA_TNN``: tile 128 x
+    256, K step 64 in 4 stages, clusters of 2 x 1 tiles."""
     for pat in GEMM_TILE:
         m = pat.search(kernel_name)
         if m:
-            return f"{m.group(1)}x{m.group(2)}"
+            g = m.groups()
+            return f"{g[0]}x{g[1]}", (f"{g[2]}x{g[3]}" if len(g) == 4 else "1x1")
     return None
 
 
 def _options_from_names(cfg: dict, sched, measured: list[dict]) -> dict:
-    """Schedule options read off the measured kernel names: torch_naive's GEMM tiles."""
+    """Schedule options read off the measured kernel names: torch_naive's GEMM tiles and clusters."""
     if cfg["kernel"] != "torch_naive":
         return {}
     from flashsim.algorithms.torch_naive import GEMMS, OPTIONS
 
-    tiles = [gemm_tile(str(r.get("kernel_name", ""))) or OPTIONS["gemm_tiles"][0]
-             for r, ln in zip(measured, sched.launches) if ln.name in GEMMS]
-    return {"gemm_tiles": ",".join(tiles)}
+    shapes = [gemm_shape(str(r.get("kernel_name", ""))) or (OPTIONS["gemm_tiles"][0], "1x1")
+              for r, ln in zip(measured, sched.launches) if ln.name in GEMMS]
+    return {"gemm_tiles": ",".join(t for t, _ in shapes), "gemm_clusters": ",".join(c for _, c in shapes)}
 
 
 def kernel_patterns(cfg: dict, sched) -> list[str]:
@@ -238,11 +253,12 @@ def records(cid: str, launches: list[dict]) -> list[dict]:
         bulk_rd = sum(t.sectors for (_, k), t in c.breakdown.items() if k == "bulk_read")
         bulk_wr = sum(t.sectors for (_, k), t in c.breakdown.items() if k == "bulk_write")
         rec = dict(r)
-        ldgsts = (_opt(r, "lsu_ldgsts_access_sectors") or 0) + (_opt(r, "lsu_ldgsts_bypass_sectors") or 0)
+        ldgsts = [_opt(r, k) for k in ("lsu_ldgsts_access_sectors", "lsu_ldgsts_bypass_sectors")]
         red = _opt(r, "lsu_red_sectors")
         rec.update({
             "sim_launch": name, "level": "l2" if bulk else "lsu",
-            "lsu_ld_bytes_with_ldgsts": r["lsu_ld_bytes"] + ldgsts * SECTOR_BYTES,
+            # op_ld includes the LDGSTS (cp.async) sectors: reported beside it, not added (module docstring)
+            "lsu_ldgsts_bytes": None if ldgsts == [None, None] else sum(x or 0 for x in ldgsts) * SECTOR_BYTES,
             "sim_lsu_ld_bytes": (c.read_sectors or 0) * SECTOR_BYTES,
             "sim_lsu_st_bytes": (c.write_sectors or 0) * SECTOR_BYTES,
             "sim_lsu_red_bytes": (cls["reduction"].sectors or 0) * SECTOR_BYTES,
@@ -254,10 +270,10 @@ def records(cid: str, launches: list[dict]) -> list[dict]:
             "dram_err": math.nan, "dram_read_err": math.nan, "dram_write_err": math.nan,
             "dram_write_timed_err": math.nan, "sim_dram_write_timed_bytes": math.nan,
         })
-        rec["lsu_ld_err"] = _rel(rec["lsu_ld_bytes_with_ldgsts"], rec["sim_lsu_ld_bytes"])
+        rec["lsu_ld_err"] = _rel(r["lsu_ld_bytes"], rec["sim_lsu_ld_bytes"])
         rec["lsu_st_err"] = _rel(r["lsu_st_bytes"], rec["sim_lsu_st_bytes"])
         rec["lsu_red_err"] = (math.nan if red is None else _rel(rec["lsu_red_bytes"], rec["sim_lsu_red_bytes"]))
-        rec["lsu_ld_residual_bytes"] = rec["lsu_ld_bytes_with_ldgsts"] - rec["sim_lsu_ld_bytes"]
+        rec["lsu_ld_residual_bytes"] = r["lsu_ld_bytes"] - rec["sim_lsu_ld_bytes"]
         rec["lsu_st_residual_bytes"] = r["lsu_st_bytes"] - rec["sim_lsu_st_bytes"]
         rec["l2_err"] = _rel(r["l2_read_sectors"] + r["l2_write_sectors"],
                              rec["sim_l2_read_sectors"] + rec["sim_l2_write_sectors"])
@@ -265,7 +281,7 @@ def records(cid: str, launches: list[dict]) -> list[dict]:
             meas = (r["l2_read_sectors"] + r["l2_write_sectors"]) * SECTOR_BYTES
             sim = (rec["sim_l2_read_sectors"] + rec["sim_l2_write_sectors"]) * SECTOR_BYTES
         else:
-            meas = rec["lsu_ld_bytes_with_ldgsts"] + r["lsu_st_bytes"] + (rec["lsu_red_bytes"] or 0)
+            meas = r["lsu_ld_bytes"] + r["lsu_st_bytes"] + (rec["lsu_red_bytes"] or 0)
             sim = (rec["sim_lsu_ld_bytes"] + rec["sim_lsu_st_bytes"]
                    + (rec["sim_lsu_red_bytes"] if red is not None else 0))
         rec["lsu_compared_bytes"], rec["sim_lsu_compared_bytes"] = meas, sim
@@ -299,4 +315,4 @@ def summary(records: list[dict]) -> dict:
 
 
 __all__ = ["TORCH_KERNELS", "summary", "torch_set", "make_call", "records", "match_launches", "schedule_of",
-           "gemm_tile", "naive"]
+           "gemm_tile", "gemm_shape", "naive"]

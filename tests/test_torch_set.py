@@ -60,8 +60,8 @@ def test_worker_calls_on_meta_device():
 
 
 def _measured_rows(cfg, names=None, scale=1.0):
-    """Rows of a record whose metrics are the walker's own sectors (loads in op_ld + LDGSTS split
-    half and half, reductions in op_red)."""
+    """Rows of a record whose metrics are the walker's own sectors (loads in op_ld, which includes
+    the LDGSTS sectors, also recorded apart; reductions in op_red)."""
     sched = schedule_of(cfg, **({"gemm_tiles": "128x256"} if cfg["kernel"] == "torch_naive" else {}))
     io = walk(sched)
     rows = []
@@ -72,11 +72,11 @@ def _measured_rows(cfg, names=None, scale=1.0):
                 for dr in ("bulk_read", "bulk_write")}
         row = {"config_id": config_id(cfg), "launch_index": k, **{f: cfg.get(f) for f in CONFIG_FIELDS},
                "kernel_name": (names or NAMES)[name], "grid": "", "block": ""}
-        row.update({"lsu_ld_bytes": (ld // 2) * SECTOR_BYTES, "lsu_st_bytes": (c.write_sectors or 0) * SECTOR_BYTES,
+        row.update({"lsu_ld_bytes": ld * SECTOR_BYTES, "lsu_st_bytes": (c.write_sectors or 0) * SECTOR_BYTES,
                     "l2_read_sectors": int(((c.read_sectors or 0) + bulk["bulk_read"]) * scale),
                     "l2_write_sectors": (c.write_sectors or 0) + bulk["bulk_write"],
                     "dram_read_bytes": 0, "dram_write_bytes": 0, "time_ns": 1000.0,
-                    "lsu_red_sectors": red, "lsu_ldgsts_bypass_sectors": ld - ld // 2})
+                    "lsu_red_sectors": red, "lsu_ldgsts_bypass_sectors": ld})
         rows.append(row)
     return rows
 

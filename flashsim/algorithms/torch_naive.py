@@ -15,18 +15,18 @@ and ``torch.autograd.grad(o, (q, k, v), do)`` for the backward.  Launch by launc
     forward                                   reads            writes
     scale        q * τ (elementwise)          Q                Qs
     gemm_qk      Qs Kᵀ                        Qs, K (tiles)    S
-    [causal: ones (fill), tril, bitwise_not (~mask), clone of S, masked_fill_ of the clone]
+    [causal: ones (fill), tril, bitwise_not (~mask), masked_fill (out of place, one kernel: S in, Sm out)]
     softmax      softmax over the last dim    S (or Sm)        P
     gemm_pv      P V                          P, V (tiles)     O
 
-    backward (autograd order)
-    gemm_dp      dP = dO Vᵀ                   dO, V            dP
+    backward (autograd's order, as the H100 record shows it: each bmm's second operand first)
     gemm_dv      dV = Pᵀ dO                   P, dO            dV
+    gemm_dp      dP = dO Vᵀ                   dO, V            dP
     softmax_mul  T = dP ∘ P (softmax_backward_cuda_out multiplies first)     dP, P     T
     softmax_bwd  dS = T − P·rowsum(T)         T, P             dS
-    [causal: masked_fill backward: clone of dS, masked_fill_ (mask read per head)]
-    gemm_dq      dQs = dS K                   dS, K            dQs
+    [causal: masked_fill backward, out of place: dS and the mask (read per head) in, dSm out]
     gemm_dk      (dKᵀ) = Qsᵀ dS               Qs, dS           dKT
+    gemm_dq      dQs = dS K                   dS, K            dQs
     scale_bwd    dQ = dQs ∘ τ                 dQs              dQ
 
 The softmax kernels read each row once: ``host_softmax`` runs the persistent warp softmax up to
@@ -35,8 +35,9 @@ The softmax kernels read each row once: ``host_softmax`` runs the persistent war
 ``softmax_warp_backward`` (N = 1,024 here) and ``cunn_SoftMaxBackwardSmem`` read T and P once
 each (the multi-pass ``cunn_SoftMaxForward``/``Backward`` and the ``Gmem`` kernels, for rows
 too long for these, are not modelled); elementwise kernels read and
-write whole tensors; the mask kernels move 1-byte booleans; ``masked_fill_`` reads its input and
-the (broadcast) mask for every element of every head.  ``triu_tril_kernel`` (bool: 8 elements a
+write whole tensors; the mask kernels move 1-byte booleans; ``masked_fill`` reads its input and
+the (broadcast) mask for every element of every head (an upper bound: on the H100 the kernel
+reads only 83-86% of its input's sectors, see the README).  ``triu_tril_kernel`` (bool: 8 elements a
 thread, ``elements_per_thread = 8 / sizeof``) gives thread t the 8 bytes [8t, 8t + 8) of a row and
 moves them one byte per instruction (the stride is a run-time value): at each of its 8 steps a warp
 asks for 32 bytes spread over 256, so every step touches all the sectors of the warp's span.  Its
@@ -52,9 +53,13 @@ columns of C.  Each output tile loads its band of A (all of the reduction dimens
 B once: A is read ⌈N/m⌉ times, B ⌈M/n⌉ times, C written once.  ``gemm_tiles`` (an option, cuBLAS
 order "MxN", one for all GEMMs or one per GEMM launch in order) sets them; the default 128x128 is a
 placeholder, not cuBLAS's choice: ``analysis/torch_set.py`` reads each measured GEMM's tile from
-its kernel name.  fp16/bf16 GEMMs on sm_90 load through TMA: their traffic is class ``bulk``
-(counted at the L2 level; 0 LSU bytes), a bulk estimate that ignores TMA multicast within a
-cluster.  fp32 GEMMs (TF32 off) run sm80-style kernels that load through the LSU: class ``load``.
+its kernel name.  fp16/bf16 GEMMs on sm_90 (cuBLASLt's ``nvjet`` kernels in torch 2.11) load
+through TMA: their traffic is class ``bulk`` (counted at the L2 level; 0 LSU bytes).  They run in
+thread-block clusters (``nvjet_sm90_hsh_64x128_64x8_1x2_``: tile 64 x 128, K step 64 x 8 stages,
+clusters of 1 x 2 tiles, cuBLAS order): the tiles of a cluster that share a band of an operand
+receive it by TMA multicast, one read for the cluster (``gemm_clusters``, same order and format
+as ``gemm_tiles``), so A is read ⌈⌈N/m⌉/cm⌉ times and B ⌈⌈M/n⌉/cn⌉ times.  fp32 GEMMs (TF32 off)
+run sm80-style kernels without clusters that load through the LSU (``cp.async``): class ``load``.
 """
 
 from __future__ import annotations
@@ -74,43 +79,48 @@ DESCRIPTION = "eager naive attention in PyTorch (scale, GEMM, mask, softmax, GEM
 OPTIONS: dict[str, tuple[object, str]] = {
     "gemm_tiles": ("128x128", "cuBLAS GEMM tile(s), cuBLAS order MxN (M along C's columns): one for all GEMMs "
                               "or a comma-separated list, one per GEMM launch"),
+    "gemm_clusters": ("1x1", "thread-block cluster(s) of the TMA GEMMs, cuBLAS order MxN (tiles along C's columns x "
+                             "along its rows), one for all or one per GEMM launch: an operand band shared by a "
+                             "cluster's tiles is multicast, read once"),
 }
 FLOPS_AS = "standard"
 
 #: ncu kernel-name pattern of each launch
 KERNEL_NAMES = {
     "scale": r"elementwise_kernel", "scale_bwd": r"elementwise_kernel",
-    "gemm_qk": r"gemm|xmma|cutlass", "gemm_pv": r"gemm|xmma|cutlass", "gemm_dp": r"gemm|xmma|cutlass",
-    "gemm_dv": r"gemm|xmma|cutlass", "gemm_dq": r"gemm|xmma|cutlass", "gemm_dk": r"gemm|xmma|cutlass",
+    "gemm_qk": r"gemm|xmma|cutlass|nvjet", "gemm_pv": r"gemm|xmma|cutlass|nvjet", "gemm_dp": r"gemm|xmma|cutlass|nvjet",
+    "gemm_dv": r"gemm|xmma|cutlass|nvjet", "gemm_dq": r"gemm|xmma|cutlass|nvjet", "gemm_dk": r"gemm|xmma|cutlass|nvjet",
     "mask_ones": r"elementwise_kernel|fill", "mask_tril": r"triu_tril", "mask_not": r"elementwise_kernel",
-    "mask_clone": r"elementwise_kernel|copy", "masked_fill": r"elementwise_kernel|masked_fill",
+    "masked_fill": r"masked_fill",
     "softmax": r"softmax|SoftMax", "softmax_mul": r"elementwise_kernel", "softmax_bwd": r"softmax|SoftMax",
-    "mask_bwd_clone": r"elementwise_kernel|copy", "mask_bwd_fill": r"elementwise_kernel|masked_fill",
+    "mask_bwd_fill": r"masked_fill",
 }
 GEMMS = ("gemm_qk", "gemm_pv", "gemm_dp", "gemm_dv", "gemm_dq", "gemm_dk")
 
 
-def parse_tiles(spec, count: int) -> list[tuple[int, int]]:
-    """``gemm_tiles`` as ``count`` (rows, cols) tiles of C (cuBLAS MxN = cols x rows)."""
+def parse_tiles(spec, count: int, what: str = "gemm_tiles") -> list[tuple[int, int]]:
+    """``gemm_tiles`` (or ``gemm_clusters``, ``what``) as ``count`` (rows, cols) pairs of C (cuBLAS
+    MxN = cols x rows)."""
     items = [spec] if isinstance(spec, tuple) else str(spec).split(",")
     out = []
     for it in items:
         m = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*", it) if isinstance(it, str) else None
         if m is None or int(m.group(1)) < 1 or int(m.group(2)) < 1:
-            raise ValueError(f"gemm_tiles={spec!r}: each tile is MxN with positive integers, e.g. '128x256'")
+            raise ValueError(f"{what}={spec!r}: each item is MxN with positive integers, e.g. '128x256'")
         out.append((int(m.group(2)), int(m.group(1))))
     if len(out) == 1:
         out *= count
     if len(out) != count:
-        raise ValueError(f"gemm_tiles={spec!r}: give one tile or {count} (one per GEMM launch), not {len(out)}")
+        raise ValueError(f"{what}={spec!r}: give one item or {count} (one per GEMM launch), not {len(out)}")
     return out
 
 
-def _options(options: dict) -> str:
+def _options(options: dict) -> tuple[str, str]:
     extra = sorted(set(options) - set(OPTIONS))
     if extra:
         raise ValueError(f"options={extra}: torch_naive takes only {sorted(OPTIONS)}")
-    return options.get("gemm_tiles", OPTIONS["gemm_tiles"][0])
+    return (options.get("gemm_tiles", OPTIONS["gemm_tiles"][0]),
+            options.get("gemm_clusters", OPTIONS["gemm_clusters"][0]))
 
 
 def _check(w: Workload) -> None:
@@ -129,12 +139,16 @@ class _Gemm:
     ``a = (tensor, "rows")``: A's rows are the tensor's rows (K = its columns); ``(tensor, "cols")``:
     A = tensorᵀ (A's rows are its columns, K = its rows).  ``b = (tensor, "rows")``: B = tensorᵀ
     (C's columns are its rows); ``(tensor, "cols")``: C's columns are its columns (K = its rows).
+    ``cr`` x ``cc``: the thread-block cluster (tiles along C's rows x along its columns); a band
+    of A is shared by the cc tiles of a cluster row and multicast (read once for them), a band of
+    B by the cr tiles of a cluster column; a partial cluster at the edge still reads once.
     """
 
-    def __init__(self, m, n, k, a, b, c, tm, tn, bulk):
+    def __init__(self, m, n, k, a, b, c, tm, tn, bulk, cr=1, cc=1):
         self.m, self.n, self.k, self.a, self.b, self.c, self.bulk = m, n, k, a, b, c, bulk
         self.r0, self.rn = block_rows(m, tm)
         self.c0, self.cn = block_rows(n, tn)
+        self.cr, self.cc = cr, cc
 
     def _band(self, spec, starts, sizes, rows_of_k, weight):
         t, how = spec
@@ -143,11 +157,15 @@ class _Gemm:
             return rd(t, starts, sizes, repeat=weight)
         return rd(t, 0, rows_of_k, starts, sizes, repeat=weight)
 
+    def _loads(self) -> tuple[int, int]:
+        """How many times each band of A and of B is read: ⌈column tiles / cc⌉, ⌈row tiles / cr⌉."""
+        return cdiv(len(self.c0), self.cc), cdiv(len(self.r0), self.cr)
+
     def counts(self):
-        tm_, tn_ = len(self.r0), len(self.c0)
+        na, nb = self._loads()
         rc, cc = classes(self.r0, self.rn), classes(self.c0, self.cn)
-        yield self._band(self.a, rc[0], rc[1], self.k, rc[2] * tn_)
-        yield self._band(self.b, cc[0], cc[1], self.k, cc[2] * tm_)
+        yield self._band(self.a, rc[0], rc[1], self.k, rc[2] * na)
+        yield self._band(self.b, cc[0], cc[1], self.k, cc[2] * nb)
         wr = bulk_write if self.bulk else write
         yield wr(self.c, rc[0][:, None], rc[1][:, None], cc[0][None, :], cc[1][None, :],
                  repeat=rc[2][:, None] * cc[2][None, :])
@@ -156,19 +174,21 @@ class _Gemm:
         wr = bulk_write if self.bulk else write
         for i in range(len(self.r0)):
             for j in range(len(self.c0)):
-                yield self._band(self.a, self.r0[i], self.rn[i], self.k, 1)
-                yield self._band(self.b, self.c0[j], self.cn[j], self.k, 1)
+                if j % self.cc == 0:  # the first tile of its cluster row loads (multicasts) A's band
+                    yield self._band(self.a, self.r0[i], self.rn[i], self.k, 1)
+                if i % self.cr == 0:
+                    yield self._band(self.b, self.c0[j], self.cn[j], self.k, 1)
                 yield wr(self.c, self.r0[i], self.rn[i], self.c0[j], self.cn[j])
 
     def elements(self) -> dict[tuple[str, str], int]:
-        """The same counts by formula: A read ⌈N/tn⌉ times, B ⌈M/tm⌉ times, C once."""
-        tm_, tn_ = len(self.r0), len(self.c0)
+        """The same counts by formula: A read ⌈(N/tn)/cc⌉ times, B ⌈(M/tm)/cr⌉ times, C once."""
+        na, nb = self._loads()
         rk, wk = ("bulk_read", "bulk_write") if self.bulk else ("read", "write")
-        return {(self.a[0], rk): tn_ * self.m * self.k, (self.b[0], rk): tm_ * self.n * self.k,
+        return {(self.a[0], rk): na * self.m * self.k, (self.b[0], rk): nb * self.n * self.k,
                 (self.c, wk): self.m * self.n}
 
 
-def _parts(w: Workload, pass_: str, tiles: str):
+def _parts(w: Workload, pass_: str, tiles: str, clusters: str = "1x1"):
     """(tensors, [(launch name, kind, payload)]) of a pass: kind "gemm" (a _Gemm), "ew" (reads,
     writes: whole tensors) or "tril"."""
     eb = w.elem_bytes
@@ -192,30 +212,29 @@ def _parts(w: Workload, pass_: str, tiles: str):
     parts = []
     causal = w.causal
     if pass_ == "fwd":
-        tl = parse_tiles(tiles, 2)
+        tl, cl = parse_tiles(tiles, 2), parse_tiles(clusters, 2, "gemm_clusters")
         parts.append(("scale", "ew", (["Q"], ["Qs"])))
-        parts.append(("gemm_qk", "gemm", _Gemm(nq, nk, d, ("Qs", "rows"), ("K", "rows"), "S", *tl[0], bulk)))
+        parts.append(("gemm_qk", "gemm", _Gemm(nq, nk, d, ("Qs", "rows"), ("K", "rows"), "S", *tl[0], bulk, *cl[0])))
         s = "S"
-        if causal:
+        if causal:  # masked_fill out of place: one kernel reads S and the mask, writes Sm (no clone)
             parts += [("mask_ones", "ew", ([], ["Mask1"])), ("mask_tril", "tril", None),
-                      ("mask_not", "ew", (["Mask"], ["NotMask"])), ("mask_clone", "ew", (["S"], ["Sm"])),
-                      ("masked_fill", "ew", (["Sm", "NotMask"], ["Sm"]))]
+                      ("mask_not", "ew", (["Mask"], ["NotMask"])),
+                      ("masked_fill", "ew", (["S", "NotMask"], ["Sm"]))]
             s = "Sm"
         parts.append(("softmax", "ew", ([s], ["P"])))
-        parts.append(("gemm_pv", "gemm", _Gemm(nq, d, nk, ("P", "rows"), ("V", "cols"), "O", *tl[1], bulk)))
-    else:
-        tl = parse_tiles(tiles, 4)
-        parts.append(("gemm_dp", "gemm", _Gemm(nq, nk, d, ("dO", "rows"), ("V", "rows"), "dP", *tl[0], bulk)))
-        parts.append(("gemm_dv", "gemm", _Gemm(nk, d, nq, ("P", "cols"), ("dO", "cols"), "dV", *tl[1], bulk)))
+        parts.append(("gemm_pv", "gemm", _Gemm(nq, d, nk, ("P", "rows"), ("V", "cols"), "O", *tl[1], bulk, *cl[1])))
+    else:  # autograd's order: each matmul's second operand's gradient first
+        tl, cl = parse_tiles(tiles, 4), parse_tiles(clusters, 4, "gemm_clusters")
+        parts.append(("gemm_dv", "gemm", _Gemm(nk, d, nq, ("P", "cols"), ("dO", "cols"), "dV", *tl[0], bulk, *cl[0])))
+        parts.append(("gemm_dp", "gemm", _Gemm(nq, nk, d, ("dO", "rows"), ("V", "rows"), "dP", *tl[1], bulk, *cl[1])))
         parts.append(("softmax_mul", "ew", (["dP", "P"], ["T"])))
         parts.append(("softmax_bwd", "ew", (["T", "P"], ["dS"])))
         ds = "dS"
-        if causal:
-            parts += [("mask_bwd_clone", "ew", (["dS"], ["dSm"])),
-                      ("mask_bwd_fill", "ew", (["dSm", "NotMask"], ["dSm"]))]
+        if causal:  # masked_fill's backward, out of place: reads dS and the mask, writes dSm
+            parts.append(("mask_bwd_fill", "ew", (["dS", "NotMask"], ["dSm"])))
             ds = "dSm"
-        parts.append(("gemm_dq", "gemm", _Gemm(nq, d, nk, (ds, "rows"), ("K", "cols"), "dQs", *tl[2], bulk)))
-        parts.append(("gemm_dk", "gemm", _Gemm(d, nk, nq, ("Qs", "cols"), (ds, "cols"), "dKT", *tl[3], bulk)))
+        parts.append(("gemm_dk", "gemm", _Gemm(d, nk, nq, ("Qs", "cols"), (ds, "cols"), "dKT", *tl[2], bulk, *cl[2])))
+        parts.append(("gemm_dq", "gemm", _Gemm(nq, d, nk, (ds, "rows"), ("K", "cols"), "dQs", *tl[3], bulk, *cl[3])))
         parts.append(("scale_bwd", "ew", (["dQs"], ["dQ"])))
     used = set()
     for _, kind, p in parts:
@@ -251,12 +270,12 @@ def _warp_pieces(w: Workload, chunks: np.ndarray) -> tuple[np.ndarray, np.ndarra
 
 
 def schedule(w: Workload, tiling: Tiling | None, pass_: str, **options) -> Schedule:
-    tiles = _options(options)
+    tiles, clusters = _options(options)
     _check(w)
     if pass_ not in PASSES:
         raise ValueError(f"pass_={pass_!r}: not modelled")
     check_programs(w.bh, "batch*heads")
-    tensors, parts = _parts(w, pass_, tiles)
+    tensors, parts = _parts(w, pass_, tiles, clusters)
     slices = {n: (np.zeros(w.bh, dtype=np.int64) if tensors[n].slices == 1 else np.arange(w.bh, dtype=np.int64))
               for n in tensors}
     launches = []
@@ -279,15 +298,16 @@ def schedule(w: Workload, tiling: Tiling | None, pass_: str, **options) -> Sched
                 yield write("Mask", r0, rn, 0, 8, per_thread_rows=True)
             launches.append(Launch(name, 1, {n: s[:1] for n, s in slices.items()}, tril))
     return Schedule("torch_naive", tensors, launches,
-                    {"pass": pass_, "gemm_tiles": tiles, "kernels": [KERNEL_NAMES[ln.name] for ln in launches]})
+                    {"pass": pass_, "gemm_tiles": tiles, "gemm_clusters": clusters,
+                     "kernels": [KERNEL_NAMES[ln.name] for ln in launches]})
 
 
 def closed_form(w: Workload, tiling: Tiling | None, pass_: str, **options) -> dict[tuple[str, str], int]:
-    tiles = _options(options)
+    tiles, clusters = _options(options)
     _check(w)
     if pass_ not in PASSES:
         raise ValueError(f"pass_={pass_!r}: not modelled")
-    tensors, parts = _parts(w, pass_, tiles)
+    tensors, parts = _parts(w, pass_, tiles, clusters)
     out: dict[tuple[str, str], int] = {}
 
     def add(k, n):
