@@ -235,8 +235,9 @@ def records(cid: str, launches: list[dict]) -> list[dict]:
     """One comparison record per measured launch of a torch configuration (see the module
     docstring); the keys of :func:`analysis.compare.compare`'s records, plus ``level`` ("lsu" or
     "l2"), the reductions (``lsu_red_bytes``, ``sim_lsu_red_bytes``, ``lsu_red_err``), the L2
-    sectors (``sim_l2_read_sectors``, ``sim_l2_write_sectors``, ``l2_err``) and the two totals
-    ``lsu_err`` compares (``lsu_compared_bytes``, ``sim_lsu_compared_bytes``: loads with LDGSTS,
+    sectors (``sim_l2_read_sectors``, ``sim_l2_write_sectors``, ``l2_err`` of their sum,
+    ``l2_read_err``, ``l2_write_err``), the LDGSTS bytes (``lsu_ldgsts_bytes``) and the two totals
+    ``lsu_err`` compares (``lsu_compared_bytes``, ``sim_lsu_compared_bytes``: loads (LDGSTS included),
     stores and, when recorded, reductions at the LSU level; all L2 sectors x 32 for a launch with
     bulk traffic)."""
     cfg = launches[0]
@@ -277,6 +278,8 @@ def records(cid: str, launches: list[dict]) -> list[dict]:
         rec["lsu_st_residual_bytes"] = r["lsu_st_bytes"] - rec["sim_lsu_st_bytes"]
         rec["l2_err"] = _rel(r["l2_read_sectors"] + r["l2_write_sectors"],
                              rec["sim_l2_read_sectors"] + rec["sim_l2_write_sectors"])
+        rec["l2_read_err"] = _rel(r["l2_read_sectors"], rec["sim_l2_read_sectors"])
+        rec["l2_write_err"] = _rel(r["l2_write_sectors"], rec["sim_l2_write_sectors"])
         if bulk:  # compared at the L2 level
             meas = (r["l2_read_sectors"] + r["l2_write_sectors"]) * SECTOR_BYTES
             sim = (rec["sim_l2_read_sectors"] + rec["sim_l2_write_sectors"]) * SECTOR_BYTES
@@ -314,5 +317,63 @@ def summary(records: list[dict]) -> dict:
             "torch_l2_within": sum(abs(r["l2_err"]) <= L2_TOLERANCE for r in l2)}
 
 
+def family_table(records: list[dict]) -> str:
+    """A markdown table of PyTorch's launches by family (kernel, schedule launch, level): how many
+    launches, how many agree (LSU: to the byte, loads, stores and reductions apart; L2: within
+    :data:`L2_TOLERANCE`), the measured and simulated bytes summed over the family and the worst
+    errors (LSU: loads, stores, reductions; L2: read and write sectors).  ``records``: those of
+    :func:`records`, or the rows of ``compare_launches.csv`` (numbers as text)."""
+    def num(v):
+        if v is None or v == "" or v == "None":
+            return None
+        return float(v)
+
+    def worst(rs, key):
+        vals = [num(r.get(key)) for r in rs]
+        vals = [v for v in vals if v is not None and math.isfinite(v)]
+        return max(vals, key=abs) if vals else None
+
+    fams: dict[tuple, list[dict]] = {}
+    for r in records:
+        if r.get("level") not in ("lsu", "l2"):
+            continue
+        fams.setdefault((r["kernel"], r["pass"], r["sim_launch"], r["level"]), []).append(r)
+    out = ["| kernel | pass | launch | level | launches | agree | measured MB | simulated MB | worst errors |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for (kernel, pass_, launch, level), rs in fams.items():
+        meas = sum(num(r["lsu_compared_bytes"]) for r in rs)
+        sim = sum(num(r["sim_lsu_compared_bytes"]) for r in rs)
+        if level == "lsu":
+            ok = sum(num(r["lsu_ld_residual_bytes"]) == 0 and num(r["lsu_st_residual_bytes"]) == 0
+                     and (num(r.get("lsu_red_bytes")) in (None, num(r["sim_lsu_red_bytes"]))) for r in rs)
+            errs = [("ld", worst(rs, "lsu_ld_err")), ("st", worst(rs, "lsu_st_err")), ("red", worst(rs, "lsu_red_err"))]
+        else:
+            ok = sum(abs(num(r["l2_err"])) <= L2_TOLERANCE for r in rs)
+            errs = [("L2", worst(rs, "l2_err")), ("rd", worst(rs, "l2_read_err")), ("wr", worst(rs, "l2_write_err"))]
+        reds = any((num(r["sim_lsu_red_bytes"]) or 0) > 0 for r in rs)
+        txt = ", ".join(f"{k} {100 * v:+.2f}%" for k, v in errs if v is not None and (reds or k != "red"))
+        out.append(f"| {kernel} | {pass_} | {launch} | {level.upper()} | {len(rs)} | {ok} | {meas / 1e6:,.2f} | "
+                   f"{sim / 1e6:,.2f} | {txt} |")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    """``python -m analysis.torch_set COMPARE_LAUNCHES_CSV``: print :func:`family_table` of a
+    comparison's launches (the README's table)."""
+    import argparse
+    import csv
+
+    ap = argparse.ArgumentParser(prog="python -m analysis.torch_set", description=main.__doc__)
+    ap.add_argument("launches", help="compare_launches.csv written by flashsim compare --out")
+    a = ap.parse_args(argv)
+    with open(a.launches, newline="") as f:
+        print(family_table(list(csv.DictReader(f))))
+    return 0
+
+
 __all__ = ["TORCH_KERNELS", "summary", "torch_set", "make_call", "records", "match_launches", "schedule_of",
-           "gemm_tile", "gemm_shape", "naive"]
+           "gemm_tile", "gemm_shape", "naive", "family_table"]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
