@@ -153,20 +153,30 @@ def test_naive_fwd_by_hand():
 
 
 def test_naive_causal_mask_by_hand():
-    # 2 heads, N = 256.  ones: 256 x 256 booleans once (2,048 sectors).  tril(0): thread t of a row
-    # (one warp per row: 32 chunks of 8 bytes) loads its chunk, one byte per step for 8 steps, when
-    # 8t <= r: a_r = ⌊r/8⌋ + 1 threads, 8·a_r bytes, Σ_r = 8·8·(1 + ... + 32) = 33,792; a step of
-    # n threads spans 8n bytes from the row's (aligned) start: ⌈n/4⌉ sectors, 8 steps a row, so
-    # Σ_r 8⌈a_r/4⌉ = 8·8·4·(1 + ... + 8) = 9,216 sectors.  Its stores: every thread, 8 steps of 8
-    # sectors, 64 a row: 16,384 sectors for 65,536 bytes (8x the 2,048 of a coalesced store).
-    # masked_fill (out of place, one kernel: no clone) reads S and the mask once per head, writes Sm.
-    io = walk(build_schedule(wl(256, 64, heads=2, causal=True), "torch_naive", "fwd"))
+    # 2 heads, N = 512, fp16.  ones: 512 x 512 booleans once (8,192 sectors).  tril(0): a row is 64
+    # chunks of 8 bytes, two warps; thread t loads its chunk, one byte per step for 8 steps, when
+    # 8t <= r: a_r = ⌊r/8⌋ + 1 threads (each a = 1 .. 64 for 8 rows), 8·a_r bytes, Σ_r =
+    # 8·8·(1 + ... + 64) = 133,120; a step of a warp piece of n threads spans 8n bytes from an
+    # aligned start: ⌈n/4⌉ sectors, 8 steps, pieces min(a, 32) and a - 32: Σ_a (⌈min(a,32)/4⌉ +
+    # ⌈max(a-32,0)/4⌉) = 144 + (32·8 + 144) = 544, x 8 rows x 8 steps = 34,816 sectors.  Its stores:
+    # every thread, 8 steps of 8 sectors a warp, 128 a row: 65,536 sectors for 262,144 bytes (8x).
+    # masked_fill_ of the clone Sm (the clone a memcpy, no launch), elementwise_kernel<128, 4>: a
+    # block of 512 elements is one row here; its iterations 0-2 (columns 0-383) load Sm whatever
+    # the mask, 24 sectors a row: 196,608 elements, 12,288 sectors a head; iteration 3 (columns
+    # 384-511) only where kept (col <= r): rows 384 .. 511 load 1 .. 128 elements from an aligned
+    # start, Σ = 8,256 elements, Σ ⌈n/16⌉ = 16·(1 + ... + 8) = 576 sectors.  The mask is read per
+    # head; Sm written whole.
+    io = walk(build_schedule(wl(512, 64, heads=2, causal=True), "torch_naive", "fwd"))
     names = list(io.per_launch)
     assert names == ["scale", "gemm_qk", "mask_ones", "mask_tril", "mask_not", "masked_fill", "softmax", "gemm_pv"]
-    assert key(io, "mask_ones") == {("Mask1", "write"): (65536, 2048)}
-    assert key(io, "mask_tril") == {("Mask", "write"): (65536, 16384), ("Mask1", "read"): (33792, 9216)}
-    assert key(io, "masked_fill") == {("NotMask", "read"): (2 * 65536, 2 * 2048), ("S", "read"): (2 * 65536, 2 * 4096),
-                                      ("Sm", "write"): (2 * 65536, 2 * 4096)}
+    assert key(io, "mask_ones") == {("Mask1", "write"): (262144, 8192)}
+    assert key(io, "mask_tril") == {("Mask", "write"): (262144, 65536), ("Mask1", "read"): (133120, 34816)}
+    assert key(io, "masked_fill") == {("NotMask", "read"): (2 * 262144, 2 * 8192),
+                                      ("Sm", "read"): (2 * (196608 + 8256), 2 * (12288 + 576)),
+                                      ("Sm", "write"): (2 * 262144, 2 * 16384)}
+    with pytest.raises(ValueError, match="seq_len_k=256.*multiple of 512"):
+        build_schedule(wl(256, 64, causal=True), "torch_naive", "fwd")
+    build_schedule(wl(256, 64, causal=True, dtype="fp32", nk=256), "torch_naive", "fwd")  # fp32: 2 a thread
 
 
 def test_naive_bwd_by_hand():
@@ -222,7 +232,7 @@ def test_naive_walker_equals_closed_form(n, nk, d, causal, dtype, pass_, tiles, 
     if len(clusters.split(",")) not in (1, count):
         clusters = clusters.split(",")[0]
     if causal:
-        nk = -(-nk // 8) * 8  # tril's 8-byte chunks
+        nk = -(-nk // 512) * 512  # masked_fill_'s blocks whole in a row (and tril's 8-byte chunks)
     w = wl(n, d, heads=2, causal=causal, dtype=dtype, nk=nk)
     sched = build_schedule(w, "torch_naive", pass_, gemm_tiles=tiles, gemm_clusters=clusters)
     io = walk(sched)
@@ -310,6 +320,8 @@ def test_naive_tril_requests_brute_force(nq, nk):
         for i in range(8):
             loads += len({(8 * c + i) // 32 for c in active})
             stores += len({(8 * c + i) // 32 for c in chunks})
-    io = walk(build_schedule(wl(nq, 64, nk=nk, causal=True), "torch_naive", "fwd")).per_launch["mask_tril"]
+    # fp32: masked_fill_'s blocks are 256 columns, so any multiple of 256 is a valid Nk
+    sched = build_schedule(wl(nq, 64, nk=nk, causal=True, dtype="fp32"), "torch_naive", "fwd")
+    io = walk(sched).per_launch["mask_tril"]
     print(nq, nk, loads, stores, io.breakdown)
     assert (io.breakdown[("Mask1", "read")].sectors, io.breakdown[("Mask", "write")].sectors) == (loads, stores)

@@ -10,12 +10,15 @@ The code users (and ``kernels/bench.py``) write::
 
 and ``torch.autograd.grad(o, (q, k, v), do)`` for the backward.  Launch by launch (every tensor
 (B, H, ·, ·) contiguous; ``matmul`` of 4-d tensors is one batched cuBLAS GEMM, the transposed
-``k`` a transposed operand, not a copy)::
+``k`` a transposed operand, not a copy; ``masked_fill`` out of place is ``clone`` then
+``masked_fill_``, and the clone of a contiguous tensor is a ``cudaMemcpyAsync``, no kernel: ncu
+lists no launch for it and the schedule has none, so its traffic, one read and one write of S,
+is not counted here)::
 
     forward                                   reads            writes
     scale        q * τ (elementwise)          Q                Qs
     gemm_qk      Qs Kᵀ                        Qs, K (tiles)    S
-    [causal: ones (fill), tril, bitwise_not (~mask), masked_fill (out of place, one kernel: S in, Sm out)]
+    [causal: ones (fill), tril, bitwise_not (~mask), masked_fill_ of Sm, the clone of S (mask, Sm in, Sm out)]
     softmax      softmax over the last dim    S (or Sm)        P
     gemm_pv      P V                          P, V (tiles)     O
 
@@ -24,7 +27,7 @@ and ``torch.autograd.grad(o, (q, k, v), do)`` for the backward.  Launch by launc
     gemm_dp      dP = dO Vᵀ                   dO, V            dP
     softmax_mul  T = dP ∘ P (softmax_backward_cuda_out multiplies first)     dP, P     T
     softmax_bwd  dS = T − P·rowsum(T)         T, P             dS
-    [causal: masked_fill backward, out of place: dS and the mask (read per head) in, dSm out]
+    [causal: masked_fill backward: masked_fill_ of dSm, the clone of dS (mask read per head)]
     gemm_dk      (dKᵀ) = Qsᵀ dS               Qs, dS           dKT
     gemm_dq      dQs = dS K                   dS, K            dQs
     scale_bwd    dQ = dQs ∘ τ                 dQs              dQ
@@ -35,17 +38,22 @@ The softmax kernels read each row once: ``host_softmax`` runs the persistent war
 ``softmax_warp_backward`` (N = 1,024 here) and ``cunn_SoftMaxBackwardSmem`` read T and P once
 each (the multi-pass ``cunn_SoftMaxForward``/``Backward`` and the ``Gmem`` kernels, for rows
 too long for these, are not modelled); elementwise kernels read and
-write whole tensors; the mask kernels move 1-byte booleans; ``masked_fill`` reads its input and
-the (broadcast) mask for every element of every head (an upper bound: on the H100 the kernel
-reads only 83-86% of its input's sectors, see the README).  ``triu_tril_kernel`` (bool: 8 elements a
+write whole tensors; the mask kernels move 1-byte booleans.  ``masked_fill_`` (``gpu_kernel`` with
+``if (mask) return value; return self;``, ``elementwise_kernel<128, vt>``: thread t of block b
+takes elements b·128·vt + t + 128·i, i < vt; vt = 4 for 2-byte elements, 2 for 4-byte ones) reads
+the (broadcast) mask for every element of every head and writes every element; it loads its input
+in iterations 0 .. vt-2 for every lane, and in the last only for the lanes whose element is kept
+(the compiled kernel's shape, read off the H100 record: its loads equal this to the sector at N =
+1,024 and 4,096, 83% and 86% of the input's sectors, where loading only the kept lanes of every
+iteration would give 51% and 50%, and loading all 100%).  Causal naive attention needs Nk to be a
+multiple of 128·vt (a block whole in a row); fp32 (vt = 2) is not measured.  ``triu_tril_kernel`` (bool: 8 elements a
 thread, ``elements_per_thread = 8 / sizeof``) gives thread t the 8 bytes [8t, 8t + 8) of a row and
 moves them one byte per instruction (the stride is a run-time value): at each of its 8 steps a warp
 asks for 32 bytes spread over 256, so every step touches all the sectors of the warp's span.  Its
 loads are made only by the threads whose chunk starts inside the kept triangle (col - row <= Nk -
 Nq), all 8 bytes of such a chunk; its stores by every thread.  They are ``per_thread_rows``
 accesses of the mask viewed as rows of 8 bytes (``Mask1``, ``Mask``: Nq·Nk/8 rows), one per warp
-piece of a matrix row: exact when a warp never spans two matrix rows (Nk a multiple of 256);
-causal naive attention needs Nk to be a multiple of 8.
+piece of a matrix row: exact when a warp never spans two matrix rows (Nk a multiple of 256).
 
 GEMMs.  cuBLAS computes the row-major C = A·B as the column-major Cᵀ, so its "m" runs along C's
 columns: a kernel tile m x n (as in the kernel's name, ``tilesize128x256x64``) covers n rows and m
@@ -129,8 +137,27 @@ def _check(w: Workload) -> None:
     if w.hkv != w.heads:
         raise ValueError(f"kv_heads={w.hkv}: torch_naive models kv_heads == heads (naive GQA would need "
                          "repeat_interleave, not modelled)")
-    if w.causal and w.nk % 8:
-        raise ValueError(f"seq_len_k={w.nk}: causal torch_naive needs a multiple of 8 (tril's 8-byte chunks)")
+    if w.causal and w.nk % fill_block(w):
+        raise ValueError(f"seq_len_k={w.nk}: causal torch_naive needs a multiple of {fill_block(w)} (masked_fill_'s "
+                         "thread blocks, 128 threads x 4 (fp16, bf16) or 2 (fp32) elements, whole in a row)")
+
+
+def fill_block(w: Workload) -> int:
+    """Elements of one thread block of ``masked_fill_``'s ``elementwise_kernel<128, vt>``: vt = 4
+    for 2-byte elements, 2 for 4-byte ones (``gpu_kernel_impl_nocast``'s unroll factor)."""
+    return 128 * (4 if w.elem_bytes < 4 else 2)
+
+
+def _fill_kept(w: Workload) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """masked_fill_'s loads of its input in the last of its vt iterations (columns [B - 128, B)
+    of each block of B = :func:`fill_block` columns), which the kernel makes only for the lanes
+    whose element is kept (col <= row + Nk - Nq): (row, first column, columns) of each kept run."""
+    blk = fill_block(w)
+    r = np.arange(w.nq, dtype=np.int64)[:, None]
+    c0 = (np.arange(w.nk // blk, dtype=np.int64) * blk + blk - 128)[None, :]
+    n = np.clip(r + w.nk - w.nq + 1 - c0, 0, 128)
+    r, c0 = np.broadcast_arrays(r, c0)
+    return r.ravel(), c0.ravel(), n.ravel()
 
 
 class _Gemm:
@@ -216,10 +243,10 @@ def _parts(w: Workload, pass_: str, tiles: str, clusters: str = "1x1"):
         parts.append(("scale", "ew", (["Q"], ["Qs"])))
         parts.append(("gemm_qk", "gemm", _Gemm(nq, nk, d, ("Qs", "rows"), ("K", "rows"), "S", *tl[0], bulk, *cl[0])))
         s = "S"
-        if causal:  # masked_fill out of place: one kernel reads S and the mask, writes Sm (no clone)
+        if causal:  # clone (a memcpy, no launch), then masked_fill_ of the clone in place
             parts += [("mask_ones", "ew", ([], ["Mask1"])), ("mask_tril", "tril", None),
                       ("mask_not", "ew", (["Mask"], ["NotMask"])),
-                      ("masked_fill", "ew", (["S", "NotMask"], ["Sm"]))]
+                      ("masked_fill", "fill", (["Sm", "NotMask"], ["Sm"]))]
             s = "Sm"
         parts.append(("softmax", "ew", ([s], ["P"])))
         parts.append(("gemm_pv", "gemm", _Gemm(nq, d, nk, ("P", "rows"), ("V", "cols"), "O", *tl[1], bulk, *cl[1])))
@@ -230,8 +257,8 @@ def _parts(w: Workload, pass_: str, tiles: str, clusters: str = "1x1"):
         parts.append(("softmax_mul", "ew", (["dP", "P"], ["T"])))
         parts.append(("softmax_bwd", "ew", (["T", "P"], ["dS"])))
         ds = "dS"
-        if causal:  # masked_fill's backward, out of place: reads dS and the mask, writes dSm
-            parts.append(("mask_bwd_fill", "ew", (["dS", "NotMask"], ["dSm"])))
+        if causal:  # masked_fill's backward: clone of dS (a memcpy, no launch), masked_fill_ in place
+            parts.append(("mask_bwd_fill", "fill", (["dSm", "NotMask"], ["dSm"])))
             ds = "dSm"
         parts.append(("gemm_dk", "gemm", _Gemm(d, nk, nq, ("Qs", "cols"), (ds, "cols"), "dKT", *tl[2], bulk, *cl[2])))
         parts.append(("gemm_dq", "gemm", _Gemm(nq, d, nk, (ds, "rows"), ("K", "cols"), "dQs", *tl[3], bulk, *cl[3])))
@@ -240,7 +267,7 @@ def _parts(w: Workload, pass_: str, tiles: str, clusters: str = "1x1"):
     for _, kind, p in parts:
         if kind == "gemm":
             used |= {p.a[0], p.b[0], p.c}
-        elif kind == "ew":
+        elif kind in ("ew", "fill"):
             used |= set(p[0]) | set(p[1])
         else:
             used |= {"Mask1", "Mask"}
@@ -290,6 +317,17 @@ def schedule(w: Workload, tiling: Tiling | None, pass_: str, **options) -> Sched
                     yield write(wt, 0, tensors[wt].rows)
             programs = 1 if all(tensors[n].slices == 1 for n in p[0] + p[1]) else w.bh
             launches.append(Launch(name, programs, {n: s[:programs] for n, s in slices.items()}, acc))
+        elif kind == "fill":  # masked_fill_(mask) in place: the input's loads of the last iteration kept only
+            def fill(p=p):
+                x, mask = p[0]
+                blk = fill_block(w)
+                cols = np.arange(w.nk // blk, dtype=np.int64) * blk
+                yield read(x, 0, w.nq, cols, blk - 128)  # iterations 0 .. vt-2: every lane loads
+                kr, kc, kn = _fill_kept(w)
+                yield read(x, kr, 1, kc, kn)
+                yield read(mask, 0, w.nq)
+                yield write(x, 0, w.nq)
+            launches.append(Launch(name, w.bh, slices, fill))
         else:  # tril: per-thread 8-byte chunks, loads where the chunk starts in the triangle
             def tril():
                 r0, rn = _warp_pieces(w, _tril_active(w))
@@ -323,6 +361,12 @@ def closed_form(w: Workload, tiling: Tiling | None, pass_: str, **options) -> di
                 add((r, "read"), programs * tensors[r].rows * tensors[r].cols)  # a shared mask: per head
             for wt in p[1]:
                 add((wt, "write"), programs * tensors[wt].rows * tensors[wt].cols)
+        elif kind == "fill":
+            x, mask = p[0]
+            every = w.nq * w.nk // fill_block(w) * (fill_block(w) - 128)  # iterations 0 .. vt-2
+            add((x, "read"), w.bh * (every + int(_fill_kept(w)[2].sum())))
+            add((mask, "read"), w.bh * w.nq * w.nk)
+            add((x, "write"), w.bh * w.nq * w.nk)
         else:
             add(("Mask1", "read"), 8 * int(_tril_active(w).sum()))
             add(("Mask", "write"), w.nq * w.nk)
