@@ -13,7 +13,7 @@ import numpy as np
 
 from flashsim.config import DTYPE_BYTES, Tiling, Workload
 
-from .torch_set import TORCH_KERNELS, torch_set
+from .torch_set import TORCH_KERNELS, torch_set, torch_tma_set
 
 #: The kernels a configuration may name (the worker runs them, the simulator models them);
 #: "decode" is the reference decode kernel (``kernels/decode.py``), whose schedule is
@@ -173,4 +173,4 @@ def decode_set() -> list[dict]:
 #: Named sets.  The data file is named after the set, so "h100" and "h200" name the same
 #: configurations measured on each GPU.
 SETS = {"main": main_set, "h100": main_set, "h200": main_set, "smoke": smoke_set, "decode": decode_set,
-        "torch": torch_set}
+        "torch": torch_set, "torch_tma": torch_tma_set}

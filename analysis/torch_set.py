@@ -85,6 +85,23 @@ def torch_set() -> list[dict]:
     return out
 
 
+def torch_tma_set() -> list[dict]:
+    """A probe of the TMA launches the H100 record leaves off (``flashsim measure --set torch_tma``):
+    eager naive attention's forward (fp16, d = 64, N = 1,024) and SDPA's cuDNN forward at B·H =
+    1, 2, 4 and 16, each but 1 twice (as 1 x H and B x 1 heads: the same work under two ids).  With 1-4
+    heads nvjet's S = QKᵀ runs 32-128 tiles, at most one per CTA, where the record's 16 heads run
+    3.9 per CTA (its L2 reads 22-26% under the multicast model, varying by 5% between identical
+    launches), and cuDNN runs 8-32 CTAs: if these agree with the schedules, the shortfall belongs
+    to several tiles per CTA (the persistent kernels' scheduling), not to how ncu counts TMA."""
+    out = []
+    for kernel in ("torch_naive", "torch_cudnn"):
+        for bh in (1, 2, 4, 16):
+            out.append(_cfg(kernel, "fwd", 1024, 64, heads=bh))
+            if bh > 1:
+                out.append(_cfg(kernel, "fwd", 1024, 64, batch=bh, heads=1))
+    return out
+
+
 def naive(q, k, v, causal: bool):
     """Eager naive attention as kernels/bench.py's ``naive`` (and users) write it."""
     import torch
@@ -371,7 +388,7 @@ def main(argv=None) -> int:
     return 0
 
 
-__all__ = ["TORCH_KERNELS", "summary", "torch_set", "make_call", "records", "match_launches", "schedule_of",
+__all__ = ["TORCH_KERNELS", "summary", "torch_set", "torch_tma_set", "make_call", "records", "match_launches", "schedule_of",
            "gemm_tile", "gemm_shape", "naive", "family_table"]
 
 

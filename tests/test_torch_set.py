@@ -53,6 +53,15 @@ def test_set_configurations():
         assert schedule_of(c).launches
 
 
+def test_tma_probe_set():
+    cfgs = SETS["torch_tma"]()
+    ids = [config_id(c) for c in cfgs]
+    assert len(ids) == len(set(ids)) == 14
+    for c in cfgs:
+        assert schedule_of(c).launches
+        make_call(dict(c, seq_len_q=128, seq_len_k=128), device="meta")()
+
+
 def test_worker_calls_on_meta_device():
     for c in SETS["torch"]():
         small = dict(c, seq_len_q=128, seq_len_k=128)
