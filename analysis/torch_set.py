@@ -388,8 +388,8 @@ def main(argv=None) -> int:
     return 0
 
 
-__all__ = ["TORCH_KERNELS", "summary", "torch_set", "torch_tma_set", "make_call", "records", "match_launches", "schedule_of",
-           "gemm_tile", "gemm_shape", "naive", "family_table"]
+__all__ = ["TORCH_KERNELS", "summary", "torch_set", "torch_tma_set", "make_call", "records", "match_launches",
+           "schedule_of", "gemm_tile", "gemm_shape", "naive", "family_table"]
 
 
 if __name__ == "__main__":
