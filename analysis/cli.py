@@ -21,7 +21,7 @@ from flashsim.cli import UsageError, add_force
 
 from .compare import DRAM_ERR_FLOOR, LSU_TOLERANCE
 from .compare import run as run_compare
-from .configs import SETS, config_id
+from .configs import SET_METRICS, SETS, config_id
 from .measure import DEFAULT_OUT, MeasureError, measure
 
 
@@ -33,7 +33,8 @@ def _cmd_measure(a: argparse.Namespace) -> int:
         if not configs:
             raise UsageError(f"--only {a.only!r}: matches no configuration of set {a.set!r}")
     try:
-        measure(configs, out, a.set, a.cache_control, force=a.force)
+        extra = {"metrics": SET_METRICS[a.set]()} if a.set in SET_METRICS else {}
+        measure(configs, out, a.set, a.cache_control, force=a.force, **extra)
     except MeasureError as e:
         raise UsageError(str(e)) from None
     return 0

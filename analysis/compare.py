@@ -40,6 +40,7 @@ from flashsim.output import check_overwrite, staged
 from flashsim.traffic import SECTOR_BYTES, walk
 
 from .configs import KERNELS, sim_options, tiling_of, workload_of
+from .fast_set import FAST_KERNELS, predict_ldgsts_destination
 from .measure import CONFIG_FIELDS, METRIC_FIELDS
 from .torch_set import TORCH_KERNELS
 from .torch_set import records as torch_records
@@ -54,7 +55,8 @@ DRAM_SET_SAMPLE = 16
 
 _INT = ("batch", "heads", "kv_heads", "seq_len_q", "seq_len_k", "head_dim", "block_m", "block_n", "sram_bytes",
         "gemm_block", "num_splits", "page_size", "launch_index", "lsu_ld_bytes", "lsu_st_bytes", "l2_read_sectors",
-        "l2_write_sectors", "dram_read_bytes", "dram_write_bytes")
+        "l2_write_sectors", "dram_read_bytes", "dram_write_bytes", "lsu_red_bytes", "lsu_atom_bytes",
+        "lsu_ldgsts_access_bytes")
 
 
 #: Columns a measured CSV must have: those ``flashsim measure`` writes, but the kernel's name,
@@ -155,6 +157,8 @@ def _typed(path: Path, line: int, r: dict) -> dict:
 
 
 def _algo(kernel: str) -> str:
+    if kernel in FAST_KERNELS:  # kernels/perf's variants: flashsim.algorithms.fast, option kernel
+        return "fast"
     return {"flash2": "flash2", "flash1": "flash1", "standard": "standard", "decode": "decode"}[kernel]
 
 
@@ -181,11 +185,18 @@ def predict_lsu(cfg: dict, sched=None) -> list[dict]:
     and store sectors x 32 (``sim_lsu_ld_bytes``, ``sim_lsu_st_bytes``) and its exact bytes."""
     sched = schedule_of(cfg) if sched is None else sched
     io = walk(sched)
+    # the fast kernels: their loads also as the LSU would count cp.async by its shared destination
+    fast_k = cfg.get("kernel") in FAST_KERNELS
+    dest = predict_ldgsts_destination(cfg, io) if fast_k else [None] * len(io.per_launch)
     out = []
     for name, c in io.per_launch.items():
+        red = c.by_class()["reduction"]
         out.append({"sim_launch": name, "sim_lsu_ld_bytes": (c.read_sectors or 0) * SECTOR_BYTES,
                     "sim_lsu_st_bytes": (c.write_sectors or 0) * SECTOR_BYTES,
-                    "sim_read_bytes_exact": c.read_bytes, "sim_write_bytes_exact": c.write_bytes})
+                    "sim_read_bytes_exact": c.read_bytes, "sim_write_bytes_exact": c.write_bytes,
+                    "sim_lsu_red_bytes": (red.sectors or 0) * SECTOR_BYTES})
+        if fast_k:
+            out[-1]["sim_lsu_ld_dest_bytes"] = dest[len(out) - 1]
     return out
 
 
@@ -199,6 +210,12 @@ def predict(cfg: dict, gpu: str = "h100") -> list[dict]:
     as the launch's DRAM writes."""
     hw = get_gpu(gpu)
     sched = schedule_of(cfg)
+    if any(ln.blocks is None for ln in sched.launches):
+        # no thread-block model (the fast kernels' schedules): the LSU level only, DRAM left nan
+        nan = math.nan
+        return [{**lsu, "sim_dram_read_bytes": nan, "sim_dram_write_bytes": nan, "sim_dirty_end_bytes": nan,
+                 "sim_grid": "", "sim_blocks_per_sm": None, "footprint_bytes": sum(_footprint_bytes(sched, ln)),
+                 "l2_pressure": False} for ln, lsu in zip(sched.launches, predict_lsu(cfg, sched))]
     dram = dram_traffic(sched, hw, cold_launches=True, sample=DRAM_SET_SAMPLE)
     out = []
     for launch, lsu, d in zip(sched.launches, predict_lsu(cfg, sched), dram.launches):
@@ -264,16 +281,22 @@ def compare(rows: list[dict], gpu: str = "h100") -> list[dict]:
             rec["lsu_ld_err"] = _rel(r["lsu_ld_bytes"], p["sim_lsu_ld_bytes"])
             rec["lsu_st_err"] = _rel(r["lsu_st_bytes"], p["sim_lsu_st_bytes"])
             rec["lsu_err"] = _rel(r["lsu_ld_bytes"] + r["lsu_st_bytes"], p["sim_lsu_ld_bytes"] + p["sim_lsu_st_bytes"])
+            if r.get("lsu_red_bytes") is not None:  # reductions apart (sets measured with them: fast)
+                rec["lsu_red_err"] = _rel(r["lsu_red_bytes"], p["sim_lsu_red_bytes"])
+                rec["lsu_red_residual_bytes"] = r["lsu_red_bytes"] - p["sim_lsu_red_bytes"]
             rec["lsu_ld_residual_bytes"] = r["lsu_ld_bytes"] - p["sim_lsu_ld_bytes"]
+            if "sim_lsu_ld_dest_bytes" in p:  # the fast kernels (None: a ragged tile, no whole count)
+                dest = p["sim_lsu_ld_dest_bytes"]
+                rec["lsu_ld_dest_residual_bytes"] = None if dest is None else r["lsu_ld_bytes"] - dest
             rec["lsu_st_residual_bytes"] = r["lsu_st_bytes"] - p["sim_lsu_st_bytes"]
             rec["dram_err"] = _rel_dram(r["dram_read_bytes"] + r["dram_write_bytes"],
                                         p["sim_dram_read_bytes"] + p["sim_dram_write_bytes"])
             rec["dram_read_err"] = _rel_dram(r["dram_read_bytes"], p["sim_dram_read_bytes"])
             rec["dram_write_err"] = _rel_dram(r["dram_write_bytes"], p["sim_dram_write_bytes"])
             timed = p["sim_dram_write_bytes"] + rate * r["time_ns"] * 1e-9
-            rec["sim_dram_write_timed_bytes"] = round(timed)
+            rec["sim_dram_write_timed_bytes"] = round(timed) if math.isfinite(timed) else timed
             rec["dram_write_timed_err"] = _rel_dram(r["dram_write_bytes"], timed)
-            rec["grid_matches"] = r.get("grid") in (None, "", p["sim_grid"])
+            rec["grid_matches"] = r.get("grid") in (None, "", p["sim_grid"]) or not p["sim_grid"]
             out.append(rec)
     return out
 
@@ -414,13 +437,21 @@ def summarize(records: list[dict]) -> dict:
            "lsu_within_tolerance": int((lsu <= LSU_TOLERANCE).sum())}
     if any("level" in r for r in records):  # PyTorch's launches (analysis/torch_set.py)
         out.update(torch_summary(records))
-    if any(r.get("kernel") == "decode" for r in records):
-        # the decode kernels' launches against the walker's sectors: how many agree to the byte,
-        # loads and stores apart
+    if any(r.get("kernel") == "decode" or r.get("kernel") in FAST_KERNELS for r in records):
+        # the decode and fast kernels' launches against the walker's sectors: how many agree to the
+        # byte, loads and stores apart (and reductions, where measured)
         out["lsu_ld_exact"] = sum(r["lsu_ld_residual_bytes"] == 0 for r in records)
         out["lsu_st_exact"] = sum(r["lsu_st_residual_bytes"] == 0 for r in records)
         out["lsu_ld_residual_max_abs_bytes"] = max(abs(r["lsu_ld_residual_bytes"]) for r in records)
         out["lsu_st_residual_max_abs_bytes"] = max(abs(r["lsu_st_residual_bytes"]) for r in records)
+        dest = [r["lsu_ld_dest_residual_bytes"] for r in records if r.get("lsu_ld_dest_residual_bytes") is not None]
+        if dest:
+            out["lsu_ld_dest_exact"] = sum(x == 0 for x in dest)
+            out["lsu_ld_dest_launches"] = len(dest)
+        red = [r["lsu_red_residual_bytes"] for r in records if "lsu_red_residual_bytes" in r]
+        if red:
+            out["lsu_red_exact"] = sum(x == 0 for x in red)
+            out["lsu_red_residual_max_abs_bytes"] = max(abs(x) for x in red)
     for key, name in (("dram_err", "dram"), ("dram_read_err", "dram_read"), ("dram_write_err", "dram_write"),
                       ("dram_write_timed_err", "dram_write_timed")):
         med, p95, mx = _abs_stats(r[key] for r in records if key in r)
@@ -478,6 +509,14 @@ def run(data: str | Path, out_dir: str | Path | None = None, gpu: str | None = N
         print(f"LSU level, to the byte: loads equal the walker's on {s['lsu_ld_exact']}/{n} launches "
               f"(max |residual| {s['lsu_ld_residual_max_abs_bytes']:,} B), stores on {s['lsu_st_exact']}/{n} "
               f"(max |residual| {s['lsu_st_residual_max_abs_bytes']:,} B)")
+    if "lsu_ld_dest_exact" in s:
+        print(f"LSU loads counted as if cp.async were counted by its shared destination's sectors "
+              f"(analysis.fast_set.destination_ratio): equal on {s['lsu_ld_dest_exact']}/{s['lsu_ld_dest_launches']} "
+              f"fast launches")
+    if "lsu_red_exact" in s:
+        print(f"LSU level, reductions (red/atom through the LSU, apart from loads and stores): equal the walker's "
+              f"reduction class on {s['lsu_red_exact']}/{s['launches']} launches (max |residual| "
+              f"{s['lsu_red_residual_max_abs_bytes']:,} B)")
     for key, what in (("dram_read", "reads"), ("dram_write", "writes")):
         print(f"DRAM level (flashsim.l2 model of the {gpu} L2), {what}: |err| median "
               f"{100 * s[key + '_median_abs_err']:.1f}%, p95 {100 * s[key + '_p95_abs_err']:.1f}%, "
@@ -497,7 +536,8 @@ def run(data: str | Path, out_dir: str | Path | None = None, gpu: str | None = N
         with staged(out, names, force, "an earlier comparison") as stage:
             for name, recs in (("launches", records), ("configs", configs)):
                 with open(stage / f"compare_{name}.csv", "w", newline="") as f:
-                    w = csv.DictWriter(f, fieldnames=list(recs[0]))
+                    # every record's columns (a set's launches may add some: reductions, fast kernels)
+                    w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in recs for k in r)))
                     w.writeheader()
                     w.writerows(recs)
             (stage / "compare_summary.json").write_text(json.dumps({"summary": s, "fits": fits, "provenance": meta},

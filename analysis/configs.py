@@ -13,12 +13,16 @@ import numpy as np
 
 from flashsim.config import DTYPE_BYTES, Tiling, Workload
 
+from .fast_set import FAST_KERNELS, fast_set, fast_smoke_set
+from .fast_set import metrics as fast_metrics
+from .fast_set import sim_options as fast_options
 from .torch_set import TORCH_KERNELS, torch_set, torch_tma_set
 
 #: The kernels a configuration may name (the worker runs them, the simulator models them);
 #: "decode" is the reference decode kernel (``kernels/decode.py``), whose schedule is
 #: ``flashsim.algorithms.decode``'s.
-KERNELS = ("flash2", "flash1", "standard", "decode", *TORCH_KERNELS)  # torch_*: analysis/torch_set.py
+KERNELS = ("flash2", "flash1", "standard", "decode", *FAST_KERNELS,  # fast: analysis/fast_set.py
+           *TORCH_KERNELS)  # torch_*: analysis/torch_set.py
 #: Configuration fields of the decode set beyond :data:`analysis.measure.CONFIG_FIELDS`
 #: (``num_splits``; ``page_size``, 0 for a contiguous cache), recorded when a set has them.
 DECODE_FIELDS = ("num_splits", "page_size")
@@ -31,7 +35,7 @@ def workload_of(cfg: dict) -> Workload:
 
 
 def tiling_of(cfg: dict) -> Tiling | None:
-    if cfg["kernel"] == "standard":
+    if cfg["kernel"] == "standard" or cfg["kernel"] in FAST_KERNELS:  # the fast kernels fix their tiles
         return None
     if cfg["kernel"] == "decode":  # a program holds g·Nq query rows; only Bc is a block size
         return Tiling(1, cfg["block_n"])
@@ -41,6 +45,8 @@ def tiling_of(cfg: dict) -> Tiling | None:
 
 
 def sim_options(cfg: dict) -> dict:
+    if cfg["kernel"] in FAST_KERNELS:
+        return fast_options(cfg)
     if cfg["kernel"] == "standard":
         return {"fuse": "softmax", "gemm_block": cfg["gemm_block"]}
     if cfg["kernel"] == "decode":
@@ -55,10 +61,10 @@ def sim_options(cfg: dict) -> dict:
 def config_id(cfg: dict) -> str:
     parts = [cfg["kernel"], cfg["pass"], f"b{cfg['batch']}h{cfg['heads']}",
              f"n{cfg['seq_len_q']}", f"d{cfg['head_dim']}", cfg["dtype"]]
+    if cfg["kernel"] != "decode" and cfg.get("kv_heads") not in (None, cfg["heads"]):  # grouped-query
+        parts[2] += f"kv{cfg['kv_heads']}"
     if cfg.get("seq_len_k") and cfg["seq_len_k"] != cfg["seq_len_q"]:
         parts.insert(4, f"nk{cfg['seq_len_k']}")
-    if cfg["kernel"] in TORCH_KERNELS and cfg.get("kv_heads") not in (None, cfg["heads"]):
-        parts[2] += f"kv{cfg['kv_heads']}"
     if cfg.get("causal"):
         parts.append("causal")
     if cfg.get("sram_bytes"):
@@ -173,4 +179,7 @@ def decode_set() -> list[dict]:
 #: Named sets.  The data file is named after the set, so "h100" and "h200" name the same
 #: configurations measured on each GPU.
 SETS = {"main": main_set, "h100": main_set, "h200": main_set, "smoke": smoke_set, "decode": decode_set,
-        "torch": torch_set, "torch_tma": torch_tma_set}
+        "fast": fast_set, "fast_smoke": fast_smoke_set, "torch": torch_set, "torch_tma": torch_tma_set}
+#: Sets measured with metrics chosen by the set (default: analysis.ncu.METRICS and the optional
+#: ones the installed ncu knows): set -> a function giving the metrics.
+SET_METRICS = {"fast": fast_metrics, "fast_smoke": fast_metrics}

@@ -111,7 +111,7 @@ def git_state() -> dict:
     return {"git_commit": _git("rev-parse", "HEAD"), "git_dirty": None if status is None else status != ""}
 
 
-def provenance(ncu_cmd: list[str], cache_control: str, git: dict | None = None) -> dict:
+def provenance(ncu_cmd: list[str], cache_control: str, git: dict | None = None, metrics=METRICS) -> dict:
     """The record's ``.meta.json``.  ``git``: :func:`git_state` as taken when the run began
     (default: now)."""
     def version(mod):
@@ -139,12 +139,12 @@ def provenance(ncu_cmd: list[str], cache_control: str, git: dict | None = None) 
         "ncu_command": " ".join(ncu_cmd),
         "cache_control": cache_control,
         "clock_control": "none",
-        "metrics": list(METRICS),
+        "metrics": list(metrics),
     }
 
 
 def measure(configs: list[dict], out_dir: str | Path, name: str, cache_control: str = "all",
-            force: bool = False) -> Path:
+            force: bool = False, metrics=None) -> Path:
     """Measure ``configs`` under ncu and write the record of set ``name`` into ``out_dir`` (see the
     module docstring); returns the path of its CSV.  Raises :class:`MissingTool` on a machine
     that cannot measure, :class:`MeasureError` if the run fails, ``ValueError`` for bad
@@ -163,7 +163,8 @@ def measure(configs: list[dict], out_dir: str | Path, name: str, cache_control: 
         cfg_path, man_path = Path(tmp, "configs.json"), Path(tmp, "manifest.json")
         cfg_path.write_text(json.dumps(configs))
         program = [sys.executable, "-m", "analysis.worker", str(cfg_path), str(man_path)]
-        metrics = (*METRICS, *available_metrics())  # the optional ones this ncu knows (red, atom, ldgsts)
+        if metrics is None:  # the records' metrics and the optional ones this ncu knows (red, atom, ldgsts)
+            metrics = (*METRICS, *available_metrics())
         cmd = ncu_command(program, export=str(stage / raw_name), metrics=metrics, cache_control=cache_control,
                           profile_from_start=False)
         print("running:", " ".join(cmd), file=sys.stderr, flush=True)
@@ -190,7 +191,7 @@ def measure(configs: list[dict], out_dir: str | Path, name: str, cache_control: 
                 row["kernel_name"] = rec["kernel"]
                 row["grid"], row["block"] = rec["grid"], rec["block"]
                 row.update({f: rec[f] for f in METRIC_FIELDS})
-                row.update({f: rec[f] for f in OPTIONAL_METRICS.values() if f in rec})
+                row.update({f: rec[f] for f in OPTIONAL_METRICS.values() if f in rec})  # where ncu had them
                 rows.append(row)
         if not rows:
             raise MeasureError(f"no kernel launch was profiled; nothing written ({out_dir} unchanged)")
@@ -199,10 +200,9 @@ def measure(configs: list[dict], out_dir: str | Path, name: str, cache_control: 
             w.writeheader()
             w.writerows(rows)
         # the command as recorded names the export where it ends up, not the staging folder
-        recorded = ncu_command(program, export=str(out_dir / raw_name), metrics=metrics,
-                               cache_control=cache_control, profile_from_start=False)
-        meta = provenance(recorded, cache_control, git)
-        meta["metrics"] = list(metrics)
+        recorded = ncu_command(program, export=str(out_dir / raw_name), metrics=metrics, cache_control=cache_control,
+                               profile_from_start=False)
+        meta = provenance(recorded, cache_control, git, metrics)
         meta["configs"] = len(manifest)
         meta["launches"] = len(rows)
         (stage / meta_name).write_text(json.dumps(meta, indent=1))

@@ -45,16 +45,26 @@ SHORT = {
     "gpu__time_duration.sum": "time_ns",
 }
 
+#: Optional metrics in bytes (read where the export has them; part of :data:`OPTIONAL_METRICS`):
+#: the bytes of global reductions (``red``) and atomics (``atom``) through the LSU, and of
+#: cp.async's global-to-shared loads (LDGSTS) that go through L1.
+EXTRA_METRICS = {
+    "l1tex__t_bytes_pipe_lsu_mem_global_op_red.sum": "lsu_red_bytes",
+    "l1tex__t_bytes_pipe_lsu_mem_global_op_atom.sum": "lsu_atom_bytes",
+    "l1tex__t_bytes_pipe_lsu_mem_global_op_ldgsts_cache_access.sum": "lsu_ldgsts_access_bytes",
+}
+
 #: the unit we require for each metric (``--print-units base``)
 UNITS = {"lsu_ld_bytes": "byte", "lsu_st_bytes": "byte", "l2_read_sectors": "sector",
          "l2_write_sectors": "sector", "dram_read_bytes": "byte", "dram_write_bytes": "byte", "time_ns": "ns"}
 
 
 #: Metrics recorded beside :data:`METRICS` when the installed ncu knows them (issue 15; see
-#: :func:`available_metrics`), in 32-byte sectors: global reductions (``red``, e.g. the dQ
-#: atomics of FlashAttention-2's backward) and atomics at the LSU and L2 levels, and the
-#: ``cp.async`` (LDGSTS) global-to-shared loads at the LSU level.  A record may lack them (older
-#: records, or an ncu without them); readers treat an absent column as not measured.
+#: :func:`available_metrics`), in 32-byte sectors (and, :data:`EXTRA_METRICS`, in bytes): global
+#: reductions (``red``, e.g. the dQ atomics of FlashAttention-2's backward) and atomics at the
+#: LSU and L2 levels, and the ``cp.async`` (LDGSTS) global-to-shared loads at the LSU level.  A
+#: record may lack them (older records, or an ncu without them); readers treat an absent column
+#: as not measured.
 OPTIONAL_METRICS = {
     "l1tex__t_sectors_pipe_lsu_mem_global_op_red.sum": "lsu_red_sectors",
     "l1tex__t_sectors_pipe_lsu_mem_global_op_atom.sum": "lsu_atom_sectors",
@@ -62,6 +72,7 @@ OPTIONAL_METRICS = {
     "l1tex__t_sectors_pipe_lsu_mem_global_op_ldgsts_cache_bypass.sum": "lsu_ldgsts_bypass_sectors",
     "lts__t_sectors_srcunit_tex_op_red.sum": "l2_red_sectors",
     "lts__t_sectors_srcunit_tex_op_atom.sum": "l2_atom_sectors",
+    **EXTRA_METRICS,
 }
 
 
@@ -133,8 +144,9 @@ def parse_raw_csv(text: str) -> list[dict]:
             rec[short] = int(v) if short != "time_ns" and v == v else v
         for long, short in OPTIONAL_METRICS.items():
             if long in col:
-                if units[col[long]] != "sector":
-                    raise ValueError(f"{long}: unit {units[col[long]]!r}, expected 'sector' (use --print-units base)")
+                unit = "byte" if short.endswith("_bytes") else "sector"
+                if units[col[long]] != unit:
+                    raise ValueError(f"{long}: unit {units[col[long]]!r}, expected {unit!r} (use --print-units base)")
                 v = _number(r[col[long]])
                 rec[short] = int(v) if v == v else None
         rec["lsu_bytes"] = rec["lsu_ld_bytes"] + rec["lsu_st_bytes"]

@@ -21,6 +21,7 @@ import numpy as np
 from numba import cuda
 
 from .configs import config_id, tiling_of
+from .fast_set import FAST_KERNELS
 from .torch_set import TORCH_KERNELS
 from .torch_set import make_call as torch_call
 
@@ -78,6 +79,10 @@ def make_call(cfg: dict, rng):
     if cfg["kernel"] in TORCH_KERNELS:  # PyTorch's own attention (analysis/torch_set.py)
         return torch_call(cfg)
     q, k, v, do = _inputs(cfg, rng)
+    if cfg["kernel"] in FAST_KERNELS:
+        from .fast_set import make_call as fast_call
+
+        return fast_call(cfg, q, k, v, do)
     causal = bool(cfg.get("causal"))
     if cfg["kernel"] == "flash2":
         t = tiling_of(cfg)

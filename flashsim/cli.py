@@ -51,7 +51,7 @@ _FIELD_FLAGS = {
     "algo": "--algo", "pass_": "--pass", "out": "--out",
     "devices": "--devices", "parallel": "--parallel", "topology": "--topology",
     "num_splits": "--num-splits", "page_size": "--page-size", "window": "--window", "lengths": "--lengths",
-    "cu_seqlens": "--cu-seqlens", "block_table": "--block-table",
+    "cu_seqlens": "--cu-seqlens", "block_table": "--block-table", "kernel": "--kernel",
 }
 
 
@@ -206,6 +206,8 @@ def _with_sram_bytes(e: ValueError, a: argparse.Namespace, w, m: int) -> ValueEr
 
 
 def _cmd_simulate(a: argparse.Namespace) -> int:
+    if a.algo is None:  # --kernel VARIANT names one of the fast kernels' schedules
+        a.algo = "fast" if hasattr(a, "opt_kernel") else "flash2"
     if a.devices is not None or a.parallel is not None or a.topology is not None:
         return _cmd_context_parallel(a)
     w = _workload(a)
@@ -286,10 +288,16 @@ def _simulate_text(s: dict) -> str:
                                    subsequent_indent="  "))
     if len(s["per_launch"]) > 1:
         lines.append("")
-        lines.append(format_table(["launch", "read MB", "write MB", "total MB"],
+        red = any(c.get("reduction_bytes") for c in s["per_launch"].values())  # atomics: a column of their own
+        lines.append(format_table(["launch", "read MB", "write MB", "total MB"] + (["reduction MB"] if red else []),
                                   [[n, f"{c['hbm_read_bytes'] / 1e6:,.3f}", f"{c['hbm_write_bytes'] / 1e6:,.3f}",
-                                    f"{c['hbm_bytes'] / 1e6:,.3f}"] for n, c in s["per_launch"].items()],
-                                  right=[False, True, True, True]))
+                                    f"{c['hbm_bytes'] / 1e6:,.3f}"]
+                                   + ([f"{c['reduction_bytes'] / 1e6:,.3f}"] if red else [])
+                                   for n, c in s["per_launch"].items()],
+                                  right=[False, True, True, True] + ([True] if red else [])))
+        if red:
+            lines.append("(reductions: atomics / red into a tensor, counted apart from the loads and stores of the "
+                         "totals)")
     lines.append("")
     lines.append(f"closed form agrees with the walker: {fmt_num(s['closed_form_agrees'])}")
     if s["flops"] is not None:
@@ -324,6 +332,7 @@ TENSORS = {
     "BT": "decode's block table, int32, one entry per page of a paged KV cache",
     "Lens": "decode's cache lengths L_b, int32, one per sequence (read by every main-launch program)",
     "Op": "decode's partial outputs of the splits, fp32, S x N x d", "Lp": "decode's partial logsumexps, fp32, S x N",
+    "dQacc": "the fast fp16 backward's float32 dQ accumulator (zeroed, reduced into, converted to dQ), N x d",
 }
 
 
@@ -500,7 +509,8 @@ def add_simulate(sub) -> None:
                        description="Walk one algorithm's tile schedule and count every HBM transfer: "
                                    "elements, bytes and 32-byte sectors per tensor, with the closed form, "
                                    "the FLOPs, the IO bounds and the roofline time on a GPU preset.")
-    s.add_argument("--algo", "-a", choices=ALL_ALGORITHMS, default="flash2", help="algorithm (default flash2)")
+    s.add_argument("--algo", "-a", choices=ALL_ALGORITHMS, default=None,
+                   help="algorithm (default flash2; fast when --kernel is given)")
     s.add_argument("--pass", dest="pass_", choices=("fwd", "bwd", "fwd+bwd"), default="fwd",
                    help="forward, backward or both (default fwd)")
     _add_workload(s)

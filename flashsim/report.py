@@ -96,7 +96,7 @@ def simulate_summary(res: SimResult, gpu: Hardware, sram_elems: int | None) -> d
     out["hbm_read_sectors"], out["hbm_write_sectors"] = io.read_sectors, io.write_sectors
     out["per_launch"] = {
         name: {"hbm_read_bytes": c.read_bytes, "hbm_write_bytes": c.write_bytes, "hbm_bytes": c.bytes,
-               "sectors": c.sectors}
+               "sectors": c.sectors, "reduction_bytes": c.by_class()["reduction"].bytes}
         for name, c in io.per_launch.items()
     }
     out["closed_form_agrees"] = res.agrees

@@ -38,7 +38,8 @@ The totals ``read_*``, ``write_*``, ``bytes``, ``elements`` and ``sectors`` (and
 ``hbm_*`` keys of :meth:`IOCount.to_dict`) count loads and stores only, the LSU level;
 :meth:`IOCount.by_class` gives every class's elements, bytes and sectors apart.  The schedules of
 PyTorch's kernels use them: reductions (``torch_flash``'s dQ atomics), bulk copies (``torch_naive``'s
-fp16 GEMMs, ``torch_cudnn``) and per-thread rows (``torch_naive``'s ``tril``).
+fp16 GEMMs, ``torch_cudnn``) and per-thread rows (``torch_naive``'s ``tril``); so do the fast
+kernels' backwards (:mod:`flashsim.algorithms.fast`: the dQ reductions).
 """
 
 from __future__ import annotations

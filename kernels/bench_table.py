@@ -1,13 +1,18 @@
 """The README's performance table, generated from the benchmark's CSV.
 
     python -m kernels.bench_table kernels/data/bench_h100.csv            # print the table
-    python -m kernels.bench_table kernels/data/bench_h100.csv --readme README.md
+    python -m kernels.bench_table kernels/data/bench_h100.csv [OFFGRID.csv ...] --readme README.md
     python -m kernels.bench_table --merge OUT.csv PART.csv [PART.csv ...]
 
-The table has one line per configuration (pass, dtype, d, causal, N): the TFLOP/s of torch's
-naive attention, of SDPA's flash and cuDNN backends, and of our fastest variant, with our
-ratios to each, all from the same run of ``kernels.bench`` (the ratios are the CSV's own
-``x_*`` columns, so no number here is recomputed from another run).  ``--readme`` replaces the
+The table has one line per configuration of the grid (pass, dtype, d, causal, N): the TFLOP/s of
+torch's naive attention, of SDPA's flash, cuDNN and memory-efficient backends, and of our fastest
+variant, with our ratios to naive, flash and cuDNN, all from the same run of ``kernels.bench``
+(the ratios are the CSV's own ``x_*`` columns, so no number here is recomputed from another run;
+a record timed in rounds shows each as its median ± half its interquartile range over the
+rounds).  Rows of the off-grid shapes (``--shapes offgrid``), from the same CSV or from further
+CSVs given after it, make a second table, one line per shape, pass and dtype.  A peer or ours
+that does not take a configuration shows "n/a", listed with its reason under the tables, as are
+the variants that failed.  The provenance line is the first CSV's.  ``--readme`` replaces the
 block between the markers ``<!-- perf-table:start -->`` and ``<!-- perf-table:end -->``; the
 tests hold the README's block equal to the committed CSV's table.
 
@@ -47,59 +52,157 @@ def load(path: str | Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def ours_rows(rows: list[dict]) -> dict[tuple, dict]:
+def _key(r: dict) -> tuple:
+    return (r["pass"], r["dtype"], int(r["d"]), r["causal"] == "True", int(r["n"]))
+
+
+def _offkey(r: dict) -> tuple:
+    """An off-grid configuration: (set, pass, dtype, d, causal, N, Nk, B, H, Hkv)."""
+    n = int(r["n"])
+    return (r.get("set") or "grid", r["pass"], r["dtype"], int(r["d"]), r["causal"] == "True", n,
+            int(r.get("nk") or n), int(r["batch"]), int(r["heads"]), int(r.get("kv_heads") or r["heads"]))
+
+
+def is_grid(r: dict) -> bool:
+    """Whether a row is of the bench grid (rows of records before the off-grid shapes have no set)."""
+    return (r.get("set") or "grid") == "grid"
+
+
+def _timed(r: dict) -> bool:
+    return not r.get("error") and not r.get("na") and not math.isnan(_num(r.get("tflops")))
+
+
+def ours_rows(rows: list[dict], key=_key) -> dict[tuple, dict]:
     """Per configuration key, the row of our fastest variant that ran (``ours_*``, no error)."""
     best: dict[tuple, dict] = {}
     for r in rows:
-        if not r["variant"].startswith("ours_") or r.get("error") or math.isnan(_num(r.get("tflops"))):
+        if not r["variant"].startswith("ours_") or not _timed(r):
             continue
-        key = (r["pass"], r["dtype"], int(r["d"]), r["causal"] == "True", int(r["n"]))
-        if key not in best or _num(r["tflops"]) > _num(best[key]["tflops"]):
-            best[key] = r
+        k = key(r)
+        if k not in best or _num(r["tflops"]) > _num(best[k]["tflops"]):
+            best[k] = r
     return best
 
 
-def render(rows: list[dict], meta: dict | None = None) -> str:
-    peers = {}
+def has_spread(rows: list[dict]) -> bool:
+    """Whether the record has each ratio's spread (runs with ``--rounds``)."""
+    return any(r.get("x_sdpa_flash_q1") not in (None, "") or r.get("x_naive_q1") not in (None, "") for r in rows)
+
+
+def _ratio(r: dict, peer: str, spread: bool) -> str:
+    """Our ratio to a peer: the CSV's ``x_<peer>``, with ± half the interquartile range of the
+    per-round ratios where the record has them."""
+    x = _num(r.get(f"x_{peer}"))
+    if math.isnan(x) or not spread:
+        return _fmt(x, 2)
+    q1, q3 = _num(r.get(f"x_{peer}_q1")), _num(r.get(f"x_{peer}_q3"))
+    return f"{x:.2f}" if math.isnan(q1) or math.isnan(q3) else f"{x:.2f} ± {(q3 - q1) / 2:.2f}"
+
+
+def _cells(k, peers, na, ours, ours_na, spread) -> list[str]:
+    """The peers' TFLOP/s, ours, its variant and its ratios, for configuration key ``k``."""
+    cells = [("n/a" if (k, v) in na else _fmt(peers.get((k, v), math.nan), 0)) for v in SHOWN]
+    o = ours.get(k)
+    if o is None:
+        cells += ["n/a" if k in ours_na else "-", "-", "-", "-", "-"]
+    else:
+        cells += [_fmt(_num(o["tflops"]), 0), f"`{o['variant'][len('ours_'):]}`"]
+        cells += [_ratio(o, v, spread) for v in PEERS]
+    return cells
+
+
+def _gather(rows, key):
+    peers, na, ours_na = {}, set(), set()
     for r in rows:
-        if r["variant"] in SHOWN and not r.get("error"):
-            key = (r["pass"], r["dtype"], int(r["d"]), r["causal"] == "True", int(r["n"]))
-            peers[(key, r["variant"])] = _num(r["tflops"])
-    ours = ours_rows(rows)
-    keys = sorted({k for k, _ in peers} | set(ours),
-                  key=lambda k: (k[0] != "fwd", k[1] != "fp16", k[2], k[3], k[4]))
+        k = key(r)
+        if r.get("na"):
+            (ours_na.add(k) if r["variant"].startswith("ours") else na.add((k, r["variant"])))
+        elif r["variant"] in SHOWN and not r.get("error"):
+            peers[(k, r["variant"])] = _num(r["tflops"])
+    return peers, na, ours_na, ours_rows(rows, key)
+
+
+def _order(dtype: str) -> int:
+    return {"fp16": 0, "bf16": 1, "fp32": 2}.get(dtype, 3)
+
+
+def _footnotes(rows: list[dict]) -> list[str]:
+    lines = []
+    failed = sorted({(r["variant"], r.get("error")) + _key(r) + _extra(r) for r in rows if r.get("error")},
+                    key=lambda x: (x[2] != "fwd", x[3] != "fp16", x[4:], x[0]))
+    if failed:
+        lines.append("")
+        lines.append("Not timed (\"-\" above): " + "; ".join(
+            f"{v} {p} {dt} d = {d}{' causal' if c else ''} N = {n:,}{ex} ({e})"
+            for v, e, p, dt, d, c, n, ex in failed) + ".")
+    na: dict[tuple, list] = {}
+    for r in rows:
+        if r.get("na"):
+            na.setdefault((r["variant"], r["na"]), []).append(r)
+    if na:
+        lines.append("")
+        lines.append("n/a (the variant does not take the configuration): " + "; ".join(
+            f"{v} on {len(rs)} configuration{'s' if len(rs) > 1 else ''} ({why})" for (v, why), rs in
+            sorted(na.items(), key=lambda x: (not x[0][0].startswith("ours"), x[0]))) + ".")
+    return lines
+
+
+def _extra(r: dict) -> tuple:
+    """What names an off-grid row beyond the grid's key (empty for grid rows)."""
+    if is_grid(r):
+        return ("",)
+    _, _, _, _, _, n, nk, b, h, hkv = _offkey(r)
+    return (f"{' Nk = ' + format(nk, ',') if nk != n else ''} B = {b} H = {h}{f' Hkv = {hkv}' if hkv != h else ''}",)
+
+
+def render(rows: list[dict], meta: dict | None = None) -> str:
+    grid = [r for r in rows if is_grid(r)]
+    spread = has_spread(rows)
+    peers, na, ours_na, ours = _gather(grid, _key)
+    keys = sorted({k for k, _ in peers} | {k for k, _ in na} | ours_na | set(ours),
+                  key=lambda k: (k[0] != "fwd", k[1] != "fp16", k[1], k[2], k[3], k[4]))
     lines = []
     if meta:
         lines.append(f"TFLOP/s on an {meta.get('gpu')} (driver {meta.get('driver')}, torch {meta.get('torch')}, "
                      f"numba-cuda {meta.get('numba_cuda')}), B·H = 16·(16,384/N) for N < 16,384 else 16; "
                      "FLOPs 4·B·H·N²·d forward, 2.5x that backward, halved for causal.  "
-                     "Ratios are ours over the peer, timed in the same run.")
+                     "Ratios are ours over the peer, timed in the same run." + (
+                         f"  Each ratio is the median over {meta.get('rounds', 'the')} rounds (variants interleaved) "
+                         "of that round's ratio, ± half the interquartile range of those ratios." if spread else ""))
         lines.append("")
     lines.append("| pass | dtype | d | causal | N | naive | SDPA flash | SDPA cuDNN | SDPA mem-eff | ours | variant "
                  "| × naive | × flash | × cuDNN |")
     lines.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for k in keys:
         p, dt, d, causal, n = k
-        o = ours.get(k)
-        cells = [p, dt, str(d), "yes" if causal else "no", f"{n:,}"]
-        cells += [_fmt(peers.get((k, v), math.nan), 0) for v in SHOWN]
-        if o is None:
-            cells += ["-", "-", "-", "-", "-"]
-        else:
-            cells += [_fmt(_num(o["tflops"]), 0), f"`{o['variant'][len('ours_'):]}`"]
-            cells += [_fmt(_num(o.get(f"x_{v}")), 2) for v in PEERS]
+        cells = [p, dt, str(d), "yes" if causal else "no", f"{n:,}"] + _cells(k, peers, na, ours, ours_na, spread)
         lines.append("| " + " | ".join(cells) + " |")
-    failed = sorted({(r["variant"], r.get("error")) + _key(r) for r in rows if r.get("error")},
-                    key=lambda x: (x[2] != "fwd", x[3] != "fp16", x[4:], x[0]))
-    if failed:
-        lines.append("")
-        lines.append("Not timed (\"-\" above): " + "; ".join(
-            f"{v} {p} {dt} d = {d}{' causal' if c else ''} N = {n:,} ({e})" for v, e, p, dt, d, c, n in failed) + ".")
+    off = [r for r in rows if not is_grid(r)]
+    if off:
+        lines += ["", *render_offgrid(off, spread)]
+    lines += _footnotes(rows)
     return "\n".join(lines) + "\n"
 
 
-def _key(r: dict) -> tuple:
-    return (r["pass"], r["dtype"], int(r["d"]), r["causal"] == "True", int(r["n"]))
+def render_offgrid(rows: list[dict], spread: bool) -> list[str]:
+    """The off-grid shapes' table (``kernels.bench --shapes offgrid``): one line per shape,
+    pass and dtype, the fixed list first, then the seeded sample."""
+    peers, na, ours_na, ours = _gather(rows, _offkey)
+    notes = {_offkey(r): r.get("note") or "" for r in rows}
+    keys = sorted({k for k, _ in peers} | {k for k, _ in na} | ours_na | set(ours),
+                  key=lambda k: (k[0] != "offgrid", k[1] != "fwd", _order(k[2]), k[3:]))
+    lines = ["Off the grid (the fixed shapes, then the seeded sample): TFLOP/s, FLOPs counting the visible "
+             "(query, key) pairs (the causal triangle as half a square).",
+             "",
+             "| shape | pass | dtype | B | H:Hkv | Nq | Nk | d | causal | naive | SDPA flash | SDPA cuDNN "
+             "| SDPA mem-eff | ours | variant | × naive | × flash | × cuDNN |",
+             "| --- " * 19 + "|"]
+    for k in keys:
+        set_, p, dt, d, causal, n, nk, b, h, hkv = k
+        cells = [notes.get(k) or set_, p, dt, str(b), f"{h}:{hkv}", f"{n:,}", f"{nk:,}", str(d),
+                 "yes" if causal else "no"] + _cells(k, peers, na, ours, ours_na, spread)
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 def meta_of(path: str | Path) -> dict | None:
@@ -109,8 +212,9 @@ def meta_of(path: str | Path) -> dict | None:
     return json.loads(meta_path.read_text()) if meta_path.is_file() else None
 
 
-def render_file(path: str | Path) -> str:
-    return render(load(path), meta_of(path))
+def render_file(path: str | Path, *more: str | Path) -> str:
+    """The tables of one record, or of several (the provenance line is the first's)."""
+    return render([r for p in (path, *more) for r in load(p)], meta_of(path))
 
 
 def replace_block(text: str, table: str, start: str = START, end: str = END) -> str:
@@ -142,7 +246,7 @@ def merge(out: str | Path, parts: list[str | Path]) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("csv", nargs="?", help="a kernels.bench CSV")
+    ap.add_argument("csv", nargs="*", help="kernels.bench CSVs (the first's provenance is shown)")
     ap.add_argument("--readme", default=None, help="rewrite the table block of this file")
     ap.add_argument("--merge", nargs="+", default=None, metavar=("OUT", "PART"), help="merge PART CSVs into OUT")
     a = ap.parse_args(argv)
@@ -154,7 +258,7 @@ def main(argv=None) -> int:
         return 0
     if not a.csv:
         ap.error("give a CSV (or --merge)")
-    table = render_file(a.csv)
+    table = render_file(*a.csv)
     if a.readme:
         p = Path(a.readme)
         p.write_text(replace_block(p.read_text(), table))

@@ -1,7 +1,7 @@
 """Every kernel once at a small, ragged size: the program compute-sanitizer runs.
 
     compute-sanitizer --tool memcheck  python -m kernels.sanitize
-    compute-sanitizer --tool racecheck python -m kernels.sanitize [--only bwd_fp16_v3|bwd_fp32_v2|fwd_fp32_v2|decode|bf16]
+    compute-sanitizer --tool racecheck python -m kernels.sanitize [--only VARIANT|decode|bf16]
 
 Sizes are ragged (N = 97 queries, 130 keys, d = 40) so that partial tiles, masked rows and
 the bounds checks all run; causal and grouped-query variants included; fp32 and fp16, and bf16

@@ -182,7 +182,7 @@ def test_public_api_picks_the_fast_kernels_where_they_apply():
                                           ("bwd_fp16_v1:dkdv", (64, 64, 4, 1, 0, 1)),
                                           ("bwd_fp16_v1:dq", (64, 64, 4, 1, 1, 1)),
                                           ("bwd_fp16_v3", (128, 64, 128, 8, 2, 2, 2, 0)),
-                                          ("bwd_fp32_v2", (128, 64, 64, 8, 0, 0, 0, 4)),
+                                          ("bwd_fp32_v2", (128, 64, 64, 8, 0, 4)),
                                           ("fwd_fp32_v2", (128, 32, 4, 1, 1, 4, 1))])
 def test_sm90_ptx_uses_tensor_cores_without_local_memory(variant, args):
     """The default shapes, compiled for sm_90 with the helpers linked by LTO (no GPU needed):

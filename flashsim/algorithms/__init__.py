@@ -38,6 +38,7 @@ _MODULES = {
     "flash2": "flash2",
     "smallcache": "smallcache",
     "decode": "decode",
+    "fast": "fast",
     "torch_flash": "torch_flash",
     "torch_naive": "torch_naive",
     "torch_memeff": "torch_memeff",
@@ -48,11 +49,14 @@ _MODULES = {
 #: whatever the workload says, so the attention-wide lists (``bounds``, ``sweep``, the lower-bound
 #: checks) leave them out; ``simulate`` takes them.
 DECODERS = ("decode",)
-#: Schedules of the kernels PyTorch launches (issue 15): fixed tiles from the kernels' own source,
-#: so the attention-wide lists (bounds, sweeps) leave them out too; ``simulate`` takes them.
+#: Schedules of the kernels PyTorch launches (issue 15): fixed tiles from the kernels' own source.
 TORCH_KERNELS = ("torch_flash", "torch_naive", "torch_memeff", "torch_cudnn")
+#: Schedules of particular kernels (``fast``: kernels/perf's variants; PyTorch's), which take only
+#: the workloads those kernels do and fix their own tiles: ``simulate`` takes them, the
+#: attention-wide lists (bounds, sweeps) leave them out.
+KERNELS = ("fast", *TORCH_KERNELS)
 #: The attention algorithms: every workload, the paper's bounds apply.
-ALGORITHMS = tuple(a for a in _MODULES if a not in DECODERS + TORCH_KERNELS)
+ALGORITHMS = tuple(a for a in _MODULES if a not in DECODERS + KERNELS)
 #: Everything ``get_algorithm`` knows.
 ALL_ALGORITHMS = tuple(_MODULES)
 

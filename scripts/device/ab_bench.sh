@@ -1,56 +1,60 @@
 #!/usr/bin/env bash
-# On the GPU machine, from the repository root, with an older tree carried in .ab/old (git-ignored;
-# `git archive OLD | tar -x -C .ab/old`): kernels.bench of the shipped variants at N = 4,096 (fwd and
-# bwd, fp16 and fp32, d 64 and 128, causal or not) with SDPA's flash backend and naive attention
-# timed in the same run, four runs interleaved old, new, old, new in one machine session, so that
-# the same-run ratios of the two trees compare under the same conditions and the old tree's own
-# run-to-run spread is measured beside them.  Writes $OUT/ab/{old,new}_{1,2}.csv and
-# $OUT/ab/summary.txt (per row: x_sdpa_flash of each run; new/old of the medians; the old
-# tree's run-to-run spread).   usage: bash scripts/device/ab_bench.sh [BUDGET_S]
+# A/B of two trees' kernels on the GPU machine, from the repository root, with the older tree
+# carried in .ab/old (git-ignored through .git/info/exclude; made with
+# `mkdir -p .ab/old && git archive OLD | tar -x -C .ab/old && git rev-parse OLD > .ab/old/COMMIT`,
+# and carried to the device with the run's `carry: [".ab"]`).  The new tree is the working tree.
+#
+# Both trees run the working tree's kernels/bench.py (copied over .ab/old/kernels/bench.py: only
+# the kernels differ), alternated old, new, old, new, ... in one machine session while the budget
+# lasts: a pair of runs (old, then new) starts only if the last pair's time still fits, so both
+# trees get as many runs (a verdict needs two each).  Each process:
+# `kernels.bench --shapes grid --ns 4096 16384 --causal no --dtypes fp16,fp32 --rounds 3 --repeat 5
+# --variants sdpa_flash sdpa_mem_eff best`: the shipped variant (kernels.perf.BEST) for each
+# pass, dtype and d (64, 128), timed in 3 rounds interleaved with SDPA's flash backend (fp16) and
+# memory-efficient backend (fp32, which flash does not take).  `python -m kernels.bench_ab` then
+# prints, per row, new/old of the same-run ratio and whether it is outside the two trees' own
+# run-to-run spread.
+#
+# The runs are written under /tmp/ab ({old,new}_<i>.csv, .meta.json, .log) and, after every run,
+# packed into four files (a device call returns at most eight): $OUT/ab/runs.csv (every run's
+# rows, columns tree and run added), $OUT/ab/runs.meta.json (their provenance), $OUT/ab/log.txt
+# (their output) and $OUT/ab/summary.txt.
+#   usage: FLASHSIM_GIT_COMMIT=<new sha> bash scripts/device/ab_bench.sh [BUDGET_S (default 340)]
 set -u
 start=$(date +%s)
-budget=${1:-560}
+budget=${1:-340}
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
-mkdir -p "$OUT/ab"
-variants="naive sdpa_flash ours_fwd_fp16_v4 ours_fwd_fp32_v1 ours_bwd_fp16_v1 ours_bwd_fp16_v3 ours_bwd_fp32_v1 ours_bwd_fp32_v2"
-for run in 1 2; do
+export PYTHONUNBUFFERED=1
+if [ ! -d .ab/old/kernels ]; then echo "ab_bench: no old tree in .ab/old (see the header)"; exit 2; fi
+mkdir -p "$OUT/ab" /tmp/ab
+cp kernels/bench.py .ab/old/kernels/bench.py
+old_commit=$(cat .ab/old/COMMIT 2>/dev/null || echo unknown)
+new_commit=${FLASHSIM_GIT_COMMIT:-unknown}
+args="--shapes grid --ns 4096 16384 --ds 64 128 --causal no --dtypes fp16,fp32 --rounds 3 --repeat 5
+      --variants sdpa_flash sdpa_mem_eff best"
+declare -A took=([old]=0 [new]=0)
+for run in 1 2 3 4 5 6 7 8; do
+  # a pair (old, then new) starts only if both runs would fit, so that the trees get as many runs
+  left=$(( budget - ($(date +%s) - start) ))
+  need=$(( (took[old] + took[new]) * 11 / 10 ))
+  if [ "$run" -gt 1 ] && [ "$left" -lt "$need" ]; then
+    echo "pair $run: not started ($left s left, the last pair took $(( took[old] + took[new] )) s)"; break
+  fi
   for tree in old new; do
-    t=$(( budget - ($(date +%s) - start) ))
-    if [ "$t" -lt 60 ]; then echo "$tree run $run: skipped ($t s left)"; continue; fi
-    dir=.; [ $tree = old ] && dir=.ab/old
-    (cd $dir && PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 timeout "$t" python3 -m kernels.bench --ns 4096 \
-        --repeat 20 --variants $variants --out "$OUT/ab/${tree}_$run.csv" > "/tmp/ab_${tree}_$run.log" 2>&1)
-    echo "$tree run $run: exit $? at $(( $(date +%s) - start )) s"
+    left=$(( budget - ($(date +%s) - start) ))
+    if [ "$run" = 1 ] && [ "$left" -lt 30 ]; then echo "$tree run 1: not started ($left s left)"; break 2; fi
+    dir=$PWD; commit=$new_commit
+    [ $tree = old ] && dir=$PWD/.ab/old && commit=$old_commit
+    t0=$(date +%s)
+    # shellcheck disable=SC2086
+    (cd "$dir" && FLASHSIM_GIT_COMMIT=$commit PYTHONPATH=/tmp/site:$dir timeout "$left" python3 -m kernels.bench \
+        $args --out "/tmp/ab/${tree}_$run.csv" > "/tmp/ab/${tree}_$run.log" 2>&1)
+    rc=$?
+    took[$tree]=$(( $(date +%s) - t0 ))
+    echo "$tree run $run: exit $rc (124: stopped by the budget) in ${took[$tree]} s, at $(( $(date +%s) - start )) s"
+    for f in /tmp/ab/*_*.log; do echo "=== $f"; cat "$f"; done > "$OUT/ab/log.txt"
+    PYTHONPATH=/tmp/site:$PWD python3 -m kernels.bench_ab --pack /tmp/ab "$OUT/ab/runs.csv"
   done
 done
-PYTHONPATH=/tmp/site:$PWD python3 - "$OUT/ab" <<'PY' | tee "$OUT/ab/summary.txt"
-import csv, os, statistics as st, sys
-out = sys.argv[1]
-runs = {}
-for tree in ("old", "new"):
-    for i in (1, 2):
-        p = os.path.join(out, f"{tree}_{i}.csv")
-        if os.path.exists(p):
-            runs.setdefault(tree, []).append({(r["config"], r["variant"]): r for r in csv.DictReader(open(p))})
-keys = sorted({k for rs in runs.values() for r in rs for k in r if k[1].startswith("ours")})
-def x(r, k):
-    v = r.get(k, {}).get("x_sdpa_flash")
-    return float(v) if v else None
-print(f"{'config':28s} {'variant':16s} {'old runs':>15s} {'new runs':>15s}  new/old  old spread")
-ratios, spreads = [], []
-for k in keys:
-    o = [v for v in (x(r, k) for r in runs.get("old", [])) if v]
-    n = [v for v in (x(r, k) for r in runs.get("new", [])) if v]
-    if not o or not n:
-        continue
-    rel = st.median(n) / st.median(o)
-    sp = (max(o) - min(o)) / st.median(o)
-    ratios.append(rel), spreads.append(sp)
-    print(f"{k[0]:28s} {k[1]:16s} {' '.join(f'{v:7.3f}' for v in o):>15s} {' '.join(f'{v:7.3f}' for v in n):>15s}"
-          f"  {rel:6.3f}  {sp:6.3f}")
-if ratios:
-    print(f"new/old of x_sdpa_flash over {len(ratios)} rows: median {st.median(ratios):.3f}, "
-          f"min {min(ratios):.3f}, max {max(ratios):.3f}; old run-to-run spread median {st.median(spreads):.3f}, "
-          f"max {max(spreads):.3f}")
-PY
+PYTHONPATH=/tmp/site:$PWD python3 -m kernels.bench_ab "$OUT/ab/runs.csv" | tee "$OUT/ab/summary.txt"
 echo "total: $(( $(date +%s) - start )) s"

@@ -1,0 +1,563 @@
+"""The fast kernels (``kernels/perf``, what ``kernels.flash_attention(impl="auto")`` runs): one
+schedule per variant, launch by launch, read from the kernels' code (flashsim never imports
+``kernels``; ``tests/test_fast_schedule.py`` holds the block shapes below equal to theirs).
+
+Variants (the names the records use) and their launches, in launch order:
+
+* ``fwd_fp16_v4`` (fp16 forward; block Br = 16·nw·mt = 128 query rows, Bc = 64 keys at d <= 64,
+  32 above) and ``fwd_fp32_v1`` (fp32 forward; Br = 4·rm·nw = 64, Bc = 64 at d <= 64, 32 above):
+  one launch, FlashAttention-2's loop: Q_i once, K_j and V_j once per visible key block (the
+  causal prefix, exactly flash2's visibility for these tiles), O_i and L_i once.  The copies
+  move the d columns of each row (d is padded to a multiple of 16 only in shared memory, by
+  ``f16_zero_pad``; no global load reads the padding).
+* ``bwd_fp16_v1``: D = rowsum(dO ∘ O) (the reference preprocess kernel, Br = 64:
+  ``kernels.perf._launch.row_dots``), then the dK/dV kernel (Bc = 16·nw·mt keys a block, bq query
+  rows a step over every query head of the group), then the dQ kernel (Br = 16·nw·mt query rows,
+  bk keys a step): flash2's three launches with these tiles.
+* ``bwd_fp16_v3`` (d = 128 by default; also 32, 64), ``bwd_fp32_v1``, ``bwd_fp32_v2``: D, the
+  zero fill of the float32 dQ accumulator ``dQacc`` (``zero_fill``: B·H·Nq·d float32 stores), one
+  key-block kernel (K_j, V_j once; per step Q_i, dO_i, L_i, D_i; dQ_i by ``red.global.add``
+  into ``dQacc``, traffic class "reduction"; dK_j, dV_j stored once), and for fp16 the
+  conversion ``dq_to_f16`` (dQacc read, dQ written in fp16).  The fp32 backwards reduce into
+  dQ itself (fp32: no conversion launch).
+
+What is assumed, and where it is exact:
+
+* A copy of a row past the end (``cp.async`` with src-size 0: the zero fill of a ragged last
+  block) is counted as no global request; rows that exist are loaded whole.
+* Row statistics (L, D) are read, and L is written, by groups of consecutive rows per warp
+  instruction (the kernel's thread mapping): 8 rows for fwd_fp16_v4's L store and bwd_fp16_v1's
+  dQ kernel, 4 for fwd_fp32_v1's L store, 32 for the fp16 key-block kernels' L and D; each
+  group is one request whose sectors are counted apart.  The fp32 backwards' L and D are read by
+  every warp along the keys of their first product (:func:`key_warps`), bwd_fp32_v1's 4
+  consecutive rows a request, bwd_fp32_v2's 4 rows 2 apart (stated as the 16 bytes of the
+  sector they fall in: exact when Nq % 8 == 0).
+* fwd_fp32_v1 writes O, and bwd_fp32_v1 dK and dV, from registers by scalar stores: a warp's
+  store covers 4 rows x 8 columns 4 apart, so the four stores of a row's 32 columns each touch
+  the same 4 sectors (4x the sectors of the bytes).  The schedule states each store as a pair of
+  adjacent columns in the sector the kernel touches (:func:`_scalar_store`): elements and bytes
+  exact, sectors exact for d % 8 == 0 (rows 32-byte aligned).  bwd_fp32_v2 stores dK and dV an
+  element per sector (a lane's columns are 8 apart): one sector per element.
+* Reductions: bwd_fp16_v3's ``red.v2`` cover a row's 32 bytes per lane quad (whole rows in all);
+  bwd_fp32_v1's ``red.v4`` a row's 32-column chunk per request (rows 4 apart: counted row by
+  row); bwd_fp32_v2's ``red.v4`` 16 bytes in each of 4 sectors, two requests a sector.
+* The elementwise launches (``zero_fill``, ``dq_to_f16``: grid-stride loops, a warp 32
+  consecutive elements) are stated per query head: exact when a head's slice is a whole number
+  of sectors (Nq·d·4 bytes a multiple of 32), else a sector two heads share counts twice.
+* Loads are counted by their global addresses.  The kernels load tiles by cp.async (LDGSTS) into
+  shared rows padded by 16 bytes (fp16: d + 8 halves); the H100 record of fwd_fp16_v4 measures
+  exactly 9/8 of this schedule's load sectors at d = 64 on every block shape (144-byte rows for
+  128 bytes copied), stores exact: the LSU appears to count LDGSTS by the shared destination's
+  sectors (scripts/device/ldgsts_probe.sh measures it; README, "The fast kernels").
+* The scale <= 0 path (an extra elementwise pass over Q and over dQ) is not modelled.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..config import STAT_BYTES, Tiling, Workload, cdiv
+from ..masking import visible_counts
+from ..traffic import Launch, Schedule, TensorLayout, read, reduction, write
+from ._common import block_rows, classes, head_classes, layouts, per_kv_head_slices, per_query_head_slices
+
+PASSES = ("fwd", "bwd")
+NEEDS_TILING = False
+TILING_TEXT = "Br = {block_m}, Bc = {block_n} (the kernel's block shape)"
+DESCRIPTION = ("the fast kernels of kernels/perf (--kernel VARIANT, default the one impl='auto' runs): "
+               "their launches, tiles, re-loads and dQ atomics")
+OPTIONS: dict[str, tuple[object, str]] = {
+    "kernel": (None, "fast kernel variant (fwd_fp16_v4, fwd_fp32_v1, bwd_fp16_v1, bwd_fp16_v3, bwd_fp32_v1, "
+                     "bwd_fp32_v2); default: the one kernels.flash_attention(impl='auto') runs for the pass, "
+                     "dtype and d"),
+    "config": (None, "block-shape overrides of the kernel's default_config, as the kernels take them "
+                     "(e.g. 'nw=1,mt=1,bc=16' or a dict): the tiles follow"),
+}
+
+#: variant -> (pass, dtype)
+VARIANTS = {"fwd_fp16_v4": ("fwd", "fp16"), "fwd_fp32_v1": ("fwd", "fp32"),
+            "bwd_fp16_v1": ("bwd", "fp16"), "bwd_fp16_v3": ("bwd", "fp16"),
+            "bwd_fp32_v1": ("bwd", "fp32"), "bwd_fp32_v2": ("bwd", "fp32")}
+
+#: Variants whose every access is stated with the kernel's request pattern (LSU sectors exact;
+#: the fp32 kernels' scalar stores for d % 8 == 0, the fp32 L/D requests for Nq % 8 == 0).
+LSU_EXACT = {"fwd_fp16_v4": True, "fwd_fp32_v1": True, "bwd_fp16_v1": True, "bwd_fp16_v3": True,
+             "bwd_fp32_v1": True, "bwd_fp32_v2": True}
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernels' block shapes and selection, restated (kernels.perf's default_config and BEST)
+
+
+def default_config(name: str, d: int) -> dict:
+    """The block-shape keys of ``kernels.perf.variant(name).default_config(d)`` (the tests hold
+    them equal)."""
+    if name == "fwd_fp16_v4":
+        return dict(bc=64 if d <= 64 else 32, nw=4, mt=2, qreg=True)
+    if name == "fwd_fp32_v1":
+        return dict(bc=64, nw=4, rm=4, unroll=2, minb=2) if d <= 64 else dict(bc=32, nw=4, rm=4, unroll=2, minb=1)
+    if name == "bwd_fp16_v1":
+        return dict(bq=64, bk=64, nw=4, mt=1, reg=True) if d <= 64 else dict(bq=32, bk=32, nw=4, mt=1, reg=False)
+    if name == "bwd_fp16_v3":
+        return dict(bq=64, bk=128, nw=8, ma=2, mb=2, mc=2 if d >= 64 else 1, minb=1)
+    if name == "bwd_fp32_v1":
+        nw = 4 if d <= 64 or 68 <= d <= 96 else 8
+        return dict(bc=64, br=64, nw=nw, unroll=2, minb=1, vred=True)
+    if name == "bwd_fp32_v2":
+        bc, br, nw = (64, 64, 8) if d in (64, 128) else (32, 32, 2)
+        return dict(bc=bc, br=br, nw=nw, minb=1, pipe=False, fuse=False, ak=max(1, d // 32))
+    raise ValueError(f"kernel={name!r}: one of {', '.join(VARIANTS)}")
+
+
+def supports(name: str, dtype: str, d: int) -> bool:
+    """``kernels.perf.variant(name).supports`` for a workload dtype ("fp16", "fp32", "bf16")."""
+    if name not in VARIANTS:
+        raise ValueError(f"kernel={name!r}: one of {', '.join(VARIANTS)}")
+    if dtype != VARIANTS[name][1]:
+        return False
+    if name in ("fwd_fp16_v4", "bwd_fp16_v1"):
+        return d % 8 == 0 and 8 <= d <= 256
+    if name == "bwd_fp16_v3":
+        return d in (32, 64, 128)
+    if name in ("fwd_fp32_v1", "bwd_fp32_v1"):
+        return d % 4 == 0 and 4 <= d <= 128
+    return d in (32, 64, 128)  # bwd_fp32_v2
+
+
+#: kernels.perf.BEST: (pass, dtype) -> (variant, smallest d, largest d) in order of preference.
+BEST = {("fwd", "fp16"): (("fwd_fp16_v4", 1, 1 << 30),),
+        ("bwd", "fp16"): (("bwd_fp16_v3", 65, 128), ("bwd_fp16_v1", 1, 1 << 30)),
+        ("fwd", "fp32"): (("fwd_fp32_v1", 1, 1 << 30),),
+        ("bwd", "fp32"): (("bwd_fp32_v2", 32, 128), ("bwd_fp32_v1", 1, 1 << 30))}
+
+
+def best(pass_: str, dtype: str, d: int) -> str | None:
+    """The variant ``impl="auto"`` runs for this pass, dtype and head dim, or None."""
+    for name, lo, hi in BEST.get((pass_, dtype), ()):
+        if lo <= d <= hi and supports(name, dtype, d):
+            return name
+    return None
+
+
+def variant_for(w: Workload, pass_: str, kernel: str | None = None) -> str:
+    """The variant a pass runs: ``kernel`` (checked against the pass and the workload), or
+    :func:`best`'s when it is None (ValueError when none applies)."""
+    if kernel is not None:
+        if not isinstance(kernel, str) or kernel not in VARIANTS:
+            raise ValueError(f"kernel={kernel!r}: one of {', '.join(VARIANTS)}")
+        if VARIANTS[kernel][0] != pass_:
+            raise ValueError(f"kernel={kernel!r}: a {VARIANTS[kernel][0]} kernel, not a {pass_} one "
+                             f"(pass_={VARIANTS[kernel][0]!r}, or no kernel for the default)")
+        if not supports(kernel, w.dtype, w.d):
+            raise ValueError(f"kernel={kernel!r}: does not take dtype={w.dtype!r} with head_dim={w.d}")
+        return kernel
+    name = best(pass_, w.dtype, w.d)
+    if name is None:
+        raise ValueError(f"dtype={w.dtype!r}, head_dim={w.d}: no fast {pass_} kernel takes it "
+                         "(fp16 d % 8 == 0 up to 256, fp32 d % 4 == 0 up to 128)")
+    return name
+
+
+def parse_config(name: str, d: int, config=None) -> dict:
+    """:func:`default_config` updated by ``config`` (a dict, or "key=value,..." with int and
+    true/false values); ValueError for a key the variant does not take or a bad value."""
+    cfg = default_config(name, d)
+    if config is None:
+        return cfg
+    if isinstance(config, str):
+        items = {}
+        for part in filter(None, (x.strip() for x in config.split(","))):
+            key, sep, val = part.partition("=")
+            if not sep:
+                raise ValueError(f"config={config!r}: want key=value pairs separated by commas")
+            low = val.strip().lower()
+            try:
+                items[key.strip()] = {"true": True, "false": False}[low] if low in ("true", "false") else int(val)
+            except ValueError:
+                raise ValueError(f"config={config!r}: {key.strip()}={val!r} is not an integer or true/false") from None
+        config = items
+    if not isinstance(config, dict):
+        raise ValueError(f"config={config!r}: a dict or 'key=value,...'")
+    unknown = sorted(set(config) - set(cfg))
+    if unknown:
+        raise ValueError(f"config={config!r}: {name} takes {sorted(cfg)}, not {unknown}")
+    for key, val in config.items():
+        if isinstance(cfg[key], bool):
+            if not isinstance(val, bool | np.bool_):
+                raise ValueError(f"config={config!r}: {key} must be true or false")
+        elif isinstance(val, bool) or not isinstance(val, int | np.integer) or val < 1:
+            raise ValueError(f"config={config!r}: {key} must be a positive integer")
+    cfg.update(config)
+    return cfg
+
+
+def tiles(name: str, d: int, config=None) -> dict:
+    """The tiles of each launch of a variant, from its block shape (:func:`parse_config`): the
+    forward's (Br, Bc); the backwards' key-block kernel (query rows a step, keys a block) and
+    bwd_fp16_v1's dQ kernel."""
+    c = parse_config(name, d, config)
+    if name == "fwd_fp16_v4":
+        return {"fwd": Tiling(16 * c["nw"] * c["mt"], c["bc"])}
+    if name == "fwd_fp32_v1":
+        return {"fwd": Tiling(4 * c["rm"] * c["nw"], c["bc"])}
+    if name == "bwd_fp16_v1":
+        rows = 16 * c["nw"] * c["mt"]
+        return {"dkdv": Tiling(c["bq"], rows), "dq": Tiling(rows, c["bk"])}
+    if name == "bwd_fp16_v3":
+        return {"dkdv": Tiling(c["bq"], c["bk"])}
+    return {"dkdv": Tiling(c["br"], c["bc"])}  # bwd_fp32_v1, v2
+
+
+# ---------------------------------------------------------------------------------------------
+# Access helpers
+
+
+def _groups(start: np.ndarray, size: np.ndarray, g: int) -> tuple[np.ndarray, np.ndarray]:
+    """Blocks of rows [start, start + size) cut into groups of g rows (one request each):
+    (first row, rows) of every group, empty groups dropped."""
+    k = np.arange(-(-int(size.max()) // g) if size.size else 0, dtype=np.int64) * g
+    s = (start[:, None] + k[None, :]).ravel()
+    n = np.clip(size[:, None] - k[None, :], 0, g).ravel()
+    keep = n > 0
+    return s[keep], n[keep]
+
+
+def _grouped(fn, name, start, size, g):
+    """``fn`` (read or write) of the blocks' rows in requests of g rows, as grouped counts."""
+    gs, gn = _groups(start, size, g)
+    c = classes(gs, gn)
+    return fn(name, c[0], c[1], repeat=c[2])
+
+
+def _scalar_store(name: str, start: np.ndarray, size: np.ndarray, d: int):
+    """fwd_fp32_v1's O store and bwd_fp32_v1's dK, dV stores (see the module docstring): per row,
+    for each of the 4 stores f and each 8-float sector σ of the row, the n = [8σ+f < d] +
+    [8σ+f+4 < d] elements it writes there, stated as the adjacent columns 8σ + 2f .. (+n) of
+    that sector."""
+    c = classes(start, size)
+    for f in range(4):
+        for sig in range(cdiv(d, 8)):
+            n = int(8 * sig + f < d) + int(8 * sig + f + 4 < d)
+            if n:
+                col0 = 8 * sig + (2 * f if n == 2 else f)
+                yield write(name, c[0], c[1], col0, n, repeat=c[2])
+
+
+# ---------------------------------------------------------------------------------------------
+# Schedules
+
+
+def _meta(name, pass_, t: Tiling, extra=None):
+    m = {"pass": pass_, "kernel": name, "block_m": t.block_m, "block_n": t.block_n, "lsu_exact": LSU_EXACT[name]}
+    m.update(extra or {})
+    return m
+
+
+def _forward(w: Workload, name: str, config=None) -> Schedule:
+    t = tiles(name, w.d, config)["fwd"]
+    q0, qn = block_rows(w.nq, t.block_m)
+    k0, kn = block_rows(w.nk, t.block_n)
+    lgroup = 8 if name == "fwd_fp16_v4" else 4
+    names = ("Q", "K", "V", "O", "L")
+
+    def counts():
+        _, seen_by = visible_counts(w, t)
+        qc = classes(q0, qn)
+        kc = classes(k0, kn, seen_by)
+        yield read("Q", qc[0], qc[1], repeat=qc[2])
+        yield read("K", kc[0], kc[1], repeat=kc[2])
+        yield read("V", kc[0], kc[1], repeat=kc[2])
+        if name == "fwd_fp16_v4":  # O through shared memory, 16 bytes a thread: whole rows
+            yield write("O", qc[0], qc[1], repeat=qc[2])
+        else:
+            yield from _scalar_store("O", q0, qn, w.d)
+        yield _grouped(write, "L", q0, qn, lgroup)
+
+    launch = Launch(name, w.bh, per_query_head_slices(w, names), counts, counts)
+    return Schedule("fast", layouts(w, names), [launch], _meta(name, "fwd", t))
+
+
+def _preprocess(w: Workload, slices) -> Launch:
+    """row_dots: the reference preprocess kernel (kernels/flash2.py, Br = 64): O_i, dO_i in, D_i out."""
+    q0, qn = block_rows(w.nq, 64)
+
+    def counts():
+        qc = classes(q0, qn)
+        yield read("O", qc[0], qc[1], repeat=qc[2])
+        yield read("dO", qc[0], qc[1], repeat=qc[2])
+        yield write("D", qc[0], qc[1], repeat=qc[2])
+
+    return Launch("flash2_bwd_preprocess", w.bh, slices, counts, counts)
+
+
+def _warp_grid(nw: int, rows: int, ur: int, cols: int, uc: int, cost, cap: int | None = None) -> tuple[int, int, int]:
+    """kernels/perf/bwd_fp32.py's ``_warp_grid``: nw warps as wr x wc over a rows x cols tile in
+    units ur x uc, the (wr, mr, mc) of lowest ``cost(mr, mc)`` (mr·mc <= cap)."""
+    best_ = None
+    for wr in range(1, nw + 1):
+        if nw % wr or rows % (ur * wr) or cols % (uc * (nw // wr)):
+            continue
+        mr, mc = rows // (ur * wr), cols // (uc * (nw // wr))
+        if cap is not None and mr * mc > cap:
+            continue
+        c = cost(mr, mc)
+        if best_ is None or c < best_[0]:
+            best_ = (c, wr, mr, mc)
+    if best_ is None:
+        raise ValueError(f"config: no tiling of a {rows} x {cols} tile by nw={nw} warps (units {ur} x {uc})")
+    return best_[1:]
+
+
+def key_warps(name: str, d: int, config=None) -> int:
+    """Warps of the fp32 backwards' first product (Sᵀ, dPᵀ) along the keys: each of them reads
+    the step's L and D (bwd_fp32_v1's ``WK1``, bwd_fp32_v2's ``WA``); 1 for the others."""
+    c = parse_config(name, d, config)
+    if name == "bwd_fp32_v1":
+        return _warp_grid(c["nw"], c["bc"], 8, c["br"], 4, lambda x, y: (x + y) / (x * y))[0]
+    if name == "bwd_fp32_v2":
+        return _warp_grid(c["nw"], c["bc"], 16, c["br"], 8, lambda m, n: (4 * m + 2 * n) / (m * n), 4)[0]
+    return 1
+
+
+def _stat_requests(name: str, q0: np.ndarray, qn: np.ndarray):
+    """(first row, rows, block) of the requests in which a key-block kernel reads a step's L (or
+    D): the fp16 kernels' threads tid < Br read rows r0 + tid (requests of 32 rows); bwd_fp32_v1's
+    lanes 4 consecutive rows (ly) a request; bwd_fp32_v2's lanes rows r0 + 8k + 2t + f (t < 4) a
+    request, stated as rows 8k + 4f .. (as many as exist): the half of the 32-byte sector its 4
+    elements fall in.  Rows past Nq are not read; empty requests are left out."""
+    if name == "bwd_fp32_v2":
+        k = np.arange(-(-int(qn.max()) // 8), dtype=np.int64) * 8
+        blk = np.repeat(np.arange(len(q0)), len(k))
+        starts, sizes, blocks = [], [], []
+        for f in (0, 1):
+            n = sum(((k[None, :] + f + 2 * i) < qn[:, None]).astype(np.int64) for i in range(4))
+            # a block's last, partial group: its rows stated inside the block (within one sector
+            # only when Nq % 8 == 0)
+            starts.append(np.minimum(q0[:, None] + k[None, :] + 4 * f, (q0 + qn)[:, None] - n).ravel())
+            sizes.append(n.ravel())
+            blocks.append(blk)
+        gs, gn, gb = np.concatenate(starts), np.concatenate(sizes), np.concatenate(blocks)
+    else:
+        g = 4 if name == "bwd_fp32_v1" else 32
+        k = np.arange(-(-int(qn.max()) // g), dtype=np.int64) * g
+        gs = (q0[:, None] + k[None, :]).ravel()
+        gn = np.clip(qn[:, None] - k[None, :], 0, g).ravel()
+        gb = np.repeat(np.arange(len(q0)), len(k))
+    keep = gn > 0
+    return gs[keep], gn[keep], gb[keep]
+
+
+def _key_block(w: Workload, name: str, t: Tiling, slices, dq_red: str | None, config=None) -> Launch:
+    """A key-block kernel (grid (Tc, B·Hkv)): K_j, V_j once; per query head of the group and query
+    block i that sees j: Q_i, dO_i (whole rows), L_i, D_i (:func:`_stat_requests`, by each of
+    :func:`key_warps` warps), and, with ``dq_red``, dQ_i reduced into that tensor; dK_j, dV_j
+    once.  The fp32 kernels' reductions and dK/dV stores are stated per request: bwd_fp32_v1's
+    red.v4 covers a row's 32-column chunk, its stores :func:`_scalar_store`'s pattern;
+    bwd_fp32_v2's red.v4 16 bytes in each of 4 sectors (two requests a sector), its stores one
+    element a sector."""
+    q0, qn = block_rows(w.nq, t.block_m)
+    k0, kn = block_rows(w.nk, t.block_n)
+    heads, per_head = head_classes(w.group)
+    rep = key_warps(name, w.d, config)
+
+    def per_step(fn, tensor, start, size, weight, col0=0, ncols=None):
+        c = classes(start, size, weight)
+        return fn(tensor, c[0][None, :], c[1][None, :], col0, ncols, slice_offset=heads,
+                  repeat=per_head * c[2][None, :])
+
+    def counts():
+        sees, _ = visible_counts(w, t)
+        kc = classes(k0, kn)
+        yield read("K", kc[0], kc[1], repeat=kc[2])
+        yield read("V", kc[0], kc[1], repeat=kc[2])
+        for tensor in ("Q", "dO"):
+            yield per_step(read, tensor, q0, qn, sees)
+        gs, gn, gb = _stat_requests(name, q0, qn)
+        for tensor in ("L", "D"):
+            yield per_step(read, tensor, gs, gn, rep * sees[gb])
+        if dq_red is not None:
+            if name == "bwd_fp16_v3":  # red.v2: a row's 32 bytes a lane quad, whole rows in all
+                yield per_step(reduction, dq_red, q0, qn, sees)
+            elif name == "bwd_fp32_v1":  # red.v4: a row's 32-column chunk a request (rows 4 apart)
+                rs = np.arange(w.nq, dtype=np.int64)  # the blocks cover rows 0 .. Nq-1 in order
+                rw = sees[rs // t.block_m]
+                for u in range(cdiv(w.d, 32)):
+                    yield per_step(reduction, dq_red, rs, np.ones_like(rs), rw, 32 * u, min(32, w.d - 32 * u))
+            else:  # bwd_fp32_v2: 16 bytes at 8t + 4h of each 32 columns, each its own sector
+                for col in range(0, w.d, 4):
+                    yield per_step(reduction, dq_red, q0, qn, sees, col, 4)
+        if name == "bwd_fp32_v1":
+            for tensor in ("dK", "dV"):
+                yield from _scalar_store(tensor, k0, kn, w.d)
+        elif name == "bwd_fp32_v2":
+            for tensor in ("dK", "dV"):
+                for col in range(w.d):
+                    yield write(tensor, kc[0], kc[1], col, 1, repeat=kc[2])
+        else:
+            yield write("dK", kc[0], kc[1], repeat=kc[2])
+            yield write("dV", kc[0], kc[1], repeat=kc[2])
+
+    return Launch(name if dq_red is not None else f"{name}_dkdv", w.batch * w.hkv, slices, counts, counts)
+
+
+def _dq_v1(w: Workload, t: Tiling, slices) -> Launch:
+    """bwd_fp16_v1's dQ kernel: Q_i, dO_i once; L_i, D_i by the lanes' rows (requests of 8 rows);
+    K_j, V_j per visible key block; dQ_i (fp16) once."""
+    q0, qn = block_rows(w.nq, t.block_m)
+    k0, kn = block_rows(w.nk, t.block_n)
+
+    def counts():
+        _, seen_by = visible_counts(w, t)
+        qc = classes(q0, qn)
+        kc = classes(k0, kn, seen_by)
+        yield read("Q", qc[0], qc[1], repeat=qc[2])
+        yield read("dO", qc[0], qc[1], repeat=qc[2])
+        yield _grouped(read, "L", q0, qn, 8)
+        yield _grouped(read, "D", q0, qn, 8)
+        yield read("K", kc[0], kc[1], repeat=kc[2])
+        yield read("V", kc[0], kc[1], repeat=kc[2])
+        yield write("dQ", qc[0], qc[1], repeat=qc[2])
+
+    return Launch("bwd_fp16_v1_dq", w.bh, slices, counts, counts)
+
+
+def _elementwise(name: str, w: Workload, slices, reads: tuple[str, ...], writes: tuple[str, ...]) -> Launch:
+    """A grid-stride elementwise kernel over B·H·Nq·d elements (zero fill, fp32 -> fp16): each
+    element read and/or written once, a warp 32 consecutive elements; stated per query head."""
+
+    def counts():
+        for tensor in reads:
+            yield read(tensor, 0, w.nq)
+        for tensor in writes:
+            yield write(tensor, 0, w.nq)
+
+    return Launch(name, w.bh, slices, counts, counts)
+
+
+_BWD_TENSORS = ("Q", "K", "V", "O", "L", "D", "dO", "dQ", "dK", "dV")
+
+
+def _backward(w: Workload, name: str, config=None) -> Schedule:
+    tl = tiles(name, w.d, config)
+    t = tl["dkdv"]
+    tensors = layouts(w, _BWD_TENSORS)
+    qs = per_query_head_slices(w, _BWD_TENSORS + ("dQacc",))
+    ks = per_kv_head_slices(w, _BWD_TENSORS + ("dQacc",))
+    launches = [_preprocess(w, qs)]
+    extra = {}
+    if name == "bwd_fp16_v1":
+        launches += [_key_block(w, name, t, ks, None, config), _dq_v1(w, tl["dq"], qs)]
+        extra = {"dq_block_m": tl["dq"].block_m, "dq_block_n": tl["dq"].block_n}
+    elif name == "bwd_fp16_v3":
+        tensors["dQacc"] = TensorLayout("dQacc", w.nq, w.d, STAT_BYTES, w.bh)
+        launches += [_elementwise("zero_fill", w, qs, (), ("dQacc",)), _key_block(w, name, t, ks, "dQacc", config),
+                     _elementwise("dq_to_f16", w, qs, ("dQacc",), ("dQ",))]
+    else:  # fp32: the atomics add into dQ itself
+        launches += [_elementwise("zero_fill", w, qs, (), ("dQ",)), _key_block(w, name, t, ks, "dQ", config)]
+    return Schedule("fast", tensors, launches, _meta(name, "bwd", t, extra))
+
+
+def schedule(w: Workload, tiling: Tiling | None, pass_: str, **options) -> Schedule:
+    if pass_ not in PASSES:
+        raise ValueError(f"pass_={pass_!r}: not modelled")
+    name = variant_for(w, pass_, _kernel(options))
+    config = options.get("config")
+    return _forward(w, name, config) if pass_ == "fwd" else _backward(w, name, config)
+
+
+def _kernel(options: dict):
+    extra = sorted(set(options) - set(OPTIONS))
+    if extra:
+        raise ValueError(f"options={extra}: fast takes only {sorted(OPTIONS)}")
+    return options.get("kernel")
+
+
+# ---------------------------------------------------------------------------------------------
+# Closed forms (elements; no loop over tiles)
+
+
+def _q_rows_dkdv(w: Workload, t: Tiling) -> int:
+    """Σ over key blocks j of the query rows a query head loads for j (flash2's formula)."""
+    from .flash2 import _q_rows_read_dkdv
+
+    return _q_rows_read_dkdv(w, t)
+
+
+def _kv_rows_fwd(w: Workload, t: Tiling) -> int:
+    from .flash2 import _kv_rows_read_fwd
+
+    return _kv_rows_read_fwd(w, t)
+
+
+def closed_form(w: Workload, tiling: Tiling | None, pass_: str, **options) -> dict[tuple[str, str], int]:
+    if pass_ not in PASSES:
+        raise ValueError(f"pass_={pass_!r}: not modelled")
+    name = variant_for(w, pass_, _kernel(options))
+    config = options.get("config")
+    bh, d, nq = w.bh, w.d, w.nq
+    if pass_ == "fwd":
+        t = tiles(name, d, config)["fwd"]
+        kv = bh * _kv_rows_fwd(w, t) * d
+        return {("Q", "read"): bh * nq * d, ("K", "read"): kv, ("V", "read"): kv,
+                ("O", "write"): bh * nq * d, ("L", "write"): bh * nq}
+    tl = tiles(name, d, config)
+    q_rows = _q_rows_dkdv(w, tl["dkdv"])  # per query head
+    rep = key_warps(name, d, config)  # warps that read each step's L and D
+    kv_once = w.batch * w.hkv * w.nk * d
+    out = {("O", "read"): bh * nq * d, ("dO", "read"): bh * (nq + q_rows) * d, ("D", "write"): bh * nq,
+           ("Q", "read"): bh * q_rows * d, ("L", "read"): bh * q_rows * rep, ("D", "read"): bh * q_rows * rep,
+           ("K", "read"): kv_once, ("V", "read"): kv_once, ("dK", "write"): kv_once, ("dV", "write"): kv_once}
+    if name == "bwd_fp16_v1":
+        kv = bh * _kv_rows_fwd(w, tl["dq"]) * d
+        out[("Q", "read")] += bh * nq * d
+        out[("dO", "read")] += bh * nq * d
+        out[("L", "read")] += bh * nq
+        out[("D", "read")] += bh * nq
+        out[("K", "read")] += kv
+        out[("V", "read")] += kv
+        out[("dQ", "write")] = bh * nq * d
+    else:
+        acc = "dQacc" if name == "bwd_fp16_v3" else "dQ"
+        out[(acc, "write")] = bh * nq * d  # the zero fill
+        out[(acc, "reduction")] = bh * q_rows * d
+        if name == "bwd_fp16_v3":
+            out[("dQacc", "read")] = bh * nq * d
+            out[("dQ", "write")] = bh * nq * d
+    return out
+
+
+def flop_tiling(w: Workload, pass_: str, kernel: str | None = None, config=None) -> Tiling:
+    """The tiles whose computed score entries the pass's FLOPs count (flashsim.flops: flash2's
+    model): the forward's, or the backward key-block kernel's."""
+    t = tiles(variant_for(w, pass_, kernel), w.d, config)
+    return t.get("fwd", t.get("dkdv"))
+
+
+# ---------------------------------------------------------------------------------------------
+# The registry's hooks
+
+
+def plan(w: Workload, sram_elems: int | None = None, tiling: Tiling | None = None, **options) -> tuple[None, dict]:
+    """The kernels fix their own tiles: no M rule, no tiling."""
+    if tiling is not None:
+        raise ValueError("tiling: the fast kernels run their own block shapes (kernels.perf default_config); "
+                         "give no block sizes")
+    return None, dict(options)
+
+
+def blocks(w: Workload, tiling: Tiling | None, **options) -> tuple[int | None, int | None]:
+    """(block_m, block_n) of the forward variant's tiles, else of the backward key-block kernel's."""
+    kernel = options.get("kernel")
+    pass_ = VARIANTS[kernel][0] if kernel in VARIANTS else "fwd"
+    try:
+        name = variant_for(w, pass_, kernel)
+    except ValueError:
+        return None, None
+    t = tiles(name, w.d, options.get("config"))
+    t = t.get("fwd", t.get("dkdv"))
+    return t.block_m, t.block_n
+
+
+__all__ = ["schedule", "closed_form", "plan", "blocks", "TILING_TEXT", "PASSES", "NEEDS_TILING", "DESCRIPTION",
+           "OPTIONS", "VARIANTS", "BEST", "best", "default_config", "parse_config", "supports", "tiles",
+           "variant_for", "flop_tiling"]

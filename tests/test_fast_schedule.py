@@ -1,0 +1,294 @@
+"""The fast kernels' schedules (flashsim/algorithms/fast.py): their block shapes and selection
+equal kernels.perf's, hand-derived counts for small cases, walker == closed form, and the
+elements each launch touches equal what the kernels touch under the CUDA simulator."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _fast_trace import trace
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flashsim import Workload
+from flashsim.algorithms import fast
+from flashsim.api import build_schedule, simulate
+from flashsim.traffic import walk
+
+FP = {"fp16": np.float16, "fp32": np.float32}
+
+
+def W(b, h, n, d, **kw):
+    return Workload(batch=b, heads=h, seq_len_q=n, head_dim=d, **kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# The restated block shapes and selection equal kernels.perf's
+
+
+def test_default_configs_and_selection_equal_kernels_perf():
+    from kernels import perf
+
+    for name, (_, dtype) in fast.VARIANTS.items():
+        v = perf.variant(name)
+        for d in range(1, 261):
+            assert fast.supports(name, dtype, d) == v.supports(FP[dtype], d), (name, d)
+            if v.supports(FP[dtype], d):
+                assert fast.default_config(name, d) == v.default_config(d), (name, d)
+    assert {k: tuple(x) for k, x in fast.BEST.items()} == {
+        (p, {"float16": "fp16", "float32": "fp32"}[t]): tuple(x) for (p, t), x in perf.BEST.items()}
+    for (pass_, dtype) in fast.BEST:
+        for d in range(1, 261):
+            b = perf.best(pass_, FP[dtype], d)
+            assert fast.best(pass_, dtype, d) == (None if b is None else b.name), (pass_, dtype, d)
+    assert fast.best("fwd", "bf16", 64) is None
+
+
+def test_key_warps_equal_the_kernels_warp_grids():
+    """flashsim restates bwd_fp32's warp grid (which warps read L and D): equal for every block
+    shape the kernels accept over a grid of them."""
+    from kernels.perf import bwd_fp32 as m
+
+    n = 0
+    for name, tiling, dims, key in (("bwd_fp32_v1", m.tiling_v1, (8, 12, 64, 96, 128), "wk1"),
+                                    ("bwd_fp32_v2", m.tiling_v2, (32, 64, 128), "wa")):
+        for d in dims:
+            for nw in (1, 2, 4, 8):
+                for bc in (16, 32, 64, 128):
+                    for br in (16, 32, 64):
+                        try:
+                            want = tiling(d, bc, br, nw)[key]
+                        except ValueError:
+                            continue
+                        assert fast.key_warps(name, d, dict(bc=bc, br=br, nw=nw)) == want, (name, d, nw, bc, br)
+                        n += 1
+    assert n > 100
+
+
+def test_selection_and_bad_input():
+    w = W(1, 1, 128, 128, dtype="fp16")
+    assert fast.variant_for(w, "bwd") == "bwd_fp16_v3"
+    assert fast.variant_for(W(1, 1, 128, 64), "bwd") == "bwd_fp16_v1"
+    assert fast.variant_for(W(1, 1, 128, 64, dtype="fp32"), "bwd") == "bwd_fp32_v2"
+    assert fast.variant_for(W(1, 1, 128, 48, dtype="fp32"), "bwd") == "bwd_fp32_v1"
+    for kernel, msg in (("fwd_fp16_v9", "one of"), ("bwd_fp16_v3", "a bwd kernel"), ("fwd_fp32_v1", "does not take")):
+        with pytest.raises(ValueError, match=f"kernel=.*{msg}"):
+            simulate(w, "fast", "fwd", kernel=kernel)
+    with pytest.raises(ValueError, match="no fast fwd kernel"):
+        simulate(W(1, 1, 128, 64, dtype="bf16"), "fast")
+    for config, msg in (("nw=x", "not an integer"), ({"bk": 16}, "takes"), ({"qreg": 1}, "true or false"),
+                        ("nw", "key=value"), ({"nw": 0}, "positive")):
+        with pytest.raises(ValueError, match=f"config=.*{msg}"):
+            simulate(w, "fast", "fwd", config=config)
+    with pytest.raises(ValueError, match="options="):
+        simulate(w, "fast", "fwd", window=(1, 1))
+    with pytest.raises(ValueError, match="tiling"):
+        fast.plan(w, None, fast.Tiling(64, 64))
+
+
+# ---------------------------------------------------------------------------------------------
+# Hand-derived counts
+
+
+def _by(r, launch=None):
+    io = r.io if launch is None else r.io.per_launch[launch]
+    return {k: (t.elements, t.bytes, t.sectors) for k, t in sorted(io.breakdown.items())}
+
+
+def test_fwd_fp16_v4_counts_by_hand():
+    # d = 64: Br = 16·nw·mt = 16·4·2 = 128, Bc = 64.  B = H = 1, N = 256: Tr = 2.
+    r = simulate(W(1, 1, 256, 64), "fast", "fwd", kernel="fwd_fp16_v4")
+    assert list(r.io.per_launch) == ["fwd_fp16_v4"] and r.agrees
+    # Q once: 256·64 = 16,384 halves = 32,768 B = 1,024 sectors; K, V once per query block: 2·16,384;
+    # O once; L (fp32) in requests of 8 rows = 32 B: 32 requests, 32 sectors.
+    assert _by(r) == {("K", "read"): (32768, 65536, 2048), ("L", "write"): (256, 1024, 32),
+                      ("O", "write"): (16384, 32768, 1024), ("Q", "read"): (16384, 32768, 1024),
+                      ("V", "read"): (32768, 65536, 2048)}
+    # Causal: query block 0 (rows 0..127) sees key blocks j·64 <= 127, j = 0, 1 (128 rows); block 1
+    # sees all 4 (256 rows): K = (128 + 256)·64 = 24,576.
+    rc = simulate(W(1, 1, 256, 64, causal=True), "fast", "fwd")
+    assert rc.io.breakdown[("K", "read")].elements == 24576 == rc.io.breakdown[("V", "read")].elements
+
+
+def test_fwd_fp32_v1_counts_by_hand():
+    # d = 64: Br = 4·rm·nw = 4·4·4 = 64, Bc = 64.  N = 128: Tr = 2.
+    r = simulate(W(1, 1, 128, 64, dtype="fp32"), "fast", "fwd")
+    # Q: 128·64 = 8,192 floats = 32,768 B = 1,024 sectors; K, V: 2·8,192.  O by scalar stores: each
+    # of the 4 stores of a row's 32 columns touches its 4 sectors: 128 rows · 8 sectors · 4 = 4,096
+    # sectors for 32,768 B.  L in requests of 4 rows (16 B, one sector each): 32.
+    assert _by(r) == {("K", "read"): (16384, 65536, 2048), ("L", "write"): (128, 512, 32),
+                      ("O", "write"): (8192, 32768, 4096), ("Q", "read"): (8192, 32768, 1024),
+                      ("V", "read"): (16384, 65536, 2048)}
+
+
+def test_bwd_fp16_v3_counts_by_hand():
+    # d = 128: bq = 64 query rows a step, bk = 128 keys a block.  B = 1, H = 2, Hkv = 1, N = 128:
+    # one key block, two query blocks per head, two heads: 4 steps.
+    r = simulate(W(1, 2, 128, 128, kv_heads=1), "fast", "bwd")
+    assert list(r.io.per_launch) == ["flash2_bwd_preprocess", "zero_fill", "bwd_fp16_v3", "dq_to_f16"]
+    assert r.agrees
+    n = 2 * 128 * 128  # Q-shaped elements of both heads: 32,768
+    assert _by(r, "flash2_bwd_preprocess") == {("D", "write"): (256, 1024, 32), ("O", "read"): (n, 2 * n, n // 16),
+                                               ("dO", "read"): (n, 2 * n, n // 16)}
+    # the float32 accumulator zeroed: 32,768 floats = 131,072 B = 4,096 sectors
+    assert _by(r, "zero_fill") == {("dQacc", "write"): (n, 4 * n, n // 8)}
+    # K, V once (16,384 halves); per step Q_i, dO_i (4 steps · 64 rows · 128 = n), L_i, D_i (256
+    # floats, requests of 32 rows = 128 B: 8 requests, 4 sectors each); dQ_i reduced into dQacc
+    # (n floats, 4,096 sectors); dK, dV once.
+    kv = 128 * 128
+    assert _by(r, "bwd_fp16_v3") == {
+        ("D", "read"): (256, 1024, 32), ("K", "read"): (kv, 2 * kv, kv // 16), ("L", "read"): (256, 1024, 32),
+        ("Q", "read"): (n, 2 * n, n // 16), ("V", "read"): (kv, 2 * kv, kv // 16),
+        ("dK", "write"): (kv, 2 * kv, kv // 16), ("dO", "read"): (n, 2 * n, n // 16),
+        ("dQacc", "reduction"): (n, 4 * n, n // 8), ("dV", "write"): (kv, 2 * kv, kv // 16)}
+    assert _by(r, "dq_to_f16") == {("dQ", "write"): (n, 2 * n, n // 16), ("dQacc", "read"): (n, 4 * n, n // 8)}
+    # reductions are their own class: not in the LSU totals
+    assert r.io.by_class()["reduction"].bytes == 4 * n
+    assert r.io.read_bytes == sum(t.bytes for (_, k), t in r.io.breakdown.items() if k == "read")
+    # Causal, H = Hkv = 1, N = 256: key block 0 is seen by the 4 query blocks (256 rows), key block
+    # 1 (keys 128..255) by the blocks from row 128 on, i0 = 128 // 64 = 2 (128 rows): 384·128.
+    rc = simulate(W(1, 1, 256, 128, causal=True), "fast", "bwd")
+    assert rc.io.breakdown[("Q", "read")].elements == 384 * 128 == rc.io.breakdown[("dQacc", "reduction")].elements
+
+
+def test_bwd_fp16_v1_counts_by_hand():
+    # d = 64: dK/dV kernel 16·nw·mt = 64 keys a block, bq = 64 query rows a step; dQ kernel 64 query
+    # rows a block, bk = 64 keys a step.  B = H = 1, N = 128: 2 blocks each way.
+    r = simulate(W(1, 1, 128, 64), "fast", "bwd")
+    assert list(r.io.per_launch) == ["flash2_bwd_preprocess", "bwd_fp16_v1_dkdv", "bwd_fp16_v1_dq"]
+    n = 128 * 64
+    # dK/dV: Q, dO once per key block (2·n); L, D 2·128 floats in requests of 32 rows (4 sectors).
+    assert _by(r, "bwd_fp16_v1_dkdv") == {
+        ("D", "read"): (256, 1024, 32), ("K", "read"): (n, 2 * n, n // 16), ("L", "read"): (256, 1024, 32),
+        ("Q", "read"): (2 * n, 4 * n, n // 8), ("V", "read"): (n, 2 * n, n // 16),
+        ("dK", "write"): (n, 2 * n, n // 16), ("dO", "read"): (2 * n, 4 * n, n // 8),
+        ("dV", "write"): (n, 2 * n, n // 16)}
+    # dQ: Q, dO once; L, D 128 floats in requests of 8 rows (one sector each: 16); K, V per query block.
+    assert _by(r, "bwd_fp16_v1_dq") == {
+        ("D", "read"): (128, 512, 16), ("K", "read"): (2 * n, 4 * n, n // 8), ("L", "read"): (128, 512, 16),
+        ("Q", "read"): (n, 2 * n, n // 16), ("V", "read"): (2 * n, 4 * n, n // 8),
+        ("dO", "read"): (n, 2 * n, n // 16), ("dQ", "write"): (n, 2 * n, n // 16)}
+
+
+def test_bwd_fp32_counts_by_hand():
+    # bwd_fp32_v2 at d = 64: 64 keys a block, 64 query rows a step; N = 128: 2 x 2 steps.  The
+    # atomics add into dQ itself, zeroed first; no conversion launch.
+    r = simulate(W(1, 1, 128, 64, dtype="fp32"), "fast", "bwd")
+    assert list(r.io.per_launch) == ["flash2_bwd_preprocess", "zero_fill", "bwd_fp32_v2"]
+    assert r.io.per_launch["zero_fill"].elements_by_key() == {("dQ", "write"): 8192}
+    # L, D: every step's 64 rows by each of the 2 warps along the keys (WA = 2), 4 rows 2 apart a
+    # request, in one sector: 2 key blocks · 2 steps · 2 warps · 64 = 512 floats in 128 requests.
+    # dQ: red.v4 of 16 bytes, each in its own sector: 2·2·64·64 floats = 65,536 B = 4,096 sectors.
+    # dK, dV: one element a sector: 8,192 each.
+    assert _by(r, "bwd_fp32_v2") == {
+        ("D", "read"): (512, 2048, 128), ("K", "read"): (8192, 32768, 1024), ("L", "read"): (512, 2048, 128),
+        ("Q", "read"): (16384, 65536, 2048), ("V", "read"): (8192, 32768, 1024), ("dK", "write"): (8192, 32768, 8192),
+        ("dO", "read"): (16384, 65536, 2048), ("dQ", "reduction"): (16384, 65536, 4096),
+        ("dV", "write"): (8192, 32768, 8192)}
+    # bwd_fp32_v1 at d = 64 (one warp along the keys): L, D 4 rows a request (256 floats, 64
+    # sectors); dQ by red.v4 over a row's 32 columns (128 B, 4 sectors); dK, dV by scalar stores,
+    # each sector 4 times: 8,192 floats = 1,024 sectors of data, 4,096 counted.
+    r1 = simulate(W(1, 1, 128, 64, dtype="fp32"), "fast", "bwd", kernel="bwd_fp32_v1")
+    assert _by(r1, "bwd_fp32_v1") == {
+        ("D", "read"): (256, 1024, 64), ("K", "read"): (8192, 32768, 1024), ("L", "read"): (256, 1024, 64),
+        ("Q", "read"): (16384, 65536, 2048), ("V", "read"): (8192, 32768, 1024), ("dK", "write"): (8192, 32768, 4096),
+        ("dO", "read"): (16384, 65536, 2048), ("dQ", "reduction"): (16384, 65536, 2048),
+        ("dV", "write"): (8192, 32768, 4096)}
+    assert simulate(W(1, 1, 128, 64, dtype="fp32"), "fast", "bwd").options == {}
+
+
+# ---------------------------------------------------------------------------------------------
+# Walker == closed form
+
+
+@st.composite
+def _workloads(draw):
+    name = draw(st.sampled_from(sorted(fast.VARIANTS)))
+    pass_, dtype = fast.VARIANTS[name]
+    d = draw(st.sampled_from([d for d in (16, 32, 40, 64, 72, 128) if fast.supports(name, dtype, d)]))
+    hkv = draw(st.sampled_from([1, 2]))
+    w = W(draw(st.integers(1, 2)), hkv * draw(st.sampled_from([1, 2])), draw(st.integers(1, 700)), d,
+                 seq_len_k=draw(st.integers(1, 700)), kv_heads=hkv, dtype=dtype, causal=draw(st.booleans()))
+    return w, pass_, name
+
+
+@settings(max_examples=40, deadline=None)
+@given(_workloads())
+def test_walker_equals_closed_form(c):
+    w, pass_, name = c
+    r = simulate(w, "fast", pass_, kernel=name)
+    print(name, w, r.io.elements_by_key(), r.closed_form.elements_by_key())
+    assert r.agrees
+    assert walk(build_schedule(w, "fast", pass_, kernel=name), ordered=True).to_dict() == r.io.to_dict()
+
+
+# ---------------------------------------------------------------------------------------------
+# Cross-check against the kernels under the CUDA simulator
+
+
+#: small block shapes, so that the simulator runs each variant in about a second
+SMALL = {"fwd_fp16_v4": dict(nw=1, mt=1, bc=16), "fwd_fp32_v1": dict(nw=1, rm=1, bc=16),
+         "bwd_fp16_v1": dict(bq=16, bk=16, nw=1, mt=1), "bwd_fp16_v3": dict(bq=16, bk=16, nw=1, ma=1, mb=1, mc=1),
+         "bwd_fp32_v1": dict(bc=128, br=32, nw=2), "bwd_fp32_v2": dict(bc=32, br=16, nw=2)}
+#: kernel parameter -> schedule tensor
+PARAM = {"q": "Q", "k": "K", "v": "V", "o": "O", "lse": "L", "do": "dO", "dvec": "D", "dq": "dQ", "dk": "dK",
+         "dv": "dV", "dqa": "dQacc", "src": "dQacc", "dst": "dQ"}
+
+
+@pytest.mark.parametrize("name,d,h", [("fwd_fp16_v4", 24, 2), ("fwd_fp32_v1", 12, 2), ("bwd_fp16_v1", 16, 2),
+                                      ("bwd_fp16_v3", 32, 2), ("bwd_fp32_v1", 8, 2), ("bwd_fp32_v2", 64, 1)])
+def test_elements_equal_the_kernels_under_the_simulator(name, d, h):
+    """Every launch touches, per tensor, the elements its schedule counts (ragged blocks: N = 21
+    and 19 with blocks of 16 or 32; causal; two query heads on one kv head, but for bwd_fp32_v2,
+    whose d = 64 is the simulator's slowest).  Threads that read
+    one address together (a broadcast of L or D to a quad or a lane group) count once; every
+    other element is touched by one thread once, so no tile is loaded twice by a block."""
+    from kernels.perf import variant
+
+    pass_, dtype = fast.VARIANTS[name]
+    dt = FP[dtype]
+    rng = np.random.default_rng(1)
+    q = rng.standard_normal((1, h, 21, d)).astype(dt)
+    k, v = (rng.standard_normal((1, 1, 19, d)).astype(dt) for _ in range(2))
+    vv = variant(name)
+    if pass_ == "fwd":
+        with trace() as got:
+            vv.forward(q, k, v, causal=True, **SMALL[name])
+    else:
+        from kernels.reference import attention_forward  # O and L in float64: no simulated forward
+
+        o, lse = attention_forward(q, k, v, causal=True)
+        o, lse = o.astype(dt), lse.astype(np.float32)
+        do = rng.standard_normal(q.shape).astype(dt)
+        with trace() as got:
+            vv.backward(q, k, v, o, lse, do, causal=True, **SMALL[name])
+    w = W(1, h, 21, d, seq_len_k=19, kv_heads=1, dtype=dtype, causal=True)
+    io = simulate(w, "fast", pass_, kernel=name, config=SMALL[name]).io
+    assert len(got) == len(io.per_launch)
+    for (kname, total, distinct), (lname, c) in zip(got, io.per_launch.items(), strict=True):
+        acc = "dQacc" if name == "bwd_fp16_v3" else "dQ"
+        seen = {}
+        for (param, what), n in distinct.items():
+            tensor = acc if param == "a" else PARAM[param]
+            seen[(tensor, what)] = n
+        want = {}
+        for (tensor, key), n in c.elements_by_key().items():
+            if key == "reduction":  # the twin reads and writes each element reduced once
+                want[(tensor, "read")] = want.get((tensor, "read"), 0) + n
+                want[(tensor, "write")] = want.get((tensor, "write"), 0) + n
+            else:
+                want[(tensor, key)] = want.get((tensor, key), 0) + n
+        # L and D: the schedule counts what each request asks for (every warp along the keys of
+        # the fp32 backwards' first product reads them: fast.key_warps); the lanes of a request
+        # that read one address (a quad, a lane group of 8) are one read.
+        lanes = {"bwd_fp16_v1_dq": 4, "bwd_fp32_v1": 8, "bwd_fp32_v2": 8}.get(lname, 1)
+        for tensor, param in (("L", "lse"), ("D", "dvec")):
+            if (tensor, "read") in want:
+                print(lname, tensor, total[(param, "read")], lanes, want[(tensor, "read")])
+                assert total[(param, "read")] == lanes * want[(tensor, "read")], (lname, tensor)
+                assert seen.pop((tensor, "read")) * fast.key_warps(name, d, SMALL[name]) == want.pop((tensor, "read"))
+        print(name, lname, kname, seen, want)
+        assert seen == want, (lname, kname)
+        for (param, what), n in total.items():
+            if param not in ("lse", "dvec"):
+                assert n == distinct[(param, what)], (lname, param, what)
