@@ -501,7 +501,7 @@ def run(data: str | Path, out_dir: str | Path | None = None, gpu: str | None = N
     print(f"\nLSU level: {s['lsu_within_tolerance']}/{s['launches']} launches within "
           f"{100 * LSU_TOLERANCE:.0f}% (max |err| {100 * s['lsu_max_abs_err']:.3f}%)")
     if "torch_lsu_launches" in s:
-        print(f"PyTorch's launches: LSU level, to the byte (loads incl. LDGSTS, stores, reductions apart): "
+        print(f"PyTorch's launches: LSU level, to the byte (loads, LDGSTS included, stores, reductions apart): "
               f"{s['torch_lsu_exact']}/{s['torch_lsu_launches']}; L2 level (TMA launches) within 2%: "
               f"{s['torch_l2_within']}/{s['torch_l2_launches']}")
     if "lsu_ld_exact" in s:

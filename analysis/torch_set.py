@@ -15,8 +15,13 @@ for the memory-efficient and cuDNN backends ``F.scaled_dot_product_attention`` u
 launch must match, in order, the kernel-name pattern of a schedule launch (the module's
 ``KERNEL_NAMES``), else the comparison is refused naming both lists.  A launch that goes through
 the load/store unit is compared at the LSU level with loads, stores and reductions apart (loads:
-``l1tex__t_bytes_pipe_lsu_mem_global_op_ld`` plus the LDGSTS (``cp.async``) sectors when recorded,
-which FlashAttention-2 uses for its tiles; reductions: the ``op_red`` sectors); a launch with bulk
+``l1tex__t_bytes_pipe_lsu_mem_global_op_ld``, which includes the LDGSTS (``cp.async``) loads: the
+H100 record's fp32 cuBLAS GEMMs load only through LDGSTS and their ``op_ldgsts_cache_access``
+sectors x 32 equal their ``op_ld`` bytes, 100,663,296 and 134,217,728, which also equal the
+schedule's loads; FlashAttention-2's ``cp.async.cg`` tile loads, which bypass L1, record no
+``cache_access`` sectors and their ``op_ld`` equals the schedule's loads, each tile counted once;
+the LDGSTS sectors are reported beside, ``lsu_ldgsts_bytes``; reductions: the ``op_red``
+sectors); a launch with bulk
 (TMA) traffic at the L2 level (``lts__t_sectors_srcunit_tex_op_read``/``write`` against all its
 sectors).  No thread-block model exists for these schedules yet, so no DRAM prediction is made
 (``sim_dram_*`` are NaN).
@@ -77,6 +82,23 @@ def torch_set() -> list[dict]:
         out.append(_cfg("torch_cudnn", "fwd", n, 64))
     out.append(_cfg("torch_cudnn", "fwd", 4096, 128))
     out.append(_cfg("torch_cudnn", "fwd", 4096, 64, causal=True))
+    return out
+
+
+def torch_tma_set() -> list[dict]:
+    """A probe of the TMA launches the H100 record leaves off (``flashsim measure --set torch_tma``):
+    eager naive attention's forward (fp16, d = 64, N = 1,024) and SDPA's cuDNN forward at B·H =
+    1, 2, 4 and 16, each but 1 twice (as 1 x H and B x 1 heads: the same work under two ids).  With 1-4
+    heads nvjet's S = QKᵀ runs 32-128 tiles, at most one per CTA, where the record's 16 heads run
+    3.9 per CTA (its L2 reads 22-26% under the multicast model, varying by 5% between identical
+    launches), and cuDNN runs 8-32 CTAs: if these agree with the schedules, the shortfall belongs
+    to several tiles per CTA (the persistent kernels' scheduling), not to how ncu counts TMA."""
+    out = []
+    for kernel in ("torch_naive", "torch_cudnn"):
+        for bh in (1, 2, 4, 16):
+            out.append(_cfg(kernel, "fwd", 1024, 64, heads=bh))
+            if bh > 1:
+                out.append(_cfg(kernel, "fwd", 1024, 64, batch=bh, heads=1))
     return out
 
 
@@ -158,30 +180,40 @@ def schedule_of(cfg: dict, **options):
 
 
 #: A cuBLAS / CUTLASS GEMM kernel's tile in its name, cuBLAS order (M along C's columns):
-#: ``tilesize128x256x64`` (cuBLAS sm90/sm80 xmma kernels), ``_128x256x64_1x2x1_`` (CUTLASS 3 names:
-#: tile, then cluster), ``sgemm_128x64_`` (SIMT kernels).
-GEMM_TILE = (re.compile(r"tilesize(\d+)x(\d+)"), re.compile(r"_(\d+)x(\d+)x\d+_\d+x\d+x\d+_"),
-             re.compile(r"gemm_(\d+)x(\d+)_"))
+#: ``nvjet_sm90_hsh_128x256_64x4_2x1_`` (cuBLASLt's nvjet kernels: tile M x N, K step x pipeline
+#: stages, cluster M x N), ``tilesize128x256x64`` (cuBLAS sm90/sm80 xmma kernels),
+#: ``_128x256x64_1x2x1_`` (CUTLASS 3 names: tile, then cluster), ``sgemm_128x64_`` (SIMT kernels).
+GEMM_TILE = (re.compile(r"nvjet_sm\d+_[a-z]+_(\d+)x(\d+)_\d+x\d+_(\d+)x(\d+)_"), re.compile(r"tilesize(\d+)x(\d+)"),
+             re.compile(r"_(\d+)x(\d+)x\d+_(\d+)x(\d+)x\d+_"), re.compile(r"gemm_(\d+)x(\d+)_"))
 
 
 def gemm_tile(kernel_name: str) -> str | None:
     """The "MxN" tile in a GEMM kernel's name (:data:`GEMM_TILE`), or None."""
+    shape = gemm_shape(kernel_name)
+    return None if shape is None else shape[0]
+
+
+def gemm_shape(kernel_name: str) -> tuple[str, str] | None:
+    """("MxN" tile, "MxN" cluster) of a GEMM kernel's name (:data:`GEMM_TILE`; cluster "1x1" where
+    the name has none), or None.  ``nvjet_sm90_hsh_128x256_64x4_2x1_v_bz_coopA_TNN``: tile 128 x
+    256, K step 64 in 4 stages, clusters of 2 x 1 tiles."""
     for pat in GEMM_TILE:
         m = pat.search(kernel_name)
         if m:
-            return f"{m.group(1)}x{m.group(2)}"
+            g = m.groups()
+            return f"{g[0]}x{g[1]}", (f"{g[2]}x{g[3]}" if len(g) == 4 else "1x1")
     return None
 
 
 def _options_from_names(cfg: dict, sched, measured: list[dict]) -> dict:
-    """Schedule options read off the measured kernel names: torch_naive's GEMM tiles."""
+    """Schedule options read off the measured kernel names: torch_naive's GEMM tiles and clusters."""
     if cfg["kernel"] != "torch_naive":
         return {}
     from flashsim.algorithms.torch_naive import GEMMS, OPTIONS
 
-    tiles = [gemm_tile(str(r.get("kernel_name", ""))) or OPTIONS["gemm_tiles"][0]
-             for r, ln in zip(measured, sched.launches) if ln.name in GEMMS]
-    return {"gemm_tiles": ",".join(tiles)}
+    shapes = [gemm_shape(str(r.get("kernel_name", ""))) or (OPTIONS["gemm_tiles"][0], "1x1")
+              for r, ln in zip(measured, sched.launches) if ln.name in GEMMS]
+    return {"gemm_tiles": ",".join(t for t, _ in shapes), "gemm_clusters": ",".join(c for _, c in shapes)}
 
 
 def kernel_patterns(cfg: dict, sched) -> list[str]:
@@ -220,8 +252,9 @@ def records(cid: str, launches: list[dict]) -> list[dict]:
     """One comparison record per measured launch of a torch configuration (see the module
     docstring); the keys of :func:`analysis.compare.compare`'s records, plus ``level`` ("lsu" or
     "l2"), the reductions (``lsu_red_bytes``, ``sim_lsu_red_bytes``, ``lsu_red_err``), the L2
-    sectors (``sim_l2_read_sectors``, ``sim_l2_write_sectors``, ``l2_err``) and the two totals
-    ``lsu_err`` compares (``lsu_compared_bytes``, ``sim_lsu_compared_bytes``: loads with LDGSTS,
+    sectors (``sim_l2_read_sectors``, ``sim_l2_write_sectors``, ``l2_err`` of their sum,
+    ``l2_read_err``, ``l2_write_err``), the LDGSTS bytes (``lsu_ldgsts_bytes``) and the two totals
+    ``lsu_err`` compares (``lsu_compared_bytes``, ``sim_lsu_compared_bytes``: loads (LDGSTS included),
     stores and, when recorded, reductions at the LSU level; all L2 sectors x 32 for a launch with
     bulk traffic)."""
     cfg = launches[0]
@@ -238,11 +271,12 @@ def records(cid: str, launches: list[dict]) -> list[dict]:
         bulk_rd = sum(t.sectors for (_, k), t in c.breakdown.items() if k == "bulk_read")
         bulk_wr = sum(t.sectors for (_, k), t in c.breakdown.items() if k == "bulk_write")
         rec = dict(r)
-        ldgsts = (_opt(r, "lsu_ldgsts_access_sectors") or 0) + (_opt(r, "lsu_ldgsts_bypass_sectors") or 0)
+        ldgsts = [_opt(r, k) for k in ("lsu_ldgsts_access_sectors", "lsu_ldgsts_bypass_sectors")]
         red = _opt(r, "lsu_red_sectors")
         rec.update({
             "sim_launch": name, "level": "l2" if bulk else "lsu",
-            "lsu_ld_bytes_with_ldgsts": r["lsu_ld_bytes"] + ldgsts * SECTOR_BYTES,
+            # op_ld includes the LDGSTS (cp.async) sectors: reported beside it, not added (module docstring)
+            "lsu_ldgsts_bytes": None if ldgsts == [None, None] else sum(x or 0 for x in ldgsts) * SECTOR_BYTES,
             "sim_lsu_ld_bytes": (c.read_sectors or 0) * SECTOR_BYTES,
             "sim_lsu_st_bytes": (c.write_sectors or 0) * SECTOR_BYTES,
             "sim_lsu_red_bytes": (cls["reduction"].sectors or 0) * SECTOR_BYTES,
@@ -254,18 +288,20 @@ def records(cid: str, launches: list[dict]) -> list[dict]:
             "dram_err": math.nan, "dram_read_err": math.nan, "dram_write_err": math.nan,
             "dram_write_timed_err": math.nan, "sim_dram_write_timed_bytes": math.nan,
         })
-        rec["lsu_ld_err"] = _rel(rec["lsu_ld_bytes_with_ldgsts"], rec["sim_lsu_ld_bytes"])
+        rec["lsu_ld_err"] = _rel(r["lsu_ld_bytes"], rec["sim_lsu_ld_bytes"])
         rec["lsu_st_err"] = _rel(r["lsu_st_bytes"], rec["sim_lsu_st_bytes"])
         rec["lsu_red_err"] = (math.nan if red is None else _rel(rec["lsu_red_bytes"], rec["sim_lsu_red_bytes"]))
-        rec["lsu_ld_residual_bytes"] = rec["lsu_ld_bytes_with_ldgsts"] - rec["sim_lsu_ld_bytes"]
+        rec["lsu_ld_residual_bytes"] = r["lsu_ld_bytes"] - rec["sim_lsu_ld_bytes"]
         rec["lsu_st_residual_bytes"] = r["lsu_st_bytes"] - rec["sim_lsu_st_bytes"]
         rec["l2_err"] = _rel(r["l2_read_sectors"] + r["l2_write_sectors"],
                              rec["sim_l2_read_sectors"] + rec["sim_l2_write_sectors"])
+        rec["l2_read_err"] = _rel(r["l2_read_sectors"], rec["sim_l2_read_sectors"])
+        rec["l2_write_err"] = _rel(r["l2_write_sectors"], rec["sim_l2_write_sectors"])
         if bulk:  # compared at the L2 level
             meas = (r["l2_read_sectors"] + r["l2_write_sectors"]) * SECTOR_BYTES
             sim = (rec["sim_l2_read_sectors"] + rec["sim_l2_write_sectors"]) * SECTOR_BYTES
         else:
-            meas = rec["lsu_ld_bytes_with_ldgsts"] + r["lsu_st_bytes"] + (rec["lsu_red_bytes"] or 0)
+            meas = r["lsu_ld_bytes"] + r["lsu_st_bytes"] + (rec["lsu_red_bytes"] or 0)
             sim = (rec["sim_lsu_ld_bytes"] + rec["sim_lsu_st_bytes"]
                    + (rec["sim_lsu_red_bytes"] if red is not None else 0))
         rec["lsu_compared_bytes"], rec["sim_lsu_compared_bytes"] = meas, sim
@@ -298,5 +334,63 @@ def summary(records: list[dict]) -> dict:
             "torch_l2_within": sum(abs(r["l2_err"]) <= L2_TOLERANCE for r in l2)}
 
 
-__all__ = ["TORCH_KERNELS", "summary", "torch_set", "make_call", "records", "match_launches", "schedule_of",
-           "gemm_tile", "naive"]
+def family_table(records: list[dict]) -> str:
+    """A markdown table of PyTorch's launches by family (kernel, schedule launch, level): how many
+    launches, how many agree (LSU: to the byte, loads, stores and reductions apart; L2: within
+    :data:`L2_TOLERANCE`), the measured and simulated bytes summed over the family and the worst
+    errors (LSU: loads, stores, reductions; L2: read and write sectors).  ``records``: those of
+    :func:`records`, or the rows of ``compare_launches.csv`` (numbers as text)."""
+    def num(v):
+        if v is None or v == "" or v == "None":
+            return None
+        return float(v)
+
+    def worst(rs, key):
+        vals = [num(r.get(key)) for r in rs]
+        vals = [v for v in vals if v is not None and math.isfinite(v)]
+        return max(vals, key=abs) if vals else None
+
+    fams: dict[tuple, list[dict]] = {}
+    for r in records:
+        if r.get("level") not in ("lsu", "l2"):
+            continue
+        fams.setdefault((r["kernel"], r["pass"], r["sim_launch"], r["level"]), []).append(r)
+    out = ["| kernel | pass | launch | level | launches | agree | measured MB | simulated MB | worst errors |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for (kernel, pass_, launch, level), rs in fams.items():
+        meas = sum(num(r["lsu_compared_bytes"]) for r in rs)
+        sim = sum(num(r["sim_lsu_compared_bytes"]) for r in rs)
+        if level == "lsu":
+            ok = sum(num(r["lsu_ld_residual_bytes"]) == 0 and num(r["lsu_st_residual_bytes"]) == 0
+                     and (num(r.get("lsu_red_bytes")) in (None, num(r["sim_lsu_red_bytes"]))) for r in rs)
+            errs = [("ld", worst(rs, "lsu_ld_err")), ("st", worst(rs, "lsu_st_err")), ("red", worst(rs, "lsu_red_err"))]
+        else:
+            ok = sum(abs(num(r["l2_err"])) <= L2_TOLERANCE for r in rs)
+            errs = [("L2", worst(rs, "l2_err")), ("rd", worst(rs, "l2_read_err")), ("wr", worst(rs, "l2_write_err"))]
+        reds = any((num(r["sim_lsu_red_bytes"]) or 0) > 0 for r in rs)
+        txt = ", ".join(f"{k} {100 * v:+.2f}%" for k, v in errs if v is not None and (reds or k != "red"))
+        out.append(f"| {kernel} | {pass_} | {launch} | {level.upper()} | {len(rs)} | {ok} | {meas / 1e6:,.2f} | "
+                   f"{sim / 1e6:,.2f} | {txt} |")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    """``python -m analysis.torch_set COMPARE_LAUNCHES_CSV``: print :func:`family_table` of a
+    comparison's launches (the README's table)."""
+    import argparse
+    import csv
+
+    ap = argparse.ArgumentParser(prog="python -m analysis.torch_set", description=main.__doc__)
+    ap.add_argument("launches", help="compare_launches.csv written by flashsim compare --out")
+    a = ap.parse_args(argv)
+    with open(a.launches, newline="") as f:
+        print(family_table(list(csv.DictReader(f))))
+    return 0
+
+
+__all__ = ["TORCH_KERNELS", "summary", "torch_set", "torch_tma_set", "make_call", "records", "match_launches",
+           "schedule_of", "gemm_tile", "gemm_shape", "naive", "family_table"]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -92,10 +92,11 @@ def test_flash_bwd_causal_and_gqa_by_hand():
     assert io.breakdown[("dQaccum", "reduction")].elements == 3 * 128 * 64
     # GQA 4 query heads on 2 kv heads, N = 128, d = 128 (Bm = 64, Bn = 128, 4 warps per LSE row):
     # every query head's program loads its kv head's K (4 x 128 x 128); dK_exp per query head,
-    # then sum_out reads it (65,536) and writes dK (2 x 128 x 128 = 32,768)
+    # then sum_out reads it (65,536) and writes dK (2 x 128 x 128 = 32,768) one element per store
     io = walk(build_schedule(wl(128, 128, heads=4, kv=2), "torch_flash", "bwd"))
     assert list(io.per_launch)[-2:] == ["sum_dK", "sum_dV"]
-    assert key(io, "sum_dK") == {("dK", "write"): (32768, 2048), ("dK_exp", "read"): (65536, 4096)}
+    # (its stores one element at a time, 4 outputs a thread: 4 x the 2,048 sectors of dK)
+    assert key(io, "sum_dK") == {("dK_vec", "write"): (32768, 8192), ("dK_exp", "read"): (65536, 4096)}
     assert io.per_launch["flash_bwd_dq_dk_dv"].breakdown[("K", "read")].elements == 65536
     # LSE: 2 query blocks x 8 groups x 4 warps, each 8 rows: 512 elements, 64 requests of 1 sector
     assert io.per_launch["flash_bwd_dq_dk_dv"].breakdown[("L", "read")] == Traffic(4 * 512, 4 * 2048, 4 * 64)
@@ -152,27 +153,37 @@ def test_naive_fwd_by_hand():
 
 
 def test_naive_causal_mask_by_hand():
-    # 2 heads, N = 256.  ones: 256 x 256 booleans once (2,048 sectors).  tril(0): thread t of a row
-    # (one warp per row: 32 chunks of 8 bytes) loads its chunk, one byte per step for 8 steps, when
-    # 8t <= r: a_r = ⌊r/8⌋ + 1 threads, 8·a_r bytes, Σ_r = 8·8·(1 + ... + 32) = 33,792; a step of
-    # n threads spans 8n bytes from the row's (aligned) start: ⌈n/4⌉ sectors, 8 steps a row, so
-    # Σ_r 8⌈a_r/4⌉ = 8·8·4·(1 + ... + 8) = 9,216 sectors.  Its stores: every thread, 8 steps of 8
-    # sectors, 64 a row: 16,384 sectors for 65,536 bytes (8x the 2,048 of a coalesced store).
-    # masked_fill_ reads the mask once per head.
-    io = walk(build_schedule(wl(256, 64, heads=2, causal=True), "torch_naive", "fwd"))
+    # 2 heads, N = 512, fp16.  ones: 512 x 512 booleans once (8,192 sectors).  tril(0): a row is 64
+    # chunks of 8 bytes, two warps; thread t loads its chunk, one byte per step for 8 steps, when
+    # 8t <= r: a_r = ⌊r/8⌋ + 1 threads (each a = 1 .. 64 for 8 rows), 8·a_r bytes, Σ_r =
+    # 8·8·(1 + ... + 64) = 133,120; a step of a warp piece of n threads spans 8n bytes from an
+    # aligned start: ⌈n/4⌉ sectors, 8 steps, pieces min(a, 32) and a - 32: Σ_a (⌈min(a,32)/4⌉ +
+    # ⌈max(a-32,0)/4⌉) = 144 + (32·8 + 144) = 544, x 8 rows x 8 steps = 34,816 sectors.  Its stores:
+    # every thread, 8 steps of 8 sectors a warp, 128 a row: 65,536 sectors for 262,144 bytes (8x).
+    # masked_fill_ of the clone Sm (the clone a memcpy, no launch), elementwise_kernel<128, 4>: a
+    # block of 512 elements is one row here; its iterations 0-2 (columns 0-383) load Sm whatever
+    # the mask, 24 sectors a row: 196,608 elements, 12,288 sectors a head; iteration 3 (columns
+    # 384-511) only where kept (col <= r): rows 384 .. 511 load 1 .. 128 elements from an aligned
+    # start, Σ = 8,256 elements, Σ ⌈n/16⌉ = 16·(1 + ... + 8) = 576 sectors.  The mask is read per
+    # head; Sm written whole.
+    io = walk(build_schedule(wl(512, 64, heads=2, causal=True), "torch_naive", "fwd"))
     names = list(io.per_launch)
-    assert names == ["scale", "gemm_qk", "mask_ones", "mask_tril", "mask_not", "mask_clone", "masked_fill",
-                     "softmax", "gemm_pv"]
-    assert key(io, "mask_ones") == {("Mask1", "write"): (65536, 2048)}
-    assert key(io, "mask_tril") == {("Mask", "write"): (65536, 16384), ("Mask1", "read"): (33792, 9216)}
-    assert key(io, "masked_fill") == {("NotMask", "read"): (2 * 65536, 2 * 2048), ("Sm", "read"): (2 * 65536, 2 * 4096),
-                                      ("Sm", "write"): (2 * 65536, 2 * 4096)}
+    assert names == ["scale", "gemm_qk", "mask_ones", "mask_tril", "mask_not", "masked_fill", "softmax", "gemm_pv"]
+    assert key(io, "mask_ones") == {("Mask1", "write"): (262144, 8192)}
+    assert key(io, "mask_tril") == {("Mask", "write"): (262144, 65536), ("Mask1", "read"): (133120, 34816)}
+    assert key(io, "masked_fill") == {("NotMask", "read"): (2 * 262144, 2 * 8192),
+                                      ("Sm", "read"): (2 * (196608 + 8256), 2 * (12288 + 576)),
+                                      ("Sm", "write"): (2 * 262144, 2 * 16384)}
+    with pytest.raises(ValueError, match="seq_len_k=256.*multiple of 512"):
+        build_schedule(wl(256, 64, causal=True), "torch_naive", "fwd")
+    build_schedule(wl(256, 64, causal=True, dtype="fp32", nk=256), "torch_naive", "fwd")  # fp32: 2 a thread
 
 
 def test_naive_bwd_by_hand():
     # N = 256, d = 64, fp32 (LSU GEMMs), default tiles 128 x 128.
     io = walk(build_schedule(wl(256, 64, dtype="fp32"), "torch_naive", "bwd"))
-    assert list(io.per_launch) == ["gemm_dp", "gemm_dv", "softmax_mul", "softmax_bwd", "gemm_dq", "gemm_dk",
+    # autograd's order (the H100 record's): each matmul's second operand's gradient first
+    assert list(io.per_launch) == ["gemm_dv", "gemm_dp", "softmax_mul", "softmax_bwd", "gemm_dk", "gemm_dq",
                                    "scale_bwd"]
     el = {n: {k: v[0] for k, v in key(io, n).items()} for n in io.per_launch}
     # dP = dO Vᵀ: 2 x 2 tiles, dO and V read twice each
@@ -189,21 +200,44 @@ def test_naive_bwd_by_hand():
     assert io.per_launch["gemm_dp"].breakdown[("dP", "write")].sectors == 256 * 2 * 16
 
 
+def test_naive_gemm_clusters_by_hand():
+    # N = 1,024, d = 64, fp16, one head, as the H100 record runs it: O = P V with nvjet's tile
+    # 64x128 (64 columns = d, 128 rows: 8 row tiles) in clusters of 1x2 (2 tiles along the rows):
+    # V's band (its 64 columns, all 1,024 rows: 65,536 elements) is shared by the 8 row tiles and
+    # multicast to each cluster's 2, so read 8/2 = 4 times; P's row bands once each.  S = Qs Kᵀ
+    # with 128x256 in 2x1 clusters: 8 column tiles x 4 row tiles; Qs's 256-row bands shared by
+    # the 2 column tiles of a cluster (read 8/2 = 4 times), K's 128-row bands by none (4 times).
+    io = walk(build_schedule(wl(1024, 64), "torch_naive", "fwd", gemm_tiles="128x256,64x128",
+                             gemm_clusters="2x1,1x2"))
+    el = {k: v[0] for k, v in key(io, "gemm_pv").items()}
+    assert el == {("P", "bulk_read"): 1024 * 1024, ("V", "bulk_read"): 4 * 65536, ("O", "bulk_write"): 65536}
+    el = {k: v[0] for k, v in key(io, "gemm_qk").items()}
+    assert el == {("Qs", "bulk_read"): 4 * 65536, ("K", "bulk_read"): 4 * 65536, ("S", "bulk_write"): 1024 * 1024}
+    # a partial cluster at the edge still reads once: 3 column tiles in clusters of 2 -> 2 reads
+    io = walk(build_schedule(wl(64, 64, nk=384), "torch_naive", "fwd", gemm_tiles="128x64", gemm_clusters="2x1"))
+    assert io.per_launch["gemm_qk"].breakdown[("Qs", "bulk_read")].elements == 2 * 64 * 64
+    with pytest.raises(ValueError, match="gemm_clusters"):
+        build_schedule(wl(256, 64), "torch_naive", "fwd", gemm_clusters="2")
+
+
 @settings(max_examples=25, deadline=None)
 @given(n=st.integers(1, 200), nk=st.integers(1, 200), d=st.sampled_from([8, 64, 72]), causal=st.booleans(),
        dtype=st.sampled_from(["fp16", "fp32"]), pass_=st.sampled_from(["fwd", "bwd"]),
-       tiles=st.sampled_from(["128x128", "64x256", "128x64,256x128", "32x32,64x64,128x128,16x16"]))
-def test_naive_walker_equals_closed_form(n, nk, d, causal, dtype, pass_, tiles):
+       tiles=st.sampled_from(["128x128", "64x256", "128x64,256x128", "32x32,64x64,128x128,16x16"]),
+       clusters=st.sampled_from(["1x1", "2x1", "1x2", "2x1,1x2", "1x2,2x1,2x2,1x1"]))
+def test_naive_walker_equals_closed_form(n, nk, d, causal, dtype, pass_, tiles, clusters):
     count = 2 if pass_ == "fwd" else 4
     if len(tiles.split(",")) not in (1, count):
         tiles = tiles.split(",")[0]
+    if len(clusters.split(",")) not in (1, count):
+        clusters = clusters.split(",")[0]
     if causal:
-        nk = -(-nk // 8) * 8  # tril's 8-byte chunks
+        nk = -(-nk // 512) * 512  # masked_fill_'s blocks whole in a row (and tril's 8-byte chunks)
     w = wl(n, d, heads=2, causal=causal, dtype=dtype, nk=nk)
-    sched = build_schedule(w, "torch_naive", pass_, gemm_tiles=tiles)
+    sched = build_schedule(w, "torch_naive", pass_, gemm_tiles=tiles, gemm_clusters=clusters)
     io = walk(sched)
-    want = closed_form_elements(w, "torch_naive", pass_, gemm_tiles=tiles)
-    print(n, nk, d, causal, dtype, pass_, tiles)
+    want = closed_form_elements(w, "torch_naive", pass_, gemm_tiles=tiles, gemm_clusters=clusters)
+    print(n, nk, d, causal, dtype, pass_, tiles, clusters)
     assert io.elements_by_key() == {k: v for k, v in want.items() if v}
     assert walk(sched, ordered=True).breakdown == io.breakdown
 
@@ -286,6 +320,8 @@ def test_naive_tril_requests_brute_force(nq, nk):
         for i in range(8):
             loads += len({(8 * c + i) // 32 for c in active})
             stores += len({(8 * c + i) // 32 for c in chunks})
-    io = walk(build_schedule(wl(nq, 64, nk=nk, causal=True), "torch_naive", "fwd")).per_launch["mask_tril"]
+    # fp32: masked_fill_'s blocks are 256 columns, so any multiple of 256 is a valid Nk
+    sched = build_schedule(wl(nq, 64, nk=nk, causal=True, dtype="fp32"), "torch_naive", "fwd")
+    io = walk(sched).per_launch["mask_tril"]
     print(nq, nk, loads, stores, io.breakdown)
     assert (io.breakdown[("Mask1", "read")].sectors, io.breakdown[("Mask", "write")].sectors) == (loads, stores)

@@ -59,7 +59,15 @@ Backward (``_scaled_dot_product_flash_attention_backward_cuda`` -> ``_flash_atte
 5. ``flash_bwd_convert_dq_kernel`` (grid (⌈Nq/Bm⌉, B, H)): loads the Bm x d fp32 tile of
    dq_accum (all rows), stores dQ_i (rows past Nq predicated off).
 6. With GQA, 7.: ``at::sum_out`` of dk_expanded and dv_expanded over each kv head's group (a
-   ``reduce_kernel`` each): reads the expanded gradient, writes dK (dV).
+   ``reduce_kernel`` each): reads the expanded gradient, writes dK (dV).  ``Reduce.cuh`` for this
+   shape (the group dim reduced, its stride d > 1: not the fastest input dim): "vectorize
+   output" with ``output_vec_size`` = 4 (``get_output_vec_size``: 4 divides d and the strides),
+   block (32, 4), every thread one vector of 4 consecutive outputs, all the group's inputs; it
+   loads each input vector whole (8 bytes, a warp 256 contiguous bytes: coalesced) but stores
+   the 4 outputs one element at a time (``set_results_to_output``): each of the 4 store
+   instructions of a warp spans the warp's 256 bytes, 8 sectors, so the stores ask for 4x the
+   sectors they hold.  They are ``per_thread_rows`` writes of dK viewed as rows of 4 elements
+   (``dK_vec``, ``dV_vec``).
 
 Tensors: ``dQaccum`` (fp32 rows of d, Nq rounded up to 128 per head), ``D`` (fp32, Nq rounded up
 to 128 per head), ``dO_t``/``O_t`` (the contiguous copies), ``dK_exp``/``dV_exp`` (GQA).  Their
@@ -91,6 +99,10 @@ FLOPS_AS = "flash2"
 #: head dim -> (fwd Bm, fwd Bn, bwd Bm, bwd Bn, bwd warps, AtomLayoutMSdP) on sm_90, no dropout
 TRAITS = {32: (128, 128, 128, 128, 8, 4), 64: (128, 128, 128, 128, 8, 4), 96: (128, 64, 64, 128, 8, 2),
           128: (128, 64, 64, 128, 8, 2)}
+
+#: Outputs per thread of the GQA ``sum_out`` reduce kernels (``output_vec_size``: 4 for every head
+#: dim of TRAITS, all multiples of 4).
+SUM_VEC = 4
 
 #: The ncu kernel-name pattern (a regular expression, searched) of each launch, by launch name.
 KERNEL_NAMES = {
@@ -273,6 +285,7 @@ def _backward(w: Workload) -> Schedule:
     if gqa:
         tensors["dK_exp"] = TensorLayout("dK_exp", w.nk, w.d, eb, w.bh)
         tensors["dV_exp"] = TensorLayout("dV_exp", w.nk, w.d, eb, w.bh)
+        del tensors["dK"], tensors["dV"]  # written by sum_out through their views dK_vec, dV_vec
     slices = _slices(w, tensors)
 
     def copy(src, dst):
@@ -353,11 +366,15 @@ def _backward(w: Workload) -> Schedule:
         # query heads' expanded rows and writes the kv head's gradient
         kvp = np.arange(w.batch * w.hkv, dtype=np.int64)
         lead = (kvp // w.hkv) * w.heads + (kvp % w.hkv) * w.group
+        vec = SUM_VEC
         for src, out in (("dK_exp", "dK"), ("dV_exp", "dV")):
-            def summed(src=src, out=out):
+            view = f"{out}_vec"  # the kv head's gradient as rows of `vec` outputs, one thread each
+            tensors[view] = TensorLayout(view, w.nk * w.d // vec, vec, eb, w.batch * w.hkv)
+
+            def summed(src=src, view=view):
                 yield read(src, 0, w.nk, slice_offset=np.arange(w.group, dtype=np.int64))
-                yield write(out, 0, w.nk)
-            launches.append(Launch(f"sum_{out}", w.batch * w.hkv, {src: lead, out: kvp}, summed))
+                yield write(view, 0, w.nk * w.d // vec, per_thread_rows=True)
+            launches.append(Launch(f"sum_{out}", w.batch * w.hkv, {src: lead, view: kvp}, summed))
     return Schedule("torch_flash", tensors, launches,
                     {"pass": "bwd", "block_m": bm, "block_n": bn,
                      "kernels": [KERNEL_NAMES[n.name] for n in launches if n.name in KERNEL_NAMES]})
@@ -411,7 +428,7 @@ def closed_form(w: Workload, tiling: Tiling | None, pass_: str, **options) -> di
     }
     if gqa:
         out.update({("dK_exp", "read"): bh * nk * d, ("dV_exp", "read"): bh * nk * d,
-                    ("dK", "write"): w.batch * w.hkv * nk * d, ("dV", "write"): w.batch * w.hkv * nk * d})
+                    ("dK_vec", "write"): w.batch * w.hkv * nk * d, ("dV_vec", "write"): w.batch * w.hkv * nk * d})
     return out
 
 

@@ -10,23 +10,26 @@ The code users (and ``kernels/bench.py``) write::
 
 and ``torch.autograd.grad(o, (q, k, v), do)`` for the backward.  Launch by launch (every tensor
 (B, H, ·, ·) contiguous; ``matmul`` of 4-d tensors is one batched cuBLAS GEMM, the transposed
-``k`` a transposed operand, not a copy)::
+``k`` a transposed operand, not a copy; ``masked_fill`` out of place is ``clone`` then
+``masked_fill_``, and the clone of a contiguous tensor is a ``cudaMemcpyAsync``, no kernel: ncu
+lists no launch for it and the schedule has none, so its traffic, one read and one write of S,
+is not counted here)::
 
     forward                                   reads            writes
     scale        q * τ (elementwise)          Q                Qs
     gemm_qk      Qs Kᵀ                        Qs, K (tiles)    S
-    [causal: ones (fill), tril, bitwise_not (~mask), clone of S, masked_fill_ of the clone]
+    [causal: ones (fill), tril, bitwise_not (~mask), masked_fill_ of Sm, the clone of S (mask, Sm in, Sm out)]
     softmax      softmax over the last dim    S (or Sm)        P
     gemm_pv      P V                          P, V (tiles)     O
 
-    backward (autograd order)
-    gemm_dp      dP = dO Vᵀ                   dO, V            dP
+    backward (autograd's order, as the H100 record shows it: each bmm's second operand first)
     gemm_dv      dV = Pᵀ dO                   P, dO            dV
+    gemm_dp      dP = dO Vᵀ                   dO, V            dP
     softmax_mul  T = dP ∘ P (softmax_backward_cuda_out multiplies first)     dP, P     T
     softmax_bwd  dS = T − P·rowsum(T)         T, P             dS
-    [causal: masked_fill backward: clone of dS, masked_fill_ (mask read per head)]
-    gemm_dq      dQs = dS K                   dS, K            dQs
+    [causal: masked_fill backward: masked_fill_ of dSm, the clone of dS (mask read per head)]
     gemm_dk      (dKᵀ) = Qsᵀ dS               Qs, dS           dKT
+    gemm_dq      dQs = dS K                   dS, K            dQs
     scale_bwd    dQ = dQs ∘ τ                 dQs              dQ
 
 The softmax kernels read each row once: ``host_softmax`` runs the persistent warp softmax up to
@@ -35,16 +38,22 @@ The softmax kernels read each row once: ``host_softmax`` runs the persistent war
 ``softmax_warp_backward`` (N = 1,024 here) and ``cunn_SoftMaxBackwardSmem`` read T and P once
 each (the multi-pass ``cunn_SoftMaxForward``/``Backward`` and the ``Gmem`` kernels, for rows
 too long for these, are not modelled); elementwise kernels read and
-write whole tensors; the mask kernels move 1-byte booleans; ``masked_fill_`` reads its input and
-the (broadcast) mask for every element of every head.  ``triu_tril_kernel`` (bool: 8 elements a
+write whole tensors; the mask kernels move 1-byte booleans.  ``masked_fill_`` (``gpu_kernel`` with
+``if (mask) return value; return self;``, ``elementwise_kernel<128, vt>``: thread t of block b
+takes elements b·128·vt + t + 128·i, i < vt; vt = 4 for 2-byte elements, 2 for 4-byte ones) reads
+the (broadcast) mask for every element of every head and writes every element; it loads its input
+in iterations 0 .. vt-2 for every lane, and in the last only for the lanes whose element is kept
+(the compiled kernel's shape, read off the H100 record: its loads equal this to the sector at N =
+1,024 and 4,096, 83% and 86% of the input's sectors, where loading only the kept lanes of every
+iteration would give 51% and 50%, and loading all 100%).  Causal naive attention needs Nk to be a
+multiple of 128·vt (a block whole in a row); fp32 (vt = 2) is not measured.  ``triu_tril_kernel`` (bool: 8 elements a
 thread, ``elements_per_thread = 8 / sizeof``) gives thread t the 8 bytes [8t, 8t + 8) of a row and
 moves them one byte per instruction (the stride is a run-time value): at each of its 8 steps a warp
 asks for 32 bytes spread over 256, so every step touches all the sectors of the warp's span.  Its
 loads are made only by the threads whose chunk starts inside the kept triangle (col - row <= Nk -
 Nq), all 8 bytes of such a chunk; its stores by every thread.  They are ``per_thread_rows``
 accesses of the mask viewed as rows of 8 bytes (``Mask1``, ``Mask``: Nq·Nk/8 rows), one per warp
-piece of a matrix row: exact when a warp never spans two matrix rows (Nk a multiple of 256);
-causal naive attention needs Nk to be a multiple of 8.
+piece of a matrix row: exact when a warp never spans two matrix rows (Nk a multiple of 256).
 
 GEMMs.  cuBLAS computes the row-major C = A·B as the column-major Cᵀ, so its "m" runs along C's
 columns: a kernel tile m x n (as in the kernel's name, ``tilesize128x256x64``) covers n rows and m
@@ -52,9 +61,13 @@ columns of C.  Each output tile loads its band of A (all of the reduction dimens
 B once: A is read ⌈N/m⌉ times, B ⌈M/n⌉ times, C written once.  ``gemm_tiles`` (an option, cuBLAS
 order "MxN", one for all GEMMs or one per GEMM launch in order) sets them; the default 128x128 is a
 placeholder, not cuBLAS's choice: ``analysis/torch_set.py`` reads each measured GEMM's tile from
-its kernel name.  fp16/bf16 GEMMs on sm_90 load through TMA: their traffic is class ``bulk``
-(counted at the L2 level; 0 LSU bytes), a bulk estimate that ignores TMA multicast within a
-cluster.  fp32 GEMMs (TF32 off) run sm80-style kernels that load through the LSU: class ``load``.
+its kernel name.  fp16/bf16 GEMMs on sm_90 (cuBLASLt's ``nvjet`` kernels in torch 2.11) load
+through TMA: their traffic is class ``bulk`` (counted at the L2 level; 0 LSU bytes).  They run in
+thread-block clusters (``nvjet_sm90_hsh_64x128_64x8_1x2_``: tile 64 x 128, K step 64 x 8 stages,
+clusters of 1 x 2 tiles, cuBLAS order): the tiles of a cluster that share a band of an operand
+receive it by TMA multicast, one read for the cluster (``gemm_clusters``, same order and format
+as ``gemm_tiles``), so A is read ⌈⌈N/m⌉/cm⌉ times and B ⌈⌈M/n⌉/cn⌉ times.  fp32 GEMMs (TF32 off)
+run sm80-style kernels without clusters that load through the LSU (``cp.async``): class ``load``.
 """
 
 from __future__ import annotations
@@ -74,43 +87,48 @@ DESCRIPTION = "eager naive attention in PyTorch (scale, GEMM, mask, softmax, GEM
 OPTIONS: dict[str, tuple[object, str]] = {
     "gemm_tiles": ("128x128", "cuBLAS GEMM tile(s), cuBLAS order MxN (M along C's columns): one for all GEMMs "
                               "or a comma-separated list, one per GEMM launch"),
+    "gemm_clusters": ("1x1", "thread-block cluster(s) of the TMA GEMMs, cuBLAS order MxN (tiles along C's columns x "
+                             "along its rows), one for all or one per GEMM launch: an operand band shared by a "
+                             "cluster's tiles is multicast, read once"),
 }
 FLOPS_AS = "standard"
 
 #: ncu kernel-name pattern of each launch
 KERNEL_NAMES = {
     "scale": r"elementwise_kernel", "scale_bwd": r"elementwise_kernel",
-    "gemm_qk": r"gemm|xmma|cutlass", "gemm_pv": r"gemm|xmma|cutlass", "gemm_dp": r"gemm|xmma|cutlass",
-    "gemm_dv": r"gemm|xmma|cutlass", "gemm_dq": r"gemm|xmma|cutlass", "gemm_dk": r"gemm|xmma|cutlass",
+    "gemm_qk": r"gemm|xmma|cutlass|nvjet", "gemm_pv": r"gemm|xmma|cutlass|nvjet", "gemm_dp": r"gemm|xmma|cutlass|nvjet",
+    "gemm_dv": r"gemm|xmma|cutlass|nvjet", "gemm_dq": r"gemm|xmma|cutlass|nvjet", "gemm_dk": r"gemm|xmma|cutlass|nvjet",
     "mask_ones": r"elementwise_kernel|fill", "mask_tril": r"triu_tril", "mask_not": r"elementwise_kernel",
-    "mask_clone": r"elementwise_kernel|copy", "masked_fill": r"elementwise_kernel|masked_fill",
+    "masked_fill": r"masked_fill",
     "softmax": r"softmax|SoftMax", "softmax_mul": r"elementwise_kernel", "softmax_bwd": r"softmax|SoftMax",
-    "mask_bwd_clone": r"elementwise_kernel|copy", "mask_bwd_fill": r"elementwise_kernel|masked_fill",
+    "mask_bwd_fill": r"masked_fill",
 }
 GEMMS = ("gemm_qk", "gemm_pv", "gemm_dp", "gemm_dv", "gemm_dq", "gemm_dk")
 
 
-def parse_tiles(spec, count: int) -> list[tuple[int, int]]:
-    """``gemm_tiles`` as ``count`` (rows, cols) tiles of C (cuBLAS MxN = cols x rows)."""
+def parse_tiles(spec, count: int, what: str = "gemm_tiles") -> list[tuple[int, int]]:
+    """``gemm_tiles`` (or ``gemm_clusters``, ``what``) as ``count`` (rows, cols) pairs of C (cuBLAS
+    MxN = cols x rows)."""
     items = [spec] if isinstance(spec, tuple) else str(spec).split(",")
     out = []
     for it in items:
         m = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*", it) if isinstance(it, str) else None
         if m is None or int(m.group(1)) < 1 or int(m.group(2)) < 1:
-            raise ValueError(f"gemm_tiles={spec!r}: each tile is MxN with positive integers, e.g. '128x256'")
+            raise ValueError(f"{what}={spec!r}: each item is MxN with positive integers, e.g. '128x256'")
         out.append((int(m.group(2)), int(m.group(1))))
     if len(out) == 1:
         out *= count
     if len(out) != count:
-        raise ValueError(f"gemm_tiles={spec!r}: give one tile or {count} (one per GEMM launch), not {len(out)}")
+        raise ValueError(f"{what}={spec!r}: give one item or {count} (one per GEMM launch), not {len(out)}")
     return out
 
 
-def _options(options: dict) -> str:
+def _options(options: dict) -> tuple[str, str]:
     extra = sorted(set(options) - set(OPTIONS))
     if extra:
         raise ValueError(f"options={extra}: torch_naive takes only {sorted(OPTIONS)}")
-    return options.get("gemm_tiles", OPTIONS["gemm_tiles"][0])
+    return (options.get("gemm_tiles", OPTIONS["gemm_tiles"][0]),
+            options.get("gemm_clusters", OPTIONS["gemm_clusters"][0]))
 
 
 def _check(w: Workload) -> None:
@@ -119,8 +137,27 @@ def _check(w: Workload) -> None:
     if w.hkv != w.heads:
         raise ValueError(f"kv_heads={w.hkv}: torch_naive models kv_heads == heads (naive GQA would need "
                          "repeat_interleave, not modelled)")
-    if w.causal and w.nk % 8:
-        raise ValueError(f"seq_len_k={w.nk}: causal torch_naive needs a multiple of 8 (tril's 8-byte chunks)")
+    if w.causal and w.nk % fill_block(w):
+        raise ValueError(f"seq_len_k={w.nk}: causal torch_naive needs a multiple of {fill_block(w)} (masked_fill_'s "
+                         "thread blocks, 128 threads x 4 (fp16, bf16) or 2 (fp32) elements, whole in a row)")
+
+
+def fill_block(w: Workload) -> int:
+    """Elements of one thread block of ``masked_fill_``'s ``elementwise_kernel<128, vt>``: vt = 4
+    for 2-byte elements, 2 for 4-byte ones (``gpu_kernel_impl_nocast``'s unroll factor)."""
+    return 128 * (4 if w.elem_bytes < 4 else 2)
+
+
+def _fill_kept(w: Workload) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """masked_fill_'s loads of its input in the last of its vt iterations (columns [B - 128, B)
+    of each block of B = :func:`fill_block` columns), which the kernel makes only for the lanes
+    whose element is kept (col <= row + Nk - Nq): (row, first column, columns) of each kept run."""
+    blk = fill_block(w)
+    r = np.arange(w.nq, dtype=np.int64)[:, None]
+    c0 = (np.arange(w.nk // blk, dtype=np.int64) * blk + blk - 128)[None, :]
+    n = np.clip(r + w.nk - w.nq + 1 - c0, 0, 128)
+    r, c0 = np.broadcast_arrays(r, c0)
+    return r.ravel(), c0.ravel(), n.ravel()
 
 
 class _Gemm:
@@ -129,12 +166,16 @@ class _Gemm:
     ``a = (tensor, "rows")``: A's rows are the tensor's rows (K = its columns); ``(tensor, "cols")``:
     A = tensorᵀ (A's rows are its columns, K = its rows).  ``b = (tensor, "rows")``: B = tensorᵀ
     (C's columns are its rows); ``(tensor, "cols")``: C's columns are its columns (K = its rows).
+    ``cr`` x ``cc``: the thread-block cluster (tiles along C's rows x along its columns); a band
+    of A is shared by the cc tiles of a cluster row and multicast (read once for them), a band of
+    B by the cr tiles of a cluster column; a partial cluster at the edge still reads once.
     """
 
-    def __init__(self, m, n, k, a, b, c, tm, tn, bulk):
+    def __init__(self, m, n, k, a, b, c, tm, tn, bulk, cr=1, cc=1):
         self.m, self.n, self.k, self.a, self.b, self.c, self.bulk = m, n, k, a, b, c, bulk
         self.r0, self.rn = block_rows(m, tm)
         self.c0, self.cn = block_rows(n, tn)
+        self.cr, self.cc = cr, cc
 
     def _band(self, spec, starts, sizes, rows_of_k, weight):
         t, how = spec
@@ -143,11 +184,15 @@ class _Gemm:
             return rd(t, starts, sizes, repeat=weight)
         return rd(t, 0, rows_of_k, starts, sizes, repeat=weight)
 
+    def _loads(self) -> tuple[int, int]:
+        """How many times each band of A and of B is read: ⌈column tiles / cc⌉, ⌈row tiles / cr⌉."""
+        return cdiv(len(self.c0), self.cc), cdiv(len(self.r0), self.cr)
+
     def counts(self):
-        tm_, tn_ = len(self.r0), len(self.c0)
+        na, nb = self._loads()
         rc, cc = classes(self.r0, self.rn), classes(self.c0, self.cn)
-        yield self._band(self.a, rc[0], rc[1], self.k, rc[2] * tn_)
-        yield self._band(self.b, cc[0], cc[1], self.k, cc[2] * tm_)
+        yield self._band(self.a, rc[0], rc[1], self.k, rc[2] * na)
+        yield self._band(self.b, cc[0], cc[1], self.k, cc[2] * nb)
         wr = bulk_write if self.bulk else write
         yield wr(self.c, rc[0][:, None], rc[1][:, None], cc[0][None, :], cc[1][None, :],
                  repeat=rc[2][:, None] * cc[2][None, :])
@@ -156,19 +201,21 @@ class _Gemm:
         wr = bulk_write if self.bulk else write
         for i in range(len(self.r0)):
             for j in range(len(self.c0)):
-                yield self._band(self.a, self.r0[i], self.rn[i], self.k, 1)
-                yield self._band(self.b, self.c0[j], self.cn[j], self.k, 1)
+                if j % self.cc == 0:  # the first tile of its cluster row loads (multicasts) A's band
+                    yield self._band(self.a, self.r0[i], self.rn[i], self.k, 1)
+                if i % self.cr == 0:
+                    yield self._band(self.b, self.c0[j], self.cn[j], self.k, 1)
                 yield wr(self.c, self.r0[i], self.rn[i], self.c0[j], self.cn[j])
 
     def elements(self) -> dict[tuple[str, str], int]:
-        """The same counts by formula: A read ⌈N/tn⌉ times, B ⌈M/tm⌉ times, C once."""
-        tm_, tn_ = len(self.r0), len(self.c0)
+        """The same counts by formula: A read ⌈(N/tn)/cc⌉ times, B ⌈(M/tm)/cr⌉ times, C once."""
+        na, nb = self._loads()
         rk, wk = ("bulk_read", "bulk_write") if self.bulk else ("read", "write")
-        return {(self.a[0], rk): tn_ * self.m * self.k, (self.b[0], rk): tm_ * self.n * self.k,
+        return {(self.a[0], rk): na * self.m * self.k, (self.b[0], rk): nb * self.n * self.k,
                 (self.c, wk): self.m * self.n}
 
 
-def _parts(w: Workload, pass_: str, tiles: str):
+def _parts(w: Workload, pass_: str, tiles: str, clusters: str = "1x1"):
     """(tensors, [(launch name, kind, payload)]) of a pass: kind "gemm" (a _Gemm), "ew" (reads,
     writes: whole tensors) or "tril"."""
     eb = w.elem_bytes
@@ -192,36 +239,35 @@ def _parts(w: Workload, pass_: str, tiles: str):
     parts = []
     causal = w.causal
     if pass_ == "fwd":
-        tl = parse_tiles(tiles, 2)
+        tl, cl = parse_tiles(tiles, 2), parse_tiles(clusters, 2, "gemm_clusters")
         parts.append(("scale", "ew", (["Q"], ["Qs"])))
-        parts.append(("gemm_qk", "gemm", _Gemm(nq, nk, d, ("Qs", "rows"), ("K", "rows"), "S", *tl[0], bulk)))
+        parts.append(("gemm_qk", "gemm", _Gemm(nq, nk, d, ("Qs", "rows"), ("K", "rows"), "S", *tl[0], bulk, *cl[0])))
         s = "S"
-        if causal:
+        if causal:  # clone (a memcpy, no launch), then masked_fill_ of the clone in place
             parts += [("mask_ones", "ew", ([], ["Mask1"])), ("mask_tril", "tril", None),
-                      ("mask_not", "ew", (["Mask"], ["NotMask"])), ("mask_clone", "ew", (["S"], ["Sm"])),
-                      ("masked_fill", "ew", (["Sm", "NotMask"], ["Sm"]))]
+                      ("mask_not", "ew", (["Mask"], ["NotMask"])),
+                      ("masked_fill", "fill", (["Sm", "NotMask"], ["Sm"]))]
             s = "Sm"
         parts.append(("softmax", "ew", ([s], ["P"])))
-        parts.append(("gemm_pv", "gemm", _Gemm(nq, d, nk, ("P", "rows"), ("V", "cols"), "O", *tl[1], bulk)))
-    else:
-        tl = parse_tiles(tiles, 4)
-        parts.append(("gemm_dp", "gemm", _Gemm(nq, nk, d, ("dO", "rows"), ("V", "rows"), "dP", *tl[0], bulk)))
-        parts.append(("gemm_dv", "gemm", _Gemm(nk, d, nq, ("P", "cols"), ("dO", "cols"), "dV", *tl[1], bulk)))
+        parts.append(("gemm_pv", "gemm", _Gemm(nq, d, nk, ("P", "rows"), ("V", "cols"), "O", *tl[1], bulk, *cl[1])))
+    else:  # autograd's order: each matmul's second operand's gradient first
+        tl, cl = parse_tiles(tiles, 4), parse_tiles(clusters, 4, "gemm_clusters")
+        parts.append(("gemm_dv", "gemm", _Gemm(nk, d, nq, ("P", "cols"), ("dO", "cols"), "dV", *tl[0], bulk, *cl[0])))
+        parts.append(("gemm_dp", "gemm", _Gemm(nq, nk, d, ("dO", "rows"), ("V", "rows"), "dP", *tl[1], bulk, *cl[1])))
         parts.append(("softmax_mul", "ew", (["dP", "P"], ["T"])))
         parts.append(("softmax_bwd", "ew", (["T", "P"], ["dS"])))
         ds = "dS"
-        if causal:
-            parts += [("mask_bwd_clone", "ew", (["dS"], ["dSm"])),
-                      ("mask_bwd_fill", "ew", (["dSm", "NotMask"], ["dSm"]))]
+        if causal:  # masked_fill's backward: clone of dS (a memcpy, no launch), masked_fill_ in place
+            parts.append(("mask_bwd_fill", "fill", (["dSm", "NotMask"], ["dSm"])))
             ds = "dSm"
-        parts.append(("gemm_dq", "gemm", _Gemm(nq, d, nk, (ds, "rows"), ("K", "cols"), "dQs", *tl[2], bulk)))
-        parts.append(("gemm_dk", "gemm", _Gemm(d, nk, nq, ("Qs", "cols"), (ds, "cols"), "dKT", *tl[3], bulk)))
+        parts.append(("gemm_dk", "gemm", _Gemm(d, nk, nq, ("Qs", "cols"), (ds, "cols"), "dKT", *tl[2], bulk, *cl[2])))
+        parts.append(("gemm_dq", "gemm", _Gemm(nq, d, nk, (ds, "rows"), ("K", "cols"), "dQs", *tl[3], bulk, *cl[3])))
         parts.append(("scale_bwd", "ew", (["dQs"], ["dQ"])))
     used = set()
     for _, kind, p in parts:
         if kind == "gemm":
             used |= {p.a[0], p.b[0], p.c}
-        elif kind == "ew":
+        elif kind in ("ew", "fill"):
             used |= set(p[0]) | set(p[1])
         else:
             used |= {"Mask1", "Mask"}
@@ -251,12 +297,12 @@ def _warp_pieces(w: Workload, chunks: np.ndarray) -> tuple[np.ndarray, np.ndarra
 
 
 def schedule(w: Workload, tiling: Tiling | None, pass_: str, **options) -> Schedule:
-    tiles = _options(options)
+    tiles, clusters = _options(options)
     _check(w)
     if pass_ not in PASSES:
         raise ValueError(f"pass_={pass_!r}: not modelled")
     check_programs(w.bh, "batch*heads")
-    tensors, parts = _parts(w, pass_, tiles)
+    tensors, parts = _parts(w, pass_, tiles, clusters)
     slices = {n: (np.zeros(w.bh, dtype=np.int64) if tensors[n].slices == 1 else np.arange(w.bh, dtype=np.int64))
               for n in tensors}
     launches = []
@@ -271,6 +317,17 @@ def schedule(w: Workload, tiling: Tiling | None, pass_: str, **options) -> Sched
                     yield write(wt, 0, tensors[wt].rows)
             programs = 1 if all(tensors[n].slices == 1 for n in p[0] + p[1]) else w.bh
             launches.append(Launch(name, programs, {n: s[:programs] for n, s in slices.items()}, acc))
+        elif kind == "fill":  # masked_fill_(mask) in place: the input's loads of the last iteration kept only
+            def fill(p=p):
+                x, mask = p[0]
+                blk = fill_block(w)
+                cols = np.arange(w.nk // blk, dtype=np.int64) * blk
+                yield read(x, 0, w.nq, cols, blk - 128)  # iterations 0 .. vt-2: every lane loads
+                kr, kc, kn = _fill_kept(w)
+                yield read(x, kr, 1, kc, kn)
+                yield read(mask, 0, w.nq)
+                yield write(x, 0, w.nq)
+            launches.append(Launch(name, w.bh, slices, fill))
         else:  # tril: per-thread 8-byte chunks, loads where the chunk starts in the triangle
             def tril():
                 r0, rn = _warp_pieces(w, _tril_active(w))
@@ -279,15 +336,16 @@ def schedule(w: Workload, tiling: Tiling | None, pass_: str, **options) -> Sched
                 yield write("Mask", r0, rn, 0, 8, per_thread_rows=True)
             launches.append(Launch(name, 1, {n: s[:1] for n, s in slices.items()}, tril))
     return Schedule("torch_naive", tensors, launches,
-                    {"pass": pass_, "gemm_tiles": tiles, "kernels": [KERNEL_NAMES[ln.name] for ln in launches]})
+                    {"pass": pass_, "gemm_tiles": tiles, "gemm_clusters": clusters,
+                     "kernels": [KERNEL_NAMES[ln.name] for ln in launches]})
 
 
 def closed_form(w: Workload, tiling: Tiling | None, pass_: str, **options) -> dict[tuple[str, str], int]:
-    tiles = _options(options)
+    tiles, clusters = _options(options)
     _check(w)
     if pass_ not in PASSES:
         raise ValueError(f"pass_={pass_!r}: not modelled")
-    tensors, parts = _parts(w, pass_, tiles)
+    tensors, parts = _parts(w, pass_, tiles, clusters)
     out: dict[tuple[str, str], int] = {}
 
     def add(k, n):
@@ -303,6 +361,12 @@ def closed_form(w: Workload, tiling: Tiling | None, pass_: str, **options) -> di
                 add((r, "read"), programs * tensors[r].rows * tensors[r].cols)  # a shared mask: per head
             for wt in p[1]:
                 add((wt, "write"), programs * tensors[wt].rows * tensors[wt].cols)
+        elif kind == "fill":
+            x, mask = p[0]
+            every = w.nq * w.nk // fill_block(w) * (fill_block(w) - 128)  # iterations 0 .. vt-2
+            add((x, "read"), w.bh * (every + int(_fill_kept(w)[2].sum())))
+            add((mask, "read"), w.bh * w.nq * w.nk)
+            add((x, "write"), w.bh * w.nq * w.nk)
         else:
             add(("Mask1", "read"), 8 * int(_tril_active(w).sum()))
             add(("Mask", "write"), w.nq * w.nk)
