@@ -15,6 +15,12 @@ Besides the LSU loads and stores, the set asks Nsight Compute for the bytes of g
 reductions and atomics (``red.global`` / ``atom``: the backwards' dQ) and of cp.async's
 global-to-shared loads (LDGSTS), each where the installed ncu knows the metric
 (:func:`metrics`); ``compare`` sets the reductions beside the walker's reduction class.
+
+The LSU counts a cp.async tile by its shared destinations (:func:`ldgsts_sectors`: groups of 8
+lanes, each the 32-byte sectors its destinations touch; the rule scripts/device/ldgsts_probe.sh
+measured), so a tile copied into padded shared rows costs more LSU sectors than the global ones
+the walker counts: :func:`predict_lsu_loads` gives a launch's LSU load bytes, which ``compare``
+holds the measured loads against (the walker's count reported beside it).
 """
 
 from __future__ import annotations
@@ -130,7 +136,8 @@ def sim_options(cfg: dict) -> dict:
     return {"kernel": cfg["kernel"]}
 
 
-__all__ = ["FAST_KERNELS", "fast_set", "fast_smoke_set", "make_call", "metrics", "sim_options"]
+__all__ = ["FAST_KERNELS", "fast_set", "fast_smoke_set", "ldgsts_patterns", "ldgsts_sectors", "make_call", "metrics",
+           "predict_lsu_loads", "sim_options"]
 
 
 # ---------------------------------------------------------------------------------------------
