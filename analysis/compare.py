@@ -40,7 +40,7 @@ from flashsim.output import check_overwrite, staged
 from flashsim.traffic import SECTOR_BYTES, walk
 
 from .configs import KERNELS, sim_options, tiling_of, workload_of
-from .fast_set import FAST_KERNELS, predict_ldgsts_destination
+from .fast_set import FAST_KERNELS, predict_lsu_loads
 from .measure import CONFIG_FIELDS, METRIC_FIELDS
 from .torch_set import TORCH_KERNELS
 from .torch_set import records as torch_records
@@ -182,12 +182,15 @@ def schedule_of(cfg: dict):
 
 def predict_lsu(cfg: dict, sched=None) -> list[dict]:
     """The LSU level alone, launch by launch (cheap: the walker, no L2 model): the walker's load
-    and store sectors x 32 (``sim_lsu_ld_bytes``, ``sim_lsu_st_bytes``) and its exact bytes."""
+    and store sectors x 32 (``sim_lsu_ld_bytes``, ``sim_lsu_st_bytes``) and its exact bytes;
+    for the fast kernels also the loads as the LSU counts their cp.async tiles
+    (``sim_lsu_ld_ldgsts_bytes``: :func:`analysis.fast_set.predict_lsu_loads`), which is what
+    :func:`compare` holds their measured loads against."""
     sched = schedule_of(cfg) if sched is None else sched
     io = walk(sched)
-    # the fast kernels: their loads also as the LSU would count cp.async by its shared destination
+    # the fast kernels: their loads also as the LSU counts cp.async (by its shared destination)
     fast_k = cfg.get("kernel") in FAST_KERNELS
-    dest = predict_ldgsts_destination(cfg, io) if fast_k else [None] * len(io.per_launch)
+    lsu_ld = predict_lsu_loads(cfg, sched, io) if fast_k else [None] * len(io.per_launch)
     out = []
     for name, c in io.per_launch.items():
         red = c.by_class()["reduction"]
@@ -195,8 +198,8 @@ def predict_lsu(cfg: dict, sched=None) -> list[dict]:
                     "sim_lsu_st_bytes": (c.write_sectors or 0) * SECTOR_BYTES,
                     "sim_read_bytes_exact": c.read_bytes, "sim_write_bytes_exact": c.write_bytes,
                     "sim_lsu_red_bytes": (red.sectors or 0) * SECTOR_BYTES})
-        if fast_k:
-            out[-1]["sim_lsu_ld_dest_bytes"] = dest[len(out) - 1]
+        if fast_k:  # the LSU's count of the loads (cp.async by its shared destination)
+            out[-1]["sim_lsu_ld_ldgsts_bytes"] = lsu_ld[len(out) - 1]
     return out
 
 
@@ -278,16 +281,19 @@ def compare(rows: list[dict], gpu: str = "h100") -> list[dict]:
         for r, p in zip(launches, preds):
             rec = dict(r)
             rec.update(p)
-            rec["lsu_ld_err"] = _rel(r["lsu_ld_bytes"], p["sim_lsu_ld_bytes"])
+            # the fast kernels' loads at the LSU: cp.async tiles as the LSU counts them (by their
+            # shared destination, analysis.fast_set.ldgsts_sectors); the walker's global count apart
+            sim_ld = p.get("sim_lsu_ld_ldgsts_bytes", p["sim_lsu_ld_bytes"])
+            if "sim_lsu_ld_ldgsts_bytes" in p:
+                rec["sim_lsu_compared_bytes"] = sim_ld + p["sim_lsu_st_bytes"]
+                rec["lsu_ld_walker_residual_bytes"] = r["lsu_ld_bytes"] - p["sim_lsu_ld_bytes"]
+            rec["lsu_ld_err"] = _rel(r["lsu_ld_bytes"], sim_ld)
             rec["lsu_st_err"] = _rel(r["lsu_st_bytes"], p["sim_lsu_st_bytes"])
-            rec["lsu_err"] = _rel(r["lsu_ld_bytes"] + r["lsu_st_bytes"], p["sim_lsu_ld_bytes"] + p["sim_lsu_st_bytes"])
+            rec["lsu_err"] = _rel(r["lsu_ld_bytes"] + r["lsu_st_bytes"], sim_ld + p["sim_lsu_st_bytes"])
             if r.get("lsu_red_bytes") is not None:  # reductions apart (sets measured with them: fast)
                 rec["lsu_red_err"] = _rel(r["lsu_red_bytes"], p["sim_lsu_red_bytes"])
                 rec["lsu_red_residual_bytes"] = r["lsu_red_bytes"] - p["sim_lsu_red_bytes"]
-            rec["lsu_ld_residual_bytes"] = r["lsu_ld_bytes"] - p["sim_lsu_ld_bytes"]
-            if "sim_lsu_ld_dest_bytes" in p:  # the fast kernels (None: a ragged tile, no whole count)
-                dest = p["sim_lsu_ld_dest_bytes"]
-                rec["lsu_ld_dest_residual_bytes"] = None if dest is None else r["lsu_ld_bytes"] - dest
+            rec["lsu_ld_residual_bytes"] = r["lsu_ld_bytes"] - sim_ld
             rec["lsu_st_residual_bytes"] = r["lsu_st_bytes"] - p["sim_lsu_st_bytes"]
             rec["dram_err"] = _rel_dram(r["dram_read_bytes"] + r["dram_write_bytes"],
                                         p["sim_dram_read_bytes"] + p["sim_dram_write_bytes"])
@@ -312,9 +318,12 @@ def per_config(records: list[dict]) -> list[dict]:
         for k in ("lsu_ld_bytes", "lsu_st_bytes", "dram_read_bytes", "dram_write_bytes", "time_ns",
                   "sim_lsu_ld_bytes", "sim_lsu_st_bytes", "sim_dram_read_bytes", "sim_dram_write_bytes"):
             a[k] = a.get(k, 0) + r[k]
+        # the loads the LSU level compares (the fast kernels: cp.async by its shared destination)
+        a["sim_lsu_ld_compared"] = a.get("sim_lsu_ld_compared", 0) + r.get("sim_lsu_ld_ldgsts_bytes",
+                                                                             r["sim_lsu_ld_bytes"])
     for a in agg.values():
         a["lsu_bytes"] = a["lsu_ld_bytes"] + a["lsu_st_bytes"]
-        a["sim_lsu_bytes"] = a["sim_lsu_ld_bytes"] + a["sim_lsu_st_bytes"]
+        a["sim_lsu_bytes"] = a.pop("sim_lsu_ld_compared") + a["sim_lsu_st_bytes"]
         a["lsu_err"] = _rel(a["lsu_bytes"], a["sim_lsu_bytes"])
         a["dram_bytes"] = a["dram_read_bytes"] + a["dram_write_bytes"]
         a["sim_dram_bytes"] = a["sim_dram_read_bytes"] + a["sim_dram_write_bytes"]
@@ -444,10 +453,10 @@ def summarize(records: list[dict]) -> dict:
         out["lsu_st_exact"] = sum(r["lsu_st_residual_bytes"] == 0 for r in records)
         out["lsu_ld_residual_max_abs_bytes"] = max(abs(r["lsu_ld_residual_bytes"]) for r in records)
         out["lsu_st_residual_max_abs_bytes"] = max(abs(r["lsu_st_residual_bytes"]) for r in records)
-        dest = [r["lsu_ld_dest_residual_bytes"] for r in records if r.get("lsu_ld_dest_residual_bytes") is not None]
-        if dest:
-            out["lsu_ld_dest_exact"] = sum(x == 0 for x in dest)
-            out["lsu_ld_dest_launches"] = len(dest)
+        walker = [r["lsu_ld_walker_residual_bytes"] for r in records if "lsu_ld_walker_residual_bytes" in r]
+        if walker:  # the fast kernels: loads compared with the LDGSTS rule; the walker's global count apart
+            out["lsu_ld_walker_exact"] = sum(x == 0 for x in walker)
+            out["lsu_ld_walker_launches"] = len(walker)
         red = [r["lsu_red_residual_bytes"] for r in records if "lsu_red_residual_bytes" in r]
         if red:
             out["lsu_red_exact"] = sum(x == 0 for x in red)
@@ -506,13 +515,15 @@ def run(data: str | Path, out_dir: str | Path | None = None, gpu: str | None = N
               f"{s['torch_l2_within']}/{s['torch_l2_launches']}")
     if "lsu_ld_exact" in s:
         n = s["launches"]
-        print(f"LSU level, to the byte: loads equal the walker's on {s['lsu_ld_exact']}/{n} launches "
+        what = ("the LSU's count (cp.async tiles by their shared destination: analysis.fast_set.ldgsts_sectors)"
+                if "lsu_ld_walker_exact" in s else "the walker's")
+        print(f"LSU level, to the byte: loads equal {what} on {s['lsu_ld_exact']}/{n} launches "
               f"(max |residual| {s['lsu_ld_residual_max_abs_bytes']:,} B), stores on {s['lsu_st_exact']}/{n} "
               f"(max |residual| {s['lsu_st_residual_max_abs_bytes']:,} B)")
-    if "lsu_ld_dest_exact" in s:
-        print(f"LSU loads counted as if cp.async were counted by its shared destination's sectors "
-              f"(analysis.fast_set.destination_ratio): equal on {s['lsu_ld_dest_exact']}/{s['lsu_ld_dest_launches']} "
-              f"fast launches")
+    if "lsu_ld_walker_exact" in s:
+        print(f"The walker's loads (the global bytes the kernels copy: the IO model's count) equal the measured "
+              f"LSU loads on {s['lsu_ld_walker_exact']}/{s['lsu_ld_walker_launches']} fast launches (the others "
+              f"copy cp.async tiles whose shared destinations touch more sectors than their sources)")
     if "lsu_red_exact" in s:
         print(f"LSU level, reductions (red/atom through the LSU, apart from loads and stores): equal the walker's "
               f"reduction class on {s['lsu_red_exact']}/{s['launches']} launches (max |residual| "

@@ -15,10 +15,17 @@ Besides the LSU loads and stores, the set asks Nsight Compute for the bytes of g
 reductions and atomics (``red.global`` / ``atom``: the backwards' dQ) and of cp.async's
 global-to-shared loads (LDGSTS), each where the installed ncu knows the metric
 (:func:`metrics`); ``compare`` sets the reductions beside the walker's reduction class.
+
+The LSU counts a cp.async tile by its shared destinations (:func:`ldgsts_sectors`: groups of 8
+lanes, each the 32-byte sectors its destinations touch; the rule scripts/device/ldgsts_probe.sh
+measured), so a tile copied into padded shared rows costs more LSU sectors than the global ones
+the walker counts: :func:`predict_lsu_loads` gives a launch's LSU load bytes, which ``compare``
+holds the measured loads against (the walker's count reported beside it).
 """
 
 from __future__ import annotations
 
+import functools
 import subprocess
 
 import numpy as np
@@ -129,11 +136,12 @@ def sim_options(cfg: dict) -> dict:
     return {"kernel": cfg["kernel"]}
 
 
-__all__ = ["FAST_KERNELS", "fast_set", "fast_smoke_set", "make_call", "metrics", "sim_options"]
+__all__ = ["FAST_KERNELS", "fast_set", "fast_smoke_set", "ldgsts_patterns", "ldgsts_sectors", "make_call", "metrics",
+           "predict_lsu_loads", "sim_options"]
 
 
 # ---------------------------------------------------------------------------------------------
-# The LDGSTS question: what the LSU counts if it counts cp.async by its shared destination
+# What the LSU counts for a cp.async tile (LDGSTS): the rule the probe measured
 
 
 def _ceil(x: int, m: int) -> int:
@@ -144,8 +152,8 @@ def ldgsts_patterns(kernel: str, d: int, config=None) -> dict:
     """{launch: {tensor: (tile rows, row bytes, shared row stride in bytes, threads)}} of the
     tiles a variant copies by cp.async, 16 bytes a thread, chunk e = tid + u·threads at row
     e // (row bytes / 16) (kernels/perf/_tiles.py's f16_copy, f16_chunks, f32_copier;
-    bwd_fp16_v3's own loop), at the variant's block shape (its default, or ``config``);
-    fwd_fp32_v2's Q only without ``qsplit`` (with it, plain loads)."""
+    bwd_fp16_v3's own loop, the same chunks), at the variant's block shape (its default, or
+    ``config``); fwd_fp32_v2's Q only without ``qsplit`` (with it, plain loads)."""
     c = fast.parse_config(kernel, d, config)
     if kernel == "fwd_fp16_v4":
         s, nt = 2 * (_ceil(d, 16) + 8), 32 * c["nw"]
@@ -178,37 +186,62 @@ def ldgsts_patterns(kernel: str, d: int, config=None) -> dict:
     return {kernel: {"K": kv, "V": kv, "Q": qq, "dO": qq}}
 
 
-def destination_ratio(rows: int, row_bytes: int, stride: int, threads: int):
-    """Over a whole tile's cp.async instructions (a warp's 32 chunks each), the 32-byte sectors of
-    the shared destinations over those of the global sources (rows contiguous in global memory,
-    the tile 32-byte aligned in both): a Fraction."""
-    from fractions import Fraction
+#: Lanes of a cp.async that the LSU counts together: 8 lanes x 16 bytes, one 128-byte segment.
+LDGSTS_GROUP = 8
 
+
+@functools.cache
+def ldgsts_sectors(rows: int, row_bytes: int, stride: int, threads: int, valid: int | None = None) -> int:
+    """The LSU load sectors of one cp.async copy of a ``rows`` x ``row_bytes`` tile (rows
+    contiguous in global memory) into shared rows ``stride`` bytes apart (the tile at a 32-byte
+    aligned shared address) by ``threads`` threads, 16 bytes a lane, chunk e = tid + u·threads at
+    row e // (row_bytes / 16), of which the first ``valid`` rows exist (default all; a row past
+    them is copied with src-size 0: no request).  The rule the probe measured
+    (scripts/device/ldgsts_probe.cu): each instruction's lanes count in groups of
+    :data:`LDGSTS_GROUP` consecutive lanes, and a group costs the 32-byte sectors its lanes'
+    shared DESTINATIONS touch (4 for a 32-byte aligned 128-byte span, 5 for one 16 bytes off),
+    whatever the global sectors it reads."""
     ch = row_bytes // 16
     n = rows * ch
-    dst = src = 0
-    for u in range(-(-n // threads)):
-        for w in range(threads // 32):
-            es = range(u * threads + 32 * w, min(u * threads + 32 * w + 32, n))
-            if len(es):
-                dst += len({((e // ch) * stride + (e % ch) * 16) // 32 for e in es})
-                src += len({(16 * e) // 32 for e in es})
-    return Fraction(dst, src)
+    valid = rows if valid is None else valid
+    total = 0
+    for g0 in range(0, _ceil(n, threads), LDGSTS_GROUP):  # groups of 8 lanes: never across warps
+        es = [e for e in range(g0, min(g0 + LDGSTS_GROUP, n)) if e // ch < valid]
+        total += len({((e // ch) * stride + (e % ch) * 16) // 32 for e in es})
+    return total
 
 
-def predict_ldgsts_destination(cfg: dict, io, config=None) -> list[int | None]:
-    """Per launch of ``io`` (the walker's count of the configuration's schedule), its LSU load
-    bytes if the LSU counts each cp.async tile by its shared destination's sectors
-    (:func:`destination_ratio` times the tile's global sectors; plain loads as they are); None
-    where that is not a whole number of sectors (a ragged tile)."""
+def predict_lsu_loads(cfg: dict, sched, io, config=None) -> list[int]:
+    """Per launch of ``sched`` (``io``: the walker's count of it), its LSU load bytes: the
+    walker's global sectors for the plain loads, :func:`ldgsts_sectors` for every cp.async
+    tile (:func:`ldgsts_patterns`; each tile copy by its rows that exist), x 32.  Raises
+    ``AssertionError`` if the tiles, counted by their global sectors, do not add up to the
+    walker's count of them (the tiles read here are the schedule's)."""
+    import numpy as np
+
     pats = ldgsts_patterns(cfg["kernel"], cfg["head_dim"], config)
     out = []
-    for name, c in io.per_launch.items():
-        total = 0
-        for (tensor, key), t in c.breakdown.items():
-            if key != "read":
+    for launch in sched.launches:
+        c = io.per_launch[launch.name]
+        p = pats.get(launch.name, {})
+        lsu = {t: 0 for t in p}
+        glob = {t: 0 for t in p}
+        for a in launch.counts():
+            if a.tensor not in p or a.key != "read":
                 continue
-            p = pats.get(name, {}).get(tensor)
-            total += t.sectors * (1 if p is None else destination_ratio(*p))
-        out.append(int(total) * 32 if total == int(total) else None)
+            assert a.ncols is None, (launch.name, a.tensor)  # cp.async tiles are whole rows
+            rows, row_bytes, stride, threads = p[a.tensor]
+            nrows, rep = np.broadcast_arrays(*np.broadcast_arrays(a.row0, a.nrows, a.col0, a.slice_offset,
+                                                                  a.repeat)[1::3])
+            for v in np.unique(nrows):
+                if v > 0:
+                    w = int(rep[nrows == v].sum()) * launch.programs
+                    lsu[a.tensor] += w * ldgsts_sectors(rows, row_bytes, stride, threads, int(v))
+                    glob[a.tensor] += w * int(v) * -(-row_bytes // 32)
+        total = c.read_sectors or 0
+        for t in p:
+            walked = c.breakdown[(t, "read")].sectors if (t, "read") in c.breakdown else 0
+            assert walked == glob[t], (launch.name, t, walked, glob[t])
+            total += lsu[t] - glob[t]
+        out.append(total * 32)
     return out

@@ -114,13 +114,14 @@ def test_bf16_configurations_run_the_variant_on_bf16_tensors(monkeypatch):
 
 
 def test_compare_end_to_end_on_an_exact_record(tmp_path):
-    """A record whose every launch measures what the walker counts: compare accepts every launch
-    list the fast variants make (1, 3 or 4 launches), finds them all exact, reductions apart."""
+    """A record whose every launch measures what the LSU counts (the walker's sectors, cp.async
+    tiles by their shared destinations): compare accepts every launch list the fast variants make
+    (1, 3 or 4 launches), finds them all exact, reductions apart."""
     rows = []
     for c in fast_set.fast_smoke_set():
         for k, p in enumerate(predict_lsu(c)):
             row = {"config_id": config_id(c), "launch_index": k, **{f: c.get(f) for f in CONFIG_FIELDS}}
-            row.update(lsu_ld_bytes=p["sim_lsu_ld_bytes"], lsu_st_bytes=p["sim_lsu_st_bytes"], l2_read_sectors=0,
+            row.update(lsu_ld_bytes=p["sim_lsu_ld_ldgsts_bytes"], lsu_st_bytes=p["sim_lsu_st_bytes"], l2_read_sectors=0,
                        l2_write_sectors=0, dram_read_bytes=0, dram_write_bytes=0, time_ns=1000.0,
                        lsu_red_bytes=p["sim_lsu_red_bytes"], lsu_atom_bytes=0, lsu_ldgsts_access_bytes=0)
             rows.append(row)
@@ -135,10 +136,10 @@ def test_compare_end_to_end_on_an_exact_record(tmp_path):
     assert run(data, tmp_path / "cmp", plots=False) == 0
     s = json.loads((tmp_path / "cmp" / "compare_summary.json").read_text())["summary"]
     assert s["lsu_within_tolerance"] == s["launches"] == s["lsu_ld_exact"] == s["lsu_red_exact"] == 20
-    # the destination count differs from the global one where the shared rows are padded: every
-    # launch with cp.async tiles (10) but bwd_fp32_v2's (rows of whole sectors; fwd_fp32_v2's K
-    # rows at d = 64 too, 288 bytes apart, but not its V rows, 272)
-    assert s["lsu_ld_dest_launches"] == 20 and s["lsu_ld_dest_exact"] == 20 - 10
+    # the LSU's count differs from the walker's global one where a cp.async group's shared
+    # destination touches more sectors than its source: every launch with cp.async tiles (10) but
+    # bwd_fp32_v2's (rows of 288 bytes at d = 64: whole sectors, aligned)
+    assert s["lsu_ld_walker_launches"] == 20 and s["lsu_ld_walker_exact"] == 20 - 10
     red = [r for r in csv.DictReader(open(tmp_path / "cmp" / "compare_launches.csv")) if float(r["sim_lsu_red_bytes"])]
     assert len(red) == 3  # the main launches of bwd_fp16_v3, bwd_fp32_v1 and bwd_fp32_v2
 
@@ -146,13 +147,13 @@ def test_compare_end_to_end_on_an_exact_record(tmp_path):
 def test_fig2_record_of_fwd_fp16_v4_stores_exact_loads_nine_eighths():
     """The H100 record of fwd_fp16_v4 at 10 block shapes (analysis/data/h100/fig2, B 64, H 16,
     N 1,024, d 64): stores (O, and L in requests of 8 rows) equal the schedule's sectors to the
-    byte; loads are exactly 9/8 of them on every shape: the ratio of the kernel's shared-memory
-    row (64 + 8 halves, 144 bytes) to the 128 bytes it copies into it, not a re-load (the code
-    loads each tile once: test_fast_schedule's cross-check).  scripts/device/ldgsts_probe.sh
-    measures whether the LSU counts cp.async by its shared destination."""
+    byte; loads are exactly 9/8 of them on every shape, not a re-load (the code loads each tile
+    once: test_fast_schedule's cross-check) but the LSU's count of cp.async into rows of 144
+    bytes (half of them 16 bytes off a sector): fast_set.predict_lsu_loads equals every one."""
     from pathlib import Path
 
-    from flashsim import Workload, simulate
+    from flashsim import Workload
+    from flashsim.traffic import walk
 
     path = Path(__file__).resolve().parents[1] / "analysis" / "data" / "h100" / "fig2" / "fig2_fast_h100.csv"
     rows = list(csv.DictReader(open(path)))
@@ -160,36 +161,66 @@ def test_fig2_record_of_fwd_fp16_v4_stores_exact_loads_nine_eighths():
     w = Workload(batch=64, heads=16, seq_len_q=1024, head_dim=64)
     for r in rows:
         cfg = dict(nw=int(r["warps"]), mt=int(r["m_tiles"]), bc=int(r["bc"]))
-        io = simulate(w, "fast", "fwd", kernel="fwd_fp16_v4", config=cfg).io
-        print(cfg, int(r["lsu_ld_bytes"]), 32 * io.read_sectors, int(r["lsu_st_bytes"]), 32 * io.write_sectors)
+        sched = fast.schedule(w, None, "fwd", kernel="fwd_fp16_v4", config=cfg)
+        io = walk(sched)
+        lsu = fast_set.predict_lsu_loads({"kernel": "fwd_fp16_v4", "head_dim": 64}, sched, io, cfg)
+        print(cfg, int(r["lsu_ld_bytes"]), 32 * io.read_sectors, lsu, int(r["lsu_st_bytes"]), 32 * io.write_sectors)
         assert int(r["lsu_st_bytes"]) == 32 * io.write_sectors
         assert 8 * int(r["lsu_ld_bytes"]) == 9 * 32 * io.read_sectors
-        # the same count, tile by tile, from the cp.async instructions' shared destinations
-        dest = fast_set.predict_ldgsts_destination({"kernel": "fwd_fp16_v4", "head_dim": 64}, io, cfg)
-        assert dest == [int(r["lsu_ld_bytes"])]
+        assert lsu == [int(r["lsu_ld_bytes"])]
 
 
-def test_destination_ratios():
-    """What the fast set will measure if the LSU counts cp.async by its shared destination: the
-    padded rows' sectors over the copied rows' (README, "The fast kernels")."""
+def test_ldgsts_sectors_the_probe_and_the_kernels_rows():
+    """The LSU's count of a cp.async tile (groups of 8 lanes, each the sectors of its shared
+    destination): the probe's patterns (scripts/device/ldgsts_probe.cu: 8 chunks a row into
+    plain rows, and into rows padded to 144 bytes: 9/8), the fp16 kernels' rows of d + 8 halves
+    (9/8 at d = 64 AND at d = 128, where a warp-wide destination count would give 17/16),
+    src-size 0 rows (no request), and rows that 8-lane groups straddle (fwd_fp32_v1 at d = 80)."""
     from fractions import Fraction as F
 
-    def ratios(kernel, d):
-        return {t: fast_set.destination_ratio(*p) for pats in fast_set.ldgsts_patterns(kernel, d).values()
-                for t, p in pats.items()}
+    def ratio(rows, row_bytes, stride, threads):
+        return F(fast_set.ldgsts_sectors(rows, row_bytes, stride, threads), rows * row_bytes // 32)
 
-    assert set(ratios("fwd_fp16_v4", 64).values()) == {F(9, 8)}  # 4 rows of 144 B a warp: 18 sectors for 16
-    assert set(ratios("bwd_fp16_v3", 128).values()) == {F(17, 16)}  # 2 rows of 272 B: 17 for 16
-    assert ratios("fwd_fp32_v1", 64) == {"Q": F(17, 16), "K": F(17, 16), "V": 1}  # V rows unpadded
-    assert ratios("fwd_fp32_v1", 128)["Q"] == F(33, 32)  # rows of 528 B: every other one 17 sectors
-    assert set(ratios("bwd_fp32_v2", 64).values()) == set(ratios("bwd_fp32_v2", 128).values()) == {1}
-    # fwd_fp32_v2: K rows d + 8 floats apart (288 B at d = 64, 544 at 128: whole sectors), V rows
-    # d + 4 (272 B: 2 rows a warp, 17 sectors for 16; 528 B: every other row 17 for 16); Q by plain
-    # loads with qsplit (its default), else as K
-    assert ratios("fwd_fp32_v2", 64) == {"K": 1, "V": F(17, 16)}
-    assert ratios("fwd_fp32_v2", 128) == {"K": 1, "V": F(33, 32)}
+    assert ratio(256, 128, 128, 256) == 1  # the probe's cp_cg: plain rows, the global count
+    assert ratio(256, 128, 144, 256) == F(9, 8)  # pad_cg: 75,497,472 of 67,108,864 bytes
+    assert ratio(128, 128, 144, 128) == F(9, 8)  # fwd_fp16_v4, d = 64
+    assert ratio(64, 256, 272, 128) == F(9, 8)  # bwd_fp16_v3, d = 128 (rows of 272 B)
+    assert ratio(64, 512, 544, 128) == 1  # bwd_fp32_v2, d = 128: rows 17 sectors apart
+    # fwd_fp32_v2 at d = 64: K rows 288 B (aligned), V rows 272 B: V's cost 1/8 more
+    pats = fast_set.ldgsts_patterns("fwd_fp32_v2", 64)["fwd_fp32_v2"]
+    assert ratio(*pats["K"]) == 1 and ratio(*pats["V"]) == F(9, 8) and "Q" not in pats
     assert fast_set.ldgsts_patterns("fwd_fp32_v2", 64, "qsplit=false")["fwd_fp32_v2"]["Q"] == (128, 256, 288, 128)
-    assert fast_set.destination_ratio(4, 128, 128, 32) == 1  # unpadded rows: the global count
+    # fwd_fp32_v1 at d = 80: rows of 320 B (20 chunks) 336 B apart; a group of 8 lanes can span
+    # the end of one row and the start of the next: counted by the sectors of both destinations
+    q = fast_set.ldgsts_patterns("fwd_fp32_v1", 80)["fwd_fp32_v1"]["Q"]
+    assert q[1:3] == (320, 336)
+    # chunks 0-7: 4 sectors; 8-15: 4; 16-23: 2 + 3 (rows 0 and 1); 24-31: 5; 32-39: 5 (20 global sectors)
+    assert fast_set.ldgsts_sectors(2, 320, 336, 32) == 23
+    # rows past the end (src-size 0) make no request; a lone row costs its own groups
+    assert fast_set.ldgsts_sectors(128, 128, 144, 128, valid=0) == 0
+    assert fast_set.ldgsts_sectors(128, 128, 144, 128, valid=2) == 4 + 5
+
+
+def test_the_h100_records_of_the_fast_set_agree_to_the_byte():
+    """The committed H100 records of the fast set (analysis/data/h100/fast, db138fb), compared:
+    on all 54 launches the loads equal the LSU's count (cp.async tiles by their shared
+    destinations) to the byte, and stores and reductions the walker's; the walker's own load
+    count (the global bytes copied) equals the measured loads on 29 (fwd 0/12, bwd 28/38, bf16
+    1/4).  The compare outputs committed beside them say the same."""
+    from pathlib import Path
+
+    from analysis.compare import compare, summarize
+
+    root = Path(__file__).resolve().parents[1] / "analysis" / "data" / "h100" / "fast"
+    want = {"fwd": (12, 0), "bwd": (38, 28), "bf16": (4, 1)}
+    for rec, (n, walker) in want.items():
+        rows, _ = read_measured(root / f"fast_{rec}" / "fast.csv")
+        s = summarize(compare(rows, "h100"))
+        print(rec, {k: v for k, v in s.items() if k.startswith("lsu")})
+        assert s["launches"] == n and s["lsu_ld_exact"] == s["lsu_st_exact"] == s["lsu_red_exact"] == n
+        assert s["lsu_within_tolerance"] == n and s["lsu_ld_walker_exact"] == walker
+        committed = json.loads((root / f"compare_{rec}" / "compare_summary.json").read_text())["summary"]
+        assert (committed["lsu_ld_exact"], committed["lsu_ld_walker_exact"]) == (n, walker)
 
 
 def test_measure_fast_smoke_end_to_end_with_a_fake_ncu(fake_gpu, tmp_path, capsys):  # noqa: F811

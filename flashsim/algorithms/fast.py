@@ -59,12 +59,12 @@ What is assumed, and where it is exact:
 * The elementwise launches (``zero_fill``, ``dq_to_f16``: grid-stride loops, a warp 32
   consecutive elements) are stated per query head: exact when a head's slice is a whole number
   of sectors (Nq·d·4 bytes a multiple of 32), else a sector two heads share counts twice.
-* Loads are counted by their global addresses.  The kernels load tiles by cp.async (LDGSTS) into
-  padded shared rows (fp16: d + 8 halves; fwd_fp32_v2's Q with ``qsplit`` is the exception,
-  plain loads); the H100 record of fwd_fp16_v4 measures
-  exactly 9/8 of this schedule's load sectors at d = 64 on every block shape (144-byte rows for
-  128 bytes copied), stores exact: the LSU appears to count LDGSTS by the shared destination's
-  sectors (scripts/device/ldgsts_probe.sh measures it; README, "The fast kernels").
+* Loads are counted by their global addresses: the bytes the kernels copy, what HBM sees.  The
+  kernels load tiles by cp.async (LDGSTS) into padded shared rows (fp16: d + 8 halves;
+  fwd_fp32_v2's Q with ``qsplit`` is the exception, plain loads), which the LSU counts by the
+  shared destination's sectors, 8 lanes at a time (measured by scripts/device/ldgsts_probe.sh:
+  9/8 of these sectors for the fp16 kernels at d = 64 and 128); that count is
+  ``analysis.fast_set.predict_lsu_loads`` (README, "The fast kernels"), not this schedule's.
 * The scale <= 0 path (an extra elementwise pass over Q and over dQ) is not modelled.
 """
 
