@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 
 from flashsim.api import build_schedule
 from flashsim.traffic import SECTOR_BYTES, walk
@@ -383,8 +384,18 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m analysis.torch_set", description=main.__doc__)
     ap.add_argument("launches", help="compare_launches.csv written by flashsim compare --out")
     a = ap.parse_args(argv)
-    with open(a.launches, newline="") as f:
-        print(family_table(list(csv.DictReader(f))))
+    try:
+        with open(a.launches, newline="") as f:
+            reader = csv.DictReader(f)
+            rows = list(reader)
+    except OSError as e:
+        print(f"flashsim: error: launches={a.launches!r}: {e.strerror}", file=sys.stderr)
+        return 2
+    if not rows or "level" not in (reader.fieldnames or ()):
+        print(f"flashsim: error: launches={a.launches!r}: not the compare_launches.csv of a torch record "
+              "(no rows with a 'level' column)", file=sys.stderr)
+        return 2
+    print(family_table(rows))
     return 0
 
 

@@ -2,7 +2,7 @@
 
     python -m kernels.bench_table kernels/data/bench_h100.csv            # print the table
     python -m kernels.bench_table kernels/data/bench_h100.csv [OFFGRID.csv ...] --readme README.md
-    python -m kernels.bench_table --merge OUT.csv PART.csv [PART.csv ...]
+    python -m kernels.bench_table --merge OUT.csv PART.csv [PART.csv ...] [--force]
 
 The table has one line per configuration of the grid (pass, dtype, d, causal, N): the TFLOP/s of
 torch's naive attention, of SDPA's flash, cuDNN and memory-efficient backends, and of our fastest
@@ -18,8 +18,9 @@ tests hold the README's block equal to the committed CSV's table.
 
 ``--merge`` joins CSVs written by separate ``kernels.bench`` runs (e.g. ``--only fwd-`` and
 ``--only bwd-``, to stay within a device call's time limit) into one, with a ``.meta.json``
-listing each part's provenance; each configuration's rows come from one run, so its ratios
-were still measured side by side.
+listing each part's provenance (an existing OUT is refused without ``--force``); each
+configuration's rows come from one run, so its ratios were still measured side by side.  A file
+that is missing or not a ``kernels.bench`` record ends in one ``flashsim: error:`` line.
 """
 
 from __future__ import annotations
@@ -47,9 +48,23 @@ def _fmt(x: float, digits: int) -> str:
     return "-" if math.isnan(x) else f"{x:.{digits}f}"
 
 
+#: The columns every kernels.bench record has (what the tables read).
+COLUMNS = ("variant", "pass", "dtype", "d", "causal", "n")
+
+
 def load(path: str | Path) -> list[dict]:
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+    """The rows of a kernels.bench CSV; ValueError for a missing file or one without its columns."""
+    try:
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            rows = list(reader)
+    except OSError as e:
+        raise ValueError(f"csv={str(path)!r}: {e.strerror}") from None
+    missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
+    if missing or not rows:
+        raise ValueError(f"csv={str(path)!r}: not a kernels.bench record (" +
+                         (f"no {', '.join(missing)} column" if missing else "no rows") + ")")
+    return rows
 
 
 def _key(r: dict) -> tuple:
@@ -226,7 +241,14 @@ def replace_block(text: str, table: str, start: str = START, end: str = END) -> 
     return f"{head}{start}\n{table}{end}{tail}"
 
 
-def merge(out: str | Path, parts: list[str | Path]) -> None:
+def merge(out: str | Path, parts: list[str | Path], force: bool = False) -> None:
+    """Write the rows of ``parts`` into ``out`` (and its ``.meta.json``, each part's provenance
+    listed); an existing ``out`` is refused (ValueError) unless ``force``.  Both files are written
+    to temporary names and renamed."""
+    out = Path(out)
+    meta_out = out.with_name(out.stem + ".meta.json")
+    if not force and (out.exists() or meta_out.exists()):
+        raise ValueError(f"out={str(out)!r} exists (give --force to overwrite it)")
     rows, metas = [], []
     for p in parts:
         p = Path(p)
@@ -234,14 +256,17 @@ def merge(out: str | Path, parts: list[str | Path]) -> None:
         m = p.with_name(p.stem + ".meta.json")
         metas.append(dict(json.loads(m.read_text()), part=p.name) if m.is_file() else {"part": p.name})
     fields = sorted({k for r in rows for k in r})
-    out = Path(out)
-    with open(out, "w", newline="") as f:
+    tmp = out.with_name(out.name + ".tmp")
+    with open(tmp, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         w.writerows(rows)
     first = {k: v for k, v in metas[0].items() if k not in ("part", "date", "git_commit")}
     meta = dict(first, parts=[{k: m.get(k) for k in ("part", "date", "git_commit")} for m in metas])
-    out.with_name(out.stem + ".meta.json").write_text(json.dumps(meta, indent=1))
+    meta_tmp = meta_out.with_name(meta_out.name + ".tmp")
+    meta_tmp.write_text(json.dumps(meta, indent=1))
+    tmp.replace(out)
+    meta_tmp.replace(meta_out)
 
 
 def main(argv=None) -> int:
@@ -249,16 +274,25 @@ def main(argv=None) -> int:
     ap.add_argument("csv", nargs="*", help="kernels.bench CSVs (the first's provenance is shown)")
     ap.add_argument("--readme", default=None, help="rewrite the table block of this file")
     ap.add_argument("--merge", nargs="+", default=None, metavar=("OUT", "PART"), help="merge PART CSVs into OUT")
+    ap.add_argument("--force", action="store_true", help="with --merge: overwrite an existing OUT")
     a = ap.parse_args(argv)
     if a.merge:
         if len(a.merge) < 2:
             ap.error("--merge needs OUT and at least one PART")
-        merge(a.merge[0], a.merge[1:])
+        try:
+            merge(a.merge[0], a.merge[1:], force=a.force)
+        except ValueError as e:
+            print(f"flashsim: error: {e}", file=sys.stderr)
+            return 2
         print(f"wrote {a.merge[0]}")
         return 0
     if not a.csv:
         ap.error("give a CSV (or --merge)")
-    table = render_file(*a.csv)
+    try:
+        table = render_file(*a.csv)
+    except ValueError as e:
+        print(f"flashsim: error: {e}", file=sys.stderr)
+        return 2
     if a.readme:
         p = Path(a.readme)
         p.write_text(replace_block(p.read_text(), table))

@@ -77,3 +77,21 @@ def test_several_records_render_as_their_rows_together(tmp_path):
     assert both.startswith("TFLOP/s on an G")
     assert "| GQA | fwd | fp16 | 2 | 32:4 | 4,096 | 4,096 | 64 | no | 60 | 300 | 480 | - | 210 | `fwd_fp16_v4` " in both
     assert bench_table.main([str(a), str(b)]) == 0
+
+
+def test_bad_inputs_end_in_one_error_line(tmp_path, capsys):
+    """A missing file, a CSV that is not a bench record, and a merge onto an existing OUT without
+    --force: one ``flashsim: error:`` line and exit 2, nothing written."""
+    bad = tmp_path / "bad.csv"
+    bad.write_text("x\n1\n")
+    for argv in (["/nonexistent.csv"], [str(bad)]):
+        assert bench_table.main(argv) == 2
+        err = capsys.readouterr().err
+        print(err)
+        assert err.startswith("flashsim: error:") and err.count("\n") == 1
+    out = tmp_path / "m.csv"
+    out.write_text("keep\n")
+    assert bench_table.main(["--merge", str(out), str(bad)]) == 2
+    err = capsys.readouterr().err
+    print(err)
+    assert "exists" in err and out.read_text() == "keep\n"

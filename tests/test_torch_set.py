@@ -168,3 +168,17 @@ def test_h100_record_every_launch_accepted_and_agreement_pinned():
                 and r["sim_launch"] in ("gemm_pv", "gemm_dv", "gemm_dk", "gemm_dq")]
     assert len(one_tile) == 10 and all(r["l2_err"] == 0.0 for r in one_tile)
     assert "| torch_flash | fwd | sdpa_flash_fwd | LSU | 10 | 10 |" in family_table(recs)
+
+
+def test_family_table_command_refuses_bad_files(tmp_path, capsys):
+    """``python -m analysis.torch_set``: a missing file or one that is not a torch comparison ends
+    in one ``flashsim: error:`` line and exit 2."""
+    from analysis.torch_set import main
+
+    bad = tmp_path / "bad.csv"
+    bad.write_text("x\n1\n")
+    for path in ("/nonexistent.csv", str(bad)):
+        assert main([path]) == 2
+        err = capsys.readouterr().err
+        print(err)
+        assert err.startswith("flashsim: error:") and err.count("\n") == 1
