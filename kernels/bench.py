@@ -770,9 +770,10 @@ def main(argv=None) -> int:
     return 0
 
 
-def write(out, rows: list[dict], meta: dict) -> None:
-    """The CSV (every row so far) and its ``.meta.json``, each written to a temporary name and
-    renamed over the old one."""
+def write(out, rows: list[dict], meta: dict | list) -> None:
+    """The CSV (every row so far; the columns of all rows) and its ``.meta.json``, each written to
+    a temporary name and renamed over the old one (also kernels.bench_table's merge and
+    kernels.bench_ab's pack)."""
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     fields = sorted({k for r in rows for k in r})

@@ -25,11 +25,12 @@ import argparse
 import csv
 import json
 import math
-import os
 import re
 import statistics as st
 import sys
 from pathlib import Path
+
+from .bench import write
 
 #: the peer whose same-run ratio is compared, per dtype (SDPA flash takes fp16/bf16 only)
 PEER = {"fp16": "sdpa_flash", "bf16": "sdpa_flash", "fp32": "sdpa_mem_eff"}
@@ -80,18 +81,7 @@ def pack(folder: str | Path, out: str | Path) -> int:
         rows += [dict(r, tree=tree, run=i) for r in _read(p)]
         m = p.with_name(p.stem + ".meta.json")
         metas.append(dict(json.loads(m.read_text()) if m.is_file() else {}, tree=tree, run=i))
-    out = Path(out)
-    fields = sorted({k for r in rows for k in r})
-    tmp = out.with_name(out.name + ".tmp")
-    with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
-        w.writeheader()
-        w.writerows(rows)
-    os.replace(tmp, out)
-    mout = out.with_name(out.stem + ".meta.json")
-    mtmp = mout.with_name(mout.name + ".tmp")
-    mtmp.write_text(json.dumps(metas, indent=1))
-    os.replace(mtmp, mout)
+    write(out, rows, metas)
     return len(metas)
 
 

@@ -32,6 +32,8 @@ import math
 import sys
 from pathlib import Path
 
+from .bench import write
+
 START, END = "<!-- perf-table:start -->", "<!-- perf-table:end -->"
 PEERS = ("naive", "sdpa_flash", "sdpa_cudnn")
 SHOWN = PEERS + ("sdpa_mem_eff",)  # mem-eff: the one SDPA backend that takes fp32
@@ -255,18 +257,8 @@ def merge(out: str | Path, parts: list[str | Path], force: bool = False) -> None
         rows += load(p)
         m = p.with_name(p.stem + ".meta.json")
         metas.append(dict(json.loads(m.read_text()), part=p.name) if m.is_file() else {"part": p.name})
-    fields = sorted({k for r in rows for k in r})
-    tmp = out.with_name(out.name + ".tmp")
-    with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
-        w.writeheader()
-        w.writerows(rows)
     first = {k: v for k, v in metas[0].items() if k not in ("part", "date", "git_commit")}
-    meta = dict(first, parts=[{k: m.get(k) for k in ("part", "date", "git_commit")} for m in metas])
-    meta_tmp = meta_out.with_name(meta_out.name + ".tmp")
-    meta_tmp.write_text(json.dumps(meta, indent=1))
-    tmp.replace(out)
-    meta_tmp.replace(meta_out)
+    write(out, rows, dict(first, parts=[{k: m.get(k) for k in ("part", "date", "git_commit")} for m in metas]))
 
 
 def main(argv=None) -> int:
