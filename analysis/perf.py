@@ -29,7 +29,8 @@ def _float(s: str | None) -> float:
 def read_bench(path: str | Path) -> list[dict]:
     """The rows of a benchmark CSV, typed: ints for the sizes, a bool ``causal``, floats for
     ``ms``, ``ms_std``, ``tflops``, ``rel_err`` and the ``x_*`` ratios (NaN where empty), and
-    ``error`` a string or None."""
+    ``error`` and ``na`` (why the variant does not take the configuration, in records with
+    rounds) a string or None."""
     rows = []
     with open(path, newline="") as f:
         for raw in csv.DictReader(f):
@@ -41,17 +42,25 @@ def read_bench(path: str | Path) -> list[dict]:
                 if k in ("ms", "ms_std", "tflops", "rel_err") or k.startswith("x_"):
                     r[k] = _float(raw[k])
             r["error"] = (raw.get("error") or "").strip() or None
+            r["na"] = (raw.get("na") or "").strip() or None
             rows.append(r)
     return rows
 
 
+def not_applicable(row: dict) -> bool:
+    """The variant does not take the configuration (SDPA's flash backend in fp32, say): never timed,
+    and not a failure."""
+    return row.get("na") is not None and row["error"] is None
+
+
 def failed(row: dict) -> bool:
-    return row["error"] is not None or not math.isfinite(row.get("ms", math.nan))
+    return not not_applicable(row) and (row["error"] is not None or not math.isfinite(row.get("ms", math.nan)))
 
 
 def split_failed(rows: list[dict]) -> tuple[list[dict], list[dict]]:
-    """(timed rows, failed rows)."""
-    return [r for r in rows if not failed(r)], [r for r in rows if failed(r)]
+    """(timed rows, failed rows); rows that are n/a (:func:`not_applicable`) are in neither."""
+    timed = [r for r in rows if not failed(r) and not not_applicable(r)]
+    return timed, [r for r in rows if failed(r)]
 
 
 def is_ours(variant: str) -> bool:

@@ -13,7 +13,7 @@ from kernels import bench, bench_table
 
 
 def test_grid_keeps_the_committed_records_names_and_batch_sizes():
-    cs = bench.configs(False, [1024, 4096, 16384], dtypes=("fp16", "fp32"))
+    cs = bench.configs(False, [1024, 4096, 16384], dtypes=("fp16", "bf16", "fp32"))
     names = {c["config"] for c in cs}
     with open(bench_table.Path(__file__).parents[1] / "kernels" / "data" / "bench_h100.csv", newline="") as f:
         recorded = {(r["config"], int(r["batch"])) for r in csv.DictReader(f) if int(r["n"]) in (1024, 4096, 16384)}
@@ -226,7 +226,9 @@ def test_csv_keeps_the_old_columns_and_adds_the_spread(tmp_path):
     out, rows = _record(tmp_path)
     with open(out, newline="") as f:
         header = next(csv.reader(f))
-    with open(bench_table.Path(__file__).parents[1] / "kernels" / "data" / "bench_h100.csv", newline="") as f:
+    # the single-run record written before the rounds existed: its columns must all still be there
+    single = bench_table.Path(__file__).parents[1] / "kernels" / "data" / "bench_h100_single_run.csv"
+    with open(single, newline="") as f:
         old = set(next(csv.reader(f))) - {"inputs", "error"}  # inputs: set by the GPU side; no row failed here
     assert old <= set(header), old - set(header)
     assert {"ms_q1", "ms_q3", "ms_min", "ms_max", "rounds", "x_sdpa_flash_q1", "x_sdpa_flash_q3", "x_naive_q1",

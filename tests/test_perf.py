@@ -46,6 +46,18 @@ def test_failures_are_set_apart(rows):
                               "ours_fwd_fp32_v1"]
 
 
+def test_na_rows_are_neither_timed_nor_failed(tmp_path):
+    p = tmp_path / "rounds.csv"
+    p.write_text("variant,pass,dtype,d,causal,n,batch,heads,ms,tflops,error,na\n"
+                 "naive,fwd,fp32,64,False,1024,16,16,2.0,10.0,,\n"
+                 "sdpa_flash,fwd,fp32,64,False,1024,16,16,,,,SDPA's flash backend takes fp16/bf16 only\n"
+                 "ours_fwd_fp32_v2,fwd,fp32,64,False,1024,16,16,,,RuntimeError('x'),\n")
+    rows = read_bench(p)
+    timed, bad = split_failed(rows)
+    assert [r["variant"] for r in timed] == ["naive"] and [r["variant"] for r in bad] == ["ours_fwd_fp32_v2"]
+    assert rows[1]["na"].startswith("SDPA's flash") and rows[0]["na"] is None
+
+
 def test_series(rows):
     s = series(rows, "fwd", "fp16", 64, False)
     assert s["ours_fwd_fp16_v4"] == ([1024, 4096], [40.0, 20.0])

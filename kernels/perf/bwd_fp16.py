@@ -12,7 +12,7 @@ helpers, fragment layouts and instruction-count lessons are ``fwd_fp16``'s (and
 
 * ``bwd_fp16_v1``: the reference's deterministic pair of kernels (dK/dV per key block, then dQ
   per query block, no atomics) on the tensor cores: 7 products where a backward with atomics
-  does 5.  H100 (bench_h100.csv): 1.58-1.81x naive at d = 64; d = 128 0.82-0.86x.  Shipped at
+  does 5.  H100 (bench_h100_single_run.csv): 1.58-1.81x naive at d = 64; d = 128 0.82-0.86x.  Shipped at
   d <= 64 and wherever v3 does not apply.
 * ``bwd_fp16_v3``: one kernel per key block with dQ by ``red.global.add.v2.f32`` into a float32
   buffer, Pᵀ and dSᵀ through shared memory, 2-D warp tiles in every product (0.45 ldmatrix per

@@ -20,7 +20,7 @@ Three barriers per query block; Q_{i+1}, dO_{i+1} are fetched by cp.async while 
 computed.  The measurements behind each line are in ``kernels/perf/NOTES.md`` ("fp32 backward").
 
 * ``bwd_fp32_v1``: every product on FFMA, register-tiled like an SGEMM (exact fp32, ~1e-6).
-  H200: 34.9 TFLOP/s at d = 64, N = 4,096 (0.98x naive), d = 128 0.72x; H100 (bench_h100.csv):
+  H200: 34.9 TFLOP/s at d = 64, N = 4,096 (0.98x naive), d = 128 0.72x; H100 (bench_h100_single_run.csv):
   1.12-1.13x naive at d = 64, 0.77x at d = 128.  Shipped for d % 4 == 0 outside {32, 64, 128}.
 * ``bwd_fp32_v2``: v1's schedule with every product on the TF32 tensor cores as 3xTF32
   (x = hi + lo, A·B ≈ A_lo·B_hi + A_hi·B_lo + A_hi·B_hi), each product summed in chunks in

@@ -1,7 +1,7 @@
 """The fp32 forward, two versions of FlashAttention-2 in exact fp32 (~1e-7 relative to float64):
 
 * ``fwd_fp32_v1`` (shipped: in ``BEST``): every product an FFMA on the CUDA cores, register-tiled
-  like an SGEMM.  H100 (bench_h100.csv): 1.28-1.55x naive fp32 at d = 64, 0.87-1.04x at d = 128.
+  like an SGEMM.  H100 (bench_h100_single_run.csv): 1.28-1.55x naive fp32 at d = 64, 0.87-1.04x at d = 128.
 * ``fwd_fp32_v2`` (not in ``BEST`` until timed on the GPU): v1's semantics, pipeline and softmax,
   but S = Q Kᵀ and O += P V on the TF32 tensor cores as 3xTF32 (``mma.sync.m16n8k8``, x = hi + lo,
   A·B ≈ A_lo·B_hi + A_hi·B_lo + A_hi·B_hi, fp32 accumulators), the method that made the fp32

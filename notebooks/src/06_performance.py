@@ -2,22 +2,24 @@
 # # 06 · Performance: our kernels beside torch's attention
 #
 # The IO model of notebooks 01–04 says how many bytes a kernel moves; this notebook says how
-# fast the kernels run. `python -m kernels.bench` timed, on one GPU (an H100) in three runs at
-# three commits merged into one file (`kernels.bench_table --merge`; each run's date and commit
-# are printed below, and each configuration's variants come from one run), our fastest
+# fast the kernels run. `python -m kernels.bench` timed, on one GPU (an H100), the grid's forward
+# and its backward in two runs at two commits with the same kernel code (c964d84 and 7ce5a19,
+# merged into one file by `kernels.bench_table --merge`; each run's date and commit are printed
+# below, and each configuration's variants come from one run, in 5 rounds), our fastest
 # Numba kernels (variants named `ours_*`, from `kernels/perf`) beside torch's **naive**
 # attention (softmax(QKᵀ/√d)V with S and P in HBM) and the fused backends of
 # `torch.nn.functional.scaled_dot_product_attention`: **sdpa_flash** (FlashAttention-2),
 # **sdpa_cudnn** and **sdpa_mem_eff** (the memory-efficient kernel, the one that takes fp32).
 # Every variant is first checked against float64; one that fails, or runs out of memory, has
 # an `error` in the file and no timing (out-of-memory runs are drawn as ×). Then it is timed
-# with CUDA events: the median of repeated calls, each after a write that flushes the L2, with
-# their standard deviation (`ms_std`, drawn as error bars; each ratio below is quoted to the
-# digits its two variants' spreads allow). torch's TF32 is off (`allow_tf32 = False`, which
-# concerns torch's fp32 peers only); our `ours_bwd_fp32_v2` runs its fp32 products on the TF32
-# tensor cores as 3xTF32 by design (three TF32 products per fp32 product,
-# `kernels/perf/bwd_fp32.py`), so it is rated against the TF32 tensor-core peak, not the FP32
-# FFMA one.
+# with CUDA events: in 5 rounds (the variants' order rotated each round) of 5 calls, each after a
+# write that flushes the L2; `ms` is the median of the rounds' medians and `ms_std` the standard
+# deviation of every timed call (drawn as error bars; each ratio below is quoted to the digits
+# its two variants' spreads allow). torch's TF32 is off (`allow_tf32 = False`, which concerns
+# torch's fp32 peers only); our `ours_fwd_fp32_v2` and `ours_bwd_fp32_v2` run their fp32
+# products on the TF32 tensor cores as 3xTF32 by design (three TF32 products per fp32 product,
+# `kernels/perf/fwd_fp32.py`, `kernels/perf/bwd_fp32.py`), so they are rated against the TF32
+# tensor-core peak, not the FP32 FFMA one.
 #
 # Throughput counts the two matrix products of the forward, 4·B·H·N²·d FLOPs (halved for a
 # causal mask), and 2.5× that for the backward, the convention of flash-attention's benchmarks.
@@ -55,11 +57,12 @@ cuda = re.search(r"cuda_(\d+\.\d+)", meta.get("cuda") or "")
 runs = meta.get("parts") or [meta]
 print(f"{meta.get('gpu')}, driver {meta.get('driver')}, CUDA {cuda.group(1) if cuda else meta.get('cuda')}, "
       f"torch {meta.get('torch')}, numba-cuda {meta.get('numba_cuda')}, torch's TF32 {meta.get('tf32')} (its fp32 "
-      f"peers; ours_bwd_fp32_v2 is 3xTF32 by design); {len(runs)} runs merged: "
+      f"peers; ours_fwd_fp32_v2 and ours_bwd_fp32_v2 are 3xTF32 by design); {len(runs)} runs merged: "
       + "; ".join(f"{r.get('part', 'run')}: {str(r.get('date'))[:10]}, commit {str(r.get('git_commit'))[:10]}"
                   for r in runs))
 timed, failed = split_failed(rows)
-print(f"{len(rows)} rows: {len(timed)} timed, {len(failed)} failed")
+print(f"{len(rows)} rows: {len(timed)} timed, {len(failed)} failed, {len(rows) - len(timed) - len(failed)} n/a "
+      "(a variant that does not take the configuration, with the reason in the CSV's na column)")
 batches = {}
 for r in rows:
     batches.setdefault(r["n"], set()).add(r["batch"])
@@ -120,8 +123,8 @@ plt.show()
 best = ratios(rows, fastest_only=True)
 spreads = ratio_spreads(rows, PEERS)
 gpu = get_gpu(preset_of(meta["gpu"]))
-#: our variants whose fp32 products run on the TF32 tensor cores as 3xTF32 (kernels/perf/bwd_fp32.py)
-THREE_X_TF32 = {"ours_bwd_fp32_v2"}
+#: our variants whose fp32 products run on the TF32 tensor cores as 3xTF32 (kernels/perf/*_fp32.py)
+THREE_X_TF32 = {"ours_fwd_fp32_v2", "ours_bwd_fp32_v2"}
 
 
 def x_range(recs, peer, n_lo, **where):
