@@ -328,3 +328,69 @@ def test_cli_plan_needs_no_gpu(capsys):
 def test_api_bad_input_names_the_field(call, field):
     with pytest.raises(ValueError, match=field):
         call()
+
+
+# ------------------------------------------------------------------ the whole run, faked GPU
+
+
+def _fake_torch():
+    from types import SimpleNamespace as NS
+
+    return NS(__version__="fake", float32="float32", empty=lambda *a, **kw: None,
+              backends=NS(cuda=NS(matmul=NS(allow_tf32=True))),
+              cuda=NS(is_available=lambda: True, empty_cache=lambda: None))
+
+
+@pytest.mark.filterwarnings("ignore:GPU 'cudasim'")
+def test_cli_run_writes_the_table_the_record_and_the_cache(tmp_path, tune_cache, monkeypatch, capsys):
+    """main() end to end with torch and the GPU measurement faked: a config's time is its model
+    time, times 1.5 for the model's first choice of the backward (so there the model misses)."""
+    monkeypatch.setitem(__import__("sys").modules, "torch", _fake_torch())
+
+    def fake_measure(torch, v, shape, flush, repeat, rng):
+        def measure(cfg):
+            ms = at.predict(v.name, shape, cfg)["time_s"] * 1e3
+            if cfg.get("bq") == 16:
+                raise AssertionError("failed the check against float64: rel err 1e+00")
+            first = at.rank(v.name, shape, at.candidates(v.name, shape["d"])[0])[0][1]
+            return ms * (1.5 if shape["pass"] == "bwd" and cfg == first else 1.0), 1e-3
+        return measure
+
+    monkeypatch.setattr(at, "_gpu_measure", fake_measure)
+    out = tmp_path / "run"
+    argv = ["--dtypes", "fp16", "--ds", "64", "--ns", "1024", "4096", "--causal", "no", "--top", "2", "--out", str(out)]
+    assert at.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "model's first choice within 5% of the timed best on 2 of 4 keys" in text
+    rows = list(__import__("csv").DictReader(open(out / "autotune.csv")))
+    assert {r["variant"] for r in rows} == {"fwd_fp16_v4", "bwd_fp16_v1"}
+    assert all(r["error"] for r in rows if json.loads(r["config"]).get("bq") == 16)
+    meta = json.loads((out / "autotune.meta.json").read_text())
+    assert meta["summary"].endswith("2 of 4 keys") and len(meta["keys"]) == 4
+    assert {"git_commit", "git_dirty", "gpu", "date", "numba"} <= set(meta)
+    cached = at.read_cache(tune_cache)
+    assert cached == at.read_cache(out / "tune.json") and len(cached) == 4
+    assert all(e["config"].get("bq") != 16 for e in cached.values())
+    # kernels.flash_attention now finds the forward's entry for N = 4096 (same GPU name, version)
+    at.reset()
+    key = at.cache_key(at.gpu_name(), "fwd_fp16_v4", "fwd", "fp16", 64, False, 3000, 3000)
+    assert at.lookup("fwd", "fwd_fp16_v4", "fp16", 64, False, 3000, 3000) == cached[key]["config"]
+
+
+@pytest.mark.filterwarnings("ignore:GPU 'cudasim'")
+def test_cli_budget_stops_starting_keys_and_merge_joins_runs(tmp_path, tune_cache, monkeypatch, capsys):
+    import time
+
+    monkeypatch.setitem(__import__("sys").modules, "torch", _fake_torch())
+    monkeypatch.setattr(at, "_gpu_measure", lambda torch, v, shape, *a: lambda cfg: time.sleep(0.02) or (1.0, 0.0))
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    argv = ["--dtypes", "bf16", "--ds", "128", "--ns", "1024", "--passes", "fwd", "--budget", "0.01", "--cache", str(a)]
+    assert at.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "budget of 0 s spent: 1 keys not run: fwd-bf16-d128-causal-n1024" in text
+    assert len(at.read_cache(a)) == 1
+    assert at.main(argv[:-2] + ["--causal", "yes", "--cache", str(b)]) == 0
+    assert at.main(["--merge", str(a), str(b)]) == 0
+    assert len(at.read_cache(tune_cache)) == 2
+    assert at.main(["--merge", str(tmp_path / "missing.json")]) == 2
+    assert capsys.readouterr().err.startswith("flashsim: error: merge:")

@@ -47,11 +47,15 @@ cached config of a matching key, else the variant's ``default_config``; a corrup
 file is ignored with a warning.
 
 Prints per key the candidates timed, the model's first choice, the timed best, their ratio,
-the default's time and best/default; writes ``DIR/autotune.csv`` (a row per timed candidate)
-with its ``.meta.json`` (provenance, the per-key summary) and ``DIR/tune.json`` (the cache's
-entries of this run), and the summary line "model's first choice within 5% of the timed best on
-X of Y keys".  ``--budget`` seconds: no key starts after it; the ones left are listed.
-``--plan``: the model's ranking only, no GPU (``--gpu`` preset, default h100).
+the default's time and best/default (then each timed config: its model rank and time, its time
+or error); writes ``DIR/autotune.csv`` (a row per timed config) with its ``.meta.json``
+(provenance, the per-key summary) after every key, merges each key's best into the cache file
+and ``DIR/tune.json`` as soon as it is timed, and ends with the line "model's first choice within
+5% of the timed best on X of Y keys" (Y: the keys where some config passed).  ``--budget``
+seconds: no key starts after it; the ones left are listed (and in the .meta.json).  A key where
+every config fails, the default included, stops the run (the CUDA context may be unusable).
+``--plan``: the model's ranking only, no GPU (``--gpu`` preset, default h100).  ``--merge FILE
+...``: merge cache files (several runs' ``DIR/tune.json``) into ``--cache``.
 """
 
 from __future__ import annotations
@@ -662,8 +666,18 @@ def main(argv=None) -> int:
     ap.add_argument("--cache", default=None, help="cache file to merge into (default $FLASHSIM_TUNE_CACHE "
                                                    "or ~/.cache/flashsim/tune.json)")
     ap.add_argument("--plan", action="store_true", help="print the model's ranking only (no GPU)")
+    ap.add_argument("--merge", nargs="+", default=None, metavar="FILE",
+                    help="merge these cache files (e.g. several runs' DIR/tune.json) into --cache and exit")
     ap.add_argument("--gpu", default="h100", help="flashsim GPU preset of --plan's model")
     args = ap.parse_args(argv)
+    if args.merge:
+        try:
+            n = merge(args.merge, args.cache or cache_path())
+        except ValueError as e:
+            print(f"flashsim: error: {e}", file=sys.stderr)
+            return 2
+        print(f"merged {n} entries into {args.cache or cache_path()}")
+        return 0
     try:
         dtypes = [_dtype(t.strip()) for t in args.dtypes.split(",") if t.strip()]
         passes = [_pass(p.strip()) for p in args.passes.split(",") if p.strip()]
@@ -745,35 +759,63 @@ def _tune(torch, todo, args, argv) -> int:
                         shape["nk"], shape["kv_heads"] != shape["heads"])
         kept, _ = candidates(v.name, shape["d"], preset)
         ranked = rank(v.name, shape, kept, preset)
-        measure = _gpu_measure(torch, v, shape, flush, args.repeat, rng)
-        res = tune_key(ranked, v.default_config(shape["d"]), measure, args.top)
-        torch.cuda.empty_cache()
+        try:
+            measure = _gpu_measure(torch, v, shape, flush, args.repeat, rng)
+            res = tune_key(ranked, v.default_config(shape["d"]), measure, args.top)
+        except Exception as e:  # noqa: BLE001 - inputs or the saved forward failed: stop, keep what ran
+            meta["stopped"] = f"{_label(shape)}: {e!r}"[:500]
+            print(f"stopping at {_label(shape)}: setting up its inputs failed: {e!r}"[:500], flush=True)
+            break
+        finally:
+            measure = None
+            torch.cuda.empty_cache()
         results.append(res)
         rows += [_row(shape, v, key, rec, res) for rec in res["timed"]]
         print(_key_line(_label(shape), res, len(kept)), flush=True)
+        for rec in res["timed"]:
+            got = f"{rec['ms']:8.3f} ms" if "ms" in rec else rec["error"][:160]
+            print(f"    model #{rec['model_rank']:<3d} {_fmt(rec['model_ms'])} ms  {_cfg_text(rec['config'])}  {got}")
         info = dict(key=key, label=_label(shape), candidates=len(kept), timed=len(res["timed"]),
                     first=_cfg_text(res["first"]["config"]), ratio=res["ratio"], within=res["within"])
         if res["best"] is not None:
             b = res["best"]
-            entries[key] = dict(config=b["config"], ms=b["ms"], default_ms=res["default"].get("ms"),
-                                shape=_label(shape), date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+            entry = dict(config=b["config"], ms=b["ms"], default_ms=res["default"].get("ms"), shape=_label(shape),
+                         date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+            entries[key] = entry
             info.update(best=_cfg_text(b["config"]), best_ms=b["ms"], default_ms=res["default"].get("ms"))
+            write_cache({key: entry}, args.cache or cache_path())  # after every key: a run cut short keeps it
+            if out is not None:
+                write_cache({key: entry}, out / "tune.json")
         keyinfo.append(info)
         if out is not None:
             meta.update(keys=keyinfo, summary=summary_line(results))
             write(out / "autotune.csv", rows, meta)
+        if res["best"] is None:  # the default failed too: most likely the CUDA context is gone
+            meta["stopped"] = f"{_label(shape)}: every config failed, the default included"
+            print(f"stopping at {_label(shape)}: every config failed, the default included", flush=True)
+            break
     line = summary_line(results)
     print(line)
     if entries:
-        path = write_cache(entries, args.cache or cache_path())
-        print(f"wrote {len(entries)} entries to {path}")
-        if out is not None:
-            write_cache(entries, out / "tune.json")
+        print(f"wrote {len(entries)} entries to {args.cache or cache_path()}"
+              + (f" and {out / 'tune.json'}" if out is not None else ""))
     if out is not None:
         meta.update(keys=keyinfo, summary=line)
         write(out / "autotune.csv", rows, meta)
         print(f"wrote {out / 'autotune.csv'}")
     return 0
+
+
+def merge(paths, into) -> int:
+    """Merge the entries of the cache files ``paths`` (in order: a later file's entry wins) into
+    the cache file ``into``; returns how many entries were merged."""
+    entries = {}
+    for p in paths:
+        if not Path(p).is_file():
+            raise ValueError(f"merge: {p}: no such file")
+        entries.update(read_cache(p))
+    write_cache(entries, into)
+    return len(entries)
 
 
 if __name__ == "__main__":
