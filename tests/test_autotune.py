@@ -394,3 +394,15 @@ def test_cli_budget_stops_starting_keys_and_merge_joins_runs(tmp_path, tune_cach
     assert len(at.read_cache(tune_cache)) == 2
     assert at.main(["--merge", str(tmp_path / "missing.json")]) == 2
     assert capsys.readouterr().err.startswith("flashsim: error: merge:")
+
+
+def test_cli_without_torch_or_gpu_is_one_error_line(monkeypatch, capsys):
+    from types import SimpleNamespace as NS
+
+    argv = ["--dtypes", "fp16", "--ds", "64", "--ns", "1024"]
+    monkeypatch.setitem(__import__("sys").modules, "torch", None)  # import torch raises ImportError
+    assert at.main(argv) == 2
+    assert capsys.readouterr().err == "flashsim: error: torch is not installed: the timing needs it\n"
+    monkeypatch.setitem(__import__("sys").modules, "torch", NS(cuda=NS(is_available=lambda: False)))
+    assert at.main(argv) == 2
+    assert capsys.readouterr().err == "flashsim: error: no CUDA GPU visible\n"

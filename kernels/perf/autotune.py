@@ -703,13 +703,12 @@ def main(argv=None) -> int:
         return 2
     if args.plan:
         return _plan(todo, args.top, args.gpu)
+    from ..bench import cuda_torch
+
     try:
-        import torch
-    except ImportError:
-        print("flashsim: error: torch is not installed: the timing needs it", file=sys.stderr)
-        return 2
-    if not torch.cuda.is_available():
-        print("flashsim: error: no CUDA GPU visible", file=sys.stderr)
+        torch = cuda_torch("the timing needs it")
+    except ValueError as e:
+        print(f"flashsim: error: {e}", file=sys.stderr)
         return 2
     return _tune(torch, todo, args, argv)
 
