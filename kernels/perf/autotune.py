@@ -1,7 +1,8 @@
 """Adaptive tiling: block shapes of the fast kernels chosen per GPU, dtype, head dim, causal and N.
 
     python -m kernels.perf.autotune --dtypes fp16,bf16 --ds 64 128 --ns 1024 4096 16384 \
-        [--causal both] [--top K] [--repeat R] [--out DIR] [--budget S] [--cache FILE] [--plan]
+        [--causal both] [--passes fwd,bwd] [--top K] [--repeat R] [--out DIR] [--budget S]
+        [--cache FILE] [--plan [--gpu PRESET]] [--merge FILE ...]
 
 Tuned: the fp16 and bf16 tensor-core variants (:data:`TUNABLE`), forward and backward, the ones
 ``kernels.perf.BEST`` runs for each (pass, dtype, d).  fp32 keeps its ``default_config``.
@@ -17,16 +18,24 @@ kernels raise their limit past 48 KB: ``_launch.raise_smem_limit``), when ``bwd_
 accumulators and fragments kept across the main loop plus the largest phase's tiles, a lower
 bound) exceed the registers a thread may have (255, less under ``minb``'s launch bound).
 
-**Model** (:func:`predict`): flashsim's ``fast`` schedule (closed-form HBM bytes of the variant with
-this block shape) and FLOPs (the products on its tiles, causal blocks included) give the roofline
-time max(FLOPs / peak, bytes / bandwidth) on the GPU preset; each launch then has an occupancy:
-blocks per SM = the least of threads (2,048 / block threads), blocks (32), shared memory
-((opt-in limit + 1 KB) / (block's + 1 KB)) and registers (65,536 / (threads · (the lower bound above
-+ 32, capped by the launch bound))); waves = ceil(grid / (SMs · blocks per SM)), the tail
-efficiency grid / (waves · SMs · blocks per SM), and the warp efficiency min(1, resident warps per
-SM / 8).  Predicted time = roofline time / (tail · warp efficiency), summed over the launches in
-proportion to their products (bwd_fp16_v1: 4/7 dK/dV, 3/7 dQ).  Candidates are ranked by it
-(ties by their JSON); the top ``--top`` (default 4) are timed, and the default config too if the
+**Model** (:func:`predict`), from flashsim's ``fast`` schedule of the variant with this block
+shape: its closed-form bytes per tensor and its FLOPs (``flashsim.flops``: the products on the
+variant's tiles, causal diagonal blocks whole).  HBM bytes: every tensor once where the re-read
+tensors of the heads in flight (the first launch's SMs · blocks per SM over its blocks per head)
+fit the preset's effective L2, else the schedule's bytes.  Time = max(max(tensor time, shared-
+memory time) + CUDA-core time, HBM bytes / bandwidth), the peaks of
+``flashsim.roofline.roofline_from_counts``, the tensor time scaled to the products the variant
+computes (flashsim counts 2 forward, 5 backward; bwd_fp16_v1 computes 7).  Shared memory: a
+warp's M x N tile of a product reads its B operand (N·k elements) and, unless A is held in
+registers, A (M·k) by ldmatrix for 2·M·N·k FLOPs, at 128 bytes per SM per clock against 4,096
+tensor FLOPs (sm_90).  Occupancy per launch: blocks per SM = the least of threads (2,048 / block
+threads), blocks (32), shared memory ((opt-in limit + 1 KB) / (block's + 1 KB)) and registers
+(65,536 / (threads · (the live-register lower bound + 32, rounded up to 8, capped by the launch
+bound))); waves = ceil(grid / (SMs · blocks per SM)), the tail efficiency grid / (waves · SMs ·
+blocks per SM) and the warp efficiency min(1, resident warps per SM / 8).  Predicted time = that
+time / (tail · warp efficiency), the launches weighted by their share of the products
+(bwd_fp16_v1: 4/7 dK/dV, 3/7 dQ).  Candidates are ranked by it (ties: fewer schedule bytes, then
+the config's JSON); the top ``--top`` (default 4) are timed, and the default config too if the
 model left it out (for the speedup).
 
 **Timing** (on a GPU): each timed candidate is first checked against float64 (``kernels.bench``'s
@@ -383,12 +392,17 @@ def blocks_per_sm(ln: dict, gpu) -> int:
                REGISTERS_PER_SM // (ln["threads"] * regs))
 
 
+def _hardware(gpu):
+    """A flashsim Hardware: ``gpu`` itself, or the preset it names."""
+    from flashsim.config import Hardware, get_gpu
+
+    return gpu if isinstance(gpu, Hardware) else get_gpu(gpu)
+
+
 def candidates(name: str, d: int, gpu="h100") -> tuple[list[dict], list[tuple[dict, str]]]:
     """(kept, dropped): the configs of :func:`knob_grid` that fit ``gpu`` (a flashsim preset name
     or Hardware), and the others with the reason."""
-    from flashsim.roofline import _gpu
-
-    g = _gpu(gpu)
+    g = _hardware(gpu)
     kept, dropped = [], []
     for cfg in knob_grid(name, d):
         try:
@@ -423,9 +437,9 @@ def predict(name: str, shape: dict, cfg: dict, gpu="h100") -> dict:
     from flashsim.api import closed_form_elements
     from flashsim.config import STAT_BYTES, Workload
     from flashsim.flops import flops
-    from flashsim.roofline import _gpu, roofline_from_counts
+    from flashsim.roofline import roofline_from_counts
 
-    g = _gpu(gpu)
+    g = _hardware(gpu)
     w = Workload(batch=shape["batch"], heads=shape["heads"], kv_heads=shape["kv_heads"], seq_len_q=shape["n"],
                  seq_len_k=shape["nk"], head_dim=shape["d"], dtype=shape["dtype"], causal=shape["causal"])
     sim = SIM_NAMES.get(name, name)
