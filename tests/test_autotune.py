@@ -406,3 +406,15 @@ def test_cli_without_torch_or_gpu_is_one_error_line(monkeypatch, capsys):
     monkeypatch.setitem(__import__("sys").modules, "torch", NS(cuda=NS(is_available=lambda: False)))
     assert at.main(argv) == 2
     assert capsys.readouterr().err == "flashsim: error: no CUDA GPU visible\n"
+
+
+def test_no_gpu_name_means_the_defaults(tune_cache, monkeypatch):
+    at.write_cache({"k": {"config": {"bc": 16}}}, tune_cache)
+
+    def broken():
+        raise RuntimeError("no CUDA driver")
+
+    monkeypatch.setattr(at, "gpu_name", broken)
+    with pytest.warns(UserWarning, match="no GPU name"):
+        assert at.lookup("fwd", "fwd_fp16_v4", "fp16", 64, False, 10, 10) is None
+    assert at.lookup("fwd", "fwd_fp16_v4", "fp16", 64, False, 10, 10) is None  # warned once
