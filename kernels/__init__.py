@@ -67,6 +67,14 @@ def _fast(pass_, q, impl, **fixed):
     return None if given else mod
 
 
+def _tuned(pass_, mod, q, k, causal) -> dict:
+    """The block shape the tuner cached for this call (``kernels.perf.autotune``), {} for the
+    variant's default_config."""
+    from .perf import autotune
+
+    return autotune.tuned_config(pass_, mod, q, k, causal)
+
+
 def flash_attention(q, k, v, *, causal=False, scale=None, block_m=None, block_n=None, block_mask=None,
                     return_lse=False, counters=None, impl="auto", stream=None):
     """FlashAttention-2 forward: O = softmax(τ Q Kᵀ + mask) V, and L = logsumexp of each row.
@@ -113,11 +121,15 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_m=None, block_n=
     ``kernels/perf`` (fp16 and bf16 on the tensor cores, head dim a multiple of 8; fp32 on the CUDA cores,
     d a multiple of 4); "auto" (default) the fast one where it applies (no block sizes, block
     mask or counters given),
-    else the reference.  Both compute the same function to within the stated tolerances.
+    else the reference.  Both compute the same function to within the stated tolerances.  The
+    fast one runs the block shape that ``python -m kernels.perf.autotune`` cached for this GPU,
+    kernel version, dtype, d, causal and N bucket where the cache holds one, else the variant's
+    ``default_config``.
     """
     mod = _fast("fwd", q, impl, block_m=block_m, block_n=block_n, block_mask=block_mask, counters=counters)
     if mod is not None:
-        return mod.forward(q, k, v, causal=causal, scale=scale, return_lse=return_lse, stream=stream)
+        cfg = _tuned("fwd", mod, q, k, causal)
+        return mod.forward(q, k, v, causal=causal, scale=scale, return_lse=return_lse, stream=stream, **cfg)
     return _flash2.forward(q, k, v, causal=causal, scale=scale, block_m=block_m, block_n=block_n,
                            block_mask=block_mask, return_lse=return_lse, counters=counters, stream=stream)
 
@@ -144,7 +156,8 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, b
     """
     mod = _fast("bwd", q, impl, block_m=block_m, block_n=block_n, block_mask=block_mask, counters=counters)
     if mod is not None:
-        return mod.backward(q, k, v, o, lse, do, causal=causal, scale=scale, stream=stream)
+        cfg = _tuned("bwd", mod, q, k, causal)
+        return mod.backward(q, k, v, o, lse, do, causal=causal, scale=scale, stream=stream, **cfg)
     return _flash2.backward(q, k, v, o, lse, do, causal=causal, scale=scale, block_m=block_m, block_n=block_n,
                             block_mask=block_mask, counters=counters, stream=stream)
 

@@ -731,12 +731,9 @@ def main(argv=None) -> int:
         return 2
     todo = [c for c in todo if not args.only or any(s in c["config"] for s in args.only)]
     try:
-        import torch
-    except ImportError:
-        print("flashsim: error: torch is not installed: the peers (naive, SDPA) need it", file=sys.stderr)
-        return 2
-    if not torch.cuda.is_available():
-        print("flashsim: error: no CUDA GPU visible", file=sys.stderr)
+        torch = cuda_torch("the peers (naive, SDPA) need it")
+    except ValueError as e:
+        print(f"flashsim: error: {e}", file=sys.stderr)
         return 2
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -768,6 +765,18 @@ def main(argv=None) -> int:
         write(args.out, rows, meta)
         print(f"wrote {args.out}")
     return 0
+
+
+def cuda_torch(why: str):
+    """torch, with a CUDA GPU visible; else a ValueError saying which is missing (``why``: what
+    needs torch), for a command line's one error line."""
+    try:
+        import torch
+    except ImportError:
+        raise ValueError(f"torch is not installed: {why}") from None
+    if not torch.cuda.is_available():
+        raise ValueError("no CUDA GPU visible")
+    return torch
 
 
 def write(out, rows: list[dict], meta: dict | list) -> None:
