@@ -19,7 +19,9 @@
 # packed into four files (a device call returns at most eight): $OUT/ab/runs.csv (every run's
 # rows, columns tree and run added), $OUT/ab/runs.meta.json (their provenance), $OUT/ab/log.txt
 # (their output) and $OUT/ab/summary.txt.
-#   usage: FLASHSIM_GIT_COMMIT=<new sha> bash scripts/device/ab_bench.sh [BUDGET_S (default 340)]
+# AB_NS (default "4096 16384") sets the N of the runs and AB_ONLY, if set, keeps the configurations
+# whose names hold it (kernels.bench --only; e.g. AB_ONLY=fwd-fp16 for the fp16 forward alone).
+#   usage: FLASHSIM_GIT_COMMIT=<new sha> [AB_NS=...] [AB_ONLY=...] bash scripts/device/ab_bench.sh [BUDGET_S (default 340)]
 set -u
 start=$(date +%s)
 budget=${1:-340}
@@ -30,8 +32,8 @@ mkdir -p "$OUT/ab" /tmp/ab
 cp kernels/bench.py .ab/old/kernels/bench.py
 old_commit=$(cat .ab/old/COMMIT 2>/dev/null || echo unknown)
 new_commit=${FLASHSIM_GIT_COMMIT:-unknown}
-args="--shapes grid --ns 4096 16384 --ds 64 128 --causal no --dtypes fp16,fp32 --rounds 3 --repeat 5
-      --variants sdpa_flash sdpa_mem_eff best"
+args="--shapes grid --ns ${AB_NS:-4096 16384} --ds 64 128 --causal no --dtypes fp16,fp32 --rounds 3 --repeat 5
+      --variants sdpa_flash sdpa_mem_eff best${AB_ONLY:+ --only $AB_ONLY}"
 declare -A took=([old]=0 [new]=0)
 for run in 1 2 3 4 5 6 7 8; do
   # a pair (old, then new) starts only if both runs would fit, so that the trees get as many runs
