@@ -62,7 +62,8 @@ class Tiles:
     Block ``b - lo`` makes steps ``step_ptr[b - lo] .. step_ptr[b - lo + 1] - 1``; step ``s``
     transfers tiles ``tile_ptr[s] .. tile_ptr[s + 1] - 1``, in order.  Tile ``t`` is rows
     ``row0[t] .. row0[t] + nrows[t] - 1``, columns ``col0[t] .. col0[t] + ncols[t] - 1`` of slice
-    ``slice[t]`` of tensor ``names[tensor[t]]``, a store if ``write[t]``.
+    ``slice[t]`` of tensor ``names[tensor[t]]``, a store if ``write[t]``, a reduction (red or
+    atomics: a read-modify-write in the L2; ``write`` is also set) if ``reduction[t]``.
     """
 
     step_ptr: np.ndarray
@@ -75,6 +76,7 @@ class Tiles:
     col0: np.ndarray
     ncols: np.ndarray
     write: np.ndarray
+    reduction: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -111,20 +113,22 @@ class _Parts:
         self.lo, self.hi, self.cols = lo, hi, cols
         self.items: list[tuple] = []
 
-    def add(self, tensor: str, write: bool, block, key, slc, row0, nrows, col0=0, ncols=None) -> None:
+    def add(self, tensor: str, write: bool, block, key, slc, row0, nrows, col0=0, ncols=None, *,
+            red: bool = False) -> None:
+        """Tiles of ``tensor`` (a load, a store if ``write``, a reduction if ``red``)."""
         if ncols is None:
             ncols = self.cols[tensor]
         arrs = np.broadcast_arrays(*(np.asarray(x, dtype=np.int64) for x in (block, key, slc, row0, nrows, col0,
                                                                              ncols)))
         if arrs[0].size:
-            self.items.append((tensor, bool(write), *(a.ravel() for a in arrs)))
+            self.items.append((tensor, 2 if red else int(bool(write)), *(a.ravel() for a in arrs)))
 
     def pack(self) -> Tiles:
         nb = self.hi - self.lo
         if not self.items:
             z = np.zeros(0, dtype=np.int64)
             return Tiles(np.zeros(nb + 1, dtype=np.int64), np.zeros(1, dtype=np.int64), (), z, z, z, z, z, z,
-                         np.zeros(0, dtype=bool))
+                         np.zeros(0, dtype=bool), np.zeros(0, dtype=bool))
         cat = [np.concatenate([it[k] for it in self.items]) for k in range(2, 9)]
         block, key, slc, row0, nrows, col0, ncols = cat
         # one sort key: block (relative, < 2^22) above the step key (< 2^41); a stable sort keeps
@@ -136,7 +140,7 @@ class _Parts:
         part = np.repeat(np.arange(len(self.items)), sizes)[order]
         names = tuple(dict.fromkeys(it[0] for it in self.items))
         tensor = np.array([names.index(it[0]) for it in self.items], dtype=np.int64)[part]
-        wr = np.array([it[1] for it in self.items], dtype=bool)[part]
+        op = np.array([it[1] for it in self.items], dtype=np.int64)[part]
         new_step = np.ones(ck.size, dtype=bool)
         new_step[1:] = ck[1:] != ck[:-1]
         starts = np.flatnonzero(new_step)
@@ -145,7 +149,7 @@ class _Parts:
         step_ptr = np.zeros(nb + 1, dtype=np.int64)
         np.cumsum(steps_per_block, out=step_ptr[1:])
         return Tiles(step_ptr, tile_ptr, names, tensor, slc[order], row0[order], nrows[order], col0[order],
-                     ncols[order], wr)
+                     ncols[order], op >= 1, op == 2)
 
 
 def _cols(schedule) -> dict[str, int]:
@@ -185,6 +189,92 @@ def _f2_smem(kind: str, eb: int, d: int, br: int, bc: int) -> int:
     return 4 * (128 + br)  # preprocess
 
 
+#: Step key of a block's epilogue (keys stay below 2^41).
+_LAST = 1 << 40
+
+
+def _query_block_tiles(w: Workload, cols, q0, qn, k0, kn, vis_of, reads, writes, kv_steps, reverse=False):
+    """``tiles(lo, hi)`` of a query-block kernel: grid (Tr, B·H), block (x, p) runs query block
+    i = x (Tr - 1 - x with ``reverse``: longest first) of query head p.  Step 0 loads the block's
+    rows of each tensor in ``reads``; K_j and V_j of each visible key block j come at steps
+    ``kv_steps(j)`` (a pair of key arrays: K's, V's), the ``writes`` at the end."""
+    tr = len(q0)
+
+    def tiles(lo, hi):
+        P = _Parts(lo, hi, cols)
+        b, x, p, _ = _grid_index(lo, hi, tr)
+        i = tr - 1 - x if reverse else x
+        for name in reads:
+            P.add(name, False, b, 0, p, q0[i], qn[i])
+        bi, j = np.nonzero(vis_of()[i])
+        kkey, vkey = kv_steps(j)
+        P.add("K", False, b[bi], kkey, p[bi] // w.group, k0[j], kn[j])
+        P.add("V", False, b[bi], vkey, p[bi] // w.group, k0[j], kn[j])
+        for name in writes:
+            P.add(name, True, b, _LAST, p, q0[i], qn[i])
+        return P.pack()
+
+    return tiles
+
+
+def _key_block_tiles(w: Workload, cols, q0, qn, k0, kn, vis_of, q_lead, stat_lead, stat_reads=1, red=None):
+    """``tiles(lo, hi)`` of a key-block kernel: grid (Tc, B·Hkv), block (j, p): K_j and V_j at step
+    0, then the block's steps n = 0, 1, ... over (query head g of the group, visible query
+    block i), g slowest: Q_i, dO_i at step n + ``q_lead``, L_i and D_i (each ``stat_reads``
+    times) at step max(0, n + ``stat_lead``), and with ``red`` the reduction of dQ_i into that
+    tensor at step n + 1 (after the loads issued there); dK_j, dV_j at the end.  flash2 loads a
+    step's tiles in the step (leads 1); the fast kernels prefetch (lead 0: step n's loads are
+    issued while step n - 1 computes)."""
+    tc = len(k0)
+
+    def tiles(lo, hi):
+        P = _Parts(lo, hi, cols)
+        b, j, pk, _ = _grid_index(lo, hi, tc)
+        P.add("K", False, b, 0, pk, k0[j], kn[j])
+        P.add("V", False, b, 0, pk, k0[j], kn[j])
+        vt = vis_of().T  # (Tc, Tr): key block j seen by query block i
+        rank = np.cumsum(vt, axis=1) - 1
+        sub = np.repeat(vt[j], w.group, axis=0)  # rows (block, g), columns i
+        r, i = np.nonzero(sub)
+        bl, g = r // w.group, r % w.group
+        n = g * vt.sum(axis=1)[j[bl]] + rank[j[bl], i]
+        bb, qs = b[bl], pk[bl] * w.group + g
+
+        def stats():
+            for name in ("L", "D"):
+                for _ in range(stat_reads):
+                    P.add(name, False, bb, np.maximum(0, n + stat_lead), qs, q0[i], qn[i])
+
+        if stat_lead > q_lead:  # read in the step they belong to, before the next step's copies
+            stats()
+        for name in ("Q", "dO"):
+            P.add(name, False, bb, n + q_lead, qs, q0[i], qn[i])
+        if stat_lead <= q_lead:
+            stats()
+        if red is not None:
+            P.add(red, True, bb, n + 1, qs, q0[i], qn[i], red=True)
+        P.add("dK", True, b, _LAST, pk, k0[j], kn[j])
+        P.add("dV", True, b, _LAST, pk, k0[j], kn[j])
+        return P.pack()
+
+    return tiles
+
+
+def _preprocess_spec(w: Workload, cols, br: int) -> BlockSpec:
+    """The preprocess kernel (kernels/flash2.py, D = rowsum(dO ∘ O)): grid (Tr, B·H), one step."""
+    q0, qn = _rows(w.nq, br)
+
+    def tiles(lo, hi):
+        P = _Parts(lo, hi, cols)
+        b, i, p, _ = _grid_index(lo, hi, len(q0))
+        P.add("O", False, b, 0, p, q0[i], qn[i])
+        P.add("dO", False, b, 0, p, q0[i], qn[i])
+        P.add("D", True, b, 0, p, q0[i], qn[i])
+        return P.pack()
+
+    return BlockSpec((len(q0), w.bh, 1), 128, _f2_smem("pre", w.elem_bytes, w.d, br, br), tiles)
+
+
 def _flash2(schedule, w: Workload, t: Tiling) -> None:
     br, bc = t.block_m, t.block_n
     q0, qn = _rows(w.nq, br)
@@ -194,56 +284,13 @@ def _flash2(schedule, w: Workload, t: Tiling) -> None:
     vis_of = cache(lambda: visible_blocks(w, t, window))  # computed when a trace is first asked for
     cols = _cols(schedule)
     eb = w.elem_bytes
-    last = 1 << 40  # step key of a block's epilogue (keys stay below 2^41)
-
-    def fwd(lo, hi):
-        P = _Parts(lo, hi, cols)
-        b, i, p, _ = _grid_index(lo, hi, tr)
-        P.add("Q", False, b, 0, p, q0[i], qn[i])
-        bi, j = np.nonzero(vis_of()[i])
-        P.add("K", False, b[bi], 1 + j, p[bi] // w.group, k0[j], kn[j])
-        P.add("V", False, b[bi], 1 + j, p[bi] // w.group, k0[j], kn[j])
-        P.add("O", True, b, last, p, q0[i], qn[i])
-        P.add("L", True, b, last, p, q0[i], qn[i])
-        return P.pack()
-
-    def pre(lo, hi):
-        P = _Parts(lo, hi, cols)
-        b, i, p, _ = _grid_index(lo, hi, tr)
-        P.add("O", False, b, 0, p, q0[i], qn[i])
-        P.add("dO", False, b, 0, p, q0[i], qn[i])
-        P.add("D", True, b, 0, p, q0[i], qn[i])
-        return P.pack()
-
-    def dkdv(lo, hi):
-        P = _Parts(lo, hi, cols)
-        b, j, pk, _ = _grid_index(lo, hi, tc)
-        P.add("K", False, b, 0, pk, k0[j], kn[j])
-        P.add("V", False, b, 0, pk, k0[j], kn[j])
-        sub = np.repeat(vis_of().T[j], w.group, axis=0)  # rows (block, g), columns i
-        r, i = np.nonzero(sub)
-        bl, g = r // w.group, r % w.group
-        key = 1 + g * tr + i
-        for name in ("Q", "dO", "L", "D"):
-            P.add(name, False, b[bl], key, pk[bl] * w.group + g, q0[i], qn[i])
-        P.add("dK", True, b, last, pk, k0[j], kn[j])
-        P.add("dV", True, b, last, pk, k0[j], kn[j])
-        return P.pack()
-
-    def dq(lo, hi):
-        P = _Parts(lo, hi, cols)
-        b, i, p, _ = _grid_index(lo, hi, tr)
-        for name in ("Q", "dO", "L", "D"):
-            P.add(name, False, b, 0, p, q0[i], qn[i])
-        bi, j = np.nonzero(vis_of()[i])
-        P.add("K", False, b[bi], 1 + j, p[bi] // w.group, k0[j], kn[j])
-        P.add("V", False, b[bi], 1 + j, p[bi] // w.group, k0[j], kn[j])
-        P.add("dQ", True, b, last, p, q0[i], qn[i])
-        return P.pack()
-
+    in_step = lambda j: (1 + j, 1 + j)  # noqa: E731  K_j, V_j: the step after the query rows'
+    fwd = _query_block_tiles(w, cols, q0, qn, k0, kn, vis_of, ("Q",), ("O", "L"), in_step)
+    dq = _query_block_tiles(w, cols, q0, qn, k0, kn, vis_of, ("Q", "dO", "L", "D"), ("dQ",), in_step)
+    dkdv = _key_block_tiles(w, cols, q0, qn, k0, kn, vis_of, q_lead=1, stat_lead=1)
     specs = {
         "flash2_fwd": BlockSpec((tr, w.bh, 1), _f2_threads(br, bc), _f2_smem("fwd", eb, w.d, br, bc), fwd),
-        "flash2_bwd_preprocess": BlockSpec((tr, w.bh, 1), 128, _f2_smem("pre", eb, w.d, br, bc), pre),
+        "flash2_bwd_preprocess": _preprocess_spec(w, cols, br),
         "flash2_bwd_dkdv": BlockSpec((tc, w.batch * w.hkv, 1), _f2_threads(br, bc),
                                      _f2_smem("dkdv", eb, w.d, br, bc), dkdv),
         "flash2_bwd_dq": BlockSpec((tr, w.bh, 1), _f2_threads(br, bc), _f2_smem("dq", eb, w.d, br, bc), dq),
