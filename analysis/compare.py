@@ -212,13 +212,7 @@ def predict(cfg: dict, gpu: str = "h100") -> list[dict]:
     outside the measurement, so they are reported (``sim_dirty_end_bytes``) but not predicted
     as the launch's DRAM writes."""
     hw = get_gpu(gpu)
-    sched = schedule_of(cfg)
-    if any(ln.blocks is None for ln in sched.launches):
-        # no thread-block model (the fast kernels' schedules): the LSU level only, DRAM left nan
-        nan = math.nan
-        return [{**lsu, "sim_dram_read_bytes": nan, "sim_dram_write_bytes": nan, "sim_dirty_end_bytes": nan,
-                 "sim_grid": "", "sim_blocks_per_sm": None, "footprint_bytes": sum(_footprint_bytes(sched, ln)),
-                 "l2_pressure": False} for ln, lsu in zip(sched.launches, predict_lsu(cfg, sched))]
+    sched = schedule_of(cfg)  # every schedule built here has its thread blocks (flashsim.blocks)
     dram = dram_traffic(sched, hw, cold_launches=True, sample=DRAM_SET_SAMPLE)
     out = []
     for launch, lsu, d in zip(sched.launches, predict_lsu(cfg, sched), dram.launches):

@@ -535,12 +535,115 @@ def _decode(schedule, w: Workload, plan) -> None:
         launch.blocks = specs[launch.name]
 
 
+# ---------------------------------------------------------------------------------------------
+# The fast kernels (kernels/perf; flashsim/algorithms/fast.py)
+
+
+def _flat_tiles(P: _Parts, name: str, write: bool, block, key, start, end, rows: int, cols: int) -> None:
+    """Elements [start, end) of a tensor of slices of rows x cols elements, flat (the slices back
+    to back), as tiles: each range cut at slice boundaries, then into its partial first row, its
+    whole rows and its partial last row."""
+    per = rows * cols
+    fs, ls = start // per, (end - 1) // per
+    g, k = _expand(ls - fs + 1)  # the slices each range touches
+    slc = fs[g] + k
+    a = np.maximum(start[g], slc * per) - slc * per
+    e = np.minimum(end[g], (slc + 1) * per) - slc * per
+    blk, ky = block[g], key[g]
+    ra, ca, rb, cb = a // cols, a % cols, e // cols, e % cols
+    one = ra == rb  # inside one row
+    head = one | (ca > 0)
+    P.add(name, write, blk[head], ky[head], slc[head], ra[head], 1, ca[head], np.where(one, cb, cols)[head] - ca[head])
+    body0 = ra + (ca > 0)
+    body = ~one & (rb > body0)
+    P.add(name, write, blk[body], ky[body], slc[body], body0[body], (rb - body0)[body])
+    tail = ~one & (cb > 0)
+    P.add(name, write, blk[tail], ky[tail], slc[tail], rb[tail], 1, 0, cb[tail])
+
+
+#: kernels/perf/_launch.py's ``elementwise_grid``: at most 1024 blocks of 256 threads, grid-stride.
+ELEMENTWISE_BLOCKS, ELEMENTWISE_THREADS = 1024, 256
+
+
+def _elementwise_spec(w: Workload, schedule, reads: tuple[str, ...], writes: tuple[str, ...]) -> BlockSpec:
+    """A grid-stride loop over the B·H·Nq·d elements (zero fill, fp32 -> fp16): block x's step k
+    reads (then writes) the elements k·G·T + x·T .. + T - 1 (G blocks of T threads)."""
+    n = w.bh * w.nq * w.d
+    grid = min(ELEMENTWISE_BLOCKS, -(-n // ELEMENTWISE_THREADS))
+    stride = grid * ELEMENTWISE_THREADS
+    lay = schedule.tensors
+
+    def tiles(lo, hi):
+        P = _Parts(lo, hi, _cols(schedule))
+        blocks = np.arange(lo, hi, dtype=np.int64)
+        bi, k = _expand(-(-(n - blocks * ELEMENTWISE_THREADS) // stride))
+        start = k * stride + blocks[bi] * ELEMENTWISE_THREADS
+        end = np.minimum(start + ELEMENTWISE_THREADS, n)
+        for names, wr in ((reads, False), (writes, True)):
+            for name in names:
+                _flat_tiles(P, name, wr, blocks[bi], k, start, end, lay[name].rows, lay[name].cols)
+        return P.pack()
+
+    return BlockSpec((grid, 1, 1), ELEMENTWISE_THREADS, 0, tiles)
+
+
+def _fast(schedule, w: Workload, config) -> None:
+    from .algorithms import fast
+
+    name = schedule.meta["kernel"]
+    res = fast.block_resources(name, w.d, config)
+    tl = fast.tiles(name, w.d, config)
+    cols = _cols(schedule)
+    reverse = bool(w.causal)  # kernels.perf._tiles.query_block: longest first when causal
+
+    def query_kernel(t: Tiling, reads, writes, kv_steps):
+        q0, qn = _rows(w.nq, t.block_m)
+        k0, kn = _rows(w.nk, t.block_n)
+        vis_of = cache(lambda: visible_blocks(w, t))
+        return (len(q0), w.bh, 1), _query_block_tiles(w, cols, q0, qn, k0, kn, vis_of, reads, writes, kv_steps,
+                                                      reverse)
+
+    specs = {}
+    if name in fast.VARIANTS and fast.VARIANTS[name][0] == "fwd":
+        if name == "fwd_fp16_v4":  # K_j, V_j copied together, a step ahead (Q_i and K_0, V_0 first)
+            grid, fn = query_kernel(tl["fwd"], ("Q",), ("L", "O"), lambda j: (j, j))
+        else:  # fp32: Q_i, K_0; then V_j and K_{j+1} in steps of their own
+            grid, fn = query_kernel(tl["fwd"], ("Q",), ("O", "L"), lambda j: (2 * j, 2 * j + 1))
+        specs[name] = BlockSpec(grid, *res["fwd"], fn)
+    else:
+        specs["flash2_bwd_preprocess"] = _preprocess_spec(w, cols, fast.PREPROCESS_ROWS)
+        t = tl["dkdv"]
+        q0, qn = _rows(w.nq, t.block_m)
+        k0, kn = _rows(w.nk, t.block_n)
+        vis_of = cache(lambda: visible_blocks(w, t))
+        grid = (len(k0), w.batch * w.hkv, 1)
+        if name == "bwd_fp16_v1":
+            fn = _key_block_tiles(w, cols, q0, qn, k0, kn, vis_of, q_lead=0, stat_lead=0)
+            specs[f"{name}_dkdv"] = BlockSpec(grid, *res["dkdv"], fn)
+            qgrid, qfn = query_kernel(tl["dq"], ("Q", "dO", "L", "D"), ("dQ",), lambda j: (j, j))
+            specs[f"{name}_dq"] = BlockSpec(qgrid, *res["dq"], qfn)
+        elif name == "bwd_fp16_v3":  # L, D of a step read a step before its Q, dO copies
+            fn = _key_block_tiles(w, cols, q0, qn, k0, kn, vis_of, q_lead=0, stat_lead=-1, red="dQacc")
+            specs[name] = BlockSpec(grid, *res["dkdv"], fn)
+            specs["zero_fill"] = _elementwise_spec(w, schedule, (), ("dQacc",))
+            specs["dq_to_f16"] = _elementwise_spec(w, schedule, ("dQacc",), ("dQ",))
+        else:  # fp32: L, D read by each key warp in the step that uses them
+            fn = _key_block_tiles(w, cols, q0, qn, k0, kn, vis_of, q_lead=0, stat_lead=1,
+                                  stat_reads=fast.key_warps(name, w.d, config), red="dQ")
+            specs[name] = BlockSpec(grid, *res["dkdv"], fn)
+            specs["zero_fill"] = _elementwise_spec(w, schedule, (), ("dQ",))
+    for launch in schedule.launches:
+        launch.blocks = specs[launch.name]
+
+
 def attach(schedule, algo: str, w: Workload, tiling: Tiling | None, plan=None):
     """Fill ``launch.blocks`` of every launch of ``schedule`` (built by ``algo`` for ``w`` and
-    ``tiling``; ``plan``: decode's resolved options) and return the schedule.  Algorithms without
-    a block model (smallcache) are returned as they are."""
+    ``tiling``; ``plan``: decode's resolved options, fast's block-shape config) and return the
+    schedule.  Algorithms without a block model (smallcache) are returned as they are."""
     if algo == "decode":
         _decode(schedule, w, plan)
+    elif algo == "fast":
+        _fast(schedule, w, plan)
     elif algo == "flash2":
         _flash2(schedule, w, tiling)
     elif algo == "flash1":
