@@ -6,11 +6,12 @@ exist, in the order the hardware issues them: x fastest, then y, then z), how ma
 SM holds at once (threads and shared memory per block), and each block's global accesses as a
 sequence of *steps* (one step = the tiles a block loads or stores between two barriers of its
 main loop).  :class:`BlockSpec` carries that; :func:`attach` fills ``Launch.blocks`` of every
-launch of a schedule built by ``flashsim.algorithms`` (standard, flash1, flash2, decode), from the same
-workload and tiling.
+launch of a schedule built by ``flashsim.algorithms`` (standard, flash1, flash2, decode, fast),
+from the same workload and tiling.  A tile is a load, a store or a reduction (``Tiles.reduction``:
+red/atomics, which the L2 model takes as read-modify-writes).
 
 The block programs follow the reference kernels (kernels/flash2.py, kernels/flash1.py,
-kernels/standard.py) launch by launch:
+kernels/standard.py, kernels/perf) launch by launch:
 
 * **flash2** forward: grid (Tr, B·H), block (i, p): step Q_i; one step per visible key block j
   (K_j and V_j); step O_i, L_i.  Backward: preprocess grid (Tr, B·H), one step (O_i, dO_i, then
@@ -18,6 +19,20 @@ kernels/standard.py) launch by launch:
   group, visible query block i): Q_i, dO_i, L_i, D_i; step dK_j, dV_j; dQ grid (Tr, B·H): step
   Q_i, dO_i, L_i, D_i; one step per visible j (K_j, V_j); step dQ_i.  Threads min(128,
   max(32, Br·Bc/4)) (preprocess 128); static shared memory as the kernels declare it.
+* **fast** (kernels/perf, :mod:`flashsim.algorithms.fast`), flash2's builders with the kernels'
+  orders: threads 32 per warp and dynamic shared memory as the launchers ask
+  (``fast.block_resources``).  Forwards: grid (Tr, B·H), block x runs query block i = x, or
+  Tr - 1 - x when causal (longest first); fwd_fp16_v4: step Q_i, K_0, V_0 (one cp.async
+  group), then one step per further visible key block (K_j, V_j, copied a step ahead), then L_i
+  and O_i; the fp32 forwards: step Q_i, K_0, then V_j and K_{j+1} in steps of their own, then
+  O_i, L_i.  Backwards: the preprocess (flash2's, Br = 64); the key-block kernel, grid (Tc,
+  B·Hkv): step K_j, V_j with the first Q_i, dO_i; the copies of step n + 1 issued in step n;
+  L_i, D_i with them (bwd_fp16_v1), a step ahead of them (bwd_fp16_v3) or in the step that
+  uses them, once per key warp (fp32); the reduction of dQ_i (into dQacc, fp32: dQ) after the
+  next step's copies; step dK_j, dV_j.  bwd_fp16_v1's dQ kernel is a query-block kernel like
+  the forward (Q_i, dO_i, L_i, D_i, then K_j, V_j a step ahead, then dQ_i).  The zero fill and
+  the fp32 -> fp16 conversion: min(1024, ⌈B·H·Nq·d / 256⌉) blocks of 256 threads, a grid-stride
+  loop: block x's step k moves elements (k·G + x)·256 .. + 255, cut into rows.
 * **flash1**: one block per program (grid (B·H) forward, (B·Hkv) backward): the init block
   writes its zeros in one step; the main block loads K_j, V_j (one step per key block with a
   visible query block), then per visible (query head, i) one step that reads Q_i, O_i, ℓ_i, m_i
