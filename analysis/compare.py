@@ -267,7 +267,7 @@ def compare(rows: list[dict], gpu: str = "h100") -> list[dict]:
     for cid, launches in by_cfg.items():
         launches.sort(key=lambda r: r["launch_index"])
         if launches[0]["kernel"] in TORCH_KERNELS:  # PyTorch's launches, matched by kernel name
-            out += torch_records(cid, launches)
+            out += torch_records(cid, launches, gpu)
             continue
         preds = predict(launches[0], gpu)
         if len(preds) != len(launches):
@@ -553,7 +553,7 @@ def run(data: str | Path, out_dir: str | Path | None = None, gpu: str | None = N
                 # plots never needs
                 from .plots import plot_all
 
-                # PyTorch's launches have no DRAM prediction and are not in these plots
+                # PyTorch's launches are not in these plots
                 ours = [c for c in configs if c["kernel"] not in TORCH_KERNELS]
                 made = plot_all(ours, stage) if ours else []
         for p in made:

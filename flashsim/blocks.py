@@ -6,12 +6,12 @@ exist, in the order the hardware issues them: x fastest, then y, then z), how ma
 SM holds at once (threads and shared memory per block), and each block's global accesses as a
 sequence of *steps* (one step = the tiles a block loads or stores between two barriers of its
 main loop).  :class:`BlockSpec` carries that; :func:`attach` fills ``Launch.blocks`` of every
-launch of a schedule built by ``flashsim.algorithms`` (standard, flash1, flash2, decode, fast),
-from the same workload and tiling.  A tile is a load, a store or a reduction (``Tiles.reduction``:
+launch of a schedule built by ``flashsim.algorithms`` (standard, flash1, flash2, decode, fast,
+torch_flash), from the same workload and tiling.  A tile is a load, a store or a reduction (``Tiles.reduction``:
 red/atomics, which the L2 model takes as read-modify-writes).
 
 The block programs follow the reference kernels (kernels/flash2.py, kernels/flash1.py,
-kernels/standard.py, kernels/perf) launch by launch:
+kernels/standard.py, kernels/perf) and PyTorch's vendored FlashAttention-2 launch by launch:
 
 * **flash2** forward: grid (Tr, B·H), block (i, p): step Q_i; one step per visible key block j
   (K_j and V_j); step O_i, L_i.  Backward: preprocess grid (Tr, B·H), one step (O_i, dO_i, then
@@ -33,6 +33,17 @@ kernels/standard.py, kernels/perf) launch by launch:
   the forward (Q_i, dO_i, L_i, D_i, then K_j, V_j a step ahead, then dQ_i).  The zero fill and
   the fp32 -> fp16 conversion: min(1024, ⌈B·H·Nq·d / 256⌉) blocks of 256 threads, a grid-stride
   loop: block x's step k moves elements (k·G + x)·256 .. + 255, cut into rows.
+* **torch_flash** (:mod:`flashsim.algorithms.torch_flash`): grids (x, B, H) (batch before
+  head).  Forward: 4 warps, shared memory Q + K + V tiles; step Q_i with K_n, n = n_block_max -
+  1, then V_n and K_{n-1} in steps of their own down to V_0; O_i, L_i.  Backward: the
+  ``contiguous()`` copies, 512 outputs (of the (B, N, H, d) copy) a block of 128 threads, one
+  step; dot(dO, O): dO_t_i, O_t_i, D_i and the zeroed dQaccum_i in one step; the main kernel (8
+  warps, ``kSmemSize1colblock``): K_j, V_j and the first dO_t, Q; query blocks from the last
+  down to the first that sees j, dO_t and Q a step ahead, LSE and D in their step (once per
+  warp sharing the rows), the dQaccum atomics (reductions) after them; dK_j, dV_j (GQA: the
+  expanded ones); the conversion: dQaccum_i, then dQ_i; GQA's ``sum_out``: 512 outputs a block
+  of 128 threads, each reading the group's inputs.  dO_t, O_t and the expanded gradients are
+  laid out per head, as the walker lays them.
 * **flash1**: one block per program (grid (B·H) forward, (B·Hkv) backward): the init block
   writes its zeros in one step; the main block loads K_j, V_j (one step per key block with a
   visible query block), then per visible (query head, i) one step that reads Q_i, O_i, ℓ_i, m_i
@@ -208,21 +219,25 @@ def _f2_smem(kind: str, eb: int, d: int, br: int, bc: int) -> int:
 _LAST = 1 << 40
 
 
-def _query_block_tiles(w: Workload, cols, q0, qn, k0, kn, vis_of, reads, writes, kv_steps, reverse=False):
+def _query_block_tiles(w: Workload, cols, q0, qn, k0, kn, vis_of, reads, writes, kv_steps, reverse=False,
+                       slice_of=None):
     """``tiles(lo, hi)`` of a query-block kernel: grid (Tr, B·H), block (x, p) runs query block
-    i = x (Tr - 1 - x with ``reverse``: longest first) of query head p.  Step 0 loads the block's
-    rows of each tensor in ``reads``; K_j and V_j of each visible key block j come at steps
-    ``kv_steps(j)`` (a pair of key arrays: K's, V's), the ``writes`` at the end."""
+    i = x (Tr - 1 - x with ``reverse``: longest first) of query head p (``slice_of(p)`` where the
+    grid orders the heads otherwise).  Step 0 loads the block's rows of each tensor in
+    ``reads``; K_j and V_j of each visible key block j come at steps ``kv_steps(j, i)`` (a pair
+    of key arrays: K's, V's), the ``writes`` at the end."""
     tr = len(q0)
 
     def tiles(lo, hi):
         P = _Parts(lo, hi, cols)
         b, x, p, _ = _grid_index(lo, hi, tr)
+        if slice_of is not None:
+            p = slice_of(p)
         i = tr - 1 - x if reverse else x
         for name in reads:
             P.add(name, False, b, 0, p, q0[i], qn[i])
         bi, j = np.nonzero(vis_of()[i])
-        kkey, vkey = kv_steps(j)
+        kkey, vkey = kv_steps(j, i[bi])
         P.add("K", False, b[bi], kkey, p[bi] // w.group, k0[j], kn[j])
         P.add("V", False, b[bi], vkey, p[bi] // w.group, k0[j], kn[j])
         for name in writes:
@@ -299,7 +314,7 @@ def _flash2(schedule, w: Workload, t: Tiling) -> None:
     vis_of = cache(lambda: visible_blocks(w, t, window))  # computed when a trace is first asked for
     cols = _cols(schedule)
     eb = w.elem_bytes
-    in_step = lambda j: (1 + j, 1 + j)  # noqa: E731  K_j, V_j: the step after the query rows'
+    in_step = lambda j, i: (1 + j, 1 + j)  # noqa: E731  K_j, V_j: the step after the query rows'
     fwd = _query_block_tiles(w, cols, q0, qn, k0, kn, vis_of, ("Q",), ("O", "L"), in_step)
     dq = _query_block_tiles(w, cols, q0, qn, k0, kn, vis_of, ("Q", "dO", "L", "D"), ("dQ",), in_step)
     dkdv = _key_block_tiles(w, cols, q0, qn, k0, kn, vis_of, q_lead=1, stat_lead=1)
@@ -554,10 +569,12 @@ def _decode(schedule, w: Workload, plan) -> None:
 # The fast kernels (kernels/perf; flashsim/algorithms/fast.py)
 
 
-def _flat_tiles(P: _Parts, name: str, write: bool, block, key, start, end, rows: int, cols: int) -> None:
+def _flat_tiles(P: _Parts, name: str, write: bool, block, key, start, end, rows: int, cols: int,
+                slices=None) -> None:
     """Elements [start, end) of a tensor of slices of rows x cols elements, flat (the slices back
     to back), as tiles: each range cut at slice boundaries, then into its partial first row, its
-    whole rows and its partial last row."""
+    whole rows and its partial last row.  ``slices``: the tensor slice of each flat slice index
+    (default the same)."""
     per = rows * cols
     fs, ls = start // per, (end - 1) // per
     g, k = _expand(ls - fs + 1)  # the slices each range touches
@@ -566,6 +583,8 @@ def _flat_tiles(P: _Parts, name: str, write: bool, block, key, start, end, rows:
     e = np.minimum(end[g], (slc + 1) * per) - slc * per
     blk, ky = block[g], key[g]
     ra, ca, rb, cb = a // cols, a % cols, e // cols, e % cols
+    if slices is not None:
+        slc = np.asarray(slices, dtype=np.int64)[slc]
     one = ra == rb  # inside one row
     head = one | (ca > 0)
     P.add(name, write, blk[head], ky[head], slc[head], ra[head], 1, ca[head], np.where(one, cb, cols)[head] - ca[head])
@@ -621,9 +640,9 @@ def _fast(schedule, w: Workload, config) -> None:
     specs = {}
     if name in fast.VARIANTS and fast.VARIANTS[name][0] == "fwd":
         if name == "fwd_fp16_v4":  # K_j, V_j copied together, a step ahead (Q_i and K_0, V_0 first)
-            grid, fn = query_kernel(tl["fwd"], ("Q",), ("L", "O"), lambda j: (j, j))
+            grid, fn = query_kernel(tl["fwd"], ("Q",), ("L", "O"), lambda j, i: (j, j))
         else:  # fp32: Q_i, K_0; then V_j and K_{j+1} in steps of their own
-            grid, fn = query_kernel(tl["fwd"], ("Q",), ("O", "L"), lambda j: (2 * j, 2 * j + 1))
+            grid, fn = query_kernel(tl["fwd"], ("Q",), ("O", "L"), lambda j, i: (2 * j, 2 * j + 1))
         specs[name] = BlockSpec(grid, *res["fwd"], fn)
     else:
         specs["flash2_bwd_preprocess"] = _preprocess_spec(w, cols, fast.PREPROCESS_ROWS)
@@ -635,7 +654,7 @@ def _fast(schedule, w: Workload, config) -> None:
         if name == "bwd_fp16_v1":
             fn = _key_block_tiles(w, cols, q0, qn, k0, kn, vis_of, q_lead=0, stat_lead=0)
             specs[f"{name}_dkdv"] = BlockSpec(grid, *res["dkdv"], fn)
-            qgrid, qfn = query_kernel(tl["dq"], ("Q", "dO", "L", "D"), ("dQ",), lambda j: (j, j))
+            qgrid, qfn = query_kernel(tl["dq"], ("Q", "dO", "L", "D"), ("dQ",), lambda j, i: (j, j))
             specs[f"{name}_dq"] = BlockSpec(qgrid, *res["dq"], qfn)
         elif name == "bwd_fp16_v3":  # L, D of a step read a step before its Q, dO copies
             fn = _key_block_tiles(w, cols, q0, qn, k0, kn, vis_of, q_lead=0, stat_lead=-1, red="dQacc")
@@ -651,6 +670,134 @@ def _fast(schedule, w: Workload, config) -> None:
         launch.blocks = specs[launch.name]
 
 
+# ---------------------------------------------------------------------------------------------
+# PyTorch's SDPA flash backend (flashsim/algorithms/torch_flash.py: FlashAttention-2 in torch 2.11)
+
+#: at::elementwise_kernel<128, 4> (the contiguous() copies): 128 threads, 4 elements each.
+TORCH_COPY_THREADS, TORCH_COPY_ITEMS = 128, 4
+
+
+def _torch_flash(schedule, w: Workload) -> None:
+    from .algorithms import torch_flash as tf
+
+    cols = _cols(schedule)
+    eb, d, heads = w.elem_bytes, w.d, w.heads
+
+    def head_slice(yz):  # grids (x, B, H): y the batch, z the head
+        return (yz % w.batch) * heads + yz // w.batch
+
+    specs = {}
+    if schedule.meta["pass"] == "fwd":
+        bm, bn = tf.TRAITS[d][:2]
+        q0, qn = _rows(w.nq, bm)
+        k0, kn = _rows(w.nk, bn)
+        lim = tf.fwd_key_blocks(w, bm, bn)
+        vis = np.arange(len(k0))[None, :] < lim[:, None]
+
+        def kv_steps(j, i):  # n = lim - 1 .. 0: K_{n} with Q (then after V_{n+1}), V_n in a step of its own
+            t = lim[i] - 1 - j
+            return 2 * t, 2 * t + 1
+
+        fn = _query_block_tiles(w, cols, q0, qn, k0, kn, lambda: vis, ("Q",), ("O", "L"), kv_steps,
+                                slice_of=head_slice)
+        specs["sdpa_flash_fwd"] = BlockSpec((len(q0), w.batch, heads), 4 * 32, eb * (bm * d + 2 * bn * d), fn)
+    else:
+        bm, bn, nwarps, atom_m = tf.TRAITS[d][2:]
+        reps = nwarps // atom_m
+        q0, qn = _rows(w.nq, bm)
+        k0, kn = _rows(w.nk, bn)
+        tm, tn = len(q0), len(k0)
+        first = tf.bwd_first_query_block(w, bm, bn)
+        gqa = w.hkv != heads
+        dk, dv = ("dK_exp", "dV_exp") if gqa else ("dK", "dV")
+
+        def copy(src, dst):  # dst (B, N, H, d) contiguous from src (B, H, N, d): 512 outputs a block
+            n = w.bh * w.nq * d
+            per = TORCH_COPY_THREADS * TORCH_COPY_ITEMS
+
+            def tiles(lo, hi):
+                P = _Parts(lo, hi, cols)
+                blocks = np.arange(lo, hi, dtype=np.int64)
+                start, end = blocks * per, np.minimum(blocks * per + per, n)
+                g, k = _expand((end - 1) // d - start // d + 1)  # the (b, n, h) rows each block touches
+                r = start[g] // d + k
+                c0 = np.maximum(start[g], r * d) - r * d
+                c1 = np.minimum(end[g], (r + 1) * d) - r * d
+                b, row, h = r // (w.nq * heads), (r // heads) % w.nq, r % heads
+                P.add(src, False, blocks[g], 0, b * heads + h, row, 1, c0, c1 - c0)
+                P.add(dst, True, blocks[g], 0, b * heads + h, row, 1, c0, c1 - c0)
+                return P.pack()
+
+            return BlockSpec((-(-n // per), 1, 1), TORCH_COPY_THREADS, 0, tiles)
+
+        def dot(lo, hi):
+            P = _Parts(lo, hi, cols)
+            b, i, yz, _ = _grid_index(lo, hi, tm)
+            p = head_slice(yz)
+            P.add("dO_t", False, b, 0, p, q0[i], qn[i])
+            P.add("O_t", False, b, 0, p, q0[i], qn[i])
+            P.add("D", True, b, 0, p, q0[i], bm)
+            P.add("dQaccum", True, b, 0, p, q0[i], bm, 0, d)
+            return P.pack()
+
+        def main(lo, hi):  # block (j, p): K_j, V_j; query blocks Tm - 1 down to first[j]
+            P = _Parts(lo, hi, cols)
+            b, j, yz, _ = _grid_index(lo, hi, tn)
+            p = head_slice(yz)
+            kv = (p // heads) * w.hkv + (p % heads) // w.group
+            P.add("K", False, b, 0, kv, k0[j], kn[j])
+            P.add("V", False, b, 0, kv, k0[j], kn[j])
+            bl, n = _expand(tm - first[j])
+            i, bb, pp = tm - 1 - n, b[bl], p[bl]
+            for _ in range(reps):  # read at the top of the step that uses them, by each warp sharing the rows
+                P.add("L", False, bb, n + 1, pp, q0[i], qn[i])
+                P.add("D", False, bb, n + 1, pp, q0[i], bm)
+            P.add("dO_t", False, bb, n, pp, q0[i], qn[i])  # a step ahead (step 0: with K_j, V_j)
+            P.add("Q", False, bb, n, pp, q0[i], qn[i])
+            P.add("dQaccum", True, bb, n + 1, pp, q0[i], bm, 0, d, red=True)
+            P.add(dk, True, b, _LAST, kv if not gqa else p, k0[j], kn[j])
+            P.add(dv, True, b, _LAST, kv if not gqa else p, k0[j], kn[j])
+            return P.pack()
+
+        def convert(lo, hi):
+            P = _Parts(lo, hi, cols)
+            b, i, yz, _ = _grid_index(lo, hi, tm)
+            p = head_slice(yz)
+            P.add("dQaccum", False, b, 0, p, q0[i], bm, 0, d)
+            P.add("dQ", True, b, 0, p, q0[i], qn[i])
+            return P.pack()
+
+        smem_main = eb * (3 * bm * d + 2 * bn * d + 2 * bm * bn)  # kSmemSize1colblock (V not in registers)
+        specs.update({"contiguous_dO": copy("dO", "dO_t"), "contiguous_O": copy("O", "O_t"),
+                      "flash_bwd_dot_do_o": BlockSpec((tm, w.batch, heads), 32 * nwarps, 0, dot),
+                      "flash_bwd_dq_dk_dv": BlockSpec((tn, w.batch, heads), 32 * nwarps, smem_main, main),
+                      "flash_bwd_convert_dq": BlockSpec((tm, w.batch, heads), 32 * nwarps, eb * bm * d, convert)})
+        if gqa:  # at::sum_out: a thread reads its 4 outputs' group of inputs, then writes them
+            vec = tf.SUM_VEC
+            nout = w.batch * w.hkv * w.nk * d
+            per = 128 * vec
+            kvp = np.arange(w.batch * w.hkv, dtype=np.int64)
+            lead = (kvp // w.hkv) * heads + (kvp % w.hkv) * w.group
+
+            def summed(src, view):
+                def tiles(lo, hi):
+                    P = _Parts(lo, hi, cols)
+                    blocks = np.arange(lo, hi, dtype=np.int64)
+                    start, end = blocks * per, np.minimum(blocks * per + per, nout)
+                    zero = np.zeros_like(blocks)
+                    for g in range(w.group):
+                        _flat_tiles(P, src, False, blocks, zero, start, end, w.nk, d, lead + g)
+                    _flat_tiles(P, view, True, blocks, zero, start, end, w.nk * d // vec, vec)
+                    return P.pack()
+
+                return BlockSpec((-(-nout // per), 1, 1), 128, 0, tiles)
+
+            specs["sum_dK"] = summed("dK_exp", "dK_vec")
+            specs["sum_dV"] = summed("dV_exp", "dV_vec")
+    for launch in schedule.launches:
+        launch.blocks = specs[launch.name]
+
+
 def attach(schedule, algo: str, w: Workload, tiling: Tiling | None, plan=None):
     """Fill ``launch.blocks`` of every launch of ``schedule`` (built by ``algo`` for ``w`` and
     ``tiling``; ``plan``: decode's resolved options, fast's block-shape config) and return the
@@ -659,6 +806,8 @@ def attach(schedule, algo: str, w: Workload, tiling: Tiling | None, plan=None):
         _decode(schedule, w, plan)
     elif algo == "fast":
         _fast(schedule, w, plan)
+    elif algo == "torch_flash":
+        _torch_flash(schedule, w)
     elif algo == "flash2":
         _flash2(schedule, w, tiling)
     elif algo == "flash1":

@@ -2,8 +2,8 @@
 
 :func:`dram_traffic` takes a :class:`~flashsim.traffic.Schedule` whose launches carry their
 thread blocks (``Launch.blocks``, a :class:`flashsim.blocks.BlockSpec`, filled by every
-schedule of standard, flash1, flash2, decode and fast) and a GPU preset, and returns the
-bytes read from and written to DRAM, launch by launch.  :func:`simulate_dram` builds the schedule first.
+schedule of standard, flash1, flash2, decode, fast and torch_flash) and a GPU preset, and
+returns the bytes read from and written to DRAM, launch by launch.  :func:`simulate_dram` builds the schedule first.
 
 The model, piece by piece:
 
@@ -43,9 +43,9 @@ The model, piece by piece:
     and stay, clean (a launch writing W bytes sends max(0, W - limit) to DRAM, as measured).
     An evicted dirty line writes its dirty sectors back;
   - *reductions* (``red``/atomics, traffic class "reduction": the dQ accumulation of the fast
-    kernels' backwards) are read-modify-writes made in the L2: the sectors not yet valid are
-    fetched first (with the rest of their granule, DRAM reads as for a read miss), then the
-    reduced sectors are valid and dirty, as a store leaves them.  A reduction into a sector
+    kernels' backwards and of torch_flash's) are read-modify-writes made in the L2: the
+    sectors not yet valid are fetched first (with the rest of their granule, DRAM reads as for
+    a read miss), then the reduced sectors are valid and dirty, as a store leaves them.  A reduction into a sector
     the L2 holds (a zero fill's store still there, an earlier reduction) reads nothing from
     DRAM.  Reductions count as requested writes (``requested_write_bytes``).
 * **Launch boundaries.**  ``cold_launches=False`` (a pass as it runs): the L2's content carries
@@ -557,7 +557,7 @@ def dram_traffic(schedule: Schedule, gpu: Hardware | str, *, cold_launches: bool
     missing = [ln.name for ln in schedule.launches if ln.blocks is None]
     if missing:
         raise ValueError(f"schedule.launches={missing}: no thread-block model (Launch.blocks) for the L2 model; "
-                         "it exists for standard, flash1, flash2, decode and fast")
+                         "it exists for standard, flash1, flash2, decode, fast and torch_flash")
     cache = L2(gpu.l2_effective_bytes, gpu.l2_line_bytes, gpu.l2_sector_bytes, gpu.l2_ways, sample,
                policy=gpu.l2_replacement, dirty_limit=gpu.l2_dirty_bytes, fetch_bytes=gpu.l2_fetch_bytes,
                random_share=gpu.l2_random_share)

@@ -241,3 +241,73 @@ def test_the_dram_level_of_the_h100_records(rec):
     for key in ("dram_read_median_abs_err", "dram_read_p95_abs_err", "dram_read_max_abs_err",
                 "dram_write_median_abs_err", "dram_write_max_abs_err"):
         assert committed[key] == pytest.approx(s[key], rel=1e-9, abs=1e-12), key
+
+
+# ---------------------------------------------------------------------------------------------
+# PyTorch's SDPA flash backend (flashsim/algorithms/torch_flash.py), the same way
+
+
+TORCH_CASES = [dict(batch=2, heads=4, seq_len_q=300, head_dim=64),
+               dict(batch=1, heads=4, kv_heads=2, seq_len_q=200, head_dim=128, causal=True),
+               dict(batch=2, heads=2, seq_len_q=130, head_dim=96, dtype="bf16"),
+               dict(batch=1, heads=2, seq_len_q=100, seq_len_k=260, head_dim=32, causal=True)]
+
+
+@pytest.mark.parametrize("pass_", ["fwd", "bwd"])
+@pytest.mark.parametrize("kw", TORCH_CASES)
+def test_torch_flash_tiles_move_the_walkers_elements(kw, pass_):
+    """Every launch of torch_flash (the copies, dot(dO, O) with the dQ accumulator's zeroing, the
+    main kernel's dQ atomics, the conversion, GQA's sum_out) moves the walker's elements; the
+    grids are (x, B, H) with the batch before the head."""
+    w = Workload(**kw)
+    sched = build_schedule(w, "torch_flash", pass_, None, sms=1)
+    io = walk(sched)
+    for launch, (name, c) in zip(sched.launches, io.per_launch.items()):
+        want = Counter({k: t.elements for k, t in c.breakdown.items() if t.elements})
+        assert _tile_elements(launch.blocks) == want, name
+        if name.startswith(("sdpa", "flash_bwd")):
+            assert launch.blocks.grid[1:] == (w.batch, w.heads), name
+
+
+def test_torch_flash_blocks_by_hand():
+    """d = 64: forward Bm = Bn = 128, 4 warps, shared memory 2·(128·64 + 2·128·64) = 49,152 bytes;
+    N = 300 causal: query block 1 (rows 128..255) loads K_1 with Q_1, then V_1, K_0, V_0 in steps
+    of their own (n from n_block_max - 1 down).  Backward main kernel: 8 warps, 3·128·64·2 +
+    2·128·64·2 + 2·128·128·2 = 147,456 bytes; key block 1 of 3 visits query blocks 2, 1: step 0
+    K_1, V_1 and the first dO_t, Q; step 1 that visit's L, D, the next visit's dO_t, Q, and the
+    first visit's dQ atomics; step 2 the second's L, D and atomics; then dK_1, dV_1."""
+    w = Workload(batch=1, heads=1, seq_len_q=300, head_dim=64, causal=True)
+    fwd = build_schedule(w, "torch_flash", "fwd", None, sms=1).launches[0].blocks
+    assert (fwd.grid, fwd.threads, fwd.smem_bytes) == ((3, 1, 1), 128, 49152)
+    assert _steps(fwd, 1) == [[("Q", "r", 0, 128, 128), ("K", "r", 0, 128, 128)], [("V", "r", 0, 128, 128)],
+                              [("K", "r", 0, 0, 128)], [("V", "r", 0, 0, 128)],
+                              [("O", "w", 0, 128, 128), ("L", "w", 0, 128, 128)]]
+    main = build_schedule(w, "torch_flash", "bwd", None).launches[3].blocks
+    assert (main.grid, main.threads, main.smem_bytes) == ((3, 1, 1), 256, 147456)
+    st = _steps(main, 1)
+    # L and D read by each of the 8 / AtomLayoutMSdP = 2 warps that share their rows
+    assert [[x[0] for x in s] for s in st] == [["K", "V", "dO_t", "Q"], ["L", "D", "L", "D", "dO_t", "Q", "dQaccum"],
+                                               ["L", "D", "L", "D", "dQaccum"], ["dK", "dV"]]
+    assert st[1][-1] == ("dQaccum", "red", 0, 256, 128) and st[2][-1] == ("dQaccum", "red", 0, 128, 128)
+
+
+def test_torch_flash_dram_level_of_the_h100_record():
+    """The torch record's flash launches get DRAM predictions, the same as the committed compare
+    outputs (one configuration recomputed), on the records' grids."""
+    import csv
+
+    from analysis.compare import read_measured
+    from analysis.torch_set import records
+
+    root = ROOT / "analysis" / "data" / "h100" / "torch"
+    committed = [r for r in csv.DictReader(open(root / "compare" / "compare_launches.csv"))
+                 if r["kernel"] == "torch_flash"]
+    assert len(committed) == 47 and all(r["grid_matches"] == "True" for r in committed)
+    rd = np.abs([float(r["dram_read_err"]) for r in committed])
+    assert np.median(rd) <= 0.01 and (rd <= 0.08).sum() == 45
+    cid = "torch_flash-bwd-b1h16-n4096-d128-fp16"
+    rows = [r for r in read_measured(root / "torch.csv")[0] if r["config_id"] == cid]
+    got = records(cid, sorted(rows, key=lambda r: r["launch_index"]))
+    want = [r for r in committed if r["config_id"] == cid]
+    assert [int(g["sim_dram_read_bytes"]) for g in got] == [int(float(r["sim_dram_read_bytes"])) for r in want]
+    assert [int(g["sim_dram_write_bytes"]) for g in got] == [int(float(r["sim_dram_write_bytes"])) for r in want]
