@@ -7,8 +7,8 @@ SM holds at once (threads and shared memory per block), and each block's global 
 sequence of *steps* (one step = the tiles a block loads or stores between two barriers of its
 main loop).  :class:`BlockSpec` carries that; :func:`attach` fills ``Launch.blocks`` of every
 launch of a schedule built by ``flashsim.algorithms`` (standard, flash1, flash2, decode, fast,
-torch_flash), from the same workload and tiling.  A tile is a load, a store or a reduction (``Tiles.reduction``:
-red/atomics, which the L2 model takes as read-modify-writes).
+torch_flash), from the same workload and tiling.  A tile is a load, a store or a reduction
+(``Tiles.reduction``: red/atomics, which the L2 model takes as read-modify-writes).
 
 The block programs follow the reference kernels (kernels/flash2.py, kernels/flash1.py,
 kernels/standard.py, kernels/perf) and PyTorch's vendored FlashAttention-2 launch by launch:
