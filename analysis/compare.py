@@ -212,13 +212,7 @@ def predict(cfg: dict, gpu: str = "h100") -> list[dict]:
     outside the measurement, so they are reported (``sim_dirty_end_bytes``) but not predicted
     as the launch's DRAM writes."""
     hw = get_gpu(gpu)
-    sched = schedule_of(cfg)
-    if any(ln.blocks is None for ln in sched.launches):
-        # no thread-block model (the fast kernels' schedules): the LSU level only, DRAM left nan
-        nan = math.nan
-        return [{**lsu, "sim_dram_read_bytes": nan, "sim_dram_write_bytes": nan, "sim_dirty_end_bytes": nan,
-                 "sim_grid": "", "sim_blocks_per_sm": None, "footprint_bytes": sum(_footprint_bytes(sched, ln)),
-                 "l2_pressure": False} for ln, lsu in zip(sched.launches, predict_lsu(cfg, sched))]
+    sched = schedule_of(cfg)  # every schedule built here has its thread blocks (flashsim.blocks)
     dram = dram_traffic(sched, hw, cold_launches=True, sample=DRAM_SET_SAMPLE)
     out = []
     for launch, lsu, d in zip(sched.launches, predict_lsu(cfg, sched), dram.launches):
@@ -273,7 +267,7 @@ def compare(rows: list[dict], gpu: str = "h100") -> list[dict]:
     for cid, launches in by_cfg.items():
         launches.sort(key=lambda r: r["launch_index"])
         if launches[0]["kernel"] in TORCH_KERNELS:  # PyTorch's launches, matched by kernel name
-            out += torch_records(cid, launches)
+            out += torch_records(cid, launches, gpu)
             continue
         preds = predict(launches[0], gpu)
         if len(preds) != len(launches):
@@ -559,7 +553,7 @@ def run(data: str | Path, out_dir: str | Path | None = None, gpu: str | None = N
                 # plots never needs
                 from .plots import plot_all
 
-                # PyTorch's launches have no DRAM prediction and are not in these plots
+                # PyTorch's launches are not in these plots
                 ours = [c for c in configs if c["kernel"] not in TORCH_KERNELS]
                 made = plot_all(ours, stage) if ours else []
         for p in made:

@@ -23,8 +23,11 @@ schedule's loads; FlashAttention-2's ``cp.async.cg`` tile loads, which bypass L1
 the LDGSTS sectors are reported beside, ``lsu_ldgsts_bytes``; reductions: the ``op_red``
 sectors); a launch with bulk
 (TMA) traffic at the L2 level (``lts__t_sectors_srcunit_tex_op_read``/``write`` against all its
-sectors).  No thread-block model exists for these schedules yet, so no DRAM prediction is made
-(``sim_dram_*`` are NaN).
+sectors).  The DRAM level: where the schedule has thread blocks (``torch_flash``, every launch:
+``flashsim.blocks``) its launches go through the GPU preset's L2 model as
+:func:`analysis.compare.predict` does (every launch cold, one L2 set in
+``analysis.compare.DRAM_SET_SAMPLE``), with the same error columns; the other schedules have no
+thread-block model yet and no DRAM prediction (``sim_dram_*`` are NaN).
 """
 
 from __future__ import annotations
@@ -249,9 +252,39 @@ def _rel(measured: float, predicted: float) -> float:
     return measured / predicted - 1.0
 
 
-def records(cid: str, launches: list[dict]) -> list[dict]:
+def _dram(sched, launches: list[dict], gpu: str) -> list[dict]:
+    """The DRAM columns of each launch (:func:`analysis.compare.predict`'s, with the errors of
+    :func:`analysis.compare.compare`), NaN where the schedule has no thread blocks."""
+    from flashsim.config import get_gpu
+    from flashsim.l2 import dram_traffic
+
+    from .compare import DRAM_SET_SAMPLE, _rel_dram, _timed_rate
+
+    nan = math.nan
+    if any(ln.blocks is None for ln in sched.launches):
+        return [{"sim_dram_read_bytes": nan, "sim_dram_write_bytes": nan, "sim_dirty_end_bytes": nan,
+                 "dram_err": nan, "dram_read_err": nan, "dram_write_err": nan, "dram_write_timed_err": nan,
+                 "sim_dram_write_timed_bytes": nan} for _ in launches]
+    d = dram_traffic(sched, get_gpu(gpu), cold_launches=True, sample=DRAM_SET_SAMPLE)
+    rate = _timed_rate()
+    out = []
+    for r, x in zip(launches, d.launches):
+        timed = x.write_bytes + rate * r["time_ns"] * 1e-9
+        out.append({"sim_dram_read_bytes": x.read_bytes, "sim_dram_write_bytes": x.write_bytes,
+                    "sim_dirty_end_bytes": x.dirty_end_bytes,
+                    "sim_grid": "(" + ", ".join(map(str, x.grid)) + ")", "sim_blocks_per_sm": x.blocks_per_sm,
+                    "dram_err": _rel_dram(r["dram_read_bytes"] + r["dram_write_bytes"], x.read_bytes + x.write_bytes),
+                    "dram_read_err": _rel_dram(r["dram_read_bytes"], x.read_bytes),
+                    "dram_write_err": _rel_dram(r["dram_write_bytes"], x.write_bytes),
+                    "sim_dram_write_timed_bytes": round(timed) if math.isfinite(timed) else timed,
+                    "dram_write_timed_err": _rel_dram(r["dram_write_bytes"], timed)})
+    return out
+
+
+def records(cid: str, launches: list[dict], gpu: str = "h100") -> list[dict]:
     """One comparison record per measured launch of a torch configuration (see the module
-    docstring); the keys of :func:`analysis.compare.compare`'s records, plus ``level`` ("lsu" or
+    docstring; ``gpu``: the preset whose L2 models the DRAM level); the keys of
+    :func:`analysis.compare.compare`'s records, plus ``level`` ("lsu" or
     "l2"), the reductions (``lsu_red_bytes``, ``sim_lsu_red_bytes``, ``lsu_red_err``), the L2
     sectors (``sim_l2_read_sectors``, ``sim_l2_write_sectors``, ``l2_err`` of their sum,
     ``l2_read_err``, ``l2_write_err``), the LDGSTS bytes (``lsu_ldgsts_bytes``) and the two totals
@@ -265,8 +298,9 @@ def records(cid: str, launches: list[dict]) -> list[dict]:
     if options:
         sched = schedule_of(cfg, **options)
     io = walk(sched)
+    dram = _dram(sched, launches, gpu)
     out = []
-    for r, (name, c) in zip(launches, io.per_launch.items()):
+    for r, (name, c), dr in zip(launches, io.per_launch.items(), dram):
         cls = c.by_class()
         bulk = cls["bulk"].elements > 0
         bulk_rd = sum(t.sectors for (_, k), t in c.breakdown.items() if k == "bulk_read")
@@ -285,9 +319,7 @@ def records(cid: str, launches: list[dict]) -> list[dict]:
             "sim_read_bytes_exact": c.read_bytes, "sim_write_bytes_exact": c.write_bytes,
             "sim_l2_read_sectors": (c.read_sectors or 0) + bulk_rd,
             "sim_l2_write_sectors": (c.write_sectors or 0) + bulk_wr,
-            "sim_dram_read_bytes": math.nan, "sim_dram_write_bytes": math.nan, "sim_dirty_end_bytes": math.nan,
-            "dram_err": math.nan, "dram_read_err": math.nan, "dram_write_err": math.nan,
-            "dram_write_timed_err": math.nan, "sim_dram_write_timed_bytes": math.nan,
+            **dr,
         })
         rec["lsu_ld_err"] = _rel(r["lsu_ld_bytes"], rec["sim_lsu_ld_bytes"])
         rec["lsu_st_err"] = _rel(r["lsu_st_bytes"], rec["sim_lsu_st_bytes"])
@@ -307,7 +339,8 @@ def records(cid: str, launches: list[dict]) -> list[dict]:
                    + (rec["sim_lsu_red_bytes"] if red is not None else 0))
         rec["lsu_compared_bytes"], rec["sim_lsu_compared_bytes"] = meas, sim
         rec["lsu_err"] = _rel(meas, sim)
-        rec["grid_matches"] = True
+        sim_grid = rec.get("sim_grid", "")  # (only where the schedule has thread blocks)
+        rec["grid_matches"] = not sim_grid or r.get("grid") in (None, "", sim_grid)
         out.append(rec)
     return out
 

@@ -6,11 +6,12 @@ exist, in the order the hardware issues them: x fastest, then y, then z), how ma
 SM holds at once (threads and shared memory per block), and each block's global accesses as a
 sequence of *steps* (one step = the tiles a block loads or stores between two barriers of its
 main loop).  :class:`BlockSpec` carries that; :func:`attach` fills ``Launch.blocks`` of every
-launch of a schedule built by ``flashsim.algorithms`` (standard, flash1, flash2, decode), from the same
-workload and tiling.
+launch of a schedule built by ``flashsim.algorithms`` (standard, flash1, flash2, decode, fast,
+torch_flash), from the same workload and tiling.  A tile is a load, a store or a reduction
+(``Tiles.reduction``: red/atomics, which the L2 model takes as read-modify-writes).
 
 The block programs follow the reference kernels (kernels/flash2.py, kernels/flash1.py,
-kernels/standard.py) launch by launch:
+kernels/standard.py, kernels/perf) and PyTorch's vendored FlashAttention-2 launch by launch:
 
 * **flash2** forward: grid (Tr, B·H), block (i, p): step Q_i; one step per visible key block j
   (K_j and V_j); step O_i, L_i.  Backward: preprocess grid (Tr, B·H), one step (O_i, dO_i, then
@@ -18,6 +19,31 @@ kernels/standard.py) launch by launch:
   group, visible query block i): Q_i, dO_i, L_i, D_i; step dK_j, dV_j; dQ grid (Tr, B·H): step
   Q_i, dO_i, L_i, D_i; one step per visible j (K_j, V_j); step dQ_i.  Threads min(128,
   max(32, Br·Bc/4)) (preprocess 128); static shared memory as the kernels declare it.
+* **fast** (kernels/perf, :mod:`flashsim.algorithms.fast`), flash2's builders with the kernels'
+  orders: threads 32 per warp and dynamic shared memory as the launchers ask
+  (``fast.block_resources``).  Forwards: grid (Tr, B·H), block x runs query block i = x, or
+  Tr - 1 - x when causal (longest first); fwd_fp16_v4: step Q_i, K_0, V_0 (one cp.async
+  group), then one step per further visible key block (K_j, V_j, copied a step ahead), then L_i
+  and O_i; the fp32 forwards: step Q_i, K_0, then V_j and K_{j+1} in steps of their own, then
+  O_i, L_i.  Backwards: the preprocess (flash2's, Br = 64); the key-block kernel, grid (Tc,
+  B·Hkv): step K_j, V_j with the first Q_i, dO_i; the copies of step n + 1 issued in step n;
+  L_i, D_i with them (bwd_fp16_v1), a step ahead of them (bwd_fp16_v3) or in the step that
+  uses them, once per key warp (fp32); the reduction of dQ_i (into dQacc, fp32: dQ) after the
+  next step's copies; step dK_j, dV_j.  bwd_fp16_v1's dQ kernel is a query-block kernel like
+  the forward (Q_i, dO_i, L_i, D_i, then K_j, V_j a step ahead, then dQ_i).  The zero fill and
+  the fp32 -> fp16 conversion: min(1024, ⌈B·H·Nq·d / 256⌉) blocks of 256 threads, a grid-stride
+  loop: block x's step k moves elements (k·G + x)·256 .. + 255, cut into rows.
+* **torch_flash** (:mod:`flashsim.algorithms.torch_flash`): grids (x, B, H) (batch before
+  head).  Forward: 4 warps, shared memory Q + K + V tiles; step Q_i with K_n, n = n_block_max -
+  1, then V_n and K_{n-1} in steps of their own down to V_0; O_i, L_i.  Backward: the
+  ``contiguous()`` copies, 512 outputs (of the (B, N, H, d) copy) a block of 128 threads, one
+  step; dot(dO, O): dO_t_i, O_t_i, D_i and the zeroed dQaccum_i in one step; the main kernel (8
+  warps, ``kSmemSize1colblock``): K_j, V_j and the first dO_t, Q; query blocks from the last
+  down to the first that sees j, dO_t and Q a step ahead, LSE and D in their step (once per
+  warp sharing the rows), the dQaccum atomics (reductions) after them; dK_j, dV_j (GQA: the
+  expanded ones); the conversion: dQaccum_i, then dQ_i; GQA's ``sum_out``: 512 outputs a block
+  of 128 threads, each reading the group's inputs.  dO_t, O_t and the expanded gradients are
+  laid out per head, as the walker lays them.
 * **flash1**: one block per program (grid (B·H) forward, (B·Hkv) backward): the init block
   writes its zeros in one step; the main block loads K_j, V_j (one step per key block with a
   visible query block), then per visible (query head, i) one step that reads Q_i, O_i, ℓ_i, m_i
@@ -62,7 +88,8 @@ class Tiles:
     Block ``b - lo`` makes steps ``step_ptr[b - lo] .. step_ptr[b - lo + 1] - 1``; step ``s``
     transfers tiles ``tile_ptr[s] .. tile_ptr[s + 1] - 1``, in order.  Tile ``t`` is rows
     ``row0[t] .. row0[t] + nrows[t] - 1``, columns ``col0[t] .. col0[t] + ncols[t] - 1`` of slice
-    ``slice[t]`` of tensor ``names[tensor[t]]``, a store if ``write[t]``.
+    ``slice[t]`` of tensor ``names[tensor[t]]``, a store if ``write[t]``, a reduction (red or
+    atomics: a read-modify-write in the L2; ``write`` is also set) if ``reduction[t]``.
     """
 
     step_ptr: np.ndarray
@@ -75,6 +102,7 @@ class Tiles:
     col0: np.ndarray
     ncols: np.ndarray
     write: np.ndarray
+    reduction: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -111,20 +139,22 @@ class _Parts:
         self.lo, self.hi, self.cols = lo, hi, cols
         self.items: list[tuple] = []
 
-    def add(self, tensor: str, write: bool, block, key, slc, row0, nrows, col0=0, ncols=None) -> None:
+    def add(self, tensor: str, write: bool, block, key, slc, row0, nrows, col0=0, ncols=None, *,
+            red: bool = False) -> None:
+        """Tiles of ``tensor`` (a load, a store if ``write``, a reduction if ``red``)."""
         if ncols is None:
             ncols = self.cols[tensor]
         arrs = np.broadcast_arrays(*(np.asarray(x, dtype=np.int64) for x in (block, key, slc, row0, nrows, col0,
                                                                              ncols)))
         if arrs[0].size:
-            self.items.append((tensor, bool(write), *(a.ravel() for a in arrs)))
+            self.items.append((tensor, 2 if red else int(bool(write)), *(a.ravel() for a in arrs)))
 
     def pack(self) -> Tiles:
         nb = self.hi - self.lo
         if not self.items:
             z = np.zeros(0, dtype=np.int64)
             return Tiles(np.zeros(nb + 1, dtype=np.int64), np.zeros(1, dtype=np.int64), (), z, z, z, z, z, z,
-                         np.zeros(0, dtype=bool))
+                         np.zeros(0, dtype=bool), np.zeros(0, dtype=bool))
         cat = [np.concatenate([it[k] for it in self.items]) for k in range(2, 9)]
         block, key, slc, row0, nrows, col0, ncols = cat
         # one sort key: block (relative, < 2^22) above the step key (< 2^41); a stable sort keeps
@@ -136,7 +166,7 @@ class _Parts:
         part = np.repeat(np.arange(len(self.items)), sizes)[order]
         names = tuple(dict.fromkeys(it[0] for it in self.items))
         tensor = np.array([names.index(it[0]) for it in self.items], dtype=np.int64)[part]
-        wr = np.array([it[1] for it in self.items], dtype=bool)[part]
+        op = np.array([it[1] for it in self.items], dtype=np.int64)[part]
         new_step = np.ones(ck.size, dtype=bool)
         new_step[1:] = ck[1:] != ck[:-1]
         starts = np.flatnonzero(new_step)
@@ -145,7 +175,7 @@ class _Parts:
         step_ptr = np.zeros(nb + 1, dtype=np.int64)
         np.cumsum(steps_per_block, out=step_ptr[1:])
         return Tiles(step_ptr, tile_ptr, names, tensor, slc[order], row0[order], nrows[order], col0[order],
-                     ncols[order], wr)
+                     ncols[order], op >= 1, op == 2)
 
 
 def _cols(schedule) -> dict[str, int]:
@@ -185,6 +215,96 @@ def _f2_smem(kind: str, eb: int, d: int, br: int, bc: int) -> int:
     return 4 * (128 + br)  # preprocess
 
 
+#: Step key of a block's epilogue (keys stay below 2^41).
+_LAST = 1 << 40
+
+
+def _query_block_tiles(w: Workload, cols, q0, qn, k0, kn, vis_of, reads, writes, kv_steps, reverse=False,
+                       slice_of=None):
+    """``tiles(lo, hi)`` of a query-block kernel: grid (Tr, B·H), block (x, p) runs query block
+    i = x (Tr - 1 - x with ``reverse``: longest first) of query head p (``slice_of(p)`` where the
+    grid orders the heads otherwise).  Step 0 loads the block's rows of each tensor in
+    ``reads``; K_j and V_j of each visible key block j come at steps ``kv_steps(j, i)`` (a pair
+    of key arrays: K's, V's), the ``writes`` at the end."""
+    tr = len(q0)
+
+    def tiles(lo, hi):
+        P = _Parts(lo, hi, cols)
+        b, x, p, _ = _grid_index(lo, hi, tr)
+        if slice_of is not None:
+            p = slice_of(p)
+        i = tr - 1 - x if reverse else x
+        for name in reads:
+            P.add(name, False, b, 0, p, q0[i], qn[i])
+        bi, j = np.nonzero(vis_of()[i])
+        kkey, vkey = kv_steps(j, i[bi])
+        P.add("K", False, b[bi], kkey, p[bi] // w.group, k0[j], kn[j])
+        P.add("V", False, b[bi], vkey, p[bi] // w.group, k0[j], kn[j])
+        for name in writes:
+            P.add(name, True, b, _LAST, p, q0[i], qn[i])
+        return P.pack()
+
+    return tiles
+
+
+def _key_block_tiles(w: Workload, cols, q0, qn, k0, kn, vis_of, q_lead, stat_lead, stat_reads=1, red=None):
+    """``tiles(lo, hi)`` of a key-block kernel: grid (Tc, B·Hkv), block (j, p): K_j and V_j at step
+    0, then the block's steps n = 0, 1, ... over (query head g of the group, visible query
+    block i), g slowest: Q_i, dO_i at step n + ``q_lead``, L_i and D_i (each ``stat_reads``
+    times) at step max(0, n + ``stat_lead``), and with ``red`` the reduction of dQ_i into that
+    tensor at step n + 1 (after the loads issued there); dK_j, dV_j at the end.  flash2 loads a
+    step's tiles in the step (leads 1); the fast kernels prefetch (lead 0: step n's loads are
+    issued while step n - 1 computes)."""
+    tc = len(k0)
+
+    def tiles(lo, hi):
+        P = _Parts(lo, hi, cols)
+        b, j, pk, _ = _grid_index(lo, hi, tc)
+        P.add("K", False, b, 0, pk, k0[j], kn[j])
+        P.add("V", False, b, 0, pk, k0[j], kn[j])
+        vt = vis_of().T  # (Tc, Tr): key block j seen by query block i
+        rank = np.cumsum(vt, axis=1) - 1
+        sub = np.repeat(vt[j], w.group, axis=0)  # rows (block, g), columns i
+        r, i = np.nonzero(sub)
+        bl, g = r // w.group, r % w.group
+        n = g * vt.sum(axis=1)[j[bl]] + rank[j[bl], i]
+        bb, qs = b[bl], pk[bl] * w.group + g
+
+        def stats():
+            for name in ("L", "D"):
+                for _ in range(stat_reads):
+                    P.add(name, False, bb, np.maximum(0, n + stat_lead), qs, q0[i], qn[i])
+
+        if stat_lead > q_lead:  # read in the step they belong to, before the next step's copies
+            stats()
+        for name in ("Q", "dO"):
+            P.add(name, False, bb, n + q_lead, qs, q0[i], qn[i])
+        if stat_lead <= q_lead:
+            stats()
+        if red is not None:
+            P.add(red, True, bb, n + 1, qs, q0[i], qn[i], red=True)
+        P.add("dK", True, b, _LAST, pk, k0[j], kn[j])
+        P.add("dV", True, b, _LAST, pk, k0[j], kn[j])
+        return P.pack()
+
+    return tiles
+
+
+def _preprocess_spec(w: Workload, cols, br: int) -> BlockSpec:
+    """The preprocess kernel (kernels/flash2.py, D = rowsum(dO ∘ O)): grid (Tr, B·H), one step."""
+    q0, qn = _rows(w.nq, br)
+
+    def tiles(lo, hi):
+        P = _Parts(lo, hi, cols)
+        b, i, p, _ = _grid_index(lo, hi, len(q0))
+        P.add("O", False, b, 0, p, q0[i], qn[i])
+        P.add("dO", False, b, 0, p, q0[i], qn[i])
+        P.add("D", True, b, 0, p, q0[i], qn[i])
+        return P.pack()
+
+    return BlockSpec((len(q0), w.bh, 1), 128, _f2_smem("pre", w.elem_bytes, w.d, br, br), tiles)
+
+
 def _flash2(schedule, w: Workload, t: Tiling) -> None:
     br, bc = t.block_m, t.block_n
     q0, qn = _rows(w.nq, br)
@@ -194,56 +314,13 @@ def _flash2(schedule, w: Workload, t: Tiling) -> None:
     vis_of = cache(lambda: visible_blocks(w, t, window))  # computed when a trace is first asked for
     cols = _cols(schedule)
     eb = w.elem_bytes
-    last = 1 << 40  # step key of a block's epilogue (keys stay below 2^41)
-
-    def fwd(lo, hi):
-        P = _Parts(lo, hi, cols)
-        b, i, p, _ = _grid_index(lo, hi, tr)
-        P.add("Q", False, b, 0, p, q0[i], qn[i])
-        bi, j = np.nonzero(vis_of()[i])
-        P.add("K", False, b[bi], 1 + j, p[bi] // w.group, k0[j], kn[j])
-        P.add("V", False, b[bi], 1 + j, p[bi] // w.group, k0[j], kn[j])
-        P.add("O", True, b, last, p, q0[i], qn[i])
-        P.add("L", True, b, last, p, q0[i], qn[i])
-        return P.pack()
-
-    def pre(lo, hi):
-        P = _Parts(lo, hi, cols)
-        b, i, p, _ = _grid_index(lo, hi, tr)
-        P.add("O", False, b, 0, p, q0[i], qn[i])
-        P.add("dO", False, b, 0, p, q0[i], qn[i])
-        P.add("D", True, b, 0, p, q0[i], qn[i])
-        return P.pack()
-
-    def dkdv(lo, hi):
-        P = _Parts(lo, hi, cols)
-        b, j, pk, _ = _grid_index(lo, hi, tc)
-        P.add("K", False, b, 0, pk, k0[j], kn[j])
-        P.add("V", False, b, 0, pk, k0[j], kn[j])
-        sub = np.repeat(vis_of().T[j], w.group, axis=0)  # rows (block, g), columns i
-        r, i = np.nonzero(sub)
-        bl, g = r // w.group, r % w.group
-        key = 1 + g * tr + i
-        for name in ("Q", "dO", "L", "D"):
-            P.add(name, False, b[bl], key, pk[bl] * w.group + g, q0[i], qn[i])
-        P.add("dK", True, b, last, pk, k0[j], kn[j])
-        P.add("dV", True, b, last, pk, k0[j], kn[j])
-        return P.pack()
-
-    def dq(lo, hi):
-        P = _Parts(lo, hi, cols)
-        b, i, p, _ = _grid_index(lo, hi, tr)
-        for name in ("Q", "dO", "L", "D"):
-            P.add(name, False, b, 0, p, q0[i], qn[i])
-        bi, j = np.nonzero(vis_of()[i])
-        P.add("K", False, b[bi], 1 + j, p[bi] // w.group, k0[j], kn[j])
-        P.add("V", False, b[bi], 1 + j, p[bi] // w.group, k0[j], kn[j])
-        P.add("dQ", True, b, last, p, q0[i], qn[i])
-        return P.pack()
-
+    in_step = lambda j, i: (1 + j, 1 + j)  # noqa: E731  K_j, V_j: the step after the query rows'
+    fwd = _query_block_tiles(w, cols, q0, qn, k0, kn, vis_of, ("Q",), ("O", "L"), in_step)
+    dq = _query_block_tiles(w, cols, q0, qn, k0, kn, vis_of, ("Q", "dO", "L", "D"), ("dQ",), in_step)
+    dkdv = _key_block_tiles(w, cols, q0, qn, k0, kn, vis_of, q_lead=1, stat_lead=1)
     specs = {
         "flash2_fwd": BlockSpec((tr, w.bh, 1), _f2_threads(br, bc), _f2_smem("fwd", eb, w.d, br, bc), fwd),
-        "flash2_bwd_preprocess": BlockSpec((tr, w.bh, 1), 128, _f2_smem("pre", eb, w.d, br, bc), pre),
+        "flash2_bwd_preprocess": _preprocess_spec(w, cols, br),
         "flash2_bwd_dkdv": BlockSpec((tc, w.batch * w.hkv, 1), _f2_threads(br, bc),
                                      _f2_smem("dkdv", eb, w.d, br, bc), dkdv),
         "flash2_bwd_dq": BlockSpec((tr, w.bh, 1), _f2_threads(br, bc), _f2_smem("dq", eb, w.d, br, bc), dq),
@@ -488,12 +565,249 @@ def _decode(schedule, w: Workload, plan) -> None:
         launch.blocks = specs[launch.name]
 
 
+# ---------------------------------------------------------------------------------------------
+# The fast kernels (kernels/perf; flashsim/algorithms/fast.py)
+
+
+def _flat_tiles(P: _Parts, name: str, write: bool, block, key, start, end, rows: int, cols: int,
+                slices=None) -> None:
+    """Elements [start, end) of a tensor of slices of rows x cols elements, flat (the slices back
+    to back), as tiles: each range cut at slice boundaries, then into its partial first row, its
+    whole rows and its partial last row.  ``slices``: the tensor slice of each flat slice index
+    (default the same)."""
+    per = rows * cols
+    fs, ls = start // per, (end - 1) // per
+    g, k = _expand(ls - fs + 1)  # the slices each range touches
+    slc = fs[g] + k
+    a = np.maximum(start[g], slc * per) - slc * per
+    e = np.minimum(end[g], (slc + 1) * per) - slc * per
+    blk, ky = block[g], key[g]
+    ra, ca, rb, cb = a // cols, a % cols, e // cols, e % cols
+    if slices is not None:
+        slc = np.asarray(slices, dtype=np.int64)[slc]
+    one = ra == rb  # inside one row
+    head = one | (ca > 0)
+    P.add(name, write, blk[head], ky[head], slc[head], ra[head], 1, ca[head], np.where(one, cb, cols)[head] - ca[head])
+    body0 = ra + (ca > 0)
+    body = ~one & (rb > body0)
+    P.add(name, write, blk[body], ky[body], slc[body], body0[body], (rb - body0)[body])
+    tail = ~one & (cb > 0)
+    P.add(name, write, blk[tail], ky[tail], slc[tail], rb[tail], 1, 0, cb[tail])
+
+
+#: kernels/perf/_launch.py's ``elementwise_grid``: at most 1024 blocks of 256 threads, grid-stride.
+ELEMENTWISE_BLOCKS, ELEMENTWISE_THREADS = 1024, 256
+
+
+def _elementwise_spec(w: Workload, schedule, reads: tuple[str, ...], writes: tuple[str, ...]) -> BlockSpec:
+    """A grid-stride loop over the B·H·Nq·d elements (zero fill, fp32 -> fp16): block x's step k
+    reads (then writes) the elements k·G·T + x·T .. + T - 1 (G blocks of T threads)."""
+    n = w.bh * w.nq * w.d
+    grid = min(ELEMENTWISE_BLOCKS, -(-n // ELEMENTWISE_THREADS))
+    stride = grid * ELEMENTWISE_THREADS
+    lay = schedule.tensors
+
+    def tiles(lo, hi):
+        P = _Parts(lo, hi, _cols(schedule))
+        blocks = np.arange(lo, hi, dtype=np.int64)
+        bi, k = _expand(-(-(n - blocks * ELEMENTWISE_THREADS) // stride))
+        start = k * stride + blocks[bi] * ELEMENTWISE_THREADS
+        end = np.minimum(start + ELEMENTWISE_THREADS, n)
+        for names, wr in ((reads, False), (writes, True)):
+            for name in names:
+                _flat_tiles(P, name, wr, blocks[bi], k, start, end, lay[name].rows, lay[name].cols)
+        return P.pack()
+
+    return BlockSpec((grid, 1, 1), ELEMENTWISE_THREADS, 0, tiles)
+
+
+def _fast(schedule, w: Workload, config) -> None:
+    from .algorithms import fast
+
+    name = schedule.meta["kernel"]
+    res = fast.block_resources(name, w.d, config)
+    tl = fast.tiles(name, w.d, config)
+    cols = _cols(schedule)
+    reverse = bool(w.causal)  # kernels.perf._tiles.query_block: longest first when causal
+
+    def query_kernel(t: Tiling, reads, writes, kv_steps):
+        q0, qn = _rows(w.nq, t.block_m)
+        k0, kn = _rows(w.nk, t.block_n)
+        vis_of = cache(lambda: visible_blocks(w, t))
+        return (len(q0), w.bh, 1), _query_block_tiles(w, cols, q0, qn, k0, kn, vis_of, reads, writes, kv_steps,
+                                                      reverse)
+
+    specs = {}
+    if name in fast.VARIANTS and fast.VARIANTS[name][0] == "fwd":
+        if name == "fwd_fp16_v4":  # K_j, V_j copied together, a step ahead (Q_i and K_0, V_0 first)
+            grid, fn = query_kernel(tl["fwd"], ("Q",), ("L", "O"), lambda j, i: (j, j))
+        else:  # fp32: Q_i, K_0; then V_j and K_{j+1} in steps of their own
+            grid, fn = query_kernel(tl["fwd"], ("Q",), ("O", "L"), lambda j, i: (2 * j, 2 * j + 1))
+        specs[name] = BlockSpec(grid, *res["fwd"], fn)
+    else:
+        specs["flash2_bwd_preprocess"] = _preprocess_spec(w, cols, fast.PREPROCESS_ROWS)
+        t = tl["dkdv"]
+        q0, qn = _rows(w.nq, t.block_m)
+        k0, kn = _rows(w.nk, t.block_n)
+        vis_of = cache(lambda: visible_blocks(w, t))
+        grid = (len(k0), w.batch * w.hkv, 1)
+        if name == "bwd_fp16_v1":
+            fn = _key_block_tiles(w, cols, q0, qn, k0, kn, vis_of, q_lead=0, stat_lead=0)
+            specs[f"{name}_dkdv"] = BlockSpec(grid, *res["dkdv"], fn)
+            qgrid, qfn = query_kernel(tl["dq"], ("Q", "dO", "L", "D"), ("dQ",), lambda j, i: (j, j))
+            specs[f"{name}_dq"] = BlockSpec(qgrid, *res["dq"], qfn)
+        elif name == "bwd_fp16_v3":  # L, D of a step read a step before its Q, dO copies
+            fn = _key_block_tiles(w, cols, q0, qn, k0, kn, vis_of, q_lead=0, stat_lead=-1, red="dQacc")
+            specs[name] = BlockSpec(grid, *res["dkdv"], fn)
+            specs["zero_fill"] = _elementwise_spec(w, schedule, (), ("dQacc",))
+            specs["dq_to_f16"] = _elementwise_spec(w, schedule, ("dQacc",), ("dQ",))
+        else:  # fp32: L, D read by each key warp in the step that uses them
+            fn = _key_block_tiles(w, cols, q0, qn, k0, kn, vis_of, q_lead=0, stat_lead=1,
+                                  stat_reads=fast.key_warps(name, w.d, config), red="dQ")
+            specs[name] = BlockSpec(grid, *res["dkdv"], fn)
+            specs["zero_fill"] = _elementwise_spec(w, schedule, (), ("dQ",))
+    for launch in schedule.launches:
+        launch.blocks = specs[launch.name]
+
+
+# ---------------------------------------------------------------------------------------------
+# PyTorch's SDPA flash backend (flashsim/algorithms/torch_flash.py: FlashAttention-2 in torch 2.11)
+
+#: at::elementwise_kernel<128, 4> (the contiguous() copies): 128 threads, 4 elements each.
+TORCH_COPY_THREADS, TORCH_COPY_ITEMS = 128, 4
+
+
+def _torch_flash(schedule, w: Workload) -> None:
+    from .algorithms import torch_flash as tf
+
+    cols = _cols(schedule)
+    eb, d, heads = w.elem_bytes, w.d, w.heads
+
+    def head_slice(yz):  # grids (x, B, H): y the batch, z the head
+        return (yz % w.batch) * heads + yz // w.batch
+
+    specs = {}
+    if schedule.meta["pass"] == "fwd":
+        bm, bn = tf.TRAITS[d][:2]
+        q0, qn = _rows(w.nq, bm)
+        k0, kn = _rows(w.nk, bn)
+        lim = tf.fwd_key_blocks(w, bm, bn)
+        vis = np.arange(len(k0))[None, :] < lim[:, None]
+
+        def kv_steps(j, i):  # n = lim - 1 .. 0: K_{n} with Q (then after V_{n+1}), V_n in a step of its own
+            t = lim[i] - 1 - j
+            return 2 * t, 2 * t + 1
+
+        fn = _query_block_tiles(w, cols, q0, qn, k0, kn, lambda: vis, ("Q",), ("O", "L"), kv_steps,
+                                slice_of=head_slice)
+        specs["sdpa_flash_fwd"] = BlockSpec((len(q0), w.batch, heads), 4 * 32, eb * (bm * d + 2 * bn * d), fn)
+    else:
+        bm, bn, nwarps, atom_m = tf.TRAITS[d][2:]
+        reps = nwarps // atom_m
+        q0, qn = _rows(w.nq, bm)
+        k0, kn = _rows(w.nk, bn)
+        tm, tn = len(q0), len(k0)
+        first = tf.bwd_first_query_block(w, bm, bn)
+        gqa = w.hkv != heads
+        dk, dv = ("dK_exp", "dV_exp") if gqa else ("dK", "dV")
+
+        def copy(src, dst):  # dst (B, N, H, d) contiguous from src (B, H, N, d): 512 outputs a block
+            n = w.bh * w.nq * d
+            per = TORCH_COPY_THREADS * TORCH_COPY_ITEMS
+
+            def tiles(lo, hi):
+                P = _Parts(lo, hi, cols)
+                blocks = np.arange(lo, hi, dtype=np.int64)
+                start, end = blocks * per, np.minimum(blocks * per + per, n)
+                g, k = _expand((end - 1) // d - start // d + 1)  # the (b, n, h) rows each block touches
+                r = start[g] // d + k
+                c0 = np.maximum(start[g], r * d) - r * d
+                c1 = np.minimum(end[g], (r + 1) * d) - r * d
+                b, row, h = r // (w.nq * heads), (r // heads) % w.nq, r % heads
+                P.add(src, False, blocks[g], 0, b * heads + h, row, 1, c0, c1 - c0)
+                P.add(dst, True, blocks[g], 0, b * heads + h, row, 1, c0, c1 - c0)
+                return P.pack()
+
+            return BlockSpec((-(-n // per), 1, 1), TORCH_COPY_THREADS, 0, tiles)
+
+        def dot(lo, hi):
+            P = _Parts(lo, hi, cols)
+            b, i, yz, _ = _grid_index(lo, hi, tm)
+            p = head_slice(yz)
+            P.add("dO_t", False, b, 0, p, q0[i], qn[i])
+            P.add("O_t", False, b, 0, p, q0[i], qn[i])
+            P.add("D", True, b, 0, p, q0[i], bm)
+            P.add("dQaccum", True, b, 0, p, q0[i], bm, 0, d)
+            return P.pack()
+
+        def main(lo, hi):  # block (j, p): K_j, V_j; query blocks Tm - 1 down to first[j]
+            P = _Parts(lo, hi, cols)
+            b, j, yz, _ = _grid_index(lo, hi, tn)
+            p = head_slice(yz)
+            kv = (p // heads) * w.hkv + (p % heads) // w.group
+            P.add("K", False, b, 0, kv, k0[j], kn[j])
+            P.add("V", False, b, 0, kv, k0[j], kn[j])
+            bl, n = _expand(tm - first[j])
+            i, bb, pp = tm - 1 - n, b[bl], p[bl]
+            for _ in range(reps):  # read at the top of the step that uses them, by each warp sharing the rows
+                P.add("L", False, bb, n + 1, pp, q0[i], qn[i])
+                P.add("D", False, bb, n + 1, pp, q0[i], bm)
+            P.add("dO_t", False, bb, n, pp, q0[i], qn[i])  # a step ahead (step 0: with K_j, V_j)
+            P.add("Q", False, bb, n, pp, q0[i], qn[i])
+            P.add("dQaccum", True, bb, n + 1, pp, q0[i], bm, 0, d, red=True)
+            P.add(dk, True, b, _LAST, kv if not gqa else p, k0[j], kn[j])
+            P.add(dv, True, b, _LAST, kv if not gqa else p, k0[j], kn[j])
+            return P.pack()
+
+        def convert(lo, hi):
+            P = _Parts(lo, hi, cols)
+            b, i, yz, _ = _grid_index(lo, hi, tm)
+            p = head_slice(yz)
+            P.add("dQaccum", False, b, 0, p, q0[i], bm, 0, d)
+            P.add("dQ", True, b, 0, p, q0[i], qn[i])
+            return P.pack()
+
+        smem_main = eb * (3 * bm * d + 2 * bn * d + 2 * bm * bn)  # kSmemSize1colblock (V not in registers)
+        specs.update({"contiguous_dO": copy("dO", "dO_t"), "contiguous_O": copy("O", "O_t"),
+                      "flash_bwd_dot_do_o": BlockSpec((tm, w.batch, heads), 32 * nwarps, 0, dot),
+                      "flash_bwd_dq_dk_dv": BlockSpec((tn, w.batch, heads), 32 * nwarps, smem_main, main),
+                      "flash_bwd_convert_dq": BlockSpec((tm, w.batch, heads), 32 * nwarps, eb * bm * d, convert)})
+        if gqa:  # at::sum_out: a thread reads its 4 outputs' group of inputs, then writes them
+            vec = tf.SUM_VEC
+            nout = w.batch * w.hkv * w.nk * d
+            per = 128 * vec
+            kvp = np.arange(w.batch * w.hkv, dtype=np.int64)
+            lead = (kvp // w.hkv) * heads + (kvp % w.hkv) * w.group
+
+            def summed(src, view):
+                def tiles(lo, hi):
+                    P = _Parts(lo, hi, cols)
+                    blocks = np.arange(lo, hi, dtype=np.int64)
+                    start, end = blocks * per, np.minimum(blocks * per + per, nout)
+                    zero = np.zeros_like(blocks)
+                    for g in range(w.group):
+                        _flat_tiles(P, src, False, blocks, zero, start, end, w.nk, d, lead + g)
+                    _flat_tiles(P, view, True, blocks, zero, start, end, w.nk * d // vec, vec)
+                    return P.pack()
+
+                return BlockSpec((-(-nout // per), 1, 1), 128, 0, tiles)
+
+            specs["sum_dK"] = summed("dK_exp", "dK_vec")
+            specs["sum_dV"] = summed("dV_exp", "dV_vec")
+    for launch in schedule.launches:
+        launch.blocks = specs[launch.name]
+
+
 def attach(schedule, algo: str, w: Workload, tiling: Tiling | None, plan=None):
     """Fill ``launch.blocks`` of every launch of ``schedule`` (built by ``algo`` for ``w`` and
-    ``tiling``; ``plan``: decode's resolved options) and return the schedule.  Algorithms without
-    a block model (smallcache) are returned as they are."""
+    ``tiling``; ``plan``: decode's resolved options, fast's block-shape config) and return the
+    schedule.  Algorithms without a block model (smallcache) are returned as they are."""
     if algo == "decode":
         _decode(schedule, w, plan)
+    elif algo == "fast":
+        _fast(schedule, w, plan)
+    elif algo == "torch_flash":
+        _torch_flash(schedule, w)
     elif algo == "flash2":
         _flash2(schedule, w, tiling)
     elif algo == "flash1":

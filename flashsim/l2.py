@@ -2,8 +2,8 @@
 
 :func:`dram_traffic` takes a :class:`~flashsim.traffic.Schedule` whose launches carry their
 thread blocks (``Launch.blocks``, a :class:`flashsim.blocks.BlockSpec`, filled by every
-schedule of standard, flash1 and flash2) and a GPU preset, and returns the bytes read from and
-written to DRAM, launch by launch.  :func:`simulate_dram` builds the schedule first.
+schedule of standard, flash1, flash2, decode, fast and torch_flash) and a GPU preset, and
+returns the bytes read from and written to DRAM, launch by launch.  :func:`simulate_dram` builds the schedule first.
 
 The model, piece by piece:
 
@@ -41,7 +41,13 @@ The model, piece by piece:
     most ``l2_dirty_bytes`` (``l2_dirty_fraction`` of the L2: 23.7 MiB measured on the H100,
     28.2 MiB on the H200) are held dirty: beyond it the lines dirtied first are written back
     and stay, clean (a launch writing W bytes sends max(0, W - limit) to DRAM, as measured).
-    An evicted dirty line writes its dirty sectors back.
+    An evicted dirty line writes its dirty sectors back;
+  - *reductions* (``red``/atomics, traffic class "reduction": the dQ accumulation of the fast
+    kernels' backwards and of torch_flash's) are read-modify-writes made in the L2: the
+    sectors not yet valid are fetched first (with the rest of their granule, DRAM reads as for
+    a read miss), then the reduced sectors are valid and dirty, as a store leaves them.  A reduction into a sector
+    the L2 holds (a zero fill's store still there, an earlier reduction) reads nothing from
+    DRAM.  Reductions count as requested writes (``requested_write_bytes``).
 * **Launch boundaries.**  ``cold_launches=False`` (a pass as it runs): the L2's content carries
   from one launch to the next (the dK/dV launch can hit on D written by the preprocess launch);
   the lines still dirty after the last launch are written back eventually and reported as
@@ -126,6 +132,8 @@ class DRAMTraffic:
 
 # counters
 _REQ_RD, _REQ_WR, _MISS_RD, _EVICT_WR = 0, 1, 2, 3
+# what an access does: a load, a store, a reduction (red/atom: read-modify-write in the L2)
+_LOAD, _STORE, _RED = 0, 1, 2
 # the cache's scalar state (one int64 array, so the numba functions can update it in place)
 _CLOCK, _RNG, _NDIRTY, _DLIMIT, _FHEAD, _FTAIL, _POLICY, _GRAN, _RSHARE = range(9)
 
@@ -207,14 +215,20 @@ def _dirtied(tags, dirty, st, fifo_way, fifo_tag, k, before, mask, ctr):
 
 
 @njit(cache=True)
-def _access(tags, stamp, valid, dirty, st, fifo_way, fifo_tag, set_index, ways, line, mask, wr, ctr):
+def _access(tags, stamp, valid, dirty, st, fifo_way, fifo_tag, set_index, ways, line, mask, op, ctr):
     base = set_index * ways
     victim = base
     oldest = stamp[base]
     clock = st[_CLOCK]
     for k in range(base, base + ways):
         if tags[k] == line:
-            if wr:
+            if op == _RED:  # the old values first: the sectors not valid are fetched
+                miss = mask & ~valid[k]
+                if miss:
+                    fetch = _granules(miss, st[_GRAN]) & ~valid[k]
+                    ctr[_MISS_RD] += _popcount(fetch)
+                    valid[k] |= fetch
+            if op != _LOAD:
                 ctr[_REQ_WR] += _popcount(mask)
                 _dirtied(tags, dirty, st, fifo_way, fifo_tag, k, dirty[k], mask, ctr)
                 valid[k] |= mask
@@ -278,8 +292,12 @@ def _access(tags, stamp, valid, dirty, st, fifo_way, fifo_tag, set_index, ways, 
     tags[victim] = line
     stamp[victim] = 0 if pool == 0 else clock
     dirty[victim] = 0
-    if wr:
+    if op != _LOAD:
         valid[victim] = mask
+        if op == _RED:  # the line comes in with the reduced sectors' granules, then they are dirtied
+            fetch = _granules(mask, st[_GRAN])
+            valid[victim] = fetch
+            ctr[_MISS_RD] += _popcount(fetch)
         ctr[_REQ_WR] += _popcount(mask)
         _dirtied(tags, dirty, st, fifo_way, fifo_tag, victim, 0, mask, ctr)
         if st[_NDIRTY] > st[_DLIMIT]:
@@ -316,7 +334,7 @@ def _sampled_sets(nsets, sample):
 
 
 @njit(cache=True)
-def _range(tags, stamp, valid, dirty, st, fifo_way, fifo_tag, nsets, ways, lshift, sshift, a, n, wr, ctr, gap):
+def _range(tags, stamp, valid, dirty, st, fifo_way, fifo_tag, nsets, ways, lshift, sshift, a, n, op, ctr, gap):
     """Bytes [a, a + n) through the cache, line by line with their sector masks; only the lines
     of the sampled sets (``gap[set]``: how many sets on the next sampled one is, 0 for a sampled
     set; see :func:`_sampled`).  Set = line address mod sets, kept incrementally."""
@@ -337,7 +355,7 @@ def _range(tags, stamp, valid, dirty, st, fifo_way, fifo_tag, nsets, ways, lshif
         s0 = lo >> sshift
         s1 = (hi - 1) >> sshift
         mask = ((1 << (s1 + 1)) - 1) ^ ((1 << s0) - 1)
-        _access(tags, stamp, valid, dirty, st, fifo_way, fifo_tag, si, ways, line, mask, wr, ctr)
+        _access(tags, stamp, valid, dirty, st, fifo_way, fifo_tag, si, ways, line, mask, op, ctr)
         st[_CLOCK] += 1
         line += 1
         si += 1
@@ -347,7 +365,7 @@ def _range(tags, stamp, valid, dirty, st, fifo_way, fifo_tag, nsets, ways, lshif
 
 @njit(cache=True)
 def _run(tags, stamp, valid, dirty, st, fifo_way, fifo_tag, nsets, ways, lshift, sshift,
-         addr, nrows, stride, nbytes, wr, tile_ptr, step_ptr, slot_blk, slot_step, next_blk, final, ctr, gap):
+         addr, nrows, stride, nbytes, op, tile_ptr, step_ptr, slot_blk, slot_step, next_blk, final, ctr, gap):
     """Advance the resident blocks round-robin, one step each per round, refilling free slots
     from blocks next_blk.. of this chunk.  Returns (next_blk, done): done is False when a slot
     wants a block beyond the chunk (and the chunk is not the last)."""
@@ -376,7 +394,7 @@ def _run(tags, stamp, valid, dirty, st, fifo_way, fifo_tag, nsets, ways, lshift,
                 a = addr[t]
                 for r in range(nrows[t]):
                     _range(tags, stamp, valid, dirty, st, fifo_way, fifo_tag, nsets, ways, lshift, sshift,
-                           a + r * stride[t], nbytes[t], wr[t], ctr, gap)
+                           a + r * stride[t], nbytes[t], op[t], ctr, gap)
             slot_step[s] += 1
             if step + 1 == step_ptr[b + 1]:
                 slot_blk[s] = -1
@@ -464,18 +482,26 @@ class L2:
         """Dirty bytes held (with set sampling, scaled to the whole cache)."""
         return round(int(_dirty_sectors(self.tags, self.dirty)) * self.scale) * self.sector_bytes
 
-    def access(self, addr: int, nbytes: int, write: bool, ctr: np.ndarray | None = None) -> np.ndarray:
+    def access(self, addr: int, nbytes: int, write: bool, ctr: np.ndarray | None = None, *,
+               reduction: bool = False) -> np.ndarray:
         """One byte range through the cache (for tests and small experiments); returns the
-        counters [read sectors, written sectors, read misses, dirty sectors evicted]."""
+        counters [read sectors, written sectors, read misses, dirty sectors evicted].
+        ``reduction``: a reduction (``write`` must be True), counted as written sectors whose
+        missing granules are fetched first (see the module docstring)."""
+        if reduction and not write:
+            raise ValueError("reduction=True: a reduction writes; pass write=True")
         ctr = np.zeros(4, dtype=np.int64) if ctr is None else ctr
+        if not isinstance(ctr, np.ndarray) or ctr.dtype != np.int64 or ctr.shape != (4,):
+            raise ValueError(f"ctr: must be an int64 array of 4 counters, got {getattr(ctr, 'shape', ctr)!r}")
+        op = _RED if reduction else _STORE if write else _LOAD
         _range(self.tags, self.stamp, self.valid, self.dirty, self.st, self.fifo_way, self.fifo_tag, self.nsets,
-               self.ways, self.lshift, self.sshift, int(addr), int(nbytes), bool(write), ctr, self.gap)
+               self.ways, self.lshift, self.sshift, int(addr), int(nbytes), op, ctr, self.gap)
         return ctr
 
 
 def _tile_arrays(tiles, tensors, bases):
-    """Byte addresses of tiles: (start, rows, row stride, bytes per row, write); a tile of whole
-    rows becomes one range."""
+    """Byte addresses of tiles: (start, rows, row stride, bytes per row, op: load, store or
+    reduction); a tile of whole rows becomes one range."""
     lay = [tensors[n] for n in tiles.names]
     tab = np.array([[t.row_bytes, t.elem_bytes, t.cols, t.slice_bytes, bases[t.name]] for t in lay],
                    dtype=np.int64).reshape(-1, 5)
@@ -486,7 +512,8 @@ def _tile_arrays(tiles, tensors, bases):
     whole = tiles.ncols == cols
     nbytes = np.where(whole, nbytes * nrows, nbytes)
     nrows = np.where(whole, np.minimum(nrows, 1), nrows)
-    return addr, nrows, stride, nbytes, tiles.write.astype(np.bool_)
+    op = np.where(tiles.reduction, _RED, np.where(tiles.write, _STORE, _LOAD)).astype(np.int64)
+    return addr, nrows, stride, nbytes, op
 
 
 def _simulate_launch(cache: L2, launch, tensors, bases, gpu: Hardware, chunk_blocks: int | None) -> np.ndarray:
@@ -503,11 +530,11 @@ def _simulate_launch(cache: L2, launch, tensors, bases, gpu: Hardware, chunk_blo
         lo = int(active.min()) if active.size else next_abs
         hi = min(nblk, max(lo + chunk, next_abs + slots))
         tiles = spec.tiles(lo, hi)
-        addr, nrows, stride, nbytes, wr = _tile_arrays(tiles, tensors, bases)
+        addr, nrows, stride, nbytes, op = _tile_arrays(tiles, tensors, bases)
         rel = np.where(slot_blk >= 0, slot_blk - lo, -1)
         nxt, done = _run(cache.tags, cache.stamp, cache.valid, cache.dirty, cache.st, cache.fifo_way,
                          cache.fifo_tag, cache.nsets, cache.ways,
-                         cache.lshift, cache.sshift, addr, nrows, stride, nbytes, wr, tiles.tile_ptr,
+                         cache.lshift, cache.sshift, addr, nrows, stride, nbytes, op, tiles.tile_ptr,
                          tiles.step_ptr, rel, slot_step, next_abs - lo, hi == nblk, ctr, cache.gap)
         slot_blk = np.where(rel >= 0, rel + lo, -1)
         next_abs = int(nxt) + lo
@@ -530,7 +557,7 @@ def dram_traffic(schedule: Schedule, gpu: Hardware | str, *, cold_launches: bool
     missing = [ln.name for ln in schedule.launches if ln.blocks is None]
     if missing:
         raise ValueError(f"schedule.launches={missing}: no thread-block model (Launch.blocks) for the L2 model; "
-                         "it exists for standard, flash1, flash2 and decode")
+                         "it exists for standard, flash1, flash2, decode, fast and torch_flash")
     cache = L2(gpu.l2_effective_bytes, gpu.l2_line_bytes, gpu.l2_sector_bytes, gpu.l2_ways, sample,
                policy=gpu.l2_replacement, dirty_limit=gpu.l2_dirty_bytes, fetch_bytes=gpu.l2_fetch_bytes,
                random_share=gpu.l2_random_share)

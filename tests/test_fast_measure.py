@@ -207,15 +207,14 @@ def test_the_h100_records_of_the_fast_set_agree_to_the_byte():
     destinations) to the byte, and stores and reductions the walker's; the walker's own load
     count (the global bytes copied) equals the measured loads on 29 (fwd 0/12, bwd 28/38, bf16
     1/4).  The compare outputs committed beside them say the same."""
-    from pathlib import Path
+    from _fast_records import ROOT as root
+    from _fast_records import compared
 
-    from analysis.compare import compare, summarize
+    from analysis.compare import summarize
 
-    root = Path(__file__).resolve().parents[1] / "analysis" / "data" / "h100" / "fast"
     want = {"fwd": (12, 0), "bwd": (38, 28), "bf16": (4, 1)}
     for rec, (n, walker) in want.items():
-        rows, _ = read_measured(root / f"fast_{rec}" / "fast.csv")
-        s = summarize(compare(rows, "h100"))
+        s = summarize(list(compared(rec)))
         print(rec, {k: v for k, v in s.items() if k.startswith("lsu")})
         assert s["launches"] == n and s["lsu_ld_exact"] == s["lsu_st_exact"] == s["lsu_red_exact"] == n
         assert s["lsu_within_tolerance"] == n and s["lsu_ld_walker_exact"] == walker

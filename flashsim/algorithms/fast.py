@@ -26,6 +26,10 @@ Variants (the names the records use) and their launches, in launch order:
   conversion ``dq_to_f16`` (dQacc read, dQ written in fp16).  The fp32 backwards reduce into
   dQ itself (fp32: no conversion launch).
 
+Every launch carries its thread blocks (``Launch.blocks``, :mod:`flashsim.blocks`): the grid the
+launchers use, threads and shared memory per block (:func:`block_resources`), each block's
+tiles in the order its loop issues them; the L2 model (:mod:`flashsim.l2`) replays them.
+
 What is assumed, and where it is exact:
 
 * A copy of a row past the end (``cp.async`` with src-size 0: the zero fill of a ragged last
@@ -72,6 +76,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..blocks import attach
 from ..config import STAT_BYTES, Tiling, Workload, cdiv
 from ..masking import visible_counts
 from ..traffic import Launch, Schedule, TensorLayout, read, reduction, write
@@ -236,6 +241,45 @@ def tiles(name: str, d: int, config=None) -> dict:
     return {"dkdv": Tiling(c["br"], c["bc"])}  # bwd_fp32_v1, v2
 
 
+#: Query rows a block of the preprocess kernel (kernels.perf._launch.row_dots: the reference
+#: kernel of kernels/flash2.py launched with Br = 64).
+PREPROCESS_ROWS = 64
+
+
+def block_resources(name: str, d: int, config=None) -> dict[str, tuple[int, int]]:
+    """(threads, dynamic shared memory bytes) a block of each of the variant's kernels ("fwd"; the
+    backwards' "dkdv", the key-block kernel, and bwd_fp16_v1's "dq"): 32 threads a warp, and the
+    shared memory kernels.perf's launchers ask for (its ``smem_bytes`` functions, restated; every
+    kernel's shared memory is dynamic, none is static; the tests hold them equal)."""
+    c = parse_config(name, d, config)
+    t = tiles(name, d, config)
+    nt = 32 * c["nw"]
+    dp = cdiv(d, 16) * 16  # kernels.flash2.padded_head_dim
+    if name == "fwd_fp16_v4":
+        br, bc = t["fwd"].block_m, t["fwd"].block_n
+        return {"fwd": (nt, 2 * (dp + 8) * (br + 4 * bc))}
+    if name == "fwd_fp32_v1":  # row strides: Q/K dp + 4, V dp rounded up to 32, P̃ Bc + 8 floats
+        br, bc = t["fwd"].block_m, t["fwd"].block_n
+        return {"fwd": (nt, 4 * (br * (dp + 4) + bc * (dp + 4) + bc * cdiv(dp, 32) * 32 + br * (bc + 8)))}
+    if name == "fwd_fp32_v2":  # Q as hi and lo fragments with qsplit, else rows of dp + 8
+        br, bc = t["fwd"].block_m, t["fwd"].block_n
+        q = 2 * br * dp if c["qsplit"] else br * (dp + 8)
+        return {"fwd": (nt, 4 * (q + bc * (dp + 8) + bc * (dp + 4)))}
+    if name == "bwd_fp16_v1":
+        s = dp + 8
+        bq, keys = t["dkdv"].block_m, t["dkdv"].block_n
+        rows, bk = t["dq"].block_m, t["dq"].block_n
+        return {"dkdv": (nt, 2 * s * (2 * keys + 4 * bq) + 16 * bq), "dq": (nt, 2 * s * (2 * rows + 4 * bk) + 8 * rows)}
+    bq, bk = t["dkdv"].block_m, t["dkdv"].block_n
+    if name == "bwd_fp16_v3":
+        s = d + 8
+        return {"dkdv": (nt, 2 * (2 * bk * s + 4 * bq * s + 2 * bk * (bq + 8)) + 16 * bq)}
+    if name == "bwd_fp32_v1":  # row strides: dp + 4 floats; Pᵀ, dSᵀ Br rounded up to 32, + 4
+        ps = cdiv(bq, 32) * 32 + 4
+        return {"dkdv": (nt, 4 * (2 * bk * (dp + 4) + 2 * bq * (dp + 4) + 2 * bk * ps + 32))}
+    return {"dkdv": (nt, 4 * (2 * (bk + bq) * (d + 8) + 3 * bk * bq))}  # bwd_fp32_v2
+
+
 # ---------------------------------------------------------------------------------------------
 # Access helpers
 
@@ -322,7 +366,7 @@ def _forward(w: Workload, name: str, config=None) -> Schedule:
 
 def _preprocess(w: Workload, slices) -> Launch:
     """row_dots: the reference preprocess kernel (kernels/flash2.py, Br = 64): O_i, dO_i in, D_i out."""
-    q0, qn = block_rows(w.nq, 64)
+    q0, qn = block_rows(w.nq, PREPROCESS_ROWS)
 
     def counts():
         qc = classes(q0, qn)
@@ -504,7 +548,8 @@ def schedule(w: Workload, tiling: Tiling | None, pass_: str, **options) -> Sched
         raise ValueError(f"pass_={pass_!r}: not modelled")
     name = variant_for(w, pass_, _kernel(options))
     config = options.get("config")
-    return _forward(w, name, config) if pass_ == "fwd" else _backward(w, name, config)
+    sched = _forward(w, name, config) if pass_ == "fwd" else _backward(w, name, config)
+    return attach(sched, "fast", w, None, plan=config)
 
 
 def _kernel(options: dict):
@@ -602,4 +647,4 @@ def blocks(w: Workload, tiling: Tiling | None, **options) -> tuple[int | None, i
 
 __all__ = ["schedule", "closed_form", "plan", "blocks", "TILING_TEXT", "PASSES", "NEEDS_TILING", "DESCRIPTION",
            "OPTIONS", "VARIANTS", "BEST", "best", "default_config", "parse_config", "supports", "tiles",
-           "variant_for", "flop_tiling"]
+           "variant_for", "flop_tiling", "block_resources", "PREPROCESS_ROWS"]

@@ -81,6 +81,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..blocks import attach
 from ..config import STAT_BYTES, Tiling, Workload, cdiv
 from ..traffic import Launch, Schedule, TensorLayout, read, reduction, write
 from ._common import block_rows, check_programs, classes
@@ -384,9 +385,9 @@ def schedule(w: Workload, tiling: Tiling | None, pass_: str, **options) -> Sched
     sms = _options(options)
     check_workload(w)
     if pass_ == "fwd":
-        return _forward(w, sms)
+        return attach(_forward(w, sms), "torch_flash", w, None)
     if pass_ == "bwd":
-        return _backward(w)
+        return attach(_backward(w), "torch_flash", w, None)
     raise ValueError(f"pass_={pass_!r}: not modelled")
 
 
