@@ -190,7 +190,8 @@ def predict_lsu(cfg: dict, sched=None) -> list[dict]:
     io = walk(sched)
     # the fast kernels: their loads also as the LSU counts cp.async (by its shared destination)
     fast_k = cfg.get("kernel") in FAST_KERNELS
-    lsu_ld = predict_lsu_loads(cfg, sched, io) if fast_k else [None] * len(io.per_launch)
+    lsu_ld = (predict_lsu_loads(cfg, sched, io, sim_options(cfg).get("config")) if fast_k
+              else [None] * len(io.per_launch))
     out = []
     for name, c in io.per_launch.items():
         red = c.by_class()["reduction"]

@@ -133,7 +133,30 @@ def metrics(query=None) -> tuple[str, ...]:
 
 
 def sim_options(cfg: dict) -> dict:
-    return {"kernel": cfg["kernel"]}
+    """The ``fast`` schedule's options for a measured configuration: the variant, and the block
+    shape the record names (``block_m``/``block_n``) where it is not the variant's default of
+    today (a record measured before a default changed keeps its own tiles: fwd_fp16_v4 at d = 128
+    ran Bc = 32 until the tuner's Bc = 16).  ValueError where no block-shape override of the
+    variant gives the record's tiles."""
+    name, d = cfg["kernel"], cfg["head_dim"]
+    want = (cfg.get("block_m"), cfg.get("block_n"))
+    if None in want:
+        return {"kernel": name}
+
+    def tiles_of(config):
+        t = fast.tiles(name, d, config)
+        t = t.get("fwd", t.get("dkdv"))
+        return t.block_m, t.block_n
+
+    bm, bn = want
+    for config in ({}, {"bc": bn}, {"bc": bn, "br": bm}, {"bk": bn, "bq": bm}):
+        try:
+            if tiles_of(config) == want:
+                return {"kernel": name, "config": config} if config else {"kernel": name}
+        except ValueError:  # a key this variant does not take
+            continue
+    raise ValueError(f"kernel={name!r}, head_dim={d}: block_m={bm}, block_n={bn} is no block shape of the "
+                     f"variant's (its default: {tiles_of({})})")
 
 
 __all__ = ["FAST_KERNELS", "fast_set", "fast_smoke_set", "ldgsts_patterns", "ldgsts_sectors", "make_call", "metrics",

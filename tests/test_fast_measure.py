@@ -242,3 +242,15 @@ def test_measure_fast_smoke_end_to_end_with_a_fake_ncu(fake_gpu, tmp_path, capsy
                    if c["pass"] == "fwd" and c["dtype"] != "bf16"]
     assert main(["measure", "--set", "fast_smoke", "--only=-bf16-", "--skip=bf16", "--out", str(out2)]) == 2
     assert "--only '-bf16-' and --skip 'bf16': leave no configuration" in capsys.readouterr().err
+
+
+def test_a_record_keeps_its_own_block_shape_when_the_default_moves():
+    """fwd_fp16_v4's d = 128 default went from Bc = 32 to 16 after the H100 fast records were
+    taken with 32: compare walks the record's tiles, never today's default in their place."""
+    row = {"kernel": "fwd_fp16_v4", "head_dim": 128, "block_m": 128, "block_n": 32}
+    assert fast_set.sim_options(row) == {"kernel": "fwd_fp16_v4", "config": {"bc": 32}}
+    assert fast_set.sim_options(dict(row, block_n=16)) == {"kernel": "fwd_fp16_v4"}
+    assert fast_set.sim_options({"kernel": "bwd_fp16_v3", "head_dim": 128, "block_m": 64, "block_n": 128}) == {
+        "kernel": "bwd_fp16_v3"}
+    with pytest.raises(ValueError, match="block_m=96, block_n=32"):
+        fast_set.sim_options(dict(row, block_m=96))

@@ -7,7 +7,7 @@ fp16 schedules with the workload's dtype "bf16".
 Variants (the names the records use) and their launches, in launch order:
 
 * ``fwd_fp16_v4`` (fp16/bf16 forward; block Br = 16·nw·mt = 128 query rows, Bc = 64 keys at
-  d <= 64, 32 above), ``fwd_fp32_v1`` (fp32 forward, FFMA; what BEST runs at d not a multiple
+  d <= 64, 16 at d = 113-128, 32 elsewhere), ``fwd_fp32_v1`` (fp32 forward, FFMA; what BEST runs at d not a multiple
   of 32; Br = 4·rm·nw = 64, Bc = 64 at d <= 64, 32 above) and ``fwd_fp32_v2`` (fp32 forward as
   3xTF32 on the tensor cores, d = 32, 64, 96, 128; Br = 16·nw·mt = 128 at d <= 64, 64 above,
   Bc = 32): one launch,
@@ -117,7 +117,7 @@ def default_config(name: str, d: int) -> dict:
     """The block-shape keys of ``kernels.perf.variant(name).default_config(d)`` (the tests hold
     them equal)."""
     if name == "fwd_fp16_v4":
-        return dict(bc=64 if d <= 64 else 32, nw=4, mt=2, qreg=True)
+        return dict(bc=64 if d <= 64 else 16 if 112 < d <= 128 else 32, nw=4, mt=2, qreg=True)
     if name == "fwd_fp32_v1":
         return dict(bc=64, nw=4, rm=4, unroll=2, minb=2) if d <= 64 else dict(bc=32, nw=4, rm=4, unroll=2, minb=1)
     if name == "fwd_fp32_v2":

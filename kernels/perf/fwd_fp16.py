@@ -237,10 +237,13 @@ def default_config_v3(d: int) -> dict:
 
 
 def default_config_v4(d: int) -> dict:
-    """v3's, but at d = 128 Bc = 32 with Q's fragments in registers (H200, B·H = 16: 165-291 TFLOP/s at
-    N = 4,096-16,384, 1.58-1.69x naive, against 99-189 for Bc = 64 with Q re-read from shared
-    memory; 8 warps x 1 m-tile 153-224)."""
-    return dict(bc=64 if d <= 64 else 32, nw=4, mt=2, qreg=True)
+    """v3's, but above d = 64 Bc = 32 with Q's fragments in registers (H200, B·H = 16: 165-291 TFLOP/s
+    at N = 4,096-16,384, 1.58-1.69x naive, against 99-189 for Bc = 64 with Q re-read from shared
+    memory; 8 warps x 1 m-tile 153-224), and where d rounds up to 128 (113-128) Bc = 16: the tuner
+    timed it best on every d = 128 key on an H200 (kernels/data/autotune_h200_6386723: 1.06-1.16x
+    Bc 32 at N >= 4,096), and on the H100 1.08x at N = 4,096 and 16,384, 1.13-1.48x causal
+    (kernels/data/fwd_fp16_v4_bc16_h100_764a8f3)."""
+    return dict(bc=64 if d <= 64 else 16 if 112 < d <= 128 else 32, nw=4, mt=2, qreg=True)
 
 
 def supports(dtype, d: int) -> bool:
