@@ -19,7 +19,8 @@ tile copies and the products (Q Kᵀ, P V) are :mod:`kernels.perf._tiles`'s.
   and float32.  The same function (O = acc/ℓ and L = m·τ + ln ℓ hold for any m); the test is per
   lane pair of rows, so a quad (which shares its rows) always agrees.  H200: d = 128 255 TFLOP/s
   (+10%), then 296 (1.73x naive) with Bc = 32 and Q in registers; d = 64 291.  H100
-  (bench_h100_single_run.csv): 3.63-5.59x naive at d = 64, 1.85-2.85x at d = 128.
+  (bench_h100_single_run.csv): 3.63-5.59x naive at d = 64, 1.85-2.85x at d = 128.  Its d = 128
+  default is Bc = 16 since the tuner (:mod:`kernels.perf.autotune`): 1.08x Bc = 32 on the H100.
 
 Both compile for bf16 too (``bf16=True``: the ``.bf16`` mma and ``cvt.rn.bf16x2.f32``; the tiles
 are the inputs' bits, moved unchanged), not yet timed on a GPU (NOTES.md, "bf16").
