@@ -375,6 +375,13 @@ def test_cli_run_writes_the_table_the_record_and_the_cache(tmp_path, tune_cache,
     at.reset()
     key = at.cache_key(at.gpu_name(), "fwd_fp16_v4", "fwd", "fp16", 64, False, 3000, 3000)
     assert at.lookup("fwd", "fwd_fp16_v4", "fp16", 64, False, 3000, 3000) == cached[key]["config"]
+    # a second run into the same folder is refused before any timing, unless --force
+    before = (out / "autotune.csv").read_text()
+    assert at.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("flashsim: error: out=") and "--force" in err and len(err.strip().splitlines()) == 1
+    assert (out / "autotune.csv").read_text() == before
+    assert at.main(argv + ["--force"]) == 0
 
 
 @pytest.mark.filterwarnings("ignore:GPU 'cudasim'")

@@ -2,7 +2,7 @@
 
     python -m kernels.perf.autotune --dtypes fp16,bf16 --ds 64 128 --ns 1024 4096 16384 \
         [--causal both] [--passes fwd,bwd] [--top K] [--repeat R] [--out DIR] [--budget S]
-        [--cache FILE] [--plan [--gpu PRESET]] [--merge FILE ...]
+        [--cache FILE] [--force] [--plan [--gpu PRESET]] [--merge FILE ...]
 
 Tuned: the fp16 and bf16 tensor-core variants (:data:`TUNABLE`), forward and backward, the ones
 ``kernels.perf.BEST`` runs for each (pass, dtype, d).  fp32 keeps its ``default_config``.
@@ -63,6 +63,7 @@ and ``DIR/tune.json`` as soon as it is timed, and ends with the line "model's fi
 5% of the timed best on X of Y keys" (Y: the keys where some config passed).  ``--budget``
 seconds: no key starts after it; the ones left are listed (and in the .meta.json).  A key where
 every config fails, the default included, stops the run (the CUDA context may be unusable).
+An ``--out`` that holds an earlier run's files is refused before any timing unless ``--force``.
 ``--plan``: the model's ranking only, no GPU (``--gpu`` preset, default h100).  ``--merge FILE
 ...``: merge cache files (several runs' ``DIR/tune.json``) into ``--cache``.
 """
@@ -689,6 +690,8 @@ def main(argv=None) -> int:
     ap.add_argument("--merge", nargs="+", default=None, metavar="FILE",
                     help="merge these cache files (e.g. several runs' DIR/tune.json) into --cache and exit")
     ap.add_argument("--gpu", default="h100", help="flashsim GPU preset of --plan's model")
+    ap.add_argument("--force", action="store_true",
+                    help="overwrite an earlier run's files in --out (refused without it)")
     args = ap.parse_args(argv)
     if args.merge:
         try:
@@ -718,8 +721,14 @@ def main(argv=None) -> int:
             from flashsim.config import get_gpu
 
             get_gpu(args.gpu)
+        elif args.out:  # before any timing: a refusal comes first, not last
+            from flashsim.output import check_overwrite
+
+            check_overwrite(args.out, ("autotune.csv", "autotune.meta.json", "tune.json"), args.force,
+                            "an earlier tuning run")
     except ValueError as e:
-        print(f"flashsim: error: {e}", file=sys.stderr)
+        hint = "; --force overwrites it" if "earlier tuning run" in str(e) else ""
+        print(f"flashsim: error: {e}{hint}", file=sys.stderr)
         return 2
     if args.plan:
         return _plan(todo, args.top, args.gpu)
