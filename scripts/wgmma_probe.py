@@ -49,7 +49,10 @@ extern "C" __device__ int fs_wgmma_m64n64k16_f16(int* ret, float* d, unsigned lo
         : "l"(desc_a), "l"(desc_b));
     return 0;
 }
-extern "C" __device__ int fs_wgmma_fence(int* ret) { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); return 0; }
+extern "C" __device__ int fs_wgmma_fence(int* ret) {
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+    return 0;
+}
 extern "C" __device__ int fs_wgmma_commit(int* ret) {
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     return 0;
@@ -58,8 +61,14 @@ extern "C" __device__ int fs_wgmma_wait0(int* ret) {
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
     return 0;
 }
-extern "C" __device__ int fs_setmaxnreg_inc240(int* ret) { asm volatile("setmaxnreg.inc.sync.aligned.u32 240;"); return 0; }
-extern "C" __device__ int fs_setmaxnreg_dec40(int* ret) { asm volatile("setmaxnreg.dec.sync.aligned.u32 40;"); return 0; }
+extern "C" __device__ int fs_setmaxnreg_inc240(int* ret) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
+    return 0;
+}
+extern "C" __device__ int fs_setmaxnreg_dec40(int* ret) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    return 0;
+}
 """
 
 #: SASS instructions that show the warpgroup path (HGMMA: the wgmma product; HMMA: mma.sync's)
@@ -134,7 +143,8 @@ def assemble(ptx: str, arch: str) -> dict:
             out["registers"] = int(m.group(1))
         if out["ok"] and shutil.which("cuobjdump") and shutil.which("nvdisasm"):
             sass = subprocess.run(["cuobjdump", "-sass", cubin], capture_output=True, text=True).stdout
-            ops = Counter(m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]*)", sass))
+            ins = r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]*)"  # an instruction's opcode
+            ops = Counter(m.group(1) for m in re.finditer(ins, sass))
             out["sass"] = {op: n for op, n in sorted(ops.items()) if op.startswith(SASS_OF_INTEREST)}
     return out
 
