@@ -79,6 +79,8 @@ from .masking import visible_blocks
 
 #: Shared memory the CUDA runtime reserves per thread block (compute capability 8.x, 9.0).
 RESERVED_SMEM_BYTES = 1024
+#: 32-bit registers per SM (compute capability 8.0 and 9.0) and the per-warp allocation unit.
+REGISTERS_PER_SM, REGISTER_UNIT = 65536, 256
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,9 @@ class BlockSpec:
     threads: int
     smem_bytes: int
     tiles: Callable[[int, int], Tiles]
+    #: registers per thread where a measured kernel's count is known (ncu's
+    #: ``launch__registers_per_thread``); None: not modelled
+    registers: int | None = None
 
     @property
     def num_blocks(self) -> int:
@@ -121,11 +126,16 @@ class BlockSpec:
 
     def blocks_per_sm(self, gpu) -> int:
         """Resident blocks per SM: the preset's block and thread limits and shared memory (each
-        block also reserves RESERVED_SMEM_BYTES).  Registers are not modelled (the schedule does
-        not know the kernels' register counts)."""
+        block also reserves RESERVED_SMEM_BYTES), and, where ``registers`` is given, the register
+        file (REGISTERS_PER_SM, allocated per warp in units of REGISTER_UNIT).  Without it
+        registers are not modelled (the schedule does not know the kernel's register count)."""
         per_sm_smem = gpu.max_shared_bytes_per_block + RESERVED_SMEM_BYTES
         by_smem = per_sm_smem // (self.smem_bytes + RESERVED_SMEM_BYTES)
-        return max(1, min(gpu.max_blocks_per_sm, gpu.max_threads_per_sm // self.threads, by_smem))
+        n = min(gpu.max_blocks_per_sm, gpu.max_threads_per_sm // self.threads, by_smem)
+        if self.registers is not None:
+            per_warp = -(-self.registers * 32 // REGISTER_UNIT) * REGISTER_UNIT
+            n = min(n, REGISTERS_PER_SM // (per_warp * -(-self.threads // 32)))
+        return max(1, n)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -798,6 +808,49 @@ def _torch_flash(schedule, w: Workload) -> None:
         launch.blocks = specs[launch.name]
 
 
+# ---------------------------------------------------------------------------------------------
+# PyTorch's SDPA memory-efficient backend (flashsim/algorithms/torch_memeff.py: CUTLASS fmha)
+
+#: (element bytes, kQueriesPerBlock, kKeysPerBlock) -> (dynamic shared memory, registers per
+#: thread) of the ``fmha_cutlassF_*_aligned_*_rf_sm80`` kernels as the H100 torch record's ncu
+#: reports them (``launch__shared_mem_per_block_dynamic``, ``launch__registers_per_thread``);
+#: bf16 as fp16.  A kernel not measured (fp32 at d > 64) gets the fp16 kernel's shared memory
+#: scaled by the element size, an estimate, and no register limit.
+MEMEFF_RESOURCES = {(2, 64, 64): (18944, 128), (2, 64, 128): (52224, 128), (4, 64, 64): (36352, 168)}
+
+
+def _torch_memeff(schedule, w: Workload) -> None:
+    from .algorithms import torch_memeff as tm
+
+    bq, bk = schedule.meta["block_m"], schedule.meta["block_n"]
+    cols = _cols(schedule)
+    q0, qn = _rows(w.nq, bq)
+    keys = tm.key_extent(w, bq)
+    nblk = -(-keys // bk)
+    lse = schedule.meta["lse"]
+    lse_n = np.clip(schedule.tensors["L"].rows - q0, 0, bq) if lse else None
+
+    def tiles(lo, hi):  # grid (Tr, H, B): block (i, h, b)
+        P = _Parts(lo, hi, cols)
+        b, i, h, z = _grid_index(lo, hi, len(q0), w.heads)
+        p = z * w.heads + h
+        g, j = _expand(nblk[i])  # key block j of block g: Q_i and K_j (MM0), then V_j (MM1)
+        kr = np.minimum(bk, keys[i[g]] - j * bk)
+        P.add("Q", False, b[g], 2 * j, p[g], q0[i[g]], qn[i[g]])
+        P.add("K", False, b[g], 2 * j, p[g], j * bk, kr)
+        P.add("V", False, b[g], 2 * j + 1, p[g], j * bk, kr)
+        P.add("O", True, b, _LAST, p, q0[i], qn[i])
+        if lse:
+            P.add("L", True, b, _LAST, p, q0[i], lse_n[i])
+        return P.pack()
+
+    eb = 2 if w.elem_bytes < 4 else 4
+    smem, regs = MEMEFF_RESOURCES.get((eb, bq, bk), (MEMEFF_RESOURCES[(2, bq, bk)][0] * eb // 2, None))
+    spec = BlockSpec((len(q0), w.heads, w.batch), bq * bk // 32, smem, tiles, regs)
+    for launch in schedule.launches:
+        launch.blocks = spec
+
+
 def attach(schedule, algo: str, w: Workload, tiling: Tiling | None, plan=None):
     """Fill ``launch.blocks`` of every launch of ``schedule`` (built by ``algo`` for ``w`` and
     ``tiling``; ``plan``: decode's resolved options, fast's block-shape config) and return the
@@ -808,6 +861,8 @@ def attach(schedule, algo: str, w: Workload, tiling: Tiling | None, plan=None):
         _fast(schedule, w, plan)
     elif algo == "torch_flash":
         _torch_flash(schedule, w)
+    elif algo == "torch_memeff":
+        _torch_memeff(schedule, w)
     elif algo == "flash2":
         _flash2(schedule, w, tiling)
     elif algo == "flash1":
