@@ -5,10 +5,12 @@ order within a tensor.  An L2 model needs more: the launch's real grid (which th
 exist, in the order the hardware issues them: x fastest, then y, then z), how many of them one
 SM holds at once (threads and shared memory per block), and each block's global accesses as a
 sequence of *steps* (one step = the tiles a block loads or stores between two barriers of its
-main loop).  :class:`BlockSpec` carries that; :func:`attach` fills ``Launch.blocks`` of every
+main loop).  :class:`BlockSpec` carries that (and, for a few measured kernels, their registers
+per thread, which limit the blocks an SM holds); :func:`attach` fills ``Launch.blocks`` of every
 launch of a schedule built by ``flashsim.algorithms`` (standard, flash1, flash2, decode, fast,
-torch_flash), from the same workload and tiling.  A tile is a load, a store or a reduction
-(``Tiles.reduction``: red/atomics, which the L2 model takes as read-modify-writes).
+torch_flash, torch_memeff, torch_naive), from the same workload and tiling.  A tile is a load, a
+store or a reduction (``Tiles.reduction``: red/atomics, which the L2 model takes as
+read-modify-writes); a bulk (TMA) copy is a load or a store like any other.
 
 The block programs follow the reference kernels (kernels/flash2.py, kernels/flash1.py,
 kernels/standard.py, kernels/perf) and PyTorch's vendored FlashAttention-2 launch by launch:
@@ -44,6 +46,29 @@ kernels/standard.py, kernels/perf) and PyTorch's vendored FlashAttention-2 launc
   expanded ones); the conversion: dQaccum_i, then dQ_i; GQA's ``sum_out``: 512 outputs a block
   of 128 threads, each reading the group's inputs.  dO_t, O_t and the expanded gradients are
   laid out per head, as the walker lays them.
+* **torch_memeff** (:mod:`flashsim.algorithms.torch_memeff`, CUTLASS's
+  ``fmha_cutlassF_*_rf_sm80``): grid (Tr, H, B), Bq·Bk/32 threads; block (i, h, b): for each
+  key block j of its loop (causal: keys below min(Nk, (i+1)·Bq), the last tile clipped) a step
+  Q_i with K_j (the MM0 iterators are rebuilt every key block, so Q_i is re-read) and a step
+  V_j; then O_i (and LSE_i).  Shared memory and registers per thread as ncu reports them for
+  the H100 record's kernels (``MEMEFF_RESOURCES``: 128 registers, 4 blocks an SM at d <= 64).
+* **torch_naive** (:mod:`flashsim.algorithms.torch_naive`): ``vectorized_elementwise_kernel``
+  (scale, its backward, T = dP ∘ P, ones, ~mask) 128 threads of 8 elements (16 where input
+  and output add up to 1 byte), block x the flat elements x·W .. (x + 1)·W - 1, one step; the
+  softmax kernels: the warp softmax (up to 2,048 columns forward, 1,024 backward) 128 threads,
+  128 / min(32, 2^⌈log2 Nk⌉) warps of one row each (two at <= 128 columns), else one row a
+  block (min(1024, Nk) threads), rows read then written; ``masked_fill_`` one block per 128·vt
+  columns of a row: its first vt - 1 iterations' input, the last iteration's kept lanes, the
+  mask, the output; ``triu_tril`` 128 chunks of 8 bytes a block: the chunks that start in the
+  kept triangle loaded, all stored.  GEMMs: the fp16/bf16 ``nvjet`` kernels as persistent
+  clusters (cr x cc CTAs of 384 threads and 168 registers, one an SM; min(cluster tiles,
+  ⌊sms/(cr·cc)⌋) clusters, grid (cr·cc, clusters, 1)) dealt the cluster tiles round robin,
+  column groups fastest, then row groups, then heads (an assumption: nvjet schedules tiles
+  dynamically); each CTA's tile a step per K slice of 64 (A's slice read by the cluster's CTAs
+  in the first column only, B's by those in the first row: TMA multicast, one L2 read a
+  cluster), then its C tile; the fp32 sm80 kernels one tile a block, a step per K slice of 8,
+  grid x along C's columns for C = X·Yᵀ (cuBLAS "tn") and along C's rows otherwise, as the
+  record's grids have them.
 * **flash1**: one block per program (grid (B·H) forward, (B·Hkv) backward): the init block
   writes its zeros in one step; the main block loads K_j, V_j (one step per key block with a
   visible query block), then per visible (query head, i) one step that reads Q_i, O_i, ℓ_i, m_i
