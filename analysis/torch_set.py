@@ -23,11 +23,13 @@ schedule's loads; FlashAttention-2's ``cp.async.cg`` tile loads, which bypass L1
 the LDGSTS sectors are reported beside, ``lsu_ldgsts_bytes``; reductions: the ``op_red``
 sectors); a launch with bulk
 (TMA) traffic at the L2 level (``lts__t_sectors_srcunit_tex_op_read``/``write`` against all its
-sectors).  The DRAM level: where the schedule has thread blocks (``torch_flash``, every launch:
-``flashsim.blocks``) its launches go through the GPU preset's L2 model as
-:func:`analysis.compare.predict` does (every launch cold, one L2 set in
-``analysis.compare.DRAM_SET_SAMPLE``), with the same error columns; the other schedules have no
-thread-block model yet and no DRAM prediction (``sim_dram_*`` are NaN).
+sectors).  The DRAM level: where the schedule has thread blocks (``torch_flash``,
+``torch_memeff`` and ``torch_naive``, every launch: ``flashsim.blocks``; naive's with the GEMM
+tiles and clusters read off the kernel names) its launches go through the GPU preset's L2 model
+as :func:`analysis.compare.predict` does (every launch cold, one L2 set in
+``analysis.compare.DRAM_SET_SAMPLE``; TMA loads and stores as ordinary L2 reads and writes), with
+the same error columns; ``torch_cudnn`` has no thread-block model and no DRAM prediction
+(``sim_dram_*`` are NaN).
 """
 
 from __future__ import annotations

@@ -5,10 +5,12 @@ order within a tensor.  An L2 model needs more: the launch's real grid (which th
 exist, in the order the hardware issues them: x fastest, then y, then z), how many of them one
 SM holds at once (threads and shared memory per block), and each block's global accesses as a
 sequence of *steps* (one step = the tiles a block loads or stores between two barriers of its
-main loop).  :class:`BlockSpec` carries that; :func:`attach` fills ``Launch.blocks`` of every
+main loop).  :class:`BlockSpec` carries that (and, for a few measured kernels, their registers
+per thread, which limit the blocks an SM holds); :func:`attach` fills ``Launch.blocks`` of every
 launch of a schedule built by ``flashsim.algorithms`` (standard, flash1, flash2, decode, fast,
-torch_flash), from the same workload and tiling.  A tile is a load, a store or a reduction
-(``Tiles.reduction``: red/atomics, which the L2 model takes as read-modify-writes).
+torch_flash, torch_memeff, torch_naive), from the same workload and tiling.  A tile is a load, a
+store or a reduction (``Tiles.reduction``: red/atomics, which the L2 model takes as
+read-modify-writes); a bulk (TMA) copy is a load or a store like any other.
 
 The block programs follow the reference kernels (kernels/flash2.py, kernels/flash1.py,
 kernels/standard.py, kernels/perf) and PyTorch's vendored FlashAttention-2 launch by launch:
@@ -44,6 +46,29 @@ kernels/standard.py, kernels/perf) and PyTorch's vendored FlashAttention-2 launc
   expanded ones); the conversion: dQaccum_i, then dQ_i; GQA's ``sum_out``: 512 outputs a block
   of 128 threads, each reading the group's inputs.  dO_t, O_t and the expanded gradients are
   laid out per head, as the walker lays them.
+* **torch_memeff** (:mod:`flashsim.algorithms.torch_memeff`, CUTLASS's
+  ``fmha_cutlassF_*_rf_sm80``): grid (Tr, H, B), Bq·Bk/32 threads; block (i, h, b): for each
+  key block j of its loop (causal: keys below min(Nk, (i+1)·Bq), the last tile clipped) a step
+  Q_i with K_j (the MM0 iterators are rebuilt every key block, so Q_i is re-read) and a step
+  V_j; then O_i (and LSE_i).  Shared memory and registers per thread as ncu reports them for
+  the H100 record's kernels (``MEMEFF_RESOURCES``: 128 registers, 4 blocks an SM at d <= 64).
+* **torch_naive** (:mod:`flashsim.algorithms.torch_naive`): ``vectorized_elementwise_kernel``
+  (scale, its backward, T = dP ∘ P, ones, ~mask) 128 threads of 8 elements (16 where input
+  and output add up to 1 byte), block x the flat elements x·W .. (x + 1)·W - 1, one step; the
+  softmax kernels: the warp softmax (up to 2,048 columns forward, 1,024 backward) 128 threads,
+  128 / min(32, 2^⌈log2 Nk⌉) warps of one row each (two at <= 128 columns), else one row a
+  block (min(1024, Nk) threads), rows read then written; ``masked_fill_`` one block per 128·vt
+  columns of a row: its first vt - 1 iterations' input, the last iteration's kept lanes, the
+  mask, the output; ``triu_tril`` 128 chunks of 8 bytes a block: the chunks that start in the
+  kept triangle loaded, all stored.  GEMMs: the fp16/bf16 ``nvjet`` kernels as persistent
+  clusters (cr x cc CTAs of 384 threads and 168 registers, one an SM; min(cluster tiles,
+  ⌊sms/(cr·cc)⌋) clusters, grid (cr·cc, clusters, 1)) dealt the cluster tiles round robin,
+  column groups fastest, then row groups, then heads (an assumption: nvjet schedules tiles
+  dynamically); each CTA's tile a step per K slice of 64 (A's slice read by the cluster's CTAs
+  in the first column only, B's by those in the first row: TMA multicast, one L2 read a
+  cluster), then its C tile; the fp32 sm80 kernels one tile a block, a step per K slice of 8,
+  grid x along C's columns for C = X·Yᵀ (cuBLAS "tn") and along C's rows otherwise, as the
+  record's grids have them.
 * **flash1**: one block per program (grid (B·H) forward, (B·Hkv) backward): the init block
   writes its zeros in one step; the main block loads K_j, V_j (one step per key block with a
   visible query block), then per visible (query head, i) one step that reads Q_i, O_i, ℓ_i, m_i
@@ -79,6 +104,8 @@ from .masking import visible_blocks
 
 #: Shared memory the CUDA runtime reserves per thread block (compute capability 8.x, 9.0).
 RESERVED_SMEM_BYTES = 1024
+#: 32-bit registers per SM (compute capability 8.0 and 9.0) and the per-warp allocation unit.
+REGISTERS_PER_SM, REGISTER_UNIT = 65536, 256
 
 
 @dataclass(frozen=True)
@@ -114,6 +141,9 @@ class BlockSpec:
     threads: int
     smem_bytes: int
     tiles: Callable[[int, int], Tiles]
+    #: registers per thread where a measured kernel's count is known (ncu's
+    #: ``launch__registers_per_thread``); None: not modelled
+    registers: int | None = None
 
     @property
     def num_blocks(self) -> int:
@@ -121,11 +151,16 @@ class BlockSpec:
 
     def blocks_per_sm(self, gpu) -> int:
         """Resident blocks per SM: the preset's block and thread limits and shared memory (each
-        block also reserves RESERVED_SMEM_BYTES).  Registers are not modelled (the schedule does
-        not know the kernels' register counts)."""
+        block also reserves RESERVED_SMEM_BYTES), and, where ``registers`` is given, the register
+        file (REGISTERS_PER_SM, allocated per warp in units of REGISTER_UNIT).  Without it
+        registers are not modelled (the schedule does not know the kernel's register count)."""
         per_sm_smem = gpu.max_shared_bytes_per_block + RESERVED_SMEM_BYTES
         by_smem = per_sm_smem // (self.smem_bytes + RESERVED_SMEM_BYTES)
-        return max(1, min(gpu.max_blocks_per_sm, gpu.max_threads_per_sm // self.threads, by_smem))
+        n = min(gpu.max_blocks_per_sm, gpu.max_threads_per_sm // self.threads, by_smem)
+        if self.registers is not None:
+            per_warp = -(-self.registers * 32 // REGISTER_UNIT) * REGISTER_UNIT
+            n = min(n, REGISTERS_PER_SM // (per_warp * -(-self.threads // 32)))
+        return max(1, n)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -798,6 +833,202 @@ def _torch_flash(schedule, w: Workload) -> None:
         launch.blocks = specs[launch.name]
 
 
+# ---------------------------------------------------------------------------------------------
+# PyTorch's SDPA memory-efficient backend (flashsim/algorithms/torch_memeff.py: CUTLASS fmha)
+
+#: (element bytes, kQueriesPerBlock, kKeysPerBlock) -> (dynamic shared memory, registers per
+#: thread) of the ``fmha_cutlassF_*_aligned_*_rf_sm80`` kernels as the H100 torch record's ncu
+#: reports them (``launch__shared_mem_per_block_dynamic``, ``launch__registers_per_thread``);
+#: bf16 as fp16.  A kernel not measured (fp32 at d > 64) gets the fp16 kernel's shared memory
+#: scaled by the element size, an estimate, and no register limit.
+MEMEFF_RESOURCES = {(2, 64, 64): (18944, 128), (2, 64, 128): (52224, 128), (4, 64, 64): (36352, 168)}
+
+
+def _torch_memeff(schedule, w: Workload) -> None:
+    from .algorithms import torch_memeff as tm
+
+    bq, bk = schedule.meta["block_m"], schedule.meta["block_n"]
+    cols = _cols(schedule)
+    q0, qn = _rows(w.nq, bq)
+    keys = tm.key_extent(w, bq)
+    nblk = -(-keys // bk)
+    lse = schedule.meta["lse"]
+    lse_n = np.clip(schedule.tensors["L"].rows - q0, 0, bq) if lse else None
+
+    def tiles(lo, hi):  # grid (Tr, H, B): block (i, h, b)
+        P = _Parts(lo, hi, cols)
+        b, i, h, z = _grid_index(lo, hi, len(q0), w.heads)
+        p = z * w.heads + h
+        g, j = _expand(nblk[i])  # key block j of block g: Q_i and K_j (MM0), then V_j (MM1)
+        kr = np.minimum(bk, keys[i[g]] - j * bk)
+        P.add("Q", False, b[g], 2 * j, p[g], q0[i[g]], qn[i[g]])
+        P.add("K", False, b[g], 2 * j, p[g], j * bk, kr)
+        P.add("V", False, b[g], 2 * j + 1, p[g], j * bk, kr)
+        P.add("O", True, b, _LAST, p, q0[i], qn[i])
+        if lse:
+            P.add("L", True, b, _LAST, p, q0[i], lse_n[i])
+        return P.pack()
+
+    eb = 2 if w.elem_bytes < 4 else 4
+    smem, regs = MEMEFF_RESOURCES.get((eb, bq, bk), (MEMEFF_RESOURCES[(2, bq, bk)][0] * eb // 2, None))
+    spec = BlockSpec((len(q0), w.heads, w.batch), bq * bk // 32, smem, tiles, regs)
+    for launch in schedule.launches:
+        launch.blocks = spec
+
+
+# ---------------------------------------------------------------------------------------------
+# Eager naive attention (flashsim/algorithms/torch_naive.py): ATen's elementwise, softmax and mask
+# kernels and cuBLAS's GEMMs
+
+#: ``vectorized_elementwise_kernel``: 128 threads, each ``elems_per_thread`` elements (16 where its
+#: inputs and output add up to 1 byte, else 8: ATen's CUDA ``elems_per_thread<io_sizes>``).
+ATEN_THREADS = 128
+#: Registers per thread of every nvjet GEMM of the H100 record (ncu), 384 threads a CTA: one CTA an SM.
+NVJET_REGISTERS, NVJET_THREADS = 168, 384
+#: K step of the GEMMs' main loops: nvjet's (the ``_64x4_`` of its names), the sm80 fp32 kernels'
+#: (``tilesize128x64x8_stage3``: 8, three stages of fp32 A and B tiles in shared memory).
+NVJET_K_STEP, SM80_K_STEP, SM80_STAGES = 64, 8, 3
+
+
+def _naive_gemm(P: _Parts, g, b, key, p, t_r, t_c, base) -> None:
+    """Tile (row tile ``t_r``, column tile ``t_c``) of C = A·B of head ``p`` (a torch_naive
+    ``_Gemm``) by blocks ``b``: one step per K slice (A's slice where ``a_of`` is set, B's where
+    ``b_of``), then C's tile; step keys from ``base``.  ``key``: (a_of, b_of, kstep)."""
+    a_of, b_of, ks = key
+    r0, rn, c0, cn = g.r0[t_r], g.rn[t_r], g.c0[t_c], g.cn[t_c]
+    k0, kn = _rows(g.k, ks)
+    bi, s = _expand(np.full(b.size, k0.size))
+    kk, kw = k0[s], kn[s]
+    for (name, how), lo, n, on in ((g.a, r0, rn, a_of), (g.b, c0, cn, b_of)):
+        m = on[bi]
+        if how == "rows":  # the band is the tensor's rows; K its columns
+            P.add(name, False, b[bi][m], base[bi][m] + s[m], p[bi][m], lo[bi][m], n[bi][m], kk[m], kw[m])
+        else:  # the band is the tensor's columns; K its rows
+            P.add(name, False, b[bi][m], base[bi][m] + s[m], p[bi][m], kk[m], kw[m], lo[bi][m], n[bi][m])
+    P.add(g.c, True, b, base + k0.size, p, r0, rn, c0, cn)
+
+
+def _torch_naive(schedule, w: Workload, parts, sms: int) -> None:
+    from .algorithms.torch_naive import fill_block, fill_kept, tril_active
+
+    cols = _cols(schedule)
+    lay = schedule.tensors
+    specs = {}
+
+    def flat(reads, writes, per_block, n):
+        def tiles(lo, hi):
+            P = _Parts(lo, hi, cols)
+            blocks = np.arange(lo, hi, dtype=np.int64)
+            start, end = blocks * per_block, np.minimum(blocks * per_block + per_block, n)
+            zero = np.zeros_like(blocks)
+            for names, wr in ((reads, False), (writes, True)):
+                for name in names:
+                    _flat_tiles(P, name, wr, blocks, zero, start, end, lay[name].rows, lay[name].cols)
+            return P.pack()
+        return tiles
+
+    def softmax(reads, writes, bwd):  # host_softmax: warp softmax (rows per block) or one row a block
+        nk, eb = w.nk, w.elem_bytes
+        if nk <= (1024 if bwd else 2048) and nk * eb <= (4096 if bwd else 8192):
+            p2 = 1 << max(0, (nk - 1).bit_length())
+            warp = min(p2, 32)
+            rows, threads = (ATEN_THREADS // warp) * (2 if p2 <= 128 else 1), ATEN_THREADS
+        else:
+            rows, threads = 1, min(1024, -(-nk // 32) * 32)
+        n = w.bh * w.nq
+        return BlockSpec((-(-n // rows), 1, 1), threads, 0, flat(reads, writes, rows * nk, n * nk))
+
+    def gemm(g):
+        tr, tc = len(g.r0), len(g.c0)
+        if g.bulk:  # nvjet: persistent clusters of cr x cc CTAs, cluster tiles dealt round robin
+            size = g.cr * g.cc
+            gr, gc = -(-tr // g.cr), -(-tc // g.cc)
+            units = w.bh * gr * gc
+            ncl = min(units, max(1, sms // size))
+            per = -(-units // ncl)
+            ks = NVJET_K_STEP
+            nks = -(-g.k // ks)
+
+            def tiles(lo, hi):
+                P = _Parts(lo, hi, cols)
+                b, x, c, _ = _grid_index(lo, hi, size)
+                bi, n = _expand(np.full(b.size, per))
+                u = c[bi] + n * ncl  # the cluster's n-th unit: column groups fastest, then row groups, then heads
+                a, o = x[bi] // g.cc, x[bi] % g.cc
+                t_r, t_c = (u // gc) % gr * g.cr + a, u % gc * g.cc + o
+                ok = (u < units) & (t_r < tr) & (t_c < tc)
+                bb, p = b[bi][ok], (u // (gc * gr))[ok]
+                _naive_gemm(P, g, bb, (o[ok] == 0, a[ok] == 0, ks), p, t_r[ok], t_c[ok], n[ok] * (nks + 1))
+                return P.pack()
+
+            return BlockSpec((size, ncl, 1), NVJET_THREADS, 0, tiles, NVJET_REGISTERS)
+        # sm80 fp32 kernels: one tile a block; grid x along C's columns for C = X·Yᵀ (B given as
+        # rows, cuBLAS "tn"), along C's rows otherwise, as the record's grids show
+        cols_first = g.b[1] == "rows"
+        nx, ny = (tc, tr) if cols_first else (tr, tc)
+
+        def tiles(lo, hi):
+            P = _Parts(lo, hi, cols)
+            b, x, y, p = _grid_index(lo, hi, nx, ny)
+            t_r, t_c = (y, x) if cols_first else (x, y)
+            on = np.ones(b.size, dtype=bool)
+            _naive_gemm(P, g, b, (on, on, SM80_K_STEP), p, t_r, t_c, np.zeros_like(b))
+            return P.pack()
+
+        tm, tn = int(g.rn.max()), int(g.cn.max())
+        return BlockSpec((nx, ny, w.bh), 128, SM80_STAGES * (tm + tn) * SM80_K_STEP * w.elem_bytes, tiles)
+
+    for name, kind, p in parts:
+        if kind == "gemm":
+            specs[name] = gemm(p)
+        elif kind == "ew" and name in ("softmax", "softmax_bwd"):
+            specs[name] = softmax(*p, name == "softmax_bwd")
+        elif kind == "ew":  # vectorized_elementwise_kernel over the output's elements
+            reads, writes = p
+            n = lay[writes[0]].slices * lay[writes[0]].rows * lay[writes[0]].cols
+            io = sum(lay[t].elem_bytes for t in reads + writes)
+            per = ATEN_THREADS * (16 if io == 1 else 8)
+            specs[name] = BlockSpec((-(-n // per), 1, 1), ATEN_THREADS, 0, flat(reads, writes, per, n))
+        elif kind == "fill":  # masked_fill_: block (head, row, column block) of fill_block columns
+            (x, mask), blk = p[0], fill_block(w)
+            per_row = w.nk // blk
+            kept = fill_kept(w)[2].reshape(w.nq, per_row)
+
+            def tiles(lo, hi, x=x, mask=mask, blk=blk, per_row=per_row, kept=kept):
+                P = _Parts(lo, hi, cols)
+                b = np.arange(lo, hi, dtype=np.int64)
+                cb, r, h = b % per_row, (b // per_row) % w.nq, b // (per_row * w.nq)
+                c0 = cb * blk
+                P.add(x, False, b, 0, h, r, 1, c0, blk - 128)  # iterations 0 .. vt-2: every lane
+                kn = kept[r, cb]
+                m = kn > 0
+                P.add(x, False, b[m], 0, h[m], r[m], 1, c0[m] + blk - 128, kn[m])  # the last: kept lanes
+                P.add(mask, False, b, 0, 0, r, 1, c0, blk)
+                P.add(x, True, b, 0, h, r, 1, c0, blk)
+                return P.pack()
+
+            specs[name] = BlockSpec((w.bh * w.nq * per_row, 1, 1), 128, 0, tiles)
+        else:  # tril: thread t of block b the 8-byte chunk 128·b + t; loads where it starts in the triangle
+            cpr, total = w.nk // 8, w.nq * w.nk // 8
+            act = tril_active(w)
+
+            def tiles(lo, hi, cpr=cpr, total=total, act=act):
+                P = _Parts(lo, hi, cols)
+                b = np.arange(lo, hi, dtype=np.int64)
+                s, e = b * ATEN_THREADS, np.minimum(b * ATEN_THREADS + ATEN_THREADS, total)
+                g, k = _expand((e - 1) // cpr - s // cpr + 1)  # the matrix rows each block's chunks touch
+                r = s[g] // cpr + k
+                c_lo, c_hi = np.maximum(s[g], r * cpr), np.minimum(e[g], r * cpr + act[r])
+                m = c_hi > c_lo
+                P.add("Mask1", False, b[g][m], 0, 0, c_lo[m], (c_hi - c_lo)[m])
+                P.add("Mask", True, b, 0, 0, s, e - s)
+                return P.pack()
+
+            specs[name] = BlockSpec((-(-total // ATEN_THREADS), 1, 1), ATEN_THREADS, 0, tiles)
+    for launch in schedule.launches:
+        launch.blocks = specs[launch.name]
+
+
 def attach(schedule, algo: str, w: Workload, tiling: Tiling | None, plan=None):
     """Fill ``launch.blocks`` of every launch of ``schedule`` (built by ``algo`` for ``w`` and
     ``tiling``; ``plan``: decode's resolved options, fast's block-shape config) and return the
@@ -808,6 +1039,10 @@ def attach(schedule, algo: str, w: Workload, tiling: Tiling | None, plan=None):
         _fast(schedule, w, plan)
     elif algo == "torch_flash":
         _torch_flash(schedule, w)
+    elif algo == "torch_memeff":
+        _torch_memeff(schedule, w)
+    elif algo == "torch_naive":
+        _torch_naive(schedule, w, *plan)
     elif algo == "flash2":
         _flash2(schedule, w, tiling)
     elif algo == "flash1":

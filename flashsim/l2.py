@@ -2,17 +2,19 @@
 
 :func:`dram_traffic` takes a :class:`~flashsim.traffic.Schedule` whose launches carry their
 thread blocks (``Launch.blocks``, a :class:`flashsim.blocks.BlockSpec`, filled by every
-schedule of standard, flash1, flash2, decode, fast and torch_flash) and a GPU preset, and
-returns the bytes read from and written to DRAM, launch by launch.  :func:`simulate_dram` builds the schedule first.
+schedule of standard, flash1, flash2, decode, fast, torch_flash, torch_memeff and torch_naive)
+and a GPU preset, and returns the bytes read from and written to DRAM, launch by launch.
+:func:`simulate_dram` builds the schedule first.
 
 The model, piece by piece:
 
 * **Issue order.**  A launch's blocks are issued in grid order (x fastest, then y, then z).
   ``slots = num_sms x blocks_per_sm`` of them are resident at once (blocks per SM from the
   preset's thread, block and shared-memory limits and the block's threads and shared memory;
-  registers are not modelled).  Resident blocks advance round-robin, one *step* each per round
-  (a step is what a block loads or stores between two barriers: a K_j, V_j pair, a slice of a
-  GEMM's operands); when a block finishes, the next block of the grid takes its slot.
+  registers only where the block gives a measured count: PyTorch's fmha and nvjet kernels).
+  Resident blocks advance round-robin, one *step* each per round (a step is what a block loads
+  or stores between two barriers: a K_j, V_j pair, a slice of a GEMM's operands); when a block
+  finishes, the next block of the grid takes its slot.
 * **Accesses.**  Each tile of a step is expanded, row by row, into the 128-byte lines it
   touches, each with the mask of the 32-byte sectors it touches (``l2_line_bytes`` and
   ``l2_sector_bytes`` of the preset), tensors laid out as the walker lays them out.
@@ -62,8 +64,9 @@ show it as megabytes of writes the model does not predict; analysis.compare repo
 no partitions (one SM sees about half the capacity the
 whole grid sees, and a launch reading back what other blocks wrote misses about half of it:
 both measured, neither modelled), no read-modify-write of partly written sectors, no local
-memory (the reference kernels measured have none), no register-limited occupancy, no per-SM
-placement of blocks.  The A100 presets have no calibration: they assume the H100's fractions.
+memory (the reference kernels measured have none), no register-limited occupancy where the
+kernel's register count is not given, no per-SM placement of blocks.  The A100 presets have no
+calibration: they assume the H100's fractions.
 """
 
 from __future__ import annotations
@@ -557,7 +560,8 @@ def dram_traffic(schedule: Schedule, gpu: Hardware | str, *, cold_launches: bool
     missing = [ln.name for ln in schedule.launches if ln.blocks is None]
     if missing:
         raise ValueError(f"schedule.launches={missing}: no thread-block model (Launch.blocks) for the L2 model; "
-                         "it exists for standard, flash1, flash2, decode, fast and torch_flash")
+                         "it exists for standard, flash1, flash2, decode, fast, torch_flash, torch_memeff and "
+                         "torch_naive")
     cache = L2(gpu.l2_effective_bytes, gpu.l2_line_bytes, gpu.l2_sector_bytes, gpu.l2_ways, sample,
                policy=gpu.l2_replacement, dirty_limit=gpu.l2_dirty_bytes, fetch_bytes=gpu.l2_fetch_bytes,
                random_share=gpu.l2_random_share)

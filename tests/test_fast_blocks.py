@@ -111,15 +111,17 @@ def test_block_shapes_equal_the_kernels_launches():
 # By hand
 
 
-def _steps(spec, block):
-    """The tiles of one block, step by step: [(tensor, r/w/red, slice, row0, nrows), ...] a step."""
+def _steps(spec, block, cols=False):
+    """The tiles of one block, step by step: [(tensor, r/w/red, slice, row0, nrows), ...] a step
+    (with ``cols``, each tile also gives col0, ncols)."""
     t = spec.tiles(block, block + 1)
     out = []
     for s in range(t.step_ptr[0], t.step_ptr[1]):
         step = []
         for k in range(t.tile_ptr[s], t.tile_ptr[s + 1]):
             kind = "red" if t.reduction[k] else "w" if t.write[k] else "r"
-            step.append((t.names[t.tensor[k]], kind, int(t.slice[k]), int(t.row0[k]), int(t.nrows[k])))
+            tile = (t.names[t.tensor[k]], kind, int(t.slice[k]), int(t.row0[k]), int(t.nrows[k]))
+            step.append(tile + (int(t.col0[k]), int(t.ncols[k])) if cols else tile)
         out.append(step)
     return out
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..blocks import attach
 from ..config import STAT_BYTES, Tiling, Workload, cdiv
 from ..traffic import Launch, Schedule, TensorLayout, read, write
 from ._common import block_rows, check_programs, classes
@@ -71,7 +72,7 @@ def _check(w: Workload, options: dict) -> bool:
     return bool(lse)
 
 
-def _keys(w: Workload, bq: int) -> np.ndarray:
+def key_extent(w: Workload, bq: int) -> np.ndarray:
     """Keys each query block's loop covers: Nk, or min(Nk, (i+1)·Bq) when causal."""
     tr = cdiv(w.nq, bq)
     if not w.causal:
@@ -86,7 +87,7 @@ def schedule(w: Workload, tiling: Tiling | None, pass_: str, **options) -> Sched
     check_programs(w.bh, "batch*heads")
     bq, bk = tiles(w)
     q0, qn = block_rows(w.nq, bq)
-    keys = _keys(w, bq)
+    keys = key_extent(w, bq)
     nblk = -(-keys // bk)
     lse_rows = cdiv(w.nq, 32) * 32
     lse_n = np.clip(lse_rows - q0, 0, bq)
@@ -128,7 +129,8 @@ def schedule(w: Workload, tiling: Tiling | None, pass_: str, **options) -> Sched
         tensors["L"] = TensorLayout("L", lse_rows, 1, STAT_BYTES, w.bh)
     slices = {n: np.arange(w.bh, dtype=np.int64) for n in tensors}
     launch = Launch("fmha_cutlassF", w.bh, slices, accesses, counts)
-    return Schedule("torch_memeff", tensors, [launch], {"pass": "fwd", "block_m": bq, "block_n": bk, "lse": lse})
+    sched = Schedule("torch_memeff", tensors, [launch], {"pass": "fwd", "block_m": bq, "block_n": bk, "lse": lse})
+    return attach(sched, "torch_memeff", w, None)
 
 
 def closed_form(w: Workload, tiling: Tiling | None, pass_: str, **options) -> dict[tuple[str, str], int]:
@@ -138,7 +140,7 @@ def closed_form(w: Workload, tiling: Tiling | None, pass_: str, **options) -> di
     if pass_ != "fwd":
         raise ValueError(f"pass_={pass_!r}: torch_memeff models the forward only")
     bq, bk = tiles(w)
-    keys = _keys(w, bq)
+    keys = key_extent(w, bq)
     i = np.arange(len(keys), dtype=np.int64)
     rows = np.minimum(bq, w.nq - i * bq)
     bh, d = w.bh, w.d
@@ -163,4 +165,4 @@ def blocks(w: Workload, tiling: Tiling | None, **options) -> tuple[int | None, i
 
 
 __all__ = ["schedule", "closed_form", "plan", "blocks", "PASSES", "NEEDS_TILING", "TILING_TEXT", "DESCRIPTION",
-           "OPTIONS", "KERNEL_NAMES", "TILES", "tiles"]
+           "OPTIONS", "KERNEL_NAMES", "TILES", "tiles", "key_extent"]

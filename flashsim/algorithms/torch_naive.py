@@ -76,6 +76,7 @@ import re
 
 import numpy as np
 
+from ..blocks import attach
 from ..config import Tiling, Workload, cdiv
 from ..traffic import Launch, Schedule, TensorLayout, bulk_read, bulk_write, read, write
 from ._common import block_rows, check_programs, classes
@@ -90,6 +91,7 @@ OPTIONS: dict[str, tuple[object, str]] = {
     "gemm_clusters": ("1x1", "thread-block cluster(s) of the TMA GEMMs, cuBLAS order MxN (tiles along C's columns x "
                              "along its rows), one for all or one per GEMM launch: an operand band shared by a "
                              "cluster's tiles is multicast, read once"),
+    "sms": (132, "streaming multiprocessors of the GPU (the persistent TMA GEMMs' clusters; 132: H100 SXM)"),
 }
 FLOPS_AS = "standard"
 
@@ -123,12 +125,15 @@ def parse_tiles(spec, count: int, what: str = "gemm_tiles") -> list[tuple[int, i
     return out
 
 
-def _options(options: dict) -> tuple[str, str]:
+def _options(options: dict) -> tuple[str, str, int]:
     extra = sorted(set(options) - set(OPTIONS))
     if extra:
         raise ValueError(f"options={extra}: torch_naive takes only {sorted(OPTIONS)}")
+    sms = options.get("sms", OPTIONS["sms"][0])
+    if isinstance(sms, bool) or not isinstance(sms, int | np.integer) or sms < 1:
+        raise ValueError(f"sms={sms!r}: must be a positive integer")
     return (options.get("gemm_tiles", OPTIONS["gemm_tiles"][0]),
-            options.get("gemm_clusters", OPTIONS["gemm_clusters"][0]))
+            options.get("gemm_clusters", OPTIONS["gemm_clusters"][0]), int(sms))
 
 
 def _check(w: Workload) -> None:
@@ -148,7 +153,7 @@ def fill_block(w: Workload) -> int:
     return 128 * (4 if w.elem_bytes < 4 else 2)
 
 
-def _fill_kept(w: Workload) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def fill_kept(w: Workload) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """masked_fill_'s loads of its input in the last of its vt iterations (columns [B - 128, B)
     of each block of B = :func:`fill_block` columns), which the kernel makes only for the lanes
     whose element is kept (col <= row + Nk - Nq): (row, first column, columns) of each kept run."""
@@ -274,7 +279,7 @@ def _parts(w: Workload, pass_: str, tiles: str, clusters: str = "1x1"):
     return {k: v for k, v in t.items() if k in used}, parts
 
 
-def _tril_active(w: Workload) -> np.ndarray:
+def tril_active(w: Workload) -> np.ndarray:
     """Chunks of 8 entries ``tril(nk - nq)`` loads in each row r: those starting at a kept column,
     8c <= r + Nk - Nq, so min(Nk/8, ⌊(r + Nk - Nq)/8⌋ + 1), or none when r + Nk - Nq < 0."""
     t = np.arange(w.nq, dtype=np.int64) + w.nk - w.nq
@@ -297,7 +302,7 @@ def _warp_pieces(w: Workload, chunks: np.ndarray) -> tuple[np.ndarray, np.ndarra
 
 
 def schedule(w: Workload, tiling: Tiling | None, pass_: str, **options) -> Schedule:
-    tiles, clusters = _options(options)
+    tiles, clusters, sms = _options(options)
     _check(w)
     if pass_ not in PASSES:
         raise ValueError(f"pass_={pass_!r}: not modelled")
@@ -323,25 +328,26 @@ def schedule(w: Workload, tiling: Tiling | None, pass_: str, **options) -> Sched
                 blk = fill_block(w)
                 cols = np.arange(w.nk // blk, dtype=np.int64) * blk
                 yield read(x, 0, w.nq, cols, blk - 128)  # iterations 0 .. vt-2: every lane loads
-                kr, kc, kn = _fill_kept(w)
+                kr, kc, kn = fill_kept(w)
                 yield read(x, kr, 1, kc, kn)
                 yield read(mask, 0, w.nq)
                 yield write(x, 0, w.nq)
             launches.append(Launch(name, w.bh, slices, fill))
         else:  # tril: per-thread 8-byte chunks, loads where the chunk starts in the triangle
             def tril():
-                r0, rn = _warp_pieces(w, _tril_active(w))
+                r0, rn = _warp_pieces(w, tril_active(w))
                 yield read("Mask1", r0, rn, 0, 8, per_thread_rows=True)
                 r0, rn = _warp_pieces(w, np.full(w.nq, w.nk // 8, dtype=np.int64))
                 yield write("Mask", r0, rn, 0, 8, per_thread_rows=True)
             launches.append(Launch(name, 1, {n: s[:1] for n, s in slices.items()}, tril))
-    return Schedule("torch_naive", tensors, launches,
-                    {"pass": pass_, "gemm_tiles": tiles, "gemm_clusters": clusters,
-                     "kernels": [KERNEL_NAMES[ln.name] for ln in launches]})
+    sched = Schedule("torch_naive", tensors, launches,
+                     {"pass": pass_, "gemm_tiles": tiles, "gemm_clusters": clusters,
+                      "kernels": [KERNEL_NAMES[ln.name] for ln in launches]})
+    return attach(sched, "torch_naive", w, None, (parts, sms))
 
 
 def closed_form(w: Workload, tiling: Tiling | None, pass_: str, **options) -> dict[tuple[str, str], int]:
-    tiles, clusters = _options(options)
+    tiles, clusters, _ = _options(options)
     _check(w)
     if pass_ not in PASSES:
         raise ValueError(f"pass_={pass_!r}: not modelled")
@@ -364,11 +370,11 @@ def closed_form(w: Workload, tiling: Tiling | None, pass_: str, **options) -> di
         elif kind == "fill":
             x, mask = p[0]
             every = w.nq * w.nk // fill_block(w) * (fill_block(w) - 128)  # iterations 0 .. vt-2
-            add((x, "read"), w.bh * (every + int(_fill_kept(w)[2].sum())))
+            add((x, "read"), w.bh * (every + int(fill_kept(w)[2].sum())))
             add((mask, "read"), w.bh * w.nq * w.nk)
             add((x, "write"), w.bh * w.nq * w.nk)
         else:
-            add(("Mask1", "read"), 8 * int(_tril_active(w).sum()))
+            add(("Mask1", "read"), 8 * int(tril_active(w).sum()))
             add(("Mask", "write"), w.nq * w.nk)
     return out
 
@@ -384,4 +390,4 @@ def blocks(w: Workload, tiling: Tiling | None, **options) -> tuple[None, None]:
 
 
 __all__ = ["schedule", "closed_form", "plan", "blocks", "PASSES", "NEEDS_TILING", "TILING_TEXT", "DESCRIPTION",
-           "OPTIONS", "KERNEL_NAMES", "GEMMS", "parse_tiles", "cdiv"]
+           "OPTIONS", "KERNEL_NAMES", "GEMMS", "parse_tiles", "cdiv", "fill_block", "fill_kept", "tril_active"]
