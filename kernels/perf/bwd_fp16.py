@@ -4,8 +4,8 @@ Both recompute P from Q, K and L (the reference backward's semantics, ``kernels/
 D = rowsum(dO ∘ O) first (:func:`kernels.perf._launch.row_dots`); key columns >= Nk and causal
 entries (bottom-right aligned) get P = 0; rows that see no key have L = +inf in log2 units, so
 P = 0 there too; grouped-query attention sums dK, dV over the query heads of a kv head.  Both
-compile for bf16 too (``bf16=True``: the ``.bf16`` mma and packing, dQ rounded to bf16; not yet
-timed on a GPU: NOTES.md, "bf16").  The
+compile for bf16 too (``bf16=True``: the ``.bf16`` mma and packing, dQ rounded to bf16; timed on
+the H100 beside fp16: NOTES.md, "bf16").  The
 helpers, fragment layouts and instruction-count lessons are ``fwd_fp16``'s (and
 :mod:`kernels.perf.tc`'s); the set-up, tile copies, products and epilogue packing are
 :mod:`kernels.perf._tiles`'s.  Measurements: ``kernels/perf/NOTES.md`` ("fp16 backward").
