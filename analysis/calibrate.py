@@ -739,18 +739,6 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _git_dirty():
-    env = os.environ.get("FLASHSIM_GIT_DIRTY")
-    if env is not None:
-        return env.strip().lower() in ("1", "true", "yes")
-    try:
-        r = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
-                           timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return bool(r.stdout.strip()) if r.returncode == 0 else None
-
-
 SUFFIXES = (".csv", ".meta.json", ".ncu-raw.csv", ".bandwidth.csv", ".summary.txt")
 
 
@@ -799,7 +787,7 @@ def run_l2(out_dir: Path, name: str, force: bool = False, quick: bool = False, b
         return 1
     _write_atomic(paths[".csv"], rows_to_csv(rows))
     meta = provenance(cmd, "all")
-    meta.update(git_dirty=_git_dirty(), metrics=list(METRICS), grid=manifest["grid"], cases=len(rows),
+    meta.update(metrics=list(METRICS), grid=manifest["grid"], cases=len(rows),
                 plan="quick" if quick else "full", kernel="analysis.calibrate.l2_sweep")
     bw = []
     if bandwidth:

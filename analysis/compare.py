@@ -35,6 +35,7 @@ import numpy as np
 
 from flashsim.api import build_schedule
 from flashsim.config import DTYPE_BYTES, get_gpu
+from flashsim.config import preset_of as gpu_preset_of
 from flashsim.l2 import dram_traffic
 from flashsim.output import check_overwrite, staged
 from flashsim.traffic import SECTOR_BYTES, walk
@@ -465,11 +466,7 @@ def summarize(records: list[dict]) -> dict:
 
 def preset_of(meta: dict) -> str | None:
     """The flashsim GPU preset of a measurement's provenance ("NVIDIA H200" -> "h200"), or None."""
-    name = str(meta.get("gpu") or "").lower()
-    for key in ("h200", "h100", "a100"):
-        if key in name:
-            return "a100-80gb" if key == "a100" and "80" in name else key
-    return None
+    return gpu_preset_of(meta.get("gpu"))
 
 
 #: The files ``run`` writes into ``out_dir``: the tables and summary, then the plots.

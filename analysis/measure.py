@@ -22,7 +22,6 @@ from __future__ import annotations
 import csv
 import datetime as _dt
 import json
-import os
 import platform
 import shutil
 import subprocess
@@ -31,6 +30,7 @@ import tempfile
 from pathlib import Path
 
 from flashsim.output import check_overwrite, staged
+from flashsim.provenance import git_state
 
 from .configs import DECODE_FIELDS
 from .ncu import METRICS, OPTIONAL_METRICS, available_metrics, ncu_command, parse_raw_csv, split_by_marker
@@ -46,7 +46,6 @@ DEFAULT_OUT = "out/measure-{set}"
 
 #: The root of the repository this package was loaded from: its commit is the code that ran,
 #: whatever the current folder is when ``measure`` runs.
-REPO = Path(__file__).resolve().parents[1]
 
 
 class MeasureError(RuntimeError):
@@ -79,36 +78,6 @@ def _run(cmd: list[str]) -> str:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
-
-
-def _git(*args: str) -> str | None:
-    """``git -C REPO args`` (stdout), or None if git or the repository is not there."""
-    try:
-        p = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return p.stdout.strip() if p.returncode == 0 else None
-
-
-def git_state() -> dict:
-    """``{"git_commit", "git_dirty"}`` of the code that runs.
-
-    From ``git -C <this package's repository>``, so it holds when the command runs from another
-    folder; None (unknown) when the package is not in a git checkout of its own (an installed
-    copy).  ``git_dirty``: tracked files differ from the commit (staged or not; untracked files do
-    not count).  On a machine that has the code without its ``.git`` (a copy of the working tree),
-    the environment says: ``FLASHSIM_GIT_COMMIT`` and ``FLASHSIM_GIT_DIRTY`` (1 or 0).
-    """
-    commit = os.environ.get("FLASHSIM_GIT_COMMIT")
-    if commit:
-        flag = os.environ.get("FLASHSIM_GIT_DIRTY", "").strip().lower()
-        dirty = True if flag in ("1", "true", "yes") else False if flag in ("0", "false", "no") else None
-        return {"git_commit": commit, "git_dirty": dirty}
-    top = _git("rev-parse", "--show-toplevel")
-    if top is None or Path(top).resolve() != REPO:  # not a checkout of this package (e.g. a venv in one)
-        return {"git_commit": None, "git_dirty": None}
-    status = _git("status", "--porcelain", "--untracked-files=no")
-    return {"git_commit": _git("rev-parse", "HEAD"), "git_dirty": None if status is None else status != ""}
 
 
 def provenance(ncu_cmd: list[str], cache_control: str, git: dict | None = None, metrics=METRICS) -> dict:

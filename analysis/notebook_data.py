@@ -26,6 +26,8 @@ import json
 import os
 from pathlib import Path
 
+from flashsim import config
+
 ROOT = Path(__file__).resolve().parent.parent
 
 #: name -> (environment variable, path relative to the repository root)
@@ -115,11 +117,10 @@ def load_compare(name: str) -> list[dict] | None:
 def preset_of(gpu_name: str) -> str:
     """The flashsim GPU preset (``flashsim.config.GPUS``) of a GPU as a data file's provenance
     names it, e.g. "NVIDIA H200" -> "h200", "NVIDIA A100-SXM4-80GB" -> "a100-80gb"."""
-    name = gpu_name.lower()
-    for model in ("h200", "h100", "a100"):
-        if model in name:
-            return "a100-80gb" if model == "a100" and "80gb" in name else model
-    raise ValueError(f"{gpu_name!r}: no flashsim GPU preset for this GPU")
+    preset = config.preset_of(gpu_name)
+    if preset is None:
+        raise ValueError(f"{gpu_name!r}: no flashsim GPU preset for this GPU")
+    return preset
 
 
 def load_meta(name: str) -> dict:

@@ -481,6 +481,16 @@ GPUS: dict[str, Hardware] = {
 GPU_ALIASES = {"a100": "a100-40gb", "h100-sxm": "h100", "h100-80gb": "h100", "h200-sxm": "h200"}
 
 
+def preset_of(gpu_name) -> str | None:
+    """The preset of a GPU as nvidia-smi and the records' provenance name it ("NVIDIA H200" ->
+    "h200", "NVIDIA A100-SXM4-80GB" -> "a100-80gb"), or None for a GPU without one (or no name)."""
+    name = str(gpu_name or "").lower()
+    for model in ("h200", "h100", "a100"):
+        if model in name:
+            return "a100-80gb" if model == "a100" and "80gb" in name else model
+    return None
+
+
 def get_gpu(name: str) -> Hardware:
     if not isinstance(name, str):
         raise ValueError(f"gpu={name!r}: must be a preset name; choose one of {sorted(GPUS)}")

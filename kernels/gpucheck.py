@@ -29,6 +29,8 @@ import time
 import numpy as np
 from numba import cuda
 
+from flashsim.provenance import git_state
+
 from . import reference as ref
 
 FP32_TOL = 1e-5
@@ -196,8 +198,7 @@ def provenance() -> dict:
     return {"gpu": smi[0].strip() if smi[0] else None, "driver": smi[1].strip() if len(smi) > 1 else None,
             "cuda": (run(["nvcc", "--version"]).splitlines() or [None])[-1], "numba": numba.__version__,
             "numba_cuda": numba_cuda.__version__, "numpy": np.__version__, "python": platform.python_version(),
-            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "git_commit": os.environ.get("FLASHSIM_GIT_COMMIT")}
+            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **git_state()}
 
 
 def main(argv=None) -> int:

@@ -19,8 +19,9 @@ import flashsim.cli
 import flashsim.report
 from analysis.cli import build_parser, main
 from analysis.configs import SETS
-from analysis.measure import DEFAULT_OUT, REPO, git_state, record_files
+from analysis.measure import DEFAULT_OUT, record_files
 from flashsim.output import STAGING_PREFIX, OutputExists, atomic_write, staged
+from flashsim.provenance import REPO, git_state
 
 ROOT = Path(__file__).resolve().parents[1]
 

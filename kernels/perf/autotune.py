@@ -624,29 +624,13 @@ def _gpu_measure(torch, v, shape, flush, repeat, rng):
 
 def _preset_for(name: str) -> str:
     """The flashsim preset of a GPU name (h100 if none matches, with a warning)."""
-    low = name.lower()
-    for key, preset in (("h200", "h200"), ("h100", "h100"), ("a100", "a100-80gb" if "80" in low else "a100-40gb")):
-        if key in low:
-            return preset
-    warnings.warn(f"GPU {name!r}: no flashsim preset; the model uses the H100's", stacklevel=2)
-    return "h100"
+    from flashsim.config import preset_of
 
-
-def _git() -> dict:
-    """The commit (``FLASHSIM_GIT_COMMIT`` first, else ``git rev-parse HEAD``) and whether the
-    tree had uncommitted changes (None where git cannot tell)."""
-    import subprocess
-
-    def run(*cmd):
-        try:
-            r = subprocess.run(["git", *cmd], capture_output=True, text=True, timeout=30)
-            return r.stdout.strip() if r.returncode == 0 else None
-        except (OSError, subprocess.SubprocessError):
-            return None
-
-    status = run("status", "--porcelain", "--untracked-files=no")
-    return {"git_commit": os.environ.get("FLASHSIM_GIT_COMMIT") or run("rev-parse", "HEAD"),
-            "git_dirty": None if status is None else bool(status)}
+    preset = preset_of(name)
+    if preset is None:
+        warnings.warn(f"GPU {name!r}: no flashsim preset; the model uses the H100's", stacklevel=2)
+        return "h100"
+    return preset
 
 
 def _row(shape, v, key, rec, res) -> dict:
@@ -770,7 +754,7 @@ def _tune(torch, todo, args, argv) -> int:
     if args.out:
         from ..gpucheck import provenance
 
-        meta = dict(provenance(), **_git(), torch=torch.__version__, method=__doc__, tf32="off", preset=preset,
+        meta = dict(provenance(), torch=torch.__version__, method=__doc__, tf32="off", preset=preset,
                     top=args.top, repeat=args.repeat, argv=list(sys.argv[1:] if argv is None else argv))
     out = Path(args.out) if args.out else None
     start = time.monotonic()
