@@ -67,10 +67,33 @@ def as_device_array(x, sync: bool = True):
     producer's).  A call that launches on that very stream (torch's current stream, the default
     for torch tensors) passes False: the stream's own order already puts the kernels after the
     producer, and the wait (a stream synchronisation) would hold the host until that stream is
-    idle, on every call."""
+    idle, on every call; such a contiguous torch tensor gets its view from :func:`_torch_view`."""
     if _is_numba_device_array(x):
         return x
+    if not sync and _is_torch(x) and getattr(x, "is_cuda", False) is True and x.is_contiguous():
+        return _torch_view(x)
     return cuda.as_cuda_array(x, sync=sync)
+
+
+#: (data pointer, shape, dtype, device) of a contiguous CUDA tensor -> a Numba view of that memory
+#: that does not hold the tensor.  Making a view costs about 13 us of host time (Numba's interface
+#: import and device-array set-up; scripts/device/host_breakdown.py), five of them per forward
+#: call, and torch's caching allocator hands the same addresses back call after call.  A view is
+#: only a pointer, shape and dtype, so it is right for whatever live tensor has that key: the
+#: caller's tensor is alive for the call, and the view is used only within it.
+_VIEWS: dict = {}
+
+
+def _torch_view(t):
+    key = (t.data_ptr(), t.shape, t.dtype, t.device)
+    dev = _VIEWS.get(key)
+    if dev is None:
+        if len(_VIEWS) >= 1024:
+            _VIEWS.clear()
+        desc = dict(t.__cuda_array_interface__)
+        desc.pop("stream", None)  # no wait (sync=False), and no stream object made per view
+        dev = _VIEWS[key] = cuda.from_cuda_array_interface(desc, owner=None, sync=False)
+    return dev
 
 
 def _kind(x) -> str:
@@ -129,9 +152,13 @@ def _external_stream(device: str, handle: int):
     key = (device, handle)
     st = _EXTERNAL.get(key)
     if st is None:
+        from . import _direct
+
         if len(_EXTERNAL) >= 256:  # a program that makes streams without end: start again
             _EXTERNAL.clear()
+            _direct.forget_streams()
         st = _EXTERNAL[key] = cuda.external_stream(handle)
+        _direct.register_stream(st, handle)
     return st
 
 

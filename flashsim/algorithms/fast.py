@@ -117,6 +117,8 @@ def default_config(name: str, d: int) -> dict:
     """The block-shape keys of ``kernels.perf.variant(name).default_config(d)`` (the tests hold
     them equal)."""
     if name == "fwd_fp16_v4":
+        if d > 128:
+            return dict(bc=32, nw=8, mt=1, qreg=True) if d > 192 else dict(bc=32, nw=8, mt=2, qreg=False)
         return dict(bc=64 if d <= 64 else 16 if 112 < d <= 128 else 32, nw=4, mt=2, qreg=True)
     if name == "fwd_fp32_v1":
         return dict(bc=64, nw=4, rm=4, unroll=2, minb=2) if d <= 64 else dict(bc=32, nw=4, rm=4, unroll=2, minb=1)

@@ -17,6 +17,7 @@ import numpy as np
 from numba import config, cuda, float32
 
 from .._bf16 import cvt_bf16, ld_bf16
+from .._direct import launch
 
 #: log2(e): the kernels exponentiate with ex2, in log2 units (the one definition).
 LOG2E = 1.4426950408889634
@@ -75,7 +76,7 @@ def launch_forward(name, kernel, smem_bytes, default_config, supports, q, k, v, 
     smem = smem_bytes(dp, br, cfg["bc"])
     args = (*tc_view(inp, a["q"], a["k"], a["v"], o), lse, float32(sc * LOG2E), float32(sc))
     raise_smem_limit(kern, args, smem)
-    kern[(-(-nq // br), nb * nh), nt, inp.stream, smem](*args)
+    launch(kern, (-(-nq // br), nb * nh), nt, inp.stream, smem, *args)
     if return_lse:
         return inp.out(o), inp.out(lse)
     return inp.out(o)
@@ -159,7 +160,7 @@ def positive_scale(inp, a, sc):
     n = int(np.prod(q.shape))
     qp = inp.empty(tuple(q.shape), inp.dtype)
     times = _times_bf16 if inp.bf16 else _times
-    times[(*elementwise_grid(n), inp.stream)](q.reshape(n), qp.reshape(n), float32(inp.dq_factor))
+    launch(times, *elementwise_grid(n), inp.stream, 0, q.reshape(n), qp.reshape(n), float32(inp.dq_factor))
     a["q"] = qp
     return -sc if sc < 0 else 1.0
 
@@ -169,7 +170,7 @@ def finish_dq(inp, dq):
     if inp.dq_factor != 1.0:
         n = int(np.prod(dq.shape))
         times = _times_bf16 if inp.bf16 and np.dtype(dq.dtype) != np.float32 else _times
-        times[(*elementwise_grid(n), inp.stream)](dq.reshape(n), dq.reshape(n), float32(inp.dq_factor))
+        launch(times, *elementwise_grid(n), inp.stream, 0, dq.reshape(n), dq.reshape(n), float32(inp.dq_factor))
 
 
 def elementwise_grid(n: int) -> tuple:
@@ -188,7 +189,7 @@ def _zero(a):
 
 def zero_fill(flat, stream=0) -> None:
     """Zero a flat float32 device array (the buffer a backward's dQ atomics add into)."""
-    _zero[(*elementwise_grid(flat.shape[0]), stream)](flat)
+    launch(_zero, *elementwise_grid(flat.shape[0]), stream, 0, flat)
 
 
 def zeroed_dq(inp, shape):
@@ -217,8 +218,8 @@ def dq_to_f16(inp, flat, shape, scale):
     to nearest even), in the inputs' kind (times ``inp.dq_factor``: :func:`positive_scale`)."""
     dq = inp.empty(shape, inp.dtype)
     conv = _scaled_to_bf16 if inp.bf16 else _scaled_to_f16
-    conv[(*elementwise_grid(flat.shape[0]), inp.stream)](flat, dq.reshape(flat.shape[0]),
-                                                        np.float32(scale * inp.dq_factor))
+    launch(conv, *elementwise_grid(flat.shape[0]), inp.stream, 0, flat, dq.reshape(flat.shape[0]),
+           np.float32(scale * inp.dq_factor))
     return inp.out(dq)
 
 
@@ -235,7 +236,7 @@ def row_dots(inp, a, causal):
     nb, nh, nq, d = a["o"].shape
     dvec = inp.empty((nb, nh, nq), np.float32)
     pre, ntp = flash2.kernel("preprocess", inp.dtype_name, d, 64, 64, causal, False, False)
-    pre[(-(-nq // 64), nb * nh), ntp, inp.stream](a["o"], a["do"], dvec, _dummy_counters())
+    launch(pre, (-(-nq // 64), nb * nh), ntp, inp.stream, 0, a["o"], a["do"], dvec, _dummy_counters())
     return dvec
 
 
@@ -265,6 +266,6 @@ def launch_fp32_backward(requirement, mod, q, k, v, o, lse, do, *, causal=False,
     args = (a["q"], a["k"], a["v"], a["do"], lse_d, dvec, dq, dk, dv, float32(sc * LOG2E), float32(sc))
     smem = mod.smem_bytes(d, cfg["bc"], cfg["br"])
     raise_smem_limit(kern, args, smem)
-    kern[(-(-nk // cfg["bc"]), nb * nhk), nt, inp.stream, smem](*args)
+    launch(kern, (-(-nk // cfg["bc"]), nb * nhk), nt, inp.stream, smem, *args)
     finish_dq(inp, dq)
     return inp.out(dq), inp.out(dk), inp.out(dv)

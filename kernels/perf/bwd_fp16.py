@@ -29,6 +29,7 @@ from types import SimpleNamespace
 from numba import cuda, float32, int32, types, uint32
 
 from .._arrays import dtype_name
+from .._direct import launch
 from ..flash2 import padded_head_dim
 from . import tc
 from ._launch import (
@@ -409,11 +410,11 @@ def backward_v1(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
     args = (qh, kh, vh, doh, lse_d, dvec, dkh, dvh, sl2, scf)
     smem = smem_bytes_dkdv_v1(d, bkey, cfg["bq"])
     raise_smem_limit(kdkdv, args, smem)
-    kdkdv[(-(-nk // bkey), nb * nhk), nt1, inp.stream, smem](*args)
+    launch(kdkdv, (-(-nk // bkey), nb * nhk), nt1, inp.stream, smem, *args)
     args = (qh, kh, vh, doh, lse_d, dvec, dqh, sl2, scf)
     smem = smem_bytes_dq_v1(d, bqr, cfg["bk"])
     raise_smem_limit(kdq, args, smem)
-    kdq[(-(-nq // bqr), nb * nh), nt2, inp.stream, smem](*args)
+    launch(kdq, (-(-nq // bqr), nb * nh), nt2, inp.stream, smem, *args)
     finish_dq(inp, dq)
     return inp.out(dq), inp.out(dk), inp.out(dv)
 
@@ -812,7 +813,7 @@ def backward_v3(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
     args = (qh, kh, vh, doh, lse_d, dvec, dqa, dkh, dvh, float32(sc * LOG2E), float32(sc))
     smem = smem_bytes_v3(d, cfg["bq"], cfg["bk"])
     raise_smem_limit(kern, args, smem)
-    kern[(-(-nk // cfg["bk"]), nb * nhk), nt, inp.stream, smem](*args)
+    launch(kern, (-(-nk // cfg["bk"]), nb * nhk), nt, inp.stream, smem, *args)
     return dq_to_f16(inp, flat, (nb, nh, nq, d), sc), inp.out(dk), inp.out(dv)
 
 

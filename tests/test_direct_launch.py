@@ -1,0 +1,139 @@
+"""kernels._direct: launches that skip Numba's per-call argument work pack exactly what Numba
+packs, fall back to Numba's dispatcher wherever they do not apply, and (on the GPU) give the same
+bits as the dispatcher's launches."""
+
+import ctypes
+import os
+
+import numpy as np
+import pytest
+from numba.core import types
+
+from kernels import _direct
+
+
+class FakeArray:
+    """The attributes the packer reads of a Numba device array."""
+
+    def __init__(self, ptr, shape, dtype):
+        self.shape = tuple(shape)
+        self.dtype = np.dtype(dtype)
+        self.size = int(np.prod(shape))
+        st, acc = [], self.dtype.itemsize
+        for s in reversed(self.shape):
+            st.append(acc)
+            acc *= s
+        self.strides = tuple(reversed(st))
+        self.device_ctypes_pointer = ctypes.c_void_p(ptr)
+
+
+def test_array_packed_as_numba_does():
+    """meminfo 0, parent 0, size, itemsize, data pointer, shape, strides in bytes (Numba's
+    ``_Kernel._prepare_args`` for an array argument)."""
+    a = FakeArray(0x7F0000001000, (2, 3, 5, 64), np.float16)
+    out = _direct.pack((_direct._packer(types.Array(types.float16, 4, "C")),), (a,))
+    print(out)
+    assert out == [0, 0, 1920, 2, 0x7F0000001000, 2, 3, 5, 64, 1920, 640, 128, 2]
+
+
+def test_scalars_packed_as_ctypes_of_their_type():
+    p32, p64, pi = (_direct._packer(t) for t in (types.float32, types.float64, types.int32))
+    out = _direct.pack((p32, p64, pi), (np.float32(0.5), 2.0, np.int32(-3)))
+    assert [type(x) for x in out] == [ctypes.c_float, ctypes.c_double, ctypes.c_int32]
+    assert [x.value for x in out] == [0.5, 2.0, -3]
+    assert _direct._packer(types.boolean) is None  # not taken: Numba's own path
+
+
+class FakeKernel:
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, cfg):
+        return lambda *args: self.calls.append((cfg, args))
+
+
+def test_unregistered_stream_goes_through_the_dispatcher():
+    """Numba's own streams (and everything under the simulator) launch as before."""
+    kern = FakeKernel()
+    _direct.launch(kern, (4, 2), 128, 0, 1024, "a", np.float32(1))
+    assert kern.calls == [(((4, 2), 128, 0, 1024), ("a", np.float32(1)))]
+    assert not _direct._COMPILED
+
+
+def test_off_under_the_simulator():
+    from numba import config
+
+    assert _direct.enabled() is (not config.ENABLE_CUDASIM and os.environ.get("FLASHSIM_DIRECT_LAUNCH", "1") != "0")
+
+
+@pytest.mark.gpu
+def test_pack_equals_numbas_prepare_args():
+    """On real device arrays and scalars, :func:`kernels._direct.pack` gives the list Numba's
+    ``_Kernel._prepare_args`` builds (pointers and ints equal, ctypes scalars of the same type
+    and value)."""
+    from numba import cuda
+
+    @cuda.jit
+    def k(a, b, x, n):
+        pass
+
+    a = cuda.device_array((3, 5, 64), np.float16)
+    b = cuda.device_array(7, np.float32)
+    args = (a, b, np.float32(1.5), np.int64(9))
+    k[1, 32](*args)
+    cuda.synchronize()
+    compiled = k.overloads[tuple(k.typeof_pyval(x) for x in args)]
+    ref: list = []
+    for t, v in zip(compiled.argument_types, args):
+        compiled._prepare_args(t, v, 0, [], ref)
+    mine = _direct.pack(tuple(_direct._packer(t) for t in compiled.argument_types), args)
+    norm = [(type(x).__name__, x.value) if isinstance(x, ctypes._SimpleCData) else int(x) for x in ref]
+    print(norm)
+    assert norm == [(type(x).__name__, x.value) if isinstance(x, ctypes._SimpleCData) else int(x) for x in mine]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_same_bits_as_the_dispatcher(dtype, d):
+    """Forward and backward of the fast kernels on torch tensors: the direct launches (taken:
+    their kernels are remembered) give bit-identical O, L, dK, dV to Numba's dispatcher, and dQ
+    too where no atomics sum it (d = 64)."""
+    torch = pytest.importorskip("torch")
+    import kernels
+    from kernels import _arrays
+
+    gen = torch.Generator(device="cuda").manual_seed(d)
+    dt = getattr(torch, dtype)
+    q, k, v, do = (torch.randn(2, 4, 300, d, device="cuda", dtype=dt, generator=gen) for _ in range(4))
+
+    def run():
+        _arrays._EXTERNAL.clear()
+        _direct.forget_streams()
+        outs = []
+        for _ in range(2):  # the first call fills the cache, the second launches directly
+            o, lse = kernels.flash_attention(q, k, v, causal=True, return_lse=True)
+            outs = [o, lse, *kernels.flash_attention_backward(q, k, v, o, lse, do, causal=True)]
+        torch.cuda.synchronize()
+        return [x.clone() for x in outs]
+
+    direct = run()
+    taken = sum(e is not None for e in _direct._COMPILED.values())
+    os.environ["FLASHSIM_DIRECT_LAUNCH"] = "0"
+    try:
+        numba_path = run()
+        assert not _direct._COMPILED
+    finally:
+        del os.environ["FLASHSIM_DIRECT_LAUNCH"]
+        _arrays._EXTERNAL.clear()
+        _direct.forget_streams()
+    print(dtype, d, "direct kernels remembered:", taken)
+    assert taken >= 3
+    for name, x, y in zip(("O", "L", "dQ", "dK", "dV"), direct, numba_path):
+        if name == "dQ" and d > 64:  # bwd_fp16_v3 sums dQ by atomics: last bits vary run to run
+            err = float((x.double() - y.double()).norm() / y.double().norm())
+            print("dQ", err)
+            assert err < 2e-3
+            continue
+        assert torch.equal(x.view(torch.int16) if x.dtype == torch.bfloat16 else x,
+                           y.view(torch.int16) if y.dtype == torch.bfloat16 else y), name
