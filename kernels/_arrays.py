@@ -34,9 +34,26 @@ SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 BF16 = np.dtype(np.int16)
 
 
+_DTYPE_NAMES: dict = {}
+
+
 def dtype_name(dtype) -> str | None:
     """'float32', 'float16', 'bfloat16', ... for a numpy dtype, a torch dtype or a name (None if it
-    names no dtype)."""
+    names no dtype); remembered per dtype (numpy's name lookup costs host time on every call)."""
+    try:
+        return _DTYPE_NAMES[dtype]
+    except (KeyError, TypeError):
+        pass
+    name = _dtype_name(dtype)
+    try:
+        if len(_DTYPE_NAMES) < 256:
+            _DTYPE_NAMES[dtype] = name
+    except TypeError:  # unhashable
+        pass
+    return name
+
+
+def _dtype_name(dtype) -> str | None:
     if dtype is None:
         return None
     s = str(dtype).replace("torch.", "")

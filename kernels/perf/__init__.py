@@ -56,14 +56,24 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+_BEST: dict = {}
+
+
 def best(pass_: str, dtype, d: int):
     """The fastest variant for this pass, dtype and head dim (its :func:`variant`), or None if
-    none applies."""
+    none applies; remembered per (pass, dtype, d), as every attention call asks."""
     from .._arrays import dtype_name
 
-    for name, lo, hi in BEST.get((pass_, dtype_name(dtype)), ()):
+    key = (pass_, dtype_name(dtype), d)
+    if key in _BEST:
+        return _BEST[key]
+    found = None
+    for name, lo, hi in BEST.get(key[:2], ()):
         if lo <= d <= hi:
             v = variant(name)
             if v.supports(dtype, d):
-                return v
-    return None
+                found = v
+                break
+    if len(_BEST) < 4096:
+        _BEST[key] = found
+    return found
