@@ -1,7 +1,7 @@
 """Every kernel once at a small, ragged size: the program compute-sanitizer runs.
 
     compute-sanitizer --tool memcheck  python -m kernels.sanitize
-    compute-sanitizer --tool racecheck python -m kernels.sanitize [--only VARIANT|decode|bf16]
+    compute-sanitizer --tool racecheck python -m kernels.sanitize [--only VARIANT|decode|bf16|wide]
 
 Sizes are ragged (N = 97 queries, 130 keys, d = 40) so that partial tiles, masked rows and
 the bounds checks all run; causal and grouped-query variants included; fp32 and fp16, and bf16
@@ -83,6 +83,35 @@ def decode() -> None:
     print("ran decode: bfloat16", flush=True)
 
 
+def wide() -> None:
+    """The fp16 forward's wide-head blocks (fwd_fp16_v4 at d = 160: 8 warps, Br = 256, Q in shared
+    memory; d = 256: Br = 128, Q in registers) at the ragged size, causal and not, GQA: fp16
+    numpy inputs, then bf16 torch tensors (the launches that skip Numba's dispatcher,
+    ``kernels._direct``, from the second call of each on)."""
+    import kernels
+
+    rng = np.random.default_rng(7)
+    for d in (160, 256):
+        q = rng.standard_normal((1, 4, 97, d)).astype(np.float16)
+        k, v = (rng.standard_normal((1, 2, 130, d)).astype(np.float16) for _ in range(2))
+        for causal in (False, True):
+            kernels.flash_attention(q, k, v, causal=causal, return_lse=True, impl="fast")
+        cuda.synchronize()
+        print(f"ran wide: fp16 d={d}", flush=True)
+    try:
+        import torch
+    except ImportError:
+        return
+    for d in (160, 256):
+        q = torch.randn(1, 4, 97, d, device="cuda").to(torch.bfloat16)
+        k, v = (torch.randn(1, 2, 130, d, device="cuda").to(torch.bfloat16) for _ in range(2))
+        for causal in (False, True):
+            for _ in range(2):
+                kernels.flash_attention(q, k, v, causal=causal, return_lse=True, impl="fast")
+        torch.cuda.synchronize()
+        print(f"ran wide: bf16 d={d}", flush=True)
+
+
 def main(argv=None) -> int:
     import argparse
 
@@ -90,13 +119,17 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default=None, help="one fast variant of kernels/perf, e.g. bwd_fp16_v3 or fwd_fp32_v2; "
-                    "or 'decode': the decode kernels; or 'bf16': the FlashAttention-2 kernels in bf16")
+                    "or 'decode': the decode kernels; or 'bf16': the FlashAttention-2 kernels in bf16; "
+                    "or 'wide': the fp16 forward above d = 128")
     args = ap.parse_args(argv)
     if args.only == "decode":
         decode()
         return 0
     if args.only == "bf16":
         bf16()
+        return 0
+    if args.only == "wide":
+        wide()
         return 0
     if args.only:
         only(args.only)
