@@ -114,6 +114,8 @@ def _torch_view(t):
 
 
 def _kind(x) -> str:
+    if getattr(x, "is_cuda", False) is True and _is_torch(x):  # without building its interface
+        return "torch"
     mod = type(x).__module__.split(".")[0]
     if isinstance(x, np.ndarray):
         return "numpy"
@@ -153,10 +155,21 @@ def launch_stream(stream, first):
             raise ValueError(f"stream={stream!r}: must be a Numba or torch CUDA stream")
         return stream
     if _is_torch(first) and _kind(first) == "torch":
-        import torch
-
-        return _external_stream(str(first.device), int(torch.cuda.current_stream(first.device).cuda_stream))
+        dev = first.device
+        return _external_stream(str(dev), _current_stream_handle(dev))
     return cuda.default_stream()
+
+
+def _current_stream_handle(dev) -> int:
+    """The handle of torch's current stream on device ``dev``: torch's own raw-stream query
+    (what Triton's launcher calls; a fraction of a microsecond), else the public
+    ``torch.cuda.current_stream(dev).cuda_stream`` (a stream object made per call, 3-7 us)."""
+    import torch
+
+    raw = getattr(getattr(torch, "_C", None), "_cuda_getCurrentRawStream", None)
+    if raw is not None and dev.index is not None:
+        return int(raw(dev.index))
+    return int(torch.cuda.current_stream(dev).cuda_stream)
 
 
 #: (device, stream handle) -> Numba's wrapper of that torch stream, made once: wrapping costs
