@@ -159,7 +159,9 @@ def flops(workload: Workload, pass_: str, algo: str | None = None, tiling: Tilin
     if algo == "fast":  # FlashAttention-2's arithmetic on the variant's own tiles, pass by pass
         from .algorithms.fast import flop_tiling
 
-        parts = [flops(w, p, "flash2", flop_tiling(w, p, options.get("kernel"), options.get("config"))) for p in passes]
+        parts = [flops(w, p, "flash2", flop_tiling(w, p, options.get("kernel"), options.get("config"),
+                                                   options.get("sms")))
+                 for p in passes]
         out = {k: sum(x[k] for x in parts) for k in ("matmul", "nonmatmul", "total")}
         return out | {"entries": parts[0]["entries"]}
     if algo not in MATMULS_PER_ENTRY:  # a kernel's schedule (torch_flash, ...) counts as the algorithm it runs

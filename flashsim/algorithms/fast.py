@@ -93,6 +93,9 @@ OPTIONS: dict[str, tuple[object, str]] = {
                      "kernels.flash_attention(impl='auto') runs for the pass, dtype and d"),
     "config": (None, "block-shape overrides of the kernel's default_config, as the kernels take them "
                      "(e.g. 'nw=1,mt=1,bc=16' or a dict): the tiles follow"),
+    "sms": (None, "SM count of the GPU the kernel runs on (e.g. 132 on an H100): the fp16 forward then "
+                  "narrows its blocks where its grid would give each SM at most one, as the kernel "
+                  "launcher does (fit_to_grid); default: the default block shape"),
 }
 
 #: variant -> (pass, dtype): the first of the workload dtypes it takes (:data:`DTYPES`)
@@ -191,12 +194,29 @@ def variant_for(w: Workload, pass_: str, kernel: str | None = None) -> str:
     return name
 
 
-def parse_config(name: str, d: int, config=None) -> dict:
-    """:func:`default_config` updated by ``config`` (a dict, or "key=value,..." with int and
-    true/false values); ValueError for a key the variant does not take or a bad value."""
-    cfg = default_config(name, d)
-    if config is None:
+def fit_to_grid(name: str, cfg: dict, given, nq: int, bh: int, num_sms: int) -> dict:
+    """The block shape ``name`` runs for Nq query rows and B·H heads on a GPU of ``num_sms`` SMs:
+    ``cfg`` (:func:`default_config` updated by the keys in ``given``), except that the fp16/bf16
+    forward (``fwd_fp16_v4``) whose grid of 128-row blocks (m-tiles a warp = 2) would give each
+    SM at most one block takes one m-tile a warp (64-row blocks, twice the blocks) unless ``mt``
+    is in ``given``.  On the H100 (kernels/data/fwd_fp16_v4_small_grid_h100_471379f): B·H = 4,
+    N = 4,096, d = 64 (128 blocks) 1.9x faster; B·H = 1, N = 8,192, d = 128 (64 blocks) 1.15x;
+    with 256 blocks (B·H = 16, N = 2,048) 1.23x at d = 64 but 0.70x at d = 128, hence the bound
+    at one block an SM.  The kernel launcher (``kernels.perf``) calls it with the device's SM
+    count."""
+    if name != "fwd_fp16_v4" or "mt" in (given or ()) or cfg.get("mt") != 2:
         return cfg
+    br = 16 * cfg["nw"] * cfg["mt"]
+    if -(-nq // br) * bh <= num_sms:
+        return dict(cfg, mt=1)
+    return cfg
+
+
+def _config_dict(config) -> dict:
+    """A ``config`` option as a dict ({} for None; "key=value,..." with int and true/false values
+    parsed); ValueError for anything else."""
+    if config is None:
+        return {}
     if isinstance(config, str):
         items = {}
         for part in filter(None, (x.strip() for x in config.split(","))):
@@ -208,9 +228,19 @@ def parse_config(name: str, d: int, config=None) -> dict:
                 items[key.strip()] = {"true": True, "false": False}[low] if low in ("true", "false") else int(val)
             except ValueError:
                 raise ValueError(f"config={config!r}: {key.strip()}={val!r} is not an integer or true/false") from None
-        config = items
+        return items
     if not isinstance(config, dict):
         raise ValueError(f"config={config!r}: a dict or 'key=value,...'")
+    return config
+
+
+def parse_config(name: str, d: int, config=None) -> dict:
+    """:func:`default_config` updated by ``config`` (a dict, or "key=value,..." with int and
+    true/false values); ValueError for a key the variant does not take or a bad value."""
+    cfg = default_config(name, d)
+    if config is None:
+        return cfg
+    config = _config_dict(config)
     unknown = sorted(set(config) - set(cfg))
     if unknown:
         raise ValueError(f"config={config!r}: {name} takes {sorted(cfg)}, not {unknown}")
@@ -545,11 +575,22 @@ def _backward(w: Workload, name: str, config=None) -> Schedule:
     return Schedule("fast", tensors, launches, _meta(name, "bwd", t, extra))
 
 
+def _config(w: Workload, name: str, options: dict):
+    """The ``config`` option, narrowed by :func:`fit_to_grid` where the ``sms`` option is given."""
+    config = options.get("config")
+    sms = options.get("sms")
+    if sms is None or name != "fwd_fp16_v4":
+        return config
+    if isinstance(sms, bool) or not isinstance(sms, int | np.integer) or sms < 1:
+        raise ValueError(f"sms={sms!r}: must be a positive integer")
+    return fit_to_grid(name, parse_config(name, w.d, config), _config_dict(config), w.nq, w.bh, int(sms))
+
+
 def schedule(w: Workload, tiling: Tiling | None, pass_: str, **options) -> Schedule:
     if pass_ not in PASSES:
         raise ValueError(f"pass_={pass_!r}: not modelled")
     name = variant_for(w, pass_, _kernel(options))
-    config = options.get("config")
+    config = _config(w, name, options)
     sched = _forward(w, name, config) if pass_ == "fwd" else _backward(w, name, config)
     return attach(sched, "fast", w, None, plan=config)
 
@@ -582,7 +623,7 @@ def closed_form(w: Workload, tiling: Tiling | None, pass_: str, **options) -> di
     if pass_ not in PASSES:
         raise ValueError(f"pass_={pass_!r}: not modelled")
     name = variant_for(w, pass_, _kernel(options))
-    config = options.get("config")
+    config = _config(w, name, options)
     bh, d, nq = w.bh, w.d, w.nq
     if pass_ == "fwd":
         t = tiles(name, d, config)["fwd"]
@@ -615,10 +656,11 @@ def closed_form(w: Workload, tiling: Tiling | None, pass_: str, **options) -> di
     return out
 
 
-def flop_tiling(w: Workload, pass_: str, kernel: str | None = None, config=None) -> Tiling:
+def flop_tiling(w: Workload, pass_: str, kernel: str | None = None, config=None, sms=None) -> Tiling:
     """The tiles whose computed score entries the pass's FLOPs count (flashsim.flops: flash2's
-    model): the forward's, or the backward key-block kernel's."""
-    t = tiles(variant_for(w, pass_, kernel), w.d, config)
+    model): the forward's, or the backward key-block kernel's (``sms``: the option of that name)."""
+    name = variant_for(w, pass_, kernel)
+    t = tiles(name, w.d, _config(w, name, {"config": config, "sms": sms}))
     return t.get("fwd", t.get("dkdv"))
 
 
@@ -642,11 +684,11 @@ def blocks(w: Workload, tiling: Tiling | None, **options) -> tuple[int | None, i
         name = variant_for(w, pass_, kernel)
     except ValueError:
         return None, None
-    t = tiles(name, w.d, options.get("config"))
+    t = tiles(name, w.d, _config(w, name, options))
     t = t.get("fwd", t.get("dkdv"))
     return t.block_m, t.block_n
 
 
 __all__ = ["schedule", "closed_form", "plan", "blocks", "TILING_TEXT", "PASSES", "NEEDS_TILING", "DESCRIPTION",
            "OPTIONS", "VARIANTS", "BEST", "best", "default_config", "parse_config", "supports", "tiles",
-           "variant_for", "flop_tiling", "block_resources", "PREPROCESS_ROWS"]
+           "variant_for", "flop_tiling", "block_resources", "PREPROCESS_ROWS", "fit_to_grid"]

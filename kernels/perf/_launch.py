@@ -39,6 +39,18 @@ def raise_smem_limit(kern, args, nbytes: int) -> None:
         _RAISED[key] = kern  # holds the dispatcher, so its id is never reused
 
 
+_SMS: dict = {}
+
+
+def num_sms() -> int:
+    """The current device's SM count, asked once (0 under the simulator, which reports none: the
+    launches keep their block shapes there, as the simulator's schedules without ``sms`` do)."""
+    if "n" not in _SMS:
+        dev = cuda.get_current_device()
+        _SMS["n"] = int(getattr(dev, "MULTIPROCESSOR_COUNT", 0) or 0)
+    return _SMS["n"]
+
+
 def launch_forward(name, kernel, smem_bytes, default_config, supports, q, k, v, *, causal=False, scale=None,
                    return_lse=False, config=None, stream=None):
     """Run variant ``name``'s forward kernel on (B, H, N, d) inputs; O (and L) in the query's kind.
@@ -64,6 +76,9 @@ def launch_forward(name, kernel, smem_bytes, default_config, supports, q, k, v, 
     if unknown:
         raise ValueError(f"config keys {sorted(unknown)}: this variant takes {sorted(cfg)}")
     cfg.update(config or {})
+    from flashsim.algorithms.fast import fit_to_grid
+
+    cfg = fit_to_grid(name.rsplit(".", 1)[-1], cfg, config, nq, nb * nh, num_sms())
     if cfg["bc"] <= 0 or cfg["bc"] % 16:
         raise ValueError(f"bc={cfg['bc']}: must be a positive multiple of 16")
     from ..flash2 import padded_head_dim

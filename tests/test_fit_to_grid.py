@@ -1,0 +1,87 @@
+"""flashsim.algorithms.fast.fit_to_grid: the fp16 forward's narrower blocks where its grid would
+give each SM at most one block, the same rule in the kernel launcher and in the simulator's
+``sms`` option."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from flashsim import Workload
+from flashsim.algorithms import fast
+from flashsim.api import simulate
+
+CFG64 = fast.default_config("fwd_fp16_v4", 64)  # Br = 16 · 4 warps · 2 m-tiles = 128
+
+
+def test_rule_by_hand():
+    # H100: 132 SMs.  B·H = 4, N = 4,096: 32 blocks a head, 128 in all <= 132: one m-tile.
+    assert fast.fit_to_grid("fwd_fp16_v4", CFG64, {}, 4096, 4, 132) == dict(CFG64, mt=1)
+    # 33 blocks a head: 132, still narrowed; 34: 136 > 132, as it was.  B·H = 16, N = 2,048: 256.
+    assert fast.fit_to_grid("fwd_fp16_v4", CFG64, {}, 4096 + 128, 4, 132)["mt"] == 1
+    assert fast.fit_to_grid("fwd_fp16_v4", CFG64, {}, 4096 + 129, 4, 132) == CFG64
+    assert fast.fit_to_grid("fwd_fp16_v4", CFG64, {}, 2048, 16, 132) == CFG64
+    # a ragged last block counts: N = 4,000 is still 32 blocks a head
+    assert fast.fit_to_grid("fwd_fp16_v4", CFG64, {}, 4000, 4, 128)["mt"] == 1
+    # mt given (by the caller or the tuner's cache): kept; other variants: unchanged
+    assert fast.fit_to_grid("fwd_fp16_v4", CFG64, {"mt": 2}, 4096, 4, 132) == CFG64
+    cfg32 = fast.default_config("fwd_fp32_v2", 64)
+    assert fast.fit_to_grid("fwd_fp32_v2", cfg32, {}, 128, 1, 132) == cfg32
+    # already one m-tile: unchanged
+    one = dict(CFG64, mt=1)
+    assert fast.fit_to_grid("fwd_fp16_v4", one, {}, 64, 1, 132) == one
+
+
+def test_simulator_option():
+    """``sms`` narrows the simulated forward's tiles as the launcher narrows the kernel's: B·H = 4,
+    N = 4,096, d = 64 on 132 SMs runs 64-row blocks, so K and V are read 64 times a head, not 32;
+    walker == closed form either way."""
+    w = Workload(batch=1, heads=4, seq_len_q=4096, head_dim=64, dtype="fp16")
+    wide = simulate(w, "fast", "fwd")
+    narrow = simulate(w, "fast", "fwd", sms=132)
+    assert wide.agrees and narrow.agrees
+    k_wide = wide.io.breakdown[("K", "read")].elements
+    k_narrow = narrow.io.breakdown[("K", "read")].elements
+    print(k_wide, k_narrow)
+    assert k_wide == 4 * 32 * 4096 * 64 and k_narrow == 4 * 64 * 4096 * 64
+    assert fast.blocks(w, None, sms=132) == (64, 64) and fast.blocks(w, None) == (128, 64)
+    # a grid that fills the GPU: unchanged
+    big = Workload(batch=4, heads=16, seq_len_q=4096, head_dim=64, dtype="fp16")
+    assert simulate(big, "fast", "fwd", sms=132).io.to_dict() == simulate(big, "fast", "fwd").io.to_dict()
+    # mt given in config: kept
+    assert fast.blocks(w, None, sms=132, config="mt=2") == (128, 64)
+
+
+def test_bad_sms():
+    import pytest
+
+    for bad in (0, -1, 1.5, True, "132"):
+        with pytest.raises(ValueError, match="sms="):
+            simulate(Workload(batch=1, heads=1, seq_len_q=256, head_dim=64, dtype="fp16"), "fast", "fwd", sms=bad)
+
+
+def test_launcher_narrows_under_the_simulator(monkeypatch):
+    """The kernel launcher asks fit_to_grid with the device's SM count (pretended 1,000 here, so
+    that a small grid narrows) and runs the narrowed blocks; O within the fp16 rule."""
+    import kernels
+    from kernels.perf import _launch
+    from kernels.reference import judge_low_precision
+
+    seen = []
+    real = fast.fit_to_grid
+
+    def spy(*a):
+        out = real(*a)
+        seen.append(out)
+        return out
+
+    monkeypatch.setattr(fast, "fit_to_grid", spy)
+    monkeypatch.setattr(_launch, "num_sms", lambda: 1000)
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((1, 1, 40, 16)).astype(np.float16) for _ in range(3))
+    o = kernels.flash_attention(q, k, v, causal=True, impl="fast")
+    print(seen)
+    assert seen and seen[-1]["mt"] == 1
+    j = judge_low_precision(o.astype(np.float32), q.astype(np.float32), k.astype(np.float32),
+                            v.astype(np.float32), causal=True)
+    print(j)
+    assert j.ok
