@@ -87,8 +87,9 @@ def as_device_array(x, sync: bool = True):
     idle, on every call; such a contiguous torch tensor gets its view from :func:`_torch_view`."""
     if _is_numba_device_array(x):
         return x
-    if not sync and _is_torch(x) and getattr(x, "is_cuda", False) is True and x.is_contiguous():
-        return _torch_view(x)
+    if (not sync and _is_torch(x) and getattr(x, "is_cuda", False) is True and not x.requires_grad
+            and x.is_contiguous()):
+        return _torch_view(x)  # (a tensor that requires grad has no interface: torch's error below)
     return cuda.as_cuda_array(x, sync=sync)
 
 

@@ -56,6 +56,8 @@ def test_bad_sms():
     for bad in (0, -1, 1.5, True, "132"):
         with pytest.raises(ValueError, match="sms="):
             simulate(Workload(batch=1, heads=1, seq_len_q=256, head_dim=64, dtype="fp16"), "fast", "fwd", sms=bad)
+        with pytest.raises(ValueError, match="sms="):  # checked for every variant, not only the narrowed one
+            simulate(Workload(batch=1, heads=1, seq_len_q=256, head_dim=64, dtype="fp16"), "fast", "bwd", sms=bad)
 
 
 def test_launcher_narrows_under_the_simulator(monkeypatch):

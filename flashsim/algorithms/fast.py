@@ -579,10 +579,12 @@ def _config(w: Workload, name: str, options: dict):
     """The ``config`` option, narrowed by :func:`fit_to_grid` where the ``sms`` option is given."""
     config = options.get("config")
     sms = options.get("sms")
-    if sms is None or name != "fwd_fp16_v4":
+    if sms is None:
         return config
     if isinstance(sms, bool) or not isinstance(sms, int | np.integer) or sms < 1:
         raise ValueError(f"sms={sms!r}: must be a positive integer")
+    if name != "fwd_fp16_v4":
+        return config
     return fit_to_grid(name, parse_config(name, w.d, config), _config_dict(config), w.nq, w.bh, int(sms))
 
 
