@@ -294,6 +294,9 @@ def to_device(*, stream=None, causal=False, scale=None, return_lse=False, bf16=F
             dtypes.add(BF16)
             first_kind = first_kind or kind
             continue
+        if _is_torch(x) and getattr(x, "requires_grad", False) is True:
+            raise ValueError(f"{name}: requires grad, and these kernels record no autograd: pass {name}.detach(), "
+                             "or kernels.torch_op.attention for gradients")
         kind = _kind(x)
         if kind == "other":
             if hasattr(x, "__array__"):

@@ -192,6 +192,18 @@ def test_none_array_rejected(name, impl):
 
 
 @pytest.mark.parametrize("impl", ["reference", "auto"])
+@pytest.mark.parametrize("name", ["q", "k", "v"])
+def test_tensor_that_requires_grad_rejected(name, impl):
+    """A float16/float32 torch tensor that requires grad: a ValueError naming it (it was torch's
+    RuntimeError from inside the interface or numpy conversion)."""
+    torch = pytest.importorskip("torch")
+    args = {n: torch.from_numpy(x) for n, x in zip("qkv", arrays(**FP16)[:3])}
+    args[name] = args[name].clone().requires_grad_(True)
+    with pytest.raises(ValueError, match=f"{name}: requires grad"):
+        flash_attention(**args, impl=impl)
+
+
+@pytest.mark.parametrize("impl", ["reference", "auto"])
 @pytest.mark.parametrize("name", ["q", "o", "lse", "do"])
 def test_backward_none_rejected(name, impl):
     q, k, v, do = arrays(**FP16)
