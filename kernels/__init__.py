@@ -93,7 +93,8 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_m=None, block_n=
     come back in the query's kind.  ValueError for: arrays that are not 4-D or whose shapes
     disagree, zero-size dimensions, dtypes other than float32/float16/bfloat16 or mixed dtypes, device
     arrays that are not C-contiguous, a mix of host and device inputs, block sizes whose kernels
-    do not fit 48 KB of static shared memory, an array given as None, ``causal`` or
+    do not fit 48 KB of static shared memory, an array given as None, a float16/float32 torch tensor
+    that requires grad (detach it, or use ``kernels.torch_op.attention``), ``causal`` or
     ``return_lse`` that is not a bool (numpy bools count), a ``scale`` that is not None or a
     finite real number (numpy scalars count), an unknown ``impl``.  Any finite ``scale`` works,
     zero and negative included, on the reference and the fast kernels (the fast ones run

@@ -16,6 +16,8 @@ Decisions (tested in tests/test_kernel_inputs.py):
   Numba device array, and a tensor of the same library for torch or CuPy inputs;
 * every copy, allocation and launch of one call is on one stream (:func:`launch_stream`): the
   ``stream=`` given, else torch's current stream for torch tensors, else Numba's default stream;
+* a float16/float32 torch tensor that requires grad: ``ValueError`` (these kernels record no
+  autograd; a bfloat16 one is detached for its int16 bits);
 * ``None`` for an array, ``causal``/``return_lse`` that are not bools, a ``scale`` that is not a
   finite real number: ``ValueError`` naming the field (:func:`check_options`).
 """
