@@ -245,7 +245,7 @@ def default_config_v4(d: int) -> dict:
     Bc 32 at N >= 4,096), and on the H100 1.08x at N = 4,096 and 16,384, 1.13-1.48x causal
     (kernels/data/fwd_fp16_v4_bc16_h100_764a8f3).  Above d = 128 the 4-warp 128-row block with Q
     in registers spills (d = 256: 0.17x SDPA flash); on the H100 at N = 4,096, B·H = 64
-    (kernels/data/fwd_fp16_v4_wide_h100_*): up to d = 192 8 warps x 2 m-tiles (Br = 256), Bc = 32,
+    (kernels/data/fwd_fp16_v4_wide_h100_66318c2): up to d = 192 8 warps x 2 m-tiles (Br = 256), Bc = 32,
     Q in shared memory (d = 160 0.98x flash against 0.80x; d = 192 0.64x against 0.45x), above it
     8 warps x 1 m-tile (Br = 128), Bc = 32, Q in registers (d = 256 0.83x against 0.17x)."""
     if d > 192:
