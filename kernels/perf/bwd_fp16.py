@@ -164,13 +164,21 @@ def _dkdv_source_v1(D: int, BQ: int, NW: int, MT: int, CAUSAL: bool, KVREG: bool
         dp = cuda.local.array(NS4, float32)
         pa = cuda.local.array(NPA, uint32)
         fb = cuda.local.array(4, uint32)
+        # Step it is query block i0 + ib of query head hk·group + hb (ib = it % nblk, hb = it //
+        # nblk): carried from step to step, as bwd_fp16_v3 does (no 64-bit division in the loop).
+        ib = 0
+        hb = 0
         for it in range(total):
             buf = it % 2
-            i = i0 + it % nblk
+            i = i0 + ib
             r0 = i * BQ
+            ib += 1
+            if ib == nblk:
+                ib = 0
+                hb += 1
             if it + 1 < total:
-                load_step(sm, smf, sbase, q, do, lse, dvec, b, hk * group + (it + 1) // nblk, nq,
-                          (i0 + (it + 1) % nblk) * BQ, (it + 1) % 2, crow, cgof, csof, tid)
+                load_step(sm, smf, sbase, q, do, lse, dvec, b, hk * group + hb, nq,
+                          (i0 + ib) * BQ, (it + 1) % 2, crow, cgof, csof, tid)
             tc.cp_async_commit()
             tc.cp_async_wait(1)
             cuda.syncthreads()  # Q_i, dO_i, L_i, D_i (and K_j, V_j the first time) have landed
@@ -615,29 +623,46 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
         # query qa0 + 8·nt + 2t); byte address = base + constant.
         pword = sbase + 2 * (POFF + (ka0 + g) * SQ + qa0 + 2 * t)
         key0 = c0 + ka0 + g  # the lane's first key (global index)
+        # Step it is query block i0 + ib of query head hk·group + hb (ib = it % nblk, hb = it //
+        # nblk), and (ib1, hb1) the next step's: carried from step to step, because nblk is known
+        # only at run time and each division by it was a 64-bit division routine in the loop.
+        ib = 0
+        hb = 0
         for it in range(total):
             buf = it % 2
-            hq = hk * group + it // nblk
-            i = i0 + it % nblk
+            hq = hk * group + hb
+            i = i0 + ib
             r0 = i * BQ
+            ib1 = ib + 1
+            hb1 = hb
+            if ib1 == nblk:
+                ib1 = 0
+                hb1 = hb + 1
             # Barrier 1: this step's tiles have landed, and every warp is done with the last
             # step's Pᵀ, dSᵀ and buffer, which the code below overwrites.
             tc.cp_async_wait(0)
             cuda.syncthreads()
             if it + 1 < total:
                 nb_ = (it + 1) % 2
-                load_step(sm, sbase, q, do, ((b * nh + hk * group + (it + 1) // nblk) * nq) * D,
-                          (i0 + (it + 1) % nblk) * BQ, nq, nb_, lrow, lcol)
+                load_step(sm, sbase, q, do, ((b * nh + hk * group + hb1) * nq) * D,
+                          (i0 + ib1) * BQ, nq, nb_, lrow, lcol)
                 if tid < BQ:
                     smf[FOFF + nb_ * BQ + tid] = lnext * float32(LOG2E) if lnext != NEG_INF else POS_INF
                     smf[FOFF + 2 * BQ + nb_ * BQ + tid] = dnext
                     lnext = NEG_INF
                     dnext = float32(0.0)
                     if it + 2 < total:
-                        row = (i0 + (it + 2) % nblk) * BQ + tid
+                        ib2 = ib1 + 1
+                        hb2 = hb1
+                        if ib2 == nblk:
+                            ib2 = 0
+                            hb2 = hb1 + 1
+                        row = (i0 + ib2) * BQ + tid
                         if row < nq:
-                            lnext = lse[b, hk * group + (it + 2) // nblk, row]
-                            dnext = dvec[b, hk * group + (it + 2) // nblk, row]
+                            lnext = lse[b, hk * group + hb2, row]
+                            dnext = dvec[b, hk * group + hb2, row]
+            ib = ib1
+            hb = hb1
             tc.cp_async_commit()
             qofs = QOFF + buf * BQ * S
             oofs = OOFF + buf * BQ * S
