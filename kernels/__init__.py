@@ -43,12 +43,13 @@ def _dtype_and_dim(q):
         return None, None
 
 
-def _fast(pass_, q, impl, **fixed):
+def _fast(pass_, q, impl, deterministic=False, **fixed):
     """The fast variant's module to run, or None for the reference kernels.
 
-    ``impl="auto"`` takes the fast one when it applies: its dtype and head dim are supported and
-    nothing asks for the reference kernel's own tiling (block sizes, a block mask) or its
-    traffic counters.  ``impl="fast"`` insists (ValueError if it does not apply)."""
+    ``impl="auto"`` takes the fast one when it applies: its dtype and head dim are supported
+    (``deterministic``: it sums nothing by atomics) and nothing asks for the reference kernel's
+    own tiling (block sizes, a block mask) or its traffic counters.  ``impl="fast"`` insists
+    (ValueError if it does not apply)."""
     if impl not in ("auto", "fast", "reference"):
         raise ValueError(f"impl={impl!r}: must be 'auto', 'fast' or 'reference'")
     if impl == "reference":
@@ -56,15 +57,27 @@ def _fast(pass_, q, impl, **fixed):
     from . import perf
 
     dt, d = _dtype_and_dim(q)
-    mod = perf.best(pass_, dt, d) if dt is not None and len(q.shape) == 4 else None
+    mod = perf.best(pass_, dt, d, deterministic) if dt is not None and len(q.shape) == 4 else None
     given = sorted(k for k, v in fixed.items() if v is not None)
     if impl == "fast":
         if mod is None:
-            raise ValueError(f"impl='fast': no fast {pass_} kernel for dtype={dt}, head_dim={d}")
+            what = " deterministic" if deterministic else ""
+            raise ValueError(f"impl='fast': no fast{what} {pass_} kernel for dtype={dt}, head_dim={d}")
         if given:
             raise ValueError(f"impl='fast': {', '.join(given)} are options of the reference kernel only")
         return mod
     return None if given else mod
+
+
+def _torch_deterministic(q) -> bool:
+    """torch's deterministic-algorithms setting for torch inputs (False for any other input)."""
+    from ._arrays import _is_torch
+
+    if not _is_torch(q):
+        return False
+    import torch
+
+    return bool(torch.are_deterministic_algorithms_enabled())
 
 
 def _tuned(pass_, mod, q, k, causal) -> dict:
@@ -136,7 +149,7 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_m=None, block_n=
 
 
 def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, block_m=None, block_n=None,
-                             block_mask=None, counters=None, impl="auto", stream=None):
+                             block_mask=None, counters=None, impl="auto", stream=None, deterministic=None):
     """FlashAttention-2 backward: (dQ, dK, dV) of Σ O ∘ dO, recomputing P from Q, K and L.
 
     ``o`` and ``lse`` are the forward's outputs (O in the input dtype, L float32 (B, H, Nq), on
@@ -148,14 +161,20 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, b
     block mask fixes them.  Fully masked rows (L = -inf) contribute nothing: their dQ row is 0
     and they add nothing to dK, dV.  NaN propagates to the gradients computed from it.
     ``impl`` as in :func:`flash_attention`.  The fast backwards: fp16 and bf16 on the tensor cores,
-    deterministic at d <= 64 (``bwd_fp16_v1``) and above that one kernel that accumulates dQ in
-    float32 with atomic adds across key blocks (``bwd_fp16_v3``); fp32 at d = 32, 64, 128 on the
-    TF32 tensor cores with each product taken as three (3xTF32: x = hi + lo, as accurate as fp32
-    FFMA; ``bwd_fp32_v2``), at other d on the CUDA cores (``bwd_fp32_v1``), both with dQ by atomic
-    adds.  Where dQ is summed by atomics its rounding can differ
-    from run to run in the last bits (~1 ulp of the float32 sum); dK, dV are deterministic.
+    at d = 64 and 128 one kernel that accumulates dQ in float32 with atomic adds across key blocks
+    (``bwd_fp16_v3``), at other d the deterministic pair of kernels (``bwd_fp16_v1``); fp32 at d =
+    32, 64, 128 on the TF32 tensor cores with each product taken as three (3xTF32: x = hi + lo, as
+    accurate as fp32 FFMA; ``bwd_fp32_v2``), at other d on the CUDA cores (``bwd_fp32_v1``), both
+    with dQ by atomic adds.  Where dQ is summed by atomics its rounding can differ from run to run
+    in the last bits (~1 ulp of the float32 sum); dK, dV are deterministic.  ``deterministic=True``
+    runs no kernel with atomics: ``bwd_fp16_v1`` for fp16 and bf16, the reference kernels for fp32
+    (with ``impl="fast"``, a ValueError where no fast kernel is deterministic); None (the default)
+    takes torch's ``torch.are_deterministic_algorithms_enabled()`` for torch tensors, else False.
     """
-    mod = _fast("bwd", q, impl, block_m=block_m, block_n=block_n, block_mask=block_mask, counters=counters)
+    if deterministic is None:
+        deterministic = _torch_deterministic(q)
+    mod = _fast("bwd", q, impl, deterministic=bool(deterministic), block_m=block_m, block_n=block_n,
+                block_mask=block_mask, counters=counters)
     if mod is not None:
         cfg = _tuned("bwd", mod, q, k, causal)
         return mod.backward(q, k, v, o, lse, do, causal=causal, scale=scale, stream=stream, **cfg)

@@ -219,12 +219,12 @@ def test_the_cached_config_runs_under_the_simulator(tune_cache, monkeypatch):
 
 
 def test_flash_attention_backward_looks_up_its_own_key(tune_cache, monkeypatch):
-    bwd = variant("bwd_fp16_v1")
+    bwd = variant("bwd_fp16_v3")
     seen = []
     monkeypatch.setattr(bwd, "backward", lambda *a, **kw: seen.append(kw) or "ran")
     q, k, v = _qkv(n=600, d=64)
-    cfg = dict(bq=32, bk=32, nw=2, mt=1, reg=True)
-    key = at.cache_key(at.gpu_name(), "bwd_fp16_v1", "bwd", "fp16", 64, False, 1024, 1024)
+    cfg = dict(bq=32, bk=64, nw=4, ma=1, mb=1, mc=1, minb=2)
+    key = at.cache_key(at.gpu_name(), "bwd_fp16_v3", "bwd", "fp16", 64, False, 1024, 1024)
     at.write_cache({key: {"config": cfg}}, tune_cache)
     lse = np.zeros((1, 2, 600), np.float32)
     assert kernels.flash_attention_backward(q, k, v, q, lse, q) == "ran"
@@ -363,7 +363,7 @@ def test_cli_run_writes_the_table_the_record_and_the_cache(tmp_path, tune_cache,
     text = capsys.readouterr().out
     assert "model's first choice within 5% of the timed best on 2 of 4 keys" in text
     rows = list(__import__("csv").DictReader(open(out / "autotune.csv")))
-    assert {r["variant"] for r in rows} == {"fwd_fp16_v4", "bwd_fp16_v1"}
+    assert {r["variant"] for r in rows} == {"fwd_fp16_v4", "bwd_fp16_v3"}
     assert all(r["error"] for r in rows if json.loads(r["config"]).get("bq") == 16)
     meta = json.loads((out / "autotune.meta.json").read_text())
     assert meta["summary"].endswith("2 of 4 keys") and len(meta["keys"]) == 4

@@ -78,7 +78,8 @@ def test_key_warps_equal_the_kernels_warp_grids():
 def test_selection_and_bad_input():
     w = W(1, 1, 128, 128, dtype="fp16")
     assert fast.variant_for(w, "bwd") == "bwd_fp16_v3"
-    assert fast.variant_for(W(1, 1, 128, 64), "bwd") == "bwd_fp16_v1"
+    assert fast.variant_for(W(1, 1, 128, 64), "bwd") == "bwd_fp16_v3"
+    assert fast.variant_for(W(1, 1, 128, 48), "bwd") == "bwd_fp16_v1"
     assert fast.variant_for(W(1, 1, 128, 64, dtype="fp32"), "bwd") == "bwd_fp32_v2"
     assert fast.variant_for(W(1, 1, 128, 48, dtype="fp32"), "bwd") == "bwd_fp32_v1"
     assert fast.variant_for(W(1, 1, 128, 128, dtype="bf16"), "bwd") == "bwd_fp16_v3"
@@ -209,7 +210,7 @@ def test_bwd_fp16_v3_counts_by_hand():
 def test_bwd_fp16_v1_counts_by_hand():
     # d = 64: dK/dV kernel 16·nw·mt = 64 keys a block, bq = 64 query rows a step; dQ kernel 64 query
     # rows a block, bk = 64 keys a step.  B = H = 1, N = 128: 2 blocks each way.
-    r = simulate(W(1, 1, 128, 64), "fast", "bwd")
+    r = simulate(W(1, 1, 128, 64), "fast", "bwd", kernel="bwd_fp16_v1")
     assert list(r.io.per_launch) == ["flash2_bwd_preprocess", "bwd_fp16_v1_dkdv", "bwd_fp16_v1_dq"]
     n = 128 * 64
     # dK/dV: Q, dO once per key block (2·n); L, D 2·128 floats in requests of 32 rows (4 sectors).

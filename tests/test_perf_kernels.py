@@ -198,3 +198,50 @@ def test_sm90_ptx_uses_tensor_cores_without_local_memory(variant, args):
     mmas, local = res.stdout.split()
     print(f"{variant}{args}: {mmas} mma.sync, local memory: {local}")
     assert int(mmas) >= 64 and local == "False"
+
+
+def test_deterministic_backward_runs_no_kernel_with_atomics(monkeypatch):
+    """deterministic=True passes over the variants that sum dQ by atomics (kernels.perf.ATOMIC):
+    bwd_fp16_v1 for fp16 at d = 64 (v3 otherwise), the reference kernels for fp32 (and a
+    ValueError naming it with impl="fast"); None takes torch's setting for torch tensors."""
+    from kernels import perf
+
+    assert perf.best("bwd", np.float16, 64).name == "bwd_fp16_v3"
+    assert perf.best("bwd", np.float16, 64, deterministic=True).name == "bwd_fp16_v1"
+    assert perf.best("bwd", np.float16, 96, deterministic=True).name == "bwd_fp16_v1"
+    assert perf.best("bwd", np.float32, 64).name == "bwd_fp32_v2"
+    assert perf.best("bwd", np.float32, 64, deterministic=True) is None
+    assert perf.best("fwd", np.float16, 64, deterministic=True).name == "fwd_fp16_v4"
+    ran = []
+    for name in ("bwd_fp16_v1", "bwd_fp16_v3"):
+        monkeypatch.setattr(perf.variant(name), "backward", lambda *a, name=name, **kw: ran.append(name))
+    monkeypatch.setattr(kernels._flash2, "backward", lambda *a, **kw: ran.append("reference"))
+    q, k, v, do = make(11, 1, 1, 1, 16, 16, 64)
+    lse = np.zeros((1, 1, 16), np.float32)
+    kernels.flash_attention_backward(q, k, v, q, lse, do)
+    kernels.flash_attention_backward(q, k, v, q, lse, do, deterministic=True)
+    q32 = q.astype(np.float32)
+    kernels.flash_attention_backward(q32, q32, q32, q32, lse, q32, deterministic=True)
+    assert ran == ["bwd_fp16_v3", "bwd_fp16_v1", "reference"]
+    with pytest.raises(ValueError, match="impl='fast': no fast deterministic bwd kernel"):
+        kernels.flash_attention_backward(q32, q32, q32, q32, lse, q32, deterministic=True, impl="fast")
+    torch = pytest.importorskip("torch")
+    tq = torch.from_numpy(q)
+    with _deterministic(torch):
+        kernels.flash_attention_backward(tq, tq, tq, tq, torch.from_numpy(lse), tq)
+    kernels.flash_attention_backward(tq, tq, tq, tq, torch.from_numpy(lse), tq)
+    assert ran[-2:] == ["bwd_fp16_v1", "bwd_fp16_v3"]
+
+
+class _deterministic:
+    """torch.use_deterministic_algorithms(True) for a with block, restored after."""
+
+    def __init__(self, torch):
+        self.torch = torch
+
+    def __enter__(self):
+        self.before = self.torch.are_deterministic_algorithms_enabled()
+        self.torch.use_deterministic_algorithms(True)
+
+    def __exit__(self, *exc):
+        self.torch.use_deterministic_algorithms(self.before)

@@ -160,9 +160,9 @@ def supports(name: str, dtype: str, d: int) -> bool:
 #: kernels.perf.BEST: (pass, dtype) -> (variant, smallest d, largest d) in order of preference
 #: (bf16 runs the fp16 kernels, in the fp16 order).
 BEST = {("fwd", "fp16"): (("fwd_fp16_v4", 1, 1 << 30),),
-        ("bwd", "fp16"): (("bwd_fp16_v3", 65, 128), ("bwd_fp16_v1", 1, 1 << 30)),
+        ("bwd", "fp16"): (("bwd_fp16_v3", 64, 128), ("bwd_fp16_v1", 1, 1 << 30)),
         ("fwd", "bf16"): (("fwd_fp16_v4", 1, 1 << 30),),
-        ("bwd", "bf16"): (("bwd_fp16_v3", 65, 128), ("bwd_fp16_v1", 1, 1 << 30)),
+        ("bwd", "bf16"): (("bwd_fp16_v3", 64, 128), ("bwd_fp16_v1", 1, 1 << 30)),
         ("fwd", "fp32"): (("fwd_fp32_v2", 32, 128), ("fwd_fp32_v1", 1, 1 << 30)),
         ("bwd", "fp32"): (("bwd_fp32_v2", 32, 128), ("bwd_fp32_v1", 1, 1 << 30))}
 

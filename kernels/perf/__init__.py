@@ -20,17 +20,18 @@ import importlib
 
 #: (pass, dtype) -> the fastest variants that passed the exactness suite, as (variant, smallest d,
 #: largest d) in order of preference: the first whose range holds d and whose ``supports`` accepts
-#: it runs.  The fp16 backward takes bwd_fp16_v3 above d = 64, where it runs 1.4x bwd_fp16_v1 on
-#: the H100; at d <= 64 the two are within run-to-run noise and v1 is deterministic (v3's dQ is
-#: summed by atomics).  The fp32 backward takes bwd_fp32_v2 (3xTF32 on the tensor cores, as
+#: it runs.  The fp16 backward takes bwd_fp16_v3 at d = 64 and 128 (1.4x bwd_fp16_v1 at d = 128
+#: on the H100, and at d = 64 faster since its loop stopped dividing by the block count:
+#: NOTES.md), v1 elsewhere and where the caller asks for a deterministic backward (v3's dQ is
+#: summed by atomics: :data:`ATOMIC`).  The fp32 backward takes bwd_fp32_v2 (3xTF32 on the tensor cores, as
 #: accurate as v1's FFMA) at d = 32, 64 and 128, v1 (any d % 4 == 0) elsewhere; the fp32 forward
 #: takes fwd_fp32_v2 (3xTF32, 1.55-2.1x naive fp32 and 1.33-1.69x v1 on the H100, as accurate)
 #: at d = 32, 64, 96 and 128, v1 elsewhere.  bf16 runs the fp16 kernels compiled for bf16
 #: (``bf16=True``), in the fp16 order (timed on the H100 beside fp16: kernels/data/bench_h100.csv).
 BEST = {("fwd", "float16"): (("fwd_fp16_v4", 1, 1 << 30),),
-        ("bwd", "float16"): (("bwd_fp16_v3", 65, 128), ("bwd_fp16_v1", 1, 1 << 30)),
+        ("bwd", "float16"): (("bwd_fp16_v3", 64, 128), ("bwd_fp16_v1", 1, 1 << 30)),
         ("fwd", "bfloat16"): (("fwd_fp16_v4", 1, 1 << 30),),
-        ("bwd", "bfloat16"): (("bwd_fp16_v3", 65, 128), ("bwd_fp16_v1", 1, 1 << 30)),
+        ("bwd", "bfloat16"): (("bwd_fp16_v3", 64, 128), ("bwd_fp16_v1", 1, 1 << 30)),
         ("fwd", "float32"): (("fwd_fp32_v2", 32, 128), ("fwd_fp32_v1", 1, 1 << 30)),
         ("bwd", "float32"): (("bwd_fp32_v2", 32, 128), ("bwd_fp32_v1", 1, 1 << 30))}
 
@@ -59,16 +60,24 @@ def __getattr__(name: str):
 _BEST: dict = {}
 
 
-def best(pass_: str, dtype, d: int):
+#: The variants that sum dQ by float32 atomic adds (in no fixed order: its last bits may differ from
+#: run to run); ``best(..., deterministic=True)`` passes them over.
+ATOMIC = frozenset({"bwd_fp16_v3", "bwd_fp32_v1", "bwd_fp32_v2"})
+
+
+def best(pass_: str, dtype, d: int, deterministic: bool = False):
     """The fastest variant for this pass, dtype and head dim (its :func:`variant`), or None if
-    none applies; remembered per (pass, dtype, d), as every attention call asks."""
+    none applies (``deterministic``: none of :data:`ATOMIC`); remembered per (pass, dtype, d,
+    deterministic), as every attention call asks."""
     from .._arrays import dtype_name
 
-    key = (pass_, dtype_name(dtype), d)
+    key = (pass_, dtype_name(dtype), d, bool(deterministic))
     if key in _BEST:
         return _BEST[key]
     found = None
     for name, lo, hi in BEST.get(key[:2], ()):
+        if deterministic and name in ATOMIC:
+            continue
         if lo <= d <= hi:
             v = variant(name)
             if v.supports(dtype, d):
