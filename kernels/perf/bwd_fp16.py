@@ -12,13 +12,16 @@ helpers, fragment layouts and instruction-count lessons are ``fwd_fp16``'s (and
 
 * ``bwd_fp16_v1``: the reference's deterministic pair of kernels (dK/dV per key block, then dQ
   per query block, no atomics) on the tensor cores: 7 products where a backward with atomics
-  does 5.  H100 (bench_h100_single_run.csv): 1.58-1.81x naive at d = 64; d = 128 0.82-0.86x.  Shipped at
-  d <= 64 and wherever v3 does not apply.
+  does 5.  H100 (bench_h100_single_run.csv): 1.58-1.81x naive at d = 64; d = 128 0.82-0.86x.  Shipped
+  wherever v3 does not apply, and for a deterministic backward.
 * ``bwd_fp16_v3``: one kernel per key block with dQ by ``red.global.add.v2.f32`` into a float32
   buffer, Pᵀ and dSᵀ through shared memory, 2-D warp tiles in every product (0.45 ldmatrix per
   mma against v1's 0.63).  H100: d = 128 221-243 TFLOP/s, 1.28-1.32x naive, 1.53-1.57x v1 in
-  the same run; d = 64 within noise of v1.  Shipped at d = 128.
-  (Its step from the one-kernel bwd_fp16_v2, 1-D warp tiles, is read at commit f09d49e.)
+  the same run; d = 64 within noise of v1.  Then (084c0c9) each step's query block and head
+  carried instead of divided by the block count (a 64-bit division routine, 7 calls a step):
+  1.08-1.10x on the H100 (A/B), v3 1.04-1.14x v1 at d = 64, N >= 4,096 (kernels/data/
+  bench_grid_bwd_1b357d8: d = 64 0.75-0.84x SDPA flash, d = 128 0.85-0.95x).  Shipped at d = 64
+  and 128.  (Its step from the one-kernel bwd_fp16_v2, 1-D warp tiles, is read at commit f09d49e.)
 """
 
 from __future__ import annotations
