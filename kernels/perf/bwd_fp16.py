@@ -511,7 +511,6 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
     QU = BQ // RPU  # passes to load a Q (or dO) tile
     NS4, NACC, NQACC = 4 * MA * NA, 4 * MB * NB, 4 * MC * NC
     NFA, NFQ, NFB, NFC = 4 * MA, 2 * NA, 4 * MB, 4 * MC  # fragment registers of phases A, B, C
-    NPW = 4 * MA  # packed Pᵀ (and dSᵀ) words of one n-tile pair, for stmatrix
     KOFF = 0
     VOFF = BK * S
     QOFF = 2 * BK * S  # Q buffers 0, 1
@@ -624,11 +623,8 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
         af = cuda.local.array(NFC, uint32)  # phase C: dS fragments
         acq = cuda.local.array(NQACC, float32)
         # Phase A's element-wise step: the lane's Pᵀ / dSᵀ words are (key ka0 + g + 16·mt + 8·e,
-        # query qa0 + 8·nt + 2t), stored by stmatrix.x4 a 16 x 16 block (mt, n-tile pair) at a
-        # time from pw, sw, at the lane's row address (ldmatrix's lane offset) + a constant.
-        pmat = sbase + 2 * (POFF + ka0 * SQ + qa0 + loffp)
-        pw = cuda.local.array(NPW, uint32)
-        sw = cuda.local.array(NPW, uint32)
+        # query qa0 + 8·nt + 2t); byte address = base + constant.
+        pword = sbase + 2 * (POFF + (ka0 + g) * SQ + qa0 + 2 * t)
         key0 = c0 + ka0 + g  # the lane's first key (global index)
         # Step it is query block i0 + ib of query head hk·group + hb (ib = it % nblk, hb = it //
         # nblk), and (ib1, hb1) the next step's: carried from step to step, because nblk is known
@@ -684,45 +680,39 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
             # Pᵀ and dSᵀ element by element.  The lane holds keys key0 + 16·mt (+8) and queries
             # qa0 + 8·nt + 2t (+1); their L·log2e and D come as pairs.
             fbyte = tc.opaque_u32(sbase + 4 * (FOFF + buf * BQ + qa0 + 2 * t))
-            pst = tc.opaque_u32(pmat)
+            pbase = tc.opaque_u32(pword)
             edge = c0 + BK > nk or (CAUSAL and r0 + shift < c0 + BK - 1)
-            for n2 in range(NA // 2):
-                for h in range(2):
-                    nt = 2 * n2 + h
-                    tc.lds64_f32_a(lrg, 0, smf, fbyte + 32 * nt)
-                    tc.lds64_f32_a(drg, 0, smf, fbyte + 8 * BQ + 32 * nt)
-                    l0 = lrg[0]
-                    l1 = lrg[1]
-                    d0 = drg[0]
-                    d1 = drg[1]
-                    for mt in range(MA):
-                        x = 4 * (mt * NA + nt)
-                        p0 = tc.ex2(s[x] * sl2 - l0)
-                        p1 = tc.ex2(s[x + 1] * sl2 - l1)
-                        p2 = tc.ex2(s[x + 2] * sl2 - l0)
-                        p3 = tc.ex2(s[x + 3] * sl2 - l1)
-                        if edge:
-                            kr = key0 + 16 * mt
-                            qr = r0 + qa0 + 8 * nt + 2 * t + shift
-                            if kr >= nk or (CAUSAL and kr > qr):
-                                p0 = float32(0.0)
-                            if kr >= nk or (CAUSAL and kr > qr + 1):
-                                p1 = float32(0.0)
-                            if kr + 8 >= nk or (CAUSAL and kr + 8 > qr):
-                                p2 = float32(0.0)
-                            if kr + 8 >= nk or (CAUSAL and kr + 8 > qr + 1):
-                                p3 = float32(0.0)
-                        y = 4 * mt + 2 * h  # rows g and g + 8 of n-tile nt: matrices 2h, 2h + 1
-                        pw[y] = PACK(p0, p1)
-                        pw[y + 1] = PACK(p2, p3)
-                        sw[y] = PACK(p0 * (dp[x] - d0), p1 * (dp[x + 1] - d1))
-                        sw[y + 1] = PACK(p2 * (dp[x + 2] - d0), p3 * (dp[x + 3] - d1))
-                # The (mt, n-tile pair) 16 x 16 blocks of Pᵀ and dSᵀ, one stmatrix.x4 each.
+            for nt in range(NA):
+                tc.lds64_f32_a(lrg, 0, smf, fbyte + 32 * nt)
+                tc.lds64_f32_a(drg, 0, smf, fbyte + 8 * BQ + 32 * nt)
+                l0 = lrg[0]
+                l1 = lrg[1]
+                d0 = drg[0]
+                d1 = drg[1]
                 for mt in range(MA):
-                    a = pst + 2 * (16 * mt * SQ + 16 * n2)
-                    tc.stsm_x4(smw, a, SQ, pw[4 * mt], pw[4 * mt + 1], pw[4 * mt + 2], pw[4 * mt + 3])
-                    tc.stsm_x4(smw, a + 2 * (DSOFF - POFF), SQ, sw[4 * mt], sw[4 * mt + 1], sw[4 * mt + 2],
-                               sw[4 * mt + 3])
+                    x = 4 * (mt * NA + nt)
+                    p0 = tc.ex2(s[x] * sl2 - l0)
+                    p1 = tc.ex2(s[x + 1] * sl2 - l1)
+                    p2 = tc.ex2(s[x + 2] * sl2 - l0)
+                    p3 = tc.ex2(s[x + 3] * sl2 - l1)
+                    if edge:
+                        kr = key0 + 16 * mt
+                        qr = r0 + qa0 + 8 * nt + 2 * t + shift
+                        if kr >= nk or (CAUSAL and kr > qr):
+                            p0 = float32(0.0)
+                        if kr >= nk or (CAUSAL and kr > qr + 1):
+                            p1 = float32(0.0)
+                        if kr + 8 >= nk or (CAUSAL and kr + 8 > qr):
+                            p2 = float32(0.0)
+                        if kr + 8 >= nk or (CAUSAL and kr + 8 > qr + 1):
+                            p3 = float32(0.0)
+                    w = 2 * (16 * mt * SQ + 8 * nt)  # byte offset of the (mt, nt) pair, row g
+                    tc.sts32_u32_a(smw, pbase + w, PACK(p0, p1))
+                    tc.sts32_u32_a(smw, pbase + w + 16 * SQ, PACK(p2, p3))
+                    tc.sts32_u32_a(smw, pbase + 2 * (DSOFF - POFF) + w,
+                                   PACK(p0 * (dp[x] - d0), p1 * (dp[x + 1] - d1)))
+                    tc.sts32_u32_a(smw, pbase + 2 * (DSOFF - POFF) + w + 16 * SQ,
+                                   PACK(p2 * (dp[x + 2] - d0), p3 * (dp[x + 3] - d1)))
             # Barrier 2: Pᵀ and dSᵀ of every warp are in shared memory.
             cuda.syncthreads()
             # Phase B.  dV += Pᵀ dO_i, dK += dSᵀ Q_i: A = Pᵀ, dSᵀ rows of this warp's keys; B = dO_i,

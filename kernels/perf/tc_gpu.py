@@ -337,14 +337,6 @@ extern "C" __device__ int fs_sts32_u32(int* ret, unsigned a, unsigned x) {
     return 0;
 }
 
-// sm_90: four 8 x 8 b16 matrices from the C/A fragment layout to shared memory, each lane giving
-// one row address (lanes 8j..8j+7: the rows of matrix j), as ldmatrix reads them back.
-extern "C" __device__ int fs_stsm_x4(int* ret, unsigned a, unsigned r0, unsigned r1, unsigned r2, unsigned r3) {
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};"
-                 :: "r"(a), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
-    return 0;
-}
-
 extern "C" __device__ int fs_lds64_f32(int* ret, float* r, unsigned a) {
     asm volatile("ld.shared.v2.f32 {%0,%1}, [%2];" : "=f"(r[0]), "=f"(r[1]) : "r"(a) : "memory");
     return 0;
@@ -363,7 +355,6 @@ _smem_u32_f32_raw = cuda.declare_device("fs_smem_u32_f32", "uint32(CPointer(floa
 _lds128_f32_raw = cuda.declare_device("fs_lds128_f32", "int32(CPointer(float32), uint32)", link=_link_f32)
 _sts32_f32_raw = cuda.declare_device("fs_sts32_f32", "int32(uint32, float32)", link=_link_f32)
 _sts32_u32_raw = cuda.declare_device("fs_sts32_u32", "int32(uint32, uint32)", link=_link_f32)
-_stsm_raw = cuda.declare_device("fs_stsm_x4", "int32(uint32, uint32, uint32, uint32, uint32)", link=_link_f32)
 _lds64_f32_raw = cuda.declare_device("fs_lds64_f32", "int32(CPointer(float32), uint32)", link=_link_f32)
 _cp_f32_raw = cuda.declare_device("fs_cp_async16_f32", "int32(uint32, CPointer(float32), int64, int32)",
                                   link=_link_f32)
@@ -394,16 +385,6 @@ def sts32_u32_a(smem, a, x):
     """Store the 32-bit word ``x`` (two packed f16, say) at shared byte address ``a`` (4-byte
     aligned).  ``smem`` is a uint32 view of the shared memory (written by the simulator's twin)."""
     _sts32_u32_raw(uint32(a), uint32(x))
-
-
-@cuda.jit(device=True, forceinline=True)
-def stsm_x4(smem, addr, stride, r0, r1, r2, r3):
-    """Store four 8 x 8 f16 matrices, one 32-bit register of each a lane (the C fragment layout:
-    row g, columns 2t, 2t+1), to shared memory in :func:`ldsm_x4`'s order: matrix i at (row0 +
-    8·(i & 1), col0 + 8·(i >> 1)); ``addr`` as for :func:`ldsm_x4` (:func:`lane_offset` folded
-    in).  One ``stmatrix.x4`` (sm_90) where four ``st.shared.u32`` did it.  ``smem`` (a uint32
-    view) and ``stride`` (elements a row) are for the simulator's twin."""
-    _stsm_raw(uint32(addr), uint32(r0), uint32(r1), uint32(r2), uint32(r3))
 
 
 @cuda.jit(device=True, forceinline=True)

@@ -258,18 +258,6 @@ def sts32_u32_a(smem, a, x):
 
 
 @cuda.jit(device=True)
-def stsm_x4(smem, addr, stride, r0, r1, r2, r3):
-    # Each lane writes its own words: matrix i's row g, columns 2t, 2t+1 (``addr`` is twice the
-    # element offset of the tile's corner; ``smem`` a uint32 view).
-    lane = int(cuda.threadIdx.x) % 32
-    e = addr // 2 + (lane // 4) * stride + 2 * (lane % 4)
-    smem[e // 2] = r0
-    smem[(e + 8 * stride) // 2] = r1
-    smem[(e + 8) // 2] = r2
-    smem[(e + 8 * stride + 8) // 2] = r3
-
-
-@cuda.jit(device=True)
 def lds64_f32_a(r, ri, smem, a):
     r[ri] = smem[a // 4]
     r[ri + 1] = smem[a // 4 + 1]
