@@ -98,7 +98,7 @@ def test_pack_equals_numbas_prepare_args():
 def test_same_bits_as_the_dispatcher(dtype, d):
     """Forward and backward of the fast kernels on torch tensors: the direct launches (taken:
     their kernels are remembered) give bit-identical O, L, dK, dV to Numba's dispatcher, and dQ
-    too where no atomics sum it (d = 64)."""
+    within rounding (bwd_fp16_v3, which runs at d = 64 and 128, sums it by atomics)."""
     torch = pytest.importorskip("torch")
     import kernels
     from kernels import _arrays
@@ -130,7 +130,7 @@ def test_same_bits_as_the_dispatcher(dtype, d):
     print(dtype, d, "direct kernels remembered:", taken)
     assert taken >= 3
     for name, x, y in zip(("O", "L", "dQ", "dK", "dV"), direct, numba_path):
-        if name == "dQ" and d > 64:  # bwd_fp16_v3 sums dQ by atomics: last bits vary run to run
+        if name == "dQ":  # bwd_fp16_v3 sums dQ by atomics: last bits vary run to run
             err = float((x.double() - y.double()).norm() / y.double().norm())
             print("dQ", err)
             assert err < 2e-3
