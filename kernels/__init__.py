@@ -77,7 +77,8 @@ def _torch_deterministic(q) -> bool:
         return False
     import torch
 
-    return bool(torch.are_deterministic_algorithms_enabled())
+    enabled = getattr(torch, "are_deterministic_algorithms_enabled", None)  # (absent from stand-ins)
+    return bool(enabled()) if enabled is not None else False
 
 
 def _tuned(pass_, mod, q, k, causal) -> dict:

@@ -16,8 +16,8 @@ Decisions (tested in tests/test_kernel_inputs.py):
   Numba device array, and a tensor of the same library for torch or CuPy inputs;
 * every copy, allocation and launch of one call is on one stream (:func:`launch_stream`): the
   ``stream=`` given, else torch's current stream for torch tensors, else Numba's default stream;
-* a float16/float32 torch tensor that requires grad: ``ValueError`` (these kernels record no
-  autograd; a bfloat16 one is detached for its int16 bits);
+* a torch tensor that requires grad: ``ValueError`` naming it (these kernels record no autograd:
+  ``kernels.torch_op.attention`` does);
 * ``None`` for an array, ``causal``/``return_lse`` that are not bools, a ``scale`` that is not a
   finite real number: ``ValueError`` naming the field (:func:`check_options`).
 """
@@ -268,7 +268,7 @@ def _bf16_tensor(name, x, st, sync, bf16):
         raise ValueError(f"{name}.dtype={x.dtype}: must be float32 or float16 (this kernel has no bfloat16 path)")
     import torch
 
-    bits = x.detach().view(torch.int16)  # (no interface on grad-requiring tensors)
+    bits = x.view(torch.int16)  # (to_device refused a tensor that requires grad)
     if x.device.type != "cuda":
         return cuda.to_device(np.ascontiguousarray(bits.contiguous().numpy()), stream=st), "torch-cpu"
     if not x.is_contiguous():
@@ -290,15 +290,15 @@ def to_device(*, stream=None, causal=False, scale=None, return_lse=False, bf16=F
     for name, x in named.items():
         if x is None:
             raise ValueError(f"{name}=None: must be an array")
+        if _is_torch(x) and getattr(x, "requires_grad", False) is True:
+            raise ValueError(f"{name}: requires grad, and these kernels record no autograd: pass {name}.detach(), "
+                             "or kernels.torch_op.attention for gradients")
         if _is_torch(x) and str(getattr(x, "dtype", "")) == "torch.bfloat16":
             arrays[name], kind = _bf16_tensor(name, x, st, stream is not None, bf16)
             kinds.add("host" if kind == "torch-cpu" else "device")
             dtypes.add(BF16)
             first_kind = first_kind or kind
             continue
-        if _is_torch(x) and getattr(x, "requires_grad", False) is True:
-            raise ValueError(f"{name}: requires grad, and these kernels record no autograd: pass {name}.detach(), "
-                             "or kernels.torch_op.attention for gradients")
         kind = _kind(x)
         if kind == "other":
             if hasattr(x, "__array__"):

@@ -193,11 +193,15 @@ def test_none_array_rejected(name, impl):
 
 @pytest.mark.parametrize("impl", ["reference", "auto"])
 @pytest.mark.parametrize("name", ["q", "k", "v"])
-def test_tensor_that_requires_grad_rejected(name, impl):
-    """A float16/float32 torch tensor that requires grad: a ValueError naming it (it was torch's
-    RuntimeError from inside the interface or numpy conversion)."""
+@pytest.mark.parametrize("bf16", [False, True])
+def test_tensor_that_requires_grad_rejected(name, impl, bf16):
+    """A torch tensor that requires grad, float16 or bfloat16: a ValueError naming it (fp16 was
+    torch's RuntimeError from inside the interface or numpy conversion; bf16 was detached
+    silently)."""
     torch = pytest.importorskip("torch")
     args = {n: torch.from_numpy(x) for n, x in zip("qkv", arrays(**FP16)[:3])}
+    if bf16:
+        args = {n: t.to(torch.bfloat16) for n, t in args.items()}
     args[name] = args[name].clone().requires_grad_(True)
     with pytest.raises(ValueError, match=f"{name}: requires grad"):
         flash_attention(**args, impl=impl)
