@@ -61,15 +61,3 @@ def test_layout_rejects_what_the_warps_cannot_split():
     assert [d for d in range(8, 129, 8) if bwd_fp16_v3.supports(np.float16, d)] == [32, 64, 128]
     assert not bwd_fp16_v3.supports(np.float32, 64)
     assert bwd_fp16_v3.smem_bytes(128, 64, 128) <= 227 * 1024  # one block of 8 warps fits an SM
-
-
-def test_backward_fp16_v3_d96_default_shape():
-    """d = 96 at its default block shape (6 warps, 96 keys a block, 16 keys a warp in phases A and
-    B: 12 16-byte chunks a row, which 8 warps cannot load in whole rows), GQA, causal with Nq < Nk
-    and a ragged key block."""
-    cfg = bwd_fp16_v3.default_config(96)
-    assert (cfg["nw"], cfg["bk"]) == (6, 96)
-    q, k, v, do = make(13, 1, 2, 1, 40, 50, 96)
-    o, lse = (x.astype(t) for x, t in zip(attention_forward(q, k, v, causal=True), (np.float16, np.float32)))
-    grads = bwd_fp16_v3.backward(q, k, v, o, lse, do, causal=True)
-    check_backward(grads, q, k, v, do, lse, True, label="d=96 default")

@@ -19,7 +19,7 @@ Variants (the names the records use) and their launches, in launch order:
   ``kernels.perf._launch.row_dots``), then the dK/dV kernel (Bc = 16·nw·mt keys a block, bq query
   rows a step over every query head of the group), then the dQ kernel (Br = 16·nw·mt query rows,
   bk keys a step): flash2's three launches with these tiles.
-* ``bwd_fp16_v3`` (d = 64 and 128 by default; also 32 and 96), ``bwd_fp32_v1``, ``bwd_fp32_v2``: D, the
+* ``bwd_fp16_v3`` (d = 64 and 128 by default; also 32), ``bwd_fp32_v1``, ``bwd_fp32_v2``: D, the
   zero fill of the float32 dQ accumulator ``dQacc`` (``zero_fill``: B·H·Nq·d float32 stores), one
   key-block kernel (K_j, V_j once; per step Q_i, dO_i, L_i, D_i; dQ_i by ``red.global.add``
   into ``dQacc``, traffic class "reduction"; dK_j, dV_j stored once), and for fp16 the
@@ -130,8 +130,6 @@ def default_config(name: str, d: int) -> dict:
     if name == "bwd_fp16_v1":
         return dict(bq=64, bk=64, nw=4, mt=1, reg=True) if d <= 64 else dict(bq=32, bk=32, nw=4, mt=1, reg=False)
     if name == "bwd_fp16_v3":
-        if d == 96:
-            return dict(bq=64, bk=96, nw=6, ma=1, mb=1, mc=2, minb=1)
         return dict(bq=64, bk=128, nw=8, ma=2, mb=2, mc=2 if d >= 64 else 1, minb=1)
     if name == "bwd_fp32_v1":
         nw = 4 if d <= 64 or 68 <= d <= 96 else 8
@@ -151,7 +149,7 @@ def supports(name: str, dtype: str, d: int) -> bool:
     if name in ("fwd_fp16_v4", "bwd_fp16_v1"):
         return d % 8 == 0 and 8 <= d <= 256
     if name == "bwd_fp16_v3":
-        return d in (32, 64, 96, 128)
+        return d in (32, 64, 128)
     if name in ("fwd_fp32_v1", "bwd_fp32_v1"):
         return d % 4 == 0 and 4 <= d <= 128
     if name == "fwd_fp32_v2":

@@ -801,12 +801,7 @@ def signature_v3():
 def default_config_v3(d: int) -> dict:
     """bq queries per step, bk keys per block, nw warps; ma, mb, mc: m-tiles a warp owns in phases
     A (keys), B (keys) and C (queries).  flash-attention's d = 128 shape (below 64 columns phase C
-    gives each warp one m-tile, so that its column groups stay whole n-tile pairs).  At d = 96
-    (12 16-byte chunks a row, which 256 threads cannot load in whole rows) 6 warps and 96 keys a
-    block: each warp 16 keys in phases A and B, two 32-query groups of phase C (254 registers, no
-    spills, 4.7 SASS instructions an HMMA in the loop)."""
-    if d == 96:
-        return dict(bq=64, bk=96, nw=6, ma=1, mb=1, mc=2, minb=1)
+    gives each warp one m-tile, so that its column groups stay whole n-tile pairs)."""
     return dict(bq=64, bk=128, nw=8, ma=2, mb=2, mc=2 if d >= 64 else 1, minb=1)
 
 
@@ -817,7 +812,7 @@ def _accepts_v3(dtype, d: int) -> bool:
 
 
 def supports_v3(dtype, d: int) -> bool:
-    """What :func:`_accepts_v3` and the default block shape can split: d in {32, 64, 96, 128} (its
+    """What :func:`_accepts_v3` and the default block shape can split: d in {32, 64, 128} (its 256
     threads load whole rows of d / 8 16-byte chunks; other head dims take bwd_fp16_v1)."""
     if not _accepts_v3(dtype, d):
         return False
