@@ -154,7 +154,8 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, b
     """FlashAttention-2 backward: (dQ, dK, dV) of Σ O ∘ dO, recomputing P from Q, K and L.
 
     ``o`` and ``lse`` are the forward's outputs (O in the input dtype, L float32 (B, H, Nq), on
-    the same side, host or device, as the other inputs); ``do`` has O's shape and dtype.  Three
+    the same side, host or device, as the other inputs); ``do`` has O's shape and dtype.  The
+    reference kernels (``impl="reference"``, or where no fast kernel applies) are three
     deterministic kernels (no atomics): D = rowsum(dO ∘ O); dK, dV per key block, summed over the
     query heads that share the kv head; dQ per query block.  dK and dV have the kv heads' shape
     (B, Hkv, Nk, d).  Options and input rules as :func:`flash_attention`; the default block
