@@ -178,26 +178,37 @@ def test_public_api_picks_the_fast_kernels_where_they_apply():
     assert kernels.flash_attention(q59, k59, v59).shape == q59.shape
 
 
-@pytest.mark.parametrize("variant,args", [("fwd_fp16_v4", (64, 64, 4, 2, 0, 1)), ("fwd_fp16_v4", (128, 32, 4, 2, 1, 1)),
+@pytest.mark.parametrize("variant,args", [("fwd_fp16_v4", (64, 64, 4, 2, 0, 1)), ("fwd_fp16_v4", (128, 16, 4, 2, 1, 1)),
                                           ("bwd_fp16_v1:dkdv", (64, 64, 4, 1, 0, 1)),
                                           ("bwd_fp16_v1:dq", (64, 64, 4, 1, 1, 1)),
-                                          ("bwd_fp16_v3", (128, 64, 128, 8, 2, 2, 2, 0)),
+                                          ("bwd_fp16_v3", (64, 64, 128, 8, 2, 2, 2, 0)),
+                                          ("bwd_fp16_v3", (128, 64, 128, 8, 2, 2, 2, 1)),
                                           ("bwd_fp32_v2", (128, 64, 64, 8, 0, 4)),
                                           ("fwd_fp32_v2", (128, 32, 4, 1, 1, 4, 1))])
 def test_sm90_ptx_uses_tensor_cores_without_local_memory(variant, args):
     """The default shapes, compiled for sm_90 with the helpers linked by LTO (no GPU needed):
-    mma.sync in the PTX and no local memory (the fragment arrays live in registers).  Run in a
-    subprocess because this test session runs the CUDA simulator, which cannot compile."""
+    mma.sync in the PTX and no local memory (the fragment arrays live in registers); then, through
+    the test extra's ptxas and cuobjdump, no CALL in the SASS of the main loop (a library routine
+    there: bwd_fp16_v3's loop once called the 64-bit division routine 7 times a step, 8-10% of its
+    time on the H100).  Run in a subprocess because this test session runs the CUDA simulator,
+    which cannot compile."""
     code = textwrap.dedent(f"""
-        from kernels.perf.inspect import lto_ptx
+        from kernels.perf.inspect import lto_ptx, sass_report
         ptx = lto_ptx({variant!r}, *{args!r})
-        print(ptx.count("mma.sync"), ".local" in ptx)
+        rep = sass_report(ptx)
+        print(ptx.count("mma.sync"), ".local" in ptx, rep["loop_HMMA"], rep["loop_CALL"], rep["loop_local"],
+              rep["loop_instructions"], rep["registers"])
     """)
     res = run_without_simulator(code)
     assert res.returncode == 0, res.stderr[-2000:]
-    mmas, local = res.stdout.split()
-    print(f"{variant}{args}: {mmas} mma.sync, local memory: {local}")
+    mmas, local, hmma, calls, spills, loop, regs = res.stdout.split()
+    print(f"{variant}{args}: {mmas} mma.sync, local memory: {local}; SASS: {regs} registers, main loop "
+          f"{loop} instructions, {hmma} HMMA, {calls} CALL, {spills} LDL/STL")
     assert int(mmas) >= 64 and local == "False"
+    # bwd_fp32_v2's loop still divides by the run-time block count (it // nblk, it % nblk: 4 calls
+    # of the 64-bit routine), as the fp16 backwards did before 084c0c9: the change that took those
+    # out is not yet run on a GPU for it (kernels/perf/NOTES.md); the count is pinned until it is.
+    assert int(hmma) >= 32 and int(calls) == (4 if variant == "bwd_fp32_v2" else 0)
 
 
 def test_deterministic_backward_runs_no_kernel_with_atomics(monkeypatch):

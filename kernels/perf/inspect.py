@@ -4,10 +4,10 @@
     python -m kernels.perf.inspect bwd_fp16_v1:dq 64 64 4 1 1 1  # one of a variant's SOURCES
 
 Prints the post-link-time-optimisation PTX's size and ``mma.sync`` count, and, where ``ptxas``
-and ``cuobjdump`` are on PATH (a CUDA toolkit, or the ``nvidia-cuda-nvcc`` and
-``nvidia-cuda-cuobjdump``/``nvidia-cuda-nvdisasm`` wheels), the registers, stack frame and
-spills, and the counts of the SASS instructions that matter (HMMA, LDSM, LDGSTS, MUFU.EX2,
-local-memory LDL/STL).  Everything here needs only NVVM, NVRTC and nvJitLink, which pip
+and ``cuobjdump`` are found (the ``nvidia-cuda-nvcc`` and ``nvidia-cuda-cuobjdump`` wheels of the
+``test`` extra first, else PATH: :func:`tool`), the registers, stack frame and spills, the counts
+of the SASS instructions that matter (HMMA, LDSM, LDGSTS, MUFU.EX2, local-memory LDL/STL, CALL),
+and those of the main loop (:func:`hot_loop`).  Everything here needs only NVVM, NVRTC and nvJitLink, which pip
 provides, so it runs on the CPU machine; the tests use :func:`lto_ptx` the same way.
 
 numba-cuda compiles a kernel's device functions for the *current* device's compute capability;
@@ -57,18 +57,58 @@ def lto_ptx(module: str, *args, min_blocks: int = 1, **kw) -> str:
         dispatcher.get_current_device = saved
 
 
+def tool(name: str) -> str | None:
+    """The path of CUDA tool ``name`` (``ptxas``, ``cuobjdump``): the pip wheels' first
+    (``nvidia-cuda-nvcc``, ``nvidia-cuda-cuobjdump``, in the ``test`` extra), whose ptxas reads the
+    PTX that the NVVM of the same CUDA release writes (an older system ptxas refuses its newer
+    ``.version``), else PATH's; None if neither has it."""
+    try:
+        import nvidia
+
+        for root in getattr(nvidia, "__path__", []):
+            for sub in ("cu13", "cuda_nvcc", "cuda_cuobjdump"):
+                path = os.path.join(root, sub, "bin", name)
+                if os.access(path, os.X_OK):
+                    return path
+    except ImportError:
+        pass
+    return shutil.which(name)
+
+
+_OP = re.compile(r"^\s+/\*([0-9a-f]+)\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)([^;]*);", re.M)
+
+
+def hot_loop(sass: str) -> dict:
+    """The loop of the SASS that holds the most HMMA (a backward branch's target to the branch):
+    its instructions, HMMA, CALL (a call in a kernel's main loop is a library routine, such as the
+    64-bit division that bwd_fp16_v3's loop once made 7 times a step) and local-memory accesses
+    (LDL/STL: spills).  Counted statically, each instruction once."""
+    ins = [(int(m.group(1), 16), m.group(2), m.group(3)) for m in _OP.finditer(sass)]
+    best = []
+    for a, op, rest in ins:
+        br = re.search(r"(0x[0-9a-f]+)\s*$", rest) if op == "BRA" else None
+        if br and int(br.group(1), 16) < a:
+            body = [o for x, o, _ in ins if int(br.group(1), 16) <= x <= a]
+            if body.count("HMMA") > best.count("HMMA"):
+                best = body
+    return {"loop_instructions": len(best), "loop_HMMA": best.count("HMMA"), "loop_CALL": best.count("CALL"),
+            "loop_local": best.count("LDL") + best.count("STL")}
+
+
 def sass_report(ptx: str) -> dict:
-    """ptxas's resource line and SASS instruction counts (empty if the tools are missing)."""
-    if not (shutil.which("ptxas") and shutil.which("cuobjdump")):
+    """ptxas's resource line, SASS instruction counts and :func:`hot_loop`'s (empty if the tools
+    are missing)."""
+    ptxas, cuobjdump = tool("ptxas"), tool("cuobjdump")
+    if not (ptxas and cuobjdump):
         return {}
     with tempfile.TemporaryDirectory() as tmp:
         p, c = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
         with open(p, "w") as f:
             f.write(ptx)
-        res = subprocess.run(["ptxas", "-arch=sm_90", "-v", p, "-o", c], capture_output=True, text=True)
+        res = subprocess.run([ptxas, "-arch=sm_90", "-v", p, "-o", c], capture_output=True, text=True)
         if res.returncode:
             return {"ptxas_error": res.stderr.strip()[-500:]}
-        sass = subprocess.run(["cuobjdump", "-sass", c], capture_output=True, text=True).stdout
+        sass = subprocess.run([cuobjdump, "-sass", c], capture_output=True, text=True).stdout
     info = res.stderr
     out = {}
     for key, pat in (("registers", r"Used (\d+) registers"), ("stack_bytes", r"(\d+) bytes stack frame"),
@@ -76,10 +116,11 @@ def sass_report(ptx: str) -> dict:
                      ("spill_load_bytes", r"(\d+) bytes spill loads")):
         m = re.search(pat, info)
         out[key] = int(m.group(1)) if m else None
-    ops = Counter(m.group(1) for m in re.finditer(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", sass, re.M))
+    ops = Counter(m.group(2) for m in _OP.finditer(sass))
     out["instructions"] = sum(ops.values())
-    for op in ("HMMA", "LDSM", "LDGSTS", "MUFU", "FFMA", "LDS", "LDL", "STL", "SHFL", "BAR"):
+    for op in ("HMMA", "LDSM", "LDGSTS", "MUFU", "FFMA", "LDS", "LDL", "STL", "SHFL", "BAR", "CALL"):
         out[op] = ops.get(op, 0)
+    out.update(hot_loop(sass))
     return out
 
 
@@ -93,7 +134,7 @@ def main(argv=None) -> int:
     print(f"{a.variant}{tuple(a.args)}: PTX {len(ptx)} chars, {ptx.count('mma.sync')} mma.sync, "
           f"{'has' if '.local' in ptx else 'no'} .local")
     rep = sass_report(ptx)
-    print("  " + (", ".join(f"{k} {v}" for k, v in rep.items()) if rep else "(ptxas/cuobjdump not on PATH)"))
+    print("  " + (", ".join(f"{k} {v}" for k, v in rep.items()) if rep else "(no ptxas/cuobjdump: the test extra's wheels or PATH)"))
     return 0
 
 
