@@ -134,7 +134,8 @@ def main(argv=None) -> int:
     print(f"{a.variant}{tuple(a.args)}: PTX {len(ptx)} chars, {ptx.count('mma.sync')} mma.sync, "
           f"{'has' if '.local' in ptx else 'no'} .local")
     rep = sass_report(ptx)
-    print("  " + (", ".join(f"{k} {v}" for k, v in rep.items()) if rep else "(no ptxas/cuobjdump: the test extra's wheels or PATH)"))
+    missing = "(no ptxas/cuobjdump: the test extra's wheels or PATH)"
+    print("  " + (", ".join(f"{k} {v}" for k, v in rep.items()) if rep else missing))
     return 0
 
 
