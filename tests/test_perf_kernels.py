@@ -196,6 +196,7 @@ def test_sm90_ptx_uses_tensor_cores_without_local_memory(variant, args):
         from kernels.perf.inspect import lto_ptx, sass_report
         ptx = lto_ptx({variant!r}, *{args!r})
         rep = sass_report(ptx)
+        assert "loop_HMMA" in rep, rep  # the test extra's ptxas, cuobjdump and nvdisasm
         print(ptx.count("mma.sync"), ".local" in ptx, rep["loop_HMMA"], rep["loop_CALL"], rep["loop_local"],
               rep["loop_instructions"], rep["registers"])
     """)

@@ -58,15 +58,15 @@ def lto_ptx(module: str, *args, min_blocks: int = 1, **kw) -> str:
 
 
 def tool(name: str) -> str | None:
-    """The path of CUDA tool ``name`` (``ptxas``, ``cuobjdump``): the pip wheels' first
-    (``nvidia-cuda-nvcc``, ``nvidia-cuda-cuobjdump``, in the ``test`` extra), whose ptxas reads the
+    """The path of CUDA tool ``name`` (``ptxas``, ``cuobjdump``, ``nvdisasm``): the pip wheels' first
+    (``nvidia-cuda-nvcc``, ``-cuobjdump``, ``-nvdisasm``, in the ``test`` extra), whose ptxas reads the
     PTX that the NVVM of the same CUDA release writes (an older system ptxas refuses its newer
     ``.version``), else PATH's; None if neither has it."""
     try:
         import nvidia
 
         for root in getattr(nvidia, "__path__", []):
-            for sub in ("cu13", "cuda_nvcc", "cuda_cuobjdump"):
+            for sub in ("cu13", "cuda_nvcc", "cuda_cuobjdump", "cuda_nvdisasm"):
                 path = os.path.join(root, sub, "bin", name)
                 if os.access(path, os.X_OK):
                     return path
@@ -108,7 +108,12 @@ def sass_report(ptx: str) -> dict:
         res = subprocess.run([ptxas, "-arch=sm_90", "-v", p, "-o", c], capture_output=True, text=True)
         if res.returncode:
             return {"ptxas_error": res.stderr.strip()[-500:]}
-        sass = subprocess.run([cuobjdump, "-sass", c], capture_output=True, text=True).stdout
+        nvdisasm = tool("nvdisasm")  # cuobjdump -sass runs it: PATH, or NVDISASM_PATH
+        env = dict(os.environ, **({"NVDISASM_PATH": os.path.dirname(nvdisasm)} if nvdisasm else {}))
+        dump = subprocess.run([cuobjdump, "-sass", c], capture_output=True, text=True, env=env)
+        if dump.returncode or not _OP.search(dump.stdout):
+            return {"cuobjdump_error": (dump.stderr.strip() or "no SASS in its output")[-500:]}
+        sass = dump.stdout
     info = res.stderr
     out = {}
     for key, pat in (("registers", r"Used (\d+) registers"), ("stack_bytes", r"(\d+) bytes stack frame"),
