@@ -101,6 +101,19 @@ def key_block(BK: int, BQ: int, CAUSAL: bool):
     return start
 
 
+@_device
+def next_step(ib, hb, nblk):
+    """(ib, hb) of the walk's next step: query block i0 + ib of query head hk·group + hb, the
+    blocks of a head first (:func:`key_block`).  Carried from step to step by the loops, since
+    ``it % nblk`` and ``it // nblk`` divide by a run-time value: a 64-bit division routine."""
+    ib1 = ib + 1
+    hb1 = hb
+    if ib1 == nblk:
+        ib1 = 0
+        hb1 = hb + 1
+    return ib1, hb1
+
+
 # ---------------------------------------------------------------------------------------------
 # fp16 tiles: rows of D halves in shared memory with row stride S (halves), 16-byte chunks.
 

@@ -58,6 +58,7 @@ from ._tiles import (
     f16_zero_pad,
     key_block,
     lse_log2,
+    next_step,
     query_block,
 )
 
@@ -168,17 +169,14 @@ def _dkdv_source_v1(D: int, BQ: int, NW: int, MT: int, CAUSAL: bool, KVREG: bool
         pa = cuda.local.array(NPA, uint32)
         fb = cuda.local.array(4, uint32)
         # Step it is query block i0 + ib of query head hk·group + hb (ib = it % nblk, hb = it //
-        # nblk): carried from step to step, as bwd_fp16_v3 does (no 64-bit division in the loop).
+        # nblk), carried by next_step (no 64-bit division in the loop).
         ib = 0
         hb = 0
         for it in range(total):
             buf = it % 2
             i = i0 + ib
             r0 = i * BQ
-            ib += 1
-            if ib == nblk:
-                ib = 0
-                hb += 1
+            ib, hb = next_step(ib, hb, nblk)
             if it + 1 < total:
                 load_step(sm, smf, sbase, q, do, lse, dvec, b, hk * group + hb, nq,
                           (i0 + ib) * BQ, (it + 1) % 2, crow, cgof, csof, tid)
@@ -627,8 +625,8 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
         pword = sbase + 2 * (POFF + (ka0 + g) * SQ + qa0 + 2 * t)
         key0 = c0 + ka0 + g  # the lane's first key (global index)
         # Step it is query block i0 + ib of query head hk·group + hb (ib = it % nblk, hb = it //
-        # nblk), and (ib1, hb1) the next step's: carried from step to step, because nblk is known
-        # only at run time and each division by it was a 64-bit division routine in the loop.
+        # nblk), and (ib1, hb1) the next step's: carried by next_step, because nblk is known only
+        # at run time and each division by it was a 64-bit division routine in the loop.
         ib = 0
         hb = 0
         for it in range(total):
@@ -636,11 +634,7 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
             hq = hk * group + hb
             i = i0 + ib
             r0 = i * BQ
-            ib1 = ib + 1
-            hb1 = hb
-            if ib1 == nblk:
-                ib1 = 0
-                hb1 = hb + 1
+            ib1, hb1 = next_step(ib, hb, nblk)
             # Barrier 1: this step's tiles have landed, and every warp is done with the last
             # step's Pᵀ, dSᵀ and buffer, which the code below overwrites.
             tc.cp_async_wait(0)
@@ -655,11 +649,7 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
                     lnext = NEG_INF
                     dnext = float32(0.0)
                     if it + 2 < total:
-                        ib2 = ib1 + 1
-                        hb2 = hb1
-                        if ib2 == nblk:
-                            ib2 = 0
-                            hb2 = hb1 + 1
+                        ib2, hb2 = next_step(ib1, hb1, nblk)
                         row = (i0 + ib2) * BQ + tid
                         if row < nq:
                             lnext = lse[b, hk * group + hb2, row]
