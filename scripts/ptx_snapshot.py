@@ -9,8 +9,9 @@ default block shape at d = 64 and 128, causal or not (``kernels.perf.inspect``'s
 nvJitLink, no device), its kernels captured at ``tc.jit_kernel``.  The PTX is written with the
 mangled function names replaced (they carry the module's name) and compared with the shared
 arrays' symbol numbers set aside (they count the kernels compiled before in the process).  The
-summary has ptxas's registers and spills where ``ptxas`` is on PATH (the PTX's ``.version`` is
-lowered to the toolkit's, which changes nothing in the code), and the counts of ``mma.sync``,
+summary has ptxas's registers and spills where ``ptxas`` is found (``kernels.perf.inspect.tool``:
+the test extra's wheel, else PATH; the PTX's ``.version`` is lowered to 9.0 for an older one,
+which changes nothing in the code), and the counts of ``mma.sync``,
 ``ldmatrix`` and ``cp.async``.  Run from the repository root, without ``NUMBA_ENABLE_CUDASIM``.
 """
 
@@ -19,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -43,20 +43,19 @@ def compare(old: str, new: str) -> int:
 
 
 def _ptxas(ptx: str) -> dict:
-    if not shutil.which("ptxas"):
+    from kernels.perf.inspect import ptxas_resources, tool
+
+    ptxas = tool("ptxas")
+    if not ptxas:
         return {}
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "k.ptx")
         with open(src, "w") as f:
             f.write(re.sub(r"^\.version .*$", ".version 9.0", ptx, count=1, flags=re.M))
-        info = subprocess.run(["ptxas", "-arch=sm_90", "-v", src, "-o", os.path.join(tmp, "k.cubin")],
+        info = subprocess.run([ptxas, "-arch=sm_90", "-v", src, "-o", os.path.join(tmp, "k.cubin")],
                               capture_output=True, text=True).stderr
-    out = {}
-    for key, pat in (("registers", r"Used (\d+) registers"), ("spill_store_bytes", r"(\d+) bytes spill stores"),
-                     ("spill_load_bytes", r"(\d+) bytes spill loads")):
-        m = re.search(pat, info)
-        out[key] = int(m.group(1)) if m else None
-    return out
+    res = ptxas_resources(info)
+    return {k: res[k] for k in ("registers", "spill_store_bytes", "spill_load_bytes")}
 
 
 def snapshot(out: str, names: list[str], bf16: bool = False) -> int:

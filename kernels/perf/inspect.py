@@ -95,6 +95,17 @@ def hot_loop(sass: str) -> dict:
             "loop_local": best.count("LDL") + best.count("STL")}
 
 
+def ptxas_resources(info: str) -> dict:
+    """Registers, stack frame and spill bytes from ``ptxas -v``'s report (None where absent)."""
+    out = {}
+    for key, pat in (("registers", r"Used (\d+) registers"), ("stack_bytes", r"(\d+) bytes stack frame"),
+                     ("spill_store_bytes", r"(\d+) bytes spill stores"),
+                     ("spill_load_bytes", r"(\d+) bytes spill loads")):
+        m = re.search(pat, info)
+        out[key] = int(m.group(1)) if m else None
+    return out
+
+
 def sass_report(ptx: str) -> dict:
     """ptxas's resource line, SASS instruction counts and :func:`hot_loop`'s (empty if the tools
     are missing)."""
@@ -114,13 +125,7 @@ def sass_report(ptx: str) -> dict:
         if dump.returncode or not _OP.search(dump.stdout):
             return {"cuobjdump_error": (dump.stderr.strip() or "no SASS in its output")[-500:]}
         sass = dump.stdout
-    info = res.stderr
-    out = {}
-    for key, pat in (("registers", r"Used (\d+) registers"), ("stack_bytes", r"(\d+) bytes stack frame"),
-                     ("spill_store_bytes", r"(\d+) bytes spill stores"),
-                     ("spill_load_bytes", r"(\d+) bytes spill loads")):
-        m = re.search(pat, info)
-        out[key] = int(m.group(1)) if m else None
+    out = ptxas_resources(res.stderr)
     ops = Counter(m.group(2) for m in _OP.finditer(sass))
     out["instructions"] = sum(ops.values())
     for op in ("HMMA", "LDSM", "LDGSTS", "MUFU", "FFMA", "LDS", "LDL", "STL", "SHFL", "BAR", "CALL"):
