@@ -171,10 +171,15 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, b
     in the last bits (~1 ulp of the float32 sum); dK, dV are deterministic.  ``deterministic=True``
     runs no kernel with atomics: ``bwd_fp16_v1`` for fp16 and bf16, the reference kernels for fp32
     (with ``impl="fast"``, a ValueError where no fast kernel is deterministic); None (the default)
-    takes torch's ``torch.are_deterministic_algorithms_enabled()`` for torch tensors, else False.
+    takes torch's ``torch.are_deterministic_algorithms_enabled()`` for torch tensors, else False;
+    anything but None or a bool (numpy bools count) is a ValueError naming it.
     """
+    import numpy as np
+
     if deterministic is None:
         deterministic = _torch_deterministic(q)
+    elif not isinstance(deterministic, (bool, np.bool_)):  # numpy bools count, as for causal
+        raise ValueError(f"deterministic={deterministic!r}: must be None or a bool")
     mod = _fast("bwd", q, impl, deterministic=bool(deterministic), block_m=block_m, block_n=block_n,
                 block_mask=block_mask, counters=counters)
     if mod is not None:

@@ -237,12 +237,17 @@ def test_deterministic_backward_runs_no_kernel_with_atomics(monkeypatch):
     assert ran == ["bwd_fp16_v3", "bwd_fp16_v1", "reference"]
     with pytest.raises(ValueError, match="impl='fast': no fast deterministic bwd kernel"):
         kernels.flash_attention_backward(q32, q32, q32, q32, lse, q32, deterministic=True, impl="fast")
+    kernels.flash_attention_backward(q, k, v, q, lse, do, deterministic=np.True_)  # numpy bools count
+    assert ran[-1] == "bwd_fp16_v1"
+    for bad in ("yes", 1, 0.0):
+        with pytest.raises(ValueError, match="deterministic=.*must be None or a bool"):
+            kernels.flash_attention_backward(q, k, v, q, lse, do, deterministic=bad)
     torch = pytest.importorskip("torch")
     tq = torch.from_numpy(q)
     with _deterministic(torch):
         kernels.flash_attention_backward(tq, tq, tq, tq, torch.from_numpy(lse), tq)
     kernels.flash_attention_backward(tq, tq, tq, tq, torch.from_numpy(lse), tq)
-    assert ran[-2:] == ["bwd_fp16_v1", "bwd_fp16_v3"]
+    assert ran[-2:] == ["bwd_fp16_v1", "bwd_fp16_v3"]  # (torch's setting restored)
 
 
 class _deterministic:
