@@ -38,7 +38,8 @@ def test_best_and_the_bench_record_name_variants_in_the_tree():
 
 
 def test_tc_exports_its_helpers_only():
-    assert set(tc.__all__) == {"SIM", "MAX_WARPS", "device_inline", "jit_kernel", "tile_addr", "ops", *tc.HELPERS}
+    assert set(tc.__all__) == {"SIM", "MAX_WARPS", "device_inline", "jit_kernel", "tile_addr", "wg_desc", "ops",
+                               *tc.HELPERS}
     assert tc.ops(False) == (tc.mma, tc.mma_z, tc.pack_f16x2)
     assert tc.ops(True) == (tc.mma_bf16, tc.mma_z_bf16, tc.pack_bf16x2)
     for name in tc.HELPERS:

@@ -9,7 +9,8 @@ if the code were written out in it (constant trip counts, no call frames).
   one block per key block, walking the query blocks of every query head of the group).
 * Scalars: :func:`lse_log2` (a row's L·log2e, +inf where the row sees no key, so P = 0 there).
 * fp16 tiles (``fwd_fp16``, ``bwd_fp16``): :func:`f16_copy`, :func:`f16_chunks` (cp.async
-  copies of a tile into shared memory, the copy of a finished tile out), :func:`f16_zero_pad`,
+  copies of a tile into shared memory, the copy of a finished tile out), :func:`f16_swizzled`
+  (the same into the 128-byte swizzled layout of the warpgroup products), :func:`f16_zero_pad`,
   :func:`f16_frags`, :func:`f16_abt`, :func:`f16_ab` (the products on ``mma.sync``: A Bᵀ over d,
   A·B with B read transposed) and :func:`f16_pack` (accumulators to f16 pairs in shared memory);
   bf16 tiles too (the copies move bits; the products and the packing take ``BF16``).
@@ -195,6 +196,41 @@ def f16_chunks(ROWS: int, D: int, S: int, NT: int):
                 tc.cp_async16_a(sm, sbase, so2 + csof[u], x2, goff, 8 if ok else 0)
 
     return CPT, chunks, load2c
+
+
+def f16_swizzled(ROWS: int, D: int, NT: int):
+    """(soff, load, chunks): the copies of a ROWS x D f16 tile into the 128-byte swizzled layout
+    that ``wgmma`` reads (``tc.wgmma_ss``, ``tc.wgmma_rs``; D a multiple of 64): column block
+    c // 8 of 64 halves is an atom of ROWS rows of 128 bytes, and 16-byte chunk c % 8 of row r sits
+    at chunk (c % 8) ^ (r % 8) of it, so the 8 lanes that copy one row write 8 distinct bank groups
+    and the tile needs no padding.  ``soff(r, c)``: the chunk's element offset; ``load(sm, sbase,
+    so, x, g0, r0, n, tid)`` as :func:`f16_copy`'s; ``chunks(crow, cgof, csof, tid)`` fills
+    :func:`f16_chunks`' per-thread arrays for this layout (its ``load2c`` then copies through
+    them)."""
+    CH = D // 8
+    CPT = -(-ROWS * CH // NT)
+
+    @_device
+    def soff(r, c):
+        return (c // 8) * (ROWS * 64) + r * 64 + ((c % 8) ^ (r % 8)) * 8
+
+    @_device
+    def load(sm, sbase, so, x, g0, r0, n, tid):
+        for e in range(tid, ROWS * CH, NT):
+            r = e // CH
+            ok = r0 + r < n
+            tc.cp_async16_a(sm, sbase, so + soff(r, e % CH), x, g0 + (r0 + r if ok else 0) * D + (e % CH) * 8,
+                            8 if ok else 0)
+
+    @_device
+    def chunks(crow, cgof, csof, tid):
+        for u in range(CPT):
+            e = tid + u * NT
+            crow[u] = e // CH
+            cgof[u] = (e // CH) * D + (e % CH) * 8
+            csof[u] = soff(e // CH, e % CH)
+
+    return soff, load, chunks
 
 
 def f16_zero_pad(ROWS: int, D: int, S: int, NT: int):

@@ -40,14 +40,31 @@ from .._arrays import dtype_name
 from ..flash2 import padded_head_dim
 from . import tc
 from ._launch import launch_forward
-from ._tiles import NEG_INF, f16_ab, f16_abt, f16_chunks, f16_copy, f16_frags, f16_pack, f16_zero_pad, query_block
+from ._tiles import (
+    NEG_INF,
+    f16_ab,
+    f16_abt,
+    f16_chunks,
+    f16_copy,
+    f16_frags,
+    f16_pack,
+    f16_swizzled,
+    f16_zero_pad,
+    query_block,
+)
 
 
 def smem_bytes(dp: int, br: int, bc: int) -> int:
     return 2 * (dp + 8) * (br + 4 * bc)
 
 
-def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: bool = True, BF16: bool = False):
+def smem_bytes_v5(dp: int, br: int, bc: int) -> int:
+    # Q, K and V twice, unpadded (128-byte swizzled), and 1 KiB to align the swizzle atoms
+    return 2 * dp * (br + 4 * bc) + 1024
+
+
+def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: bool = True, BF16: bool = False,
+            WG: bool = False):
     DP = padded_head_dim(D)
     BR = 16 * NW * MT
     NT = 32 * NW
@@ -61,6 +78,16 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
     QOFF = 0
     KOFF = BR * S  # K buffers 0 and 1
     VOFF = KOFF + 2 * BC * S  # V buffers 0 and 1
+    if WG:  # v5: the products on warpgroups (4 warps, 64 rows each: MT = 1), tiles swizzled
+        if MT != 1 or NW % 4 or DP % 64 or DP != D or BC % 16 or not 16 <= BC <= 256:
+            raise ValueError(f"{D=}, {BC=}, {NW=}, {MT=}: v5 takes d = 64 or 128, MT = 1, whole warpgroups, Bc 16..256")
+        QB, KB = 0, 2 * BR * DP  # byte offsets from the 1024-aligned base: Q, K buffers, V buffers
+        KSZ = 2 * BC * DP
+        VB = KB + 2 * KSZ
+        wg_qk = tc.wgmma_ss(BC, DP // 16, BR * 8, BC * 8, BF16)
+        wg_pv = tc.wgmma_rs(DP, BC // 16, 128, BF16)  # 16 keys a k-step: 2 x 8 rows of 128 bytes
+        q_soff, q_load_sw, _ = f16_swizzled(BR, D, NT)
+        _, _, kv_chunks_sw = f16_swizzled(BC, D, NT)
 
     @tc.device_inline
     def _rescale(acc, mt, alpha_0, alpha_1):
@@ -97,10 +124,24 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
         loffb = tc.lane_offset_b(S)
         qbase = ((b * q.shape[1] + h) * nq) * D
         kbase = ((b * k.shape[1] + hk) * nk) * D
-        zero_pad(sm, tid)
-        q_load(sm, sbase, QOFF, q, qbase, r0, nq, tid)
-        if nblk > 0:
-            kv_load2(sm, sbase, KOFF, VOFF, k, v, kbase, 0, nk, tid)
+        crow = cuda.local.array(CPT, int32)  # this thread's chunks of a K/V tile (f16_chunks)
+        cgof = cuda.local.array(CPT, int32)
+        csof = cuda.local.array(CPT, int32)
+        if WG:
+            ab = ((1024 - sbase % 1024) % 1024) // 2  # element offset of the 1024-aligned base
+            sb = sbase + 2 * ab
+            q_load_sw(sm, sbase, ab, q, qbase, r0, nq, tid)
+            kv_chunks_sw(crow, cgof, csof, tid)
+            if nblk > 0:
+                kv_load2c(sm, sbase, ab + KB // 2, ab + (VB // 2), k, v, kbase, 0, nk, crow, cgof, csof, tid)
+            # warpgroup warp // 4's 64 rows of Q; its first k-step (tc.wgmma_ss adds the others)
+            da = tc.wg_desc(sb + QB + (warp // 4) * 64 * 128, 16, 1024)
+        else:
+            ab = 0
+            zero_pad(sm, tid)
+            q_load(sm, sbase, QOFF, q, qbase, r0, nq, tid)
+            if nblk > 0:
+                kv_load2(sm, sbase, KOFF, VOFF, k, v, kbase, 0, nk, tid)
         tc.cp_async_commit()
         tc.cp_async_wait(0)
         cuda.syncthreads()  # Q_i, K_0, V_0 and the zeroed padding are in shared memory
@@ -119,24 +160,30 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
         for e in range(M2):
             m[e] = NEG_INF
             ll[e] = 0.0
-        crow = cuda.local.array(CPT, int32)  # this thread's chunks of a K/V tile (f16_chunks)
-        cgof = cuda.local.array(CPT, int32)
-        csof = cuda.local.array(CPT, int32)
-        kv_chunks(crow, cgof, csof, tid)
+        if not WG:
+            kv_chunks(crow, cgof, csof, tid)
         for j in range(nblk):
             buf = j % 2
             c0 = j * BC
             if j + 1 < nblk:  # K_{j+1}, V_{j+1} into the other buffer
                 nb_ = (j + 1) % 2
-                kv_load2c(sm, sbase, KOFF + nb_ * BC * S, VOFF + nb_ * BC * S, k, v, kbase, c0 + BC, nk,
+                if WG:
+                    kv_load2c(sm, sbase, ab + (KB + nb_ * KSZ) // 2, ab + (VB + nb_ * KSZ) // 2, k, v, kbase,
+                              c0 + BC, nk, crow, cgof, csof, tid)
+                else:
+                    kv_load2c(sm, sbase, KOFF + nb_ * BC * S, VOFF + nb_ * BC * S, k, v, kbase, c0 + BC, nk,
                               crow, cgof, csof, tid)
             tc.cp_async_commit()  # (empty on the last block) so that one wait fits every iteration
             tc.cp_async_wait(1)  # everything but the newest group, i.e. K_j, V_j, has landed
+            if WG:
+                tc.fence_proxy_async()  # the copies are generic-proxy writes; wgmma reads via the async proxy
             cuda.syncthreads()  # K_j, V_j have landed for every warp
             kofs = KOFF + buf * BC * S
             vofs = VOFF + buf * BC * S
-            # S = Q Kᵀ: every K fragment pair feeds MT m-tiles.
-            qk(s, qa, kb, sm, sbase, loff, loffb, QOFF, kofs, warp)
+            if WG:  # S = Q Kᵀ: one warpgroup product over d
+                wg_qk(s, sm, da, tc.wg_desc(sb + KB + buf * KSZ, 16, 1024))
+            else:  # S = Q Kᵀ: every K fragment pair feeds MT m-tiles.
+                qk(s, qa, kb, sm, sbase, loff, loffb, QOFF, kofs, warp)
             if c0 + BC > nk or (CAUSAL and c0 + BC - 1 > r0 + shift):
                 for mt in range(MT):
                     for nt in range(NS):
@@ -199,7 +246,10 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
                     ll[2 * mt] = ll[2 * mt] * alpha_0 + ps_0
                     ll[2 * mt + 1] = ll[2 * mt + 1] * alpha_1 + ps_1
                     _rescale(acc, mt, alpha_0, alpha_1)
-            pv(acc, pa, kb, sm, sbase, loff, vofs)  # O += P V
+            if WG:  # O += P V, P from registers, V (MN-major) 64 of d a swizzle atom of Bc rows
+                wg_pv(acc, pa, sm, tc.wg_desc(sb + VB + buf * KSZ, BC * 128, 1024))
+            else:
+                pv(acc, pa, kb, sm, sbase, loff, vofs)  # O += P V
             cuda.syncthreads()  # every warp is done with buffer j % 2 before it is refilled
         # Epilogue: ℓ over the quad; O = acc/ℓ packed to f16 into the warp's own rows of the Q
         # tile (only this warp read them), then copied out 16 bytes per thread.
@@ -208,7 +258,7 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
             inv_0 = float32(1.0) / l_0 if l_0 > 0 else float32(0.0)
             inv_1 = float32(1.0) / l_1 if l_1 > 0 else float32(0.0)
             rl = 16 * (NW * mt + warp) + g
-            pack(smw, (QOFF + rl * S + 2 * t) // 2, acc, 4 * mt * NO, inv_0, inv_1)
+            pack(smw, (ab + QOFF + rl * S + 2 * t) // 2, acc, 4 * mt * NO, inv_0, inv_1)
             if t == 0:
                 row_0 = r0 + rl
                 if row_0 < nq:
@@ -216,14 +266,15 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
                 if row_0 + 8 < nq:
                     lse[b, h, row_0 + 8] = m[2 * mt + 1] * scale + math.log(l_1) if l_1 != 0 else NEG_INF
         cuda.syncthreads()  # the whole O tile is in shared memory
-        q_store(o, qbase, r0, nq, sm, sbase, QOFF, tid)
+        q_store(o, qbase, r0, nq, sm, sbase, ab + QOFF, tid)
 
     return fwd, NT, BR
 
 
 @cache
-def kernel(d: int, bc: int, nw: int, mt: int, causal: bool, qreg: bool, lazy: bool = True, bf16: bool = False):
-    fn, nt, br = _source(d, bc, nw, mt, causal, qreg, lazy, bf16)
+def kernel(d: int, bc: int, nw: int, mt: int, causal: bool, qreg: bool, lazy: bool = True, bf16: bool = False,
+           wg: bool = False):
+    fn, nt, br = _source(d, bc, nw, mt, causal, qreg, lazy, bf16, wg)
     return tc.jit_kernel(fn, nt), nt, br
 
 
@@ -255,24 +306,38 @@ def default_config_v4(d: int) -> dict:
     return dict(bc=64 if d <= 64 else 16 if 112 < d <= 128 else 32, nw=4, mt=2, qreg=True)
 
 
+def default_config_v5(d: int) -> dict:
+    """Two warpgroups (8 warps, 128 query rows), Bc = 128 (a first choice, not tuned yet)."""
+    return dict(bc=128, nw=8, mt=1, qreg=False)
+
+
 def supports(dtype, d: int) -> bool:
     return dtype_name(dtype) in ("float16", "bfloat16") and d % 8 == 0 and 8 <= d <= 256
 
 
-def _version(name: str, lazy: bool, default_config):
-    kern = partial(kernel, lazy=lazy)
+def supports_v5(dtype, d: int) -> bool:
+    return dtype_name(dtype) in ("float16", "bfloat16") and d in (64, 128)
+
+
+def _version(name: str, lazy: bool, default_config, wg: bool = False):
+    kern = partial(kernel, lazy=lazy, wg=wg)
+    sizes, accepts = (smem_bytes_v5, supports_v5) if wg else (smem_bytes, supports)
 
     def forward(q, k, v, *, causal=False, scale=None, return_lse=False, **config):
         """O (and L) for fp16 or bf16 (B, H, N, d) inputs; ``config`` overrides the version's
         ``default_config``."""
-        return launch_forward(name, kern, smem_bytes, default_config, supports, q, k, v, causal=causal,
+        return launch_forward(name, kern, sizes, default_config, accepts, q, k, v, causal=causal,
                               scale=scale, return_lse=return_lse, config=config)
 
+    # v5's products exist only on sm_90a (numba-cuda compiles for it on a 9.0 GPU by itself;
+    # kernels.perf.inspect asks for it by CC)
     return SimpleNamespace(name=name, forward=forward, kernel=kern, default_config=default_config,
-                           supports=supports, smem_bytes=smem_bytes, signature=signature,
-                           SOURCES={"fwd": (partial(_source, LAZY=lazy), signature)})
+                           supports=accepts, smem_bytes=sizes, signature=signature,
+                           CC=(9, 0, "a") if wg else (9, 0),
+                           SOURCES={"fwd": (partial(_source, LAZY=lazy, WG=wg), signature)})
 
 
 #: The versions by the names the records use (:func:`kernels.perf.variant`).
 VERSIONS = {"fwd_fp16_v3": _version("fwd_fp16_v3", False, default_config_v3),
-            "fwd_fp16_v4": _version("fwd_fp16_v4", True, default_config_v4)}
+            "fwd_fp16_v4": _version("fwd_fp16_v4", True, default_config_v4),
+            "fwd_fp16_v5": _version("fwd_fp16_v5", True, default_config_v5, wg=True)}

@@ -46,13 +46,14 @@ def lto_ptx(module: str, *args, min_blocks: int = 1, **kw) -> str:
     mod = variant(name)
     source, signature = mod.SOURCES[part] if part else next(iter(mod.SOURCES.values()))
     fn, nt, _ = source(*args, **kw)
+    cc = getattr(mod, "CC", CC)  # (9, 0, "a") for a variant that needs sm_90a's instructions
     saved = dispatcher.get_current_device
     dispatcher.get_current_device = lambda: _Hopper()
     try:
-        lib, _ = _compile_pyfunc_with_fixup(fn, signature(), device=False, cc=CC, abi="numba", lto=True,
+        lib, _ = _compile_pyfunc_with_fixup(fn, signature(), device=False, cc=cc, abi="numba", lto=True,
                                             launch_bounds=(nt, min_blocks))
         lib._lto = True  # the library was built from LTO-IR; let it link and emit PTX
-        return lib.get_lto_ptx(cc=CC).rstrip("\0")
+        return lib.get_lto_ptx(cc=cc).rstrip("\0")
     finally:
         dispatcher.get_current_device = saved
 
@@ -116,7 +117,9 @@ def sass_report(ptx: str) -> dict:
         p, c = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
         with open(p, "w") as f:
             f.write(ptx)
-        res = subprocess.run([ptxas, "-arch=sm_90", "-v", p, "-o", c], capture_output=True, text=True)
+        target = re.search(r"^\.target\s+(sm_\w+)", ptx, re.M)  # sm_90a where the PTX needs it
+        res = subprocess.run([ptxas, f"-arch={target.group(1) if target else 'sm_90'}", "-v", p, "-o", c],
+                             capture_output=True, text=True)
         if res.returncode:
             return {"ptxas_error": res.stderr.strip()[-500:]}
         nvdisasm = tool("nvdisasm")  # cuobjdump -sass runs it: PATH, or NVDISASM_PATH

@@ -48,13 +48,24 @@ Shared memory is addressed by 32-bit addresses in the shared window computed onc
 ``red_v2``, ``red_v4`` add 2 or 4 floats atomically per element; ``mma3_tf32`` and ``tf32_hi``
 are the 3xTF32 products of bwd_fp32_v2 (their layout is in :mod:`kernels.perf.tc_gpu`).  Under
 the simulator the shared window starts at 0 and the lane offsets are 0.
+
+Hopper's warpgroup products (fwd_fp16_v5; sm_90a): ``wgmma_ss(N, KT, ASTEP, BSTEP, BF16)`` and
+``wgmma_rs(N, KS, BSTEP, BF16)`` make the device functions of one whole product of a warpgroup
+(4 warps, 64 rows: warp w % 4 holds rows 16(w % 4) .. + 15 in the ``mma.sync`` C layout), A·Bᵀ
+with both operands in shared memory and A·B with A in registers (the ``mma.sync`` A layout) and
+B in shared memory; the tiles are 128-byte swizzled (K-major for Q and K, MN-major for V: the
+same bytes, rows of 64 halves, chunk c of row r at 16·(c ^ r % 8)) and described by
+:func:`wg_desc`; ``fence_proxy_async`` orders a thread's shared-memory writes before the
+products' reads.  The twins decode the descriptors the way the PTX ISA's canonical layouts say
+the tensor cores do, so a wrong descriptor fails under the simulator too; whether the ISA was
+read right is for the GPU test.
 """
 
 from __future__ import annotations
 
 import importlib
 
-from numba import config, cuda
+from numba import config, cuda, uint64
 
 SIM = bool(config.ENABLE_CUDASIM)
 #: Most warps a block of the fast kernels has (sizes the simulator's exchange buffers).
@@ -82,6 +93,16 @@ def tile_addr(sbase, loff, base, stride, row0, col0):
     return sbase + 2 * (base + row0 * stride + col0 + loff)
 
 
+@device_inline
+def wg_desc(addr, lbo, sbo):
+    """The 64-bit ``wgmma`` matrix descriptor of a tile at shared-window byte address ``addr``
+    (16-byte aligned; a 128-byte swizzled tile: its atoms 1024-byte aligned), leading and stride
+    byte offsets ``lbo``, ``sbo``, 128-byte swizzling (mode 1 in bits 62-63; PTX ISA, "Matrix
+    Descriptor Format": address, LBO and SBO in 16-byte units in bits 0-13, 16-29, 32-45)."""
+    return (uint64((addr & 0x3FFFF) >> 4) | (uint64(lbo >> 4) << uint64(16)) | (uint64(sbo >> 4) << uint64(32))
+            | (uint64(1) << uint64(62)))
+
+
 def ops(bf16: bool):
     """(mma, mma_z, pack) of the 16-bit input type: fp16 (``mma``, ``mma_z``, ``pack_f16x2``) or
     bf16 (``mma_bf16``, ``mma_z_bf16``, ``pack_bf16x2``)."""
@@ -96,9 +117,9 @@ HELPERS = ("mma", "mma_z", "pack_f16x2", "mma_bf16", "mma_z_bf16", "pack_bf16x2"
            "ldsm_x4", "ldsm_x4_b", "ldsm_x4_trans", "ldsm_x4_trans_b", "cp_async16_a", "st_global16_a",
            "cp_async_commit", "cp_async_wait", "quad_max2", "quad_sum2", "red_v2", "red_v4",
            "smem_u32_f32", "lds128_f32_a", "sts32_f32_a", "sts32_u32_a", "lds64_f32_a", "cp_async16_f32_a",
-           "oct_max", "oct_sum", "tf32_hi", "mma3_tf32")
+           "oct_max", "oct_sum", "tf32_hi", "mma3_tf32", "fence_proxy_async", "wgmma_ss", "wgmma_rs")
 
 _target = importlib.import_module(".tc_sim" if SIM else ".tc_gpu", __package__)
 globals().update({name: getattr(_target, name) for name in HELPERS})  # AttributeError if a target lacks one
 
-__all__ = ["SIM", "MAX_WARPS", "device_inline", "jit_kernel", "tile_addr", "ops", *HELPERS]
+__all__ = ["SIM", "MAX_WARPS", "device_inline", "jit_kernel", "tile_addr", "wg_desc", "ops", *HELPERS]

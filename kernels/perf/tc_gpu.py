@@ -8,6 +8,8 @@ documents them; this module is imported only where ``NUMBA_ENABLE_CUDASIM`` is o
 
 from __future__ import annotations
 
+from functools import cache
+
 from cffi import FFI
 from numba import cuda, float32, int32, uint32
 
@@ -478,3 +480,117 @@ def mma3_tf32(acc, ah, al, bh, bl, M, N):
         for n in range(N):
             _mma_tf32(acc, 4 * (m * N + n), ah, 4 * m, bh, 2 * n)
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Warpgroup products (Hopper, sm_90a: numba-cuda compiles for (9, 0, "a") on a 9.0 GPU):
+# ``wgmma.mma_async`` m64nNk16, f32 accumulators, B (and for ``wgmma_ss`` A too) read by the
+# tensor cores from shared memory through 64-bit matrix descriptors (:func:`kernels.perf.tc.wg_desc`).
+# One helper issues every k-step of a product between ``wgmma.fence`` and ``commit_group`` /
+# ``wait_group 0``: to the compiler the product is one synchronous statement, so it never touches
+# the accumulators while the tensor cores own them.  The descriptor of k-step ks adds, in 16-byte
+# units, (ks // 4)·step (the next 128-byte swizzle atom: 64 halves of K further) and (ks % 4)·2
+# (32 bytes into the atom's rows) for a K-major operand, ks·step for an MN-major one.
+
+_CU_WG = r"""
+extern "C" __device__ int fs_fence_proxy_async(int* ret) {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    return 0;
+}
+"""
+
+_link_wg = cuda.CUSource(_CU_WG)
+_fence_proxy_raw = cuda.declare_device("fs_fence_proxy_async", "int32()", link=_link_wg)
+
+
+@cuda.jit(device=True, forceinline=True)
+def fence_proxy_async():
+    """Make this thread's shared-memory writes (st.shared, completed cp.async) visible to the async
+    proxy that ``wgmma`` reads shared memory through; then a barrier, before the product."""
+    _fence_proxy_raw()
+
+
+def _wg_operands(n: int) -> tuple[str, str]:
+    regs = ",".join(f"%{i}" for i in range(n // 2))
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(n // 2))
+    return "{" + regs + "}", outs
+
+
+def _wg_source_ss(name: str, ty: str, n: int, kt: int, astep: int, bstep: int) -> str:
+    regs, outs = _wg_operands(n)
+    h = n // 2
+    return rf"""
+extern "C" __device__ int {name}(int* ret, float* d, unsigned long long da, unsigned long long db) {{
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int ks = 0; ks < {kt}; ++ks) {{
+        unsigned long long a = da + (unsigned long long)((ks / 4) * {astep} + (ks % 4) * 2);
+        unsigned long long b = db + (unsigned long long)((ks / 4) * {bstep} + (ks % 4) * 2);
+        asm volatile("{{\n.reg .pred p;\nsetp.ne.b32 p, %{h + 2}, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {regs}, %{h}, %{h + 1}, "
+                     "p, 1, 1, 0, 0;\n}}\n"
+                     : {outs} : "l"(a), "l"(b), "r"(ks));
+    }}
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    return 0;
+}}
+"""
+
+
+def _wg_source_rs(name: str, ty: str, n: int, ks_: int, bstep: int) -> str:
+    regs, outs = _wg_operands(n)
+    h = n // 2
+    return rf"""
+extern "C" __device__ int {name}(int* ret, float* d, const unsigned* a, unsigned long long db) {{
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int kk = 0; kk < {ks_}; ++kk) {{
+        unsigned long long b = db + (unsigned long long)(kk * {bstep});
+        asm volatile("wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {regs}, "
+                     "{{%{h}, %{h + 1}, %{h + 2}, %{h + 3}}}, %{h + 4}, 1, 1, 1, 1;\n"
+                     : {outs} : "r"(a[4 * kk]), "r"(a[4 * kk + 1]), "r"(a[4 * kk + 2]), "r"(a[4 * kk + 3]), "l"(b));
+    }}
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    return 0;
+}}
+"""
+
+
+@cache
+def wgmma_ss(N: int, KT: int, ASTEP: int, BSTEP: int, BF16: bool = False):
+    """``ss(d, sm, da, db)``: d[0:N/2] = A·Bᵀ over KT k-steps of 16 (the first with the accumulator's
+    old value ignored): A the warpgroup's 64 rows and B N rows, both K-major with 128-byte
+    swizzling in shared memory, described by ``da``, ``db`` at k-step 0 (ASTEP, BSTEP: their
+    swizzle atoms' stride in 16-byte units).  d in the C layout of ``mma.sync`` for the warp's 16
+    rows (warp w % 4 of the warpgroup: rows 16(w % 4) + g, + 8; columns 8n + 2t, + 1).  ``sm`` is
+    read by the simulator's twin only."""
+    ty = "bf16" if BF16 else "f16"
+    name = f"fs_wg_ss_{ty}_n{N}_k{KT}_{ASTEP}_{BSTEP}"
+    raw = cuda.declare_device(name, "int32(CPointer(float32), uint64, uint64)",
+                              link=cuda.CUSource(_wg_source_ss(name, ty, N, KT, ASTEP, BSTEP)))
+
+    @cuda.jit(device=True, forceinline=True)
+    def ss(d, sm, da, db):
+        raw(_ffi.from_buffer(d), da, db)
+
+    return ss
+
+
+@cache
+def wgmma_rs(N: int, KS: int, BSTEP: int, BF16: bool = False):
+    """``rs(d, a, sm, db)``: d[0:N/2] += A·B over KS k-steps of 16: A from registers (a[4kk:4kk+4],
+    the A layout of ``mma.sync`` m16n8k16 for the warp's 16 rows), B (16·KS x N) MN-major with
+    128-byte swizzling in shared memory, described by ``db`` at k-step 0, the next k-step BSTEP
+    16-byte units further."""
+    ty = "bf16" if BF16 else "f16"
+    name = f"fs_wg_rs_{ty}_n{N}_k{KS}_{BSTEP}"
+    raw = cuda.declare_device(name, "int32(CPointer(float32), CPointer(uint32), uint64)",
+                              link=cuda.CUSource(_wg_source_rs(name, ty, N, KS, BSTEP)))
+
+    @cuda.jit(device=True, forceinline=True)
+    def rs(d, a, sm, db):
+        raw(_ffi.from_buffer(d), _ffi.from_buffer(a), db)
+
+    return rs

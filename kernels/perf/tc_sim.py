@@ -333,3 +333,105 @@ def mma3_tf32(acc, ah, al, bh, bl, M, N):
                 acc[i] = np.float32(np.float32(acc[i]) + np.float32(x))
 
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Warpgroup products: the descriptor decoded as the PTX ISA's canonical 128-byte swizzled layouts
+# (T = 8 halves of 16 bytes): K-major ((8, m), (T, 2k)) : ((8T, SBO), (1, T)) and MN-major
+# ((T, 8, m), (8, k)) : ((1, T, LBO), (8T, SBO)), then the byte address's bits 4-6 XORed with
+# its bits 7-9 (Swizzle<3, 4, 3>).  Each thread computes its own accumulators from the shared
+# tiles (all of the warpgroup's A rows and B columns it needs are there); A in registers is
+# exchanged through shared memory as ``mma`` does.
+
+
+def _desc(desc):
+    desc = int(desc)
+    assert desc >> 62 == 1, f"descriptor {desc:#x}: the twin decodes 128-byte swizzling only"
+    return (desc & 0x3FFF) << 4, ((desc >> 16) & 0x3FFF) << 4, ((desc >> 32) & 0x3FFF) << 4
+
+
+def _swz(byte):
+    return byte ^ (((byte >> 7) & 7) << 4)
+
+
+def _values(sm, byte, bf16):
+    idx = _swz(byte) // 2
+    x = np.asarray(sm)
+    if bf16:
+        return (x.view(np.uint16)[idx].astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return x[idx].astype(np.float64)
+
+
+def _kmajor(sm, desc, rows, bf16):
+    """The (rows, 16) operand of one k-step, K-major."""
+    start, _, sbo = _desc(desc)
+    r = np.asarray(rows)[:, None]
+    k = np.arange(16)[None, :]
+    return _values(sm, start + (r % 8) * 128 + (r // 8) * sbo + 2 * k, bf16)
+
+
+def _mnmajor(sm, desc, n, bf16):
+    """The (16, n) operand of one k-step, MN-major."""
+    start, lbo, sbo = _desc(desc)
+    k = np.arange(16)[:, None]
+    c = np.arange(n)[None, :]
+    return _values(sm, start + (c % 64) * 2 + (c // 64) * lbo + (k % 8) * 128 + (k // 8) * sbo, bf16)
+
+
+def _wg_rows():
+    warp, lane = _lane()
+    g, t = lane // 4, lane % 4
+    return warp, g, t, 16 * (warp % 4) + g
+
+
+def _wg_store(d, D, t, n, add):
+    for nt in range(n // 8):
+        for e in range(4):
+            x = 4 * nt + e
+            v = D[e // 2, 8 * nt + 2 * t + e % 2]
+            d[x] = np.float32(np.float32(d[x]) + np.float32(v)) if add else np.float32(v)
+
+
+def wgmma_ss(N, KT, ASTEP, BSTEP, BF16=False):
+    @cuda.jit(device=True)
+    def ss(d, sm, da, db):
+        _, g, t, r = _wg_rows()
+        D = np.zeros((2, N))
+        for ks in range(KT):
+            step = (ks // 4, (ks % 4) * 2)
+            a = _kmajor(sm, int(da) + step[0] * ASTEP + step[1], [r, r + 8], BF16)
+            b = _kmajor(sm, int(db) + step[0] * BSTEP + step[1], range(N), BF16)
+            D += a @ b.T
+        _wg_store(d, D, t, N, False)
+
+    return ss
+
+
+def wgmma_rs(N, KS, BSTEP, BF16=False):
+    halves = _halves_bf16 if BF16 else _halves
+
+    @cuda.jit(device=True)
+    def rs(d, a, sm, db):
+        warp, g, t, _ = _wg_rows()
+        with _ALLOC_LOCK:
+            sa = cuda.shared.array((MAX_WARPS, 16, 128), float32)
+        for kk in range(KS):
+            c = 16 * kk + 2 * t
+            sa[warp, g, c:c + 2] = halves(a[4 * kk])
+            sa[warp, g + 8, c:c + 2] = halves(a[4 * kk + 1])
+            sa[warp, g, c + 8:c + 10] = halves(a[4 * kk + 2])
+            sa[warp, g + 8, c + 8:c + 10] = halves(a[4 * kk + 3])
+        cuda.syncthreads()
+        A = sa[warp, [g, g + 8], :16 * KS].astype(np.float64)
+        cuda.syncthreads()
+        D = np.zeros((2, N))
+        for kk in range(KS):
+            D += A[:, 16 * kk:16 * kk + 16] @ _mnmajor(sm, int(db) + kk * BSTEP, N, BF16)
+        _wg_store(d, D, t, N, True)
+
+    return rs
+
+
+@cuda.jit(device=True)
+def fence_proxy_async():
+    pass

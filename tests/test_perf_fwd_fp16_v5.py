@@ -1,0 +1,82 @@
+"""fwd_fp16_v5: the fp16/bf16 forward on Hopper's warpgroup products (``wgmma``), against float64.
+
+Under the CUDA simulator the products are :mod:`kernels.perf.tc_sim`'s twins, which read the
+shared tiles through the descriptors the way the PTX ISA's canonical swizzled layouts say the
+tensor cores do: these tests check the kernel's copies into the swizzled layout, its descriptors,
+masking, online softmax and epilogue.  On an H100 (``FLASHSIM_GPU=1 pytest -m gpu``) the same
+checks run on the hardware at real sizes, which is what says the ISA was read right.
+"""
+
+import numpy as np
+import pytest
+from _fp16 import make
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_perf_kernels import SETTINGS, check_forward
+
+from kernels.perf import fwd_fp16_v5
+
+
+@st.composite
+def cases(draw):
+    hkv = draw(st.sampled_from([1, 2]))
+    return dict(hkv=hkv, h=hkv * draw(st.sampled_from([1, 2])), nq=draw(st.integers(1, 70)),
+                nk=draw(st.integers(1, 70)), d=draw(st.sampled_from([64, 128])), causal=draw(st.booleans()),
+                bc=draw(st.sampled_from([16, 32])), seed=draw(st.integers(0, 2**16)))
+
+
+# One warpgroup (64 rows) keeps the simulator at 128 threads a block; two are the example below.
+@settings(max_examples=3, **SETTINGS)
+@given(cases())
+def test_forward_sim(c):
+    q, k, v, _ = make(c["seed"], 1, c["h"], c["hkv"], c["nq"], c["nk"], c["d"])
+    o, lse = fwd_fp16_v5.forward(q, k, v, causal=c["causal"], return_lse=True, bc=c["bc"], nw=4)
+    check_forward(o, lse, q, k, v, c["causal"], label=str(c))
+
+
+def test_forward_two_warpgroups_ragged_causal_gqa():
+    """8 warps (the default's two warpgroups), Nq > Nk causal (rows that see no key), GQA 2:1."""
+    q, k, v, _ = make(5, 1, 2, 1, 37, 30, 64)
+    o, lse = fwd_fp16_v5.forward(q, k, v, causal=True, return_lse=True, bc=16, nw=8)
+    check_forward(o, lse, q, k, v, True, label="two warpgroups")
+
+
+def test_supports_and_refuses():
+    assert fwd_fp16_v5.supports(np.float16, 64) and fwd_fp16_v5.supports(np.float16, 128)
+    assert not fwd_fp16_v5.supports(np.float16, 96) and not fwd_fp16_v5.supports(np.float32, 64)
+    q, k, v, _ = make(1, 1, 1, 1, 8, 8, 96)
+    with pytest.raises(ValueError, match="head_dim=96"):
+        fwd_fp16_v5.forward(q, k, v)
+    q, k, v, _ = make(1, 1, 1, 1, 8, 8, 64)
+    with pytest.raises(ValueError, match="MT=2"):
+        fwd_fp16_v5.forward(q, k, v, mt=2)
+
+
+# ---------------------------------------------------------------------------------------------
+# On a GPU: real sizes, every block shape the tuner may pick, fp16 and bf16.
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1000, 4096])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("cfg", [dict(bc=128, nw=8), dict(bc=64, nw=8), dict(bc=128, nw=4), dict(bc=176, nw=8)],
+                         ids=str)
+def test_gpu_forward(n, d, cfg):
+    q, k, v, _ = make(n + d, 2, 4, 2, n, n - 7, d)
+    for causal in (False, True):
+        o, lse = fwd_fp16_v5.forward(q, k, v, causal=causal, return_lse=True, **cfg)
+        check_forward(o, lse, q, k, v, causal, label=f"gpu v5 n={n} d={d} {cfg} causal={causal}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+def test_gpu_forward_bf16(d):
+    torch = pytest.importorskip("torch")
+    from test_bf16 import check_forward as check_bf16
+    from test_bf16 import make as make_bf16
+
+    (q, k, v, _), (qf, kf, vf, _) = make_bf16(d, 4, 2, 1000, 1000, d, device="cuda")
+    for causal in (False, True):
+        o, lse = fwd_fp16_v5.forward(q, k, v, causal=causal, return_lse=True)
+        torch.cuda.synchronize()
+        check_bf16(o, lse, qf, kf, vf, causal, None, f"gpu v5 bf16 d={d} causal={causal}")
