@@ -59,8 +59,7 @@ def test_supports_and_refuses():
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [1000, 4096])
 @pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("cfg", [dict(bc=128, nw=8), dict(bc=64, nw=8), dict(bc=128, nw=4), dict(bc=176, nw=8)],
-                         ids=str)
+@pytest.mark.parametrize("cfg", [dict(bc=128, nw=8), dict(bc=64, nw=8), dict(bc=128, nw=4)], ids=str)
 def test_gpu_forward(n, d, cfg):
     q, k, v, _ = make(n + d, 2, 4, 2, n, n - 7, d)
     for causal in (False, True):

@@ -307,8 +307,11 @@ def default_config_v4(d: int) -> dict:
 
 
 def default_config_v5(d: int) -> dict:
-    """Two warpgroups (8 warps, 128 query rows), Bc = 128 (a first choice, not tuned yet)."""
-    return dict(bc=128, nw=8, mt=1, qreg=False)
+    """Two warpgroups (8 warps, 128 query rows); Bc = 64 at d = 64 (112 registers: two blocks an
+    SM), 128 at d = 128 (one block).  On the H100 at N = 4,096 and 16,384, B·H = 64 and 16
+    (kernels/data/fwd_fp16_v5_h100_aff81c6): d = 64 Bc 64 1.06-1.25x SDPA flash against 0.79-0.99x
+    for Bc 128; d = 128 Bc 128 0.96-1.24x against 0.95-1.09x for Bc 64, one warpgroup 0.87-0.98x."""
+    return dict(bc=64 if d <= 64 else 128, nw=8, mt=1, qreg=False)
 
 
 def supports(dtype, d: int) -> bool:
