@@ -61,14 +61,15 @@ def fast_set() -> list[dict]:
     16,384, d 64 and 128, fp16 and fp32, causal and not, forward and backward; bf16 forward and
     backward (d = 64, N = 4,096: the fp16 kernels compiled for bf16); grouped-query attention (16
     query heads on 2 kv heads) forward and backward; N = 1,000 (a ragged last block: the
-    zero-filled rows of cp.async) forward and backward; fwd_fp32_v1 at d = 80, bwd_fp32_v1 and
-    bwd_fp16_v1 at d = 96 (head dims where BEST takes them).  26 configurations, 60 launches."""
+    zero-filled rows of cp.async) forward and backward; fwd_fp32_v1 at d = 80, fwd_fp16_v4,
+    bwd_fp32_v1 and bwd_fp16_v1 at d = 96 (head dims where BEST takes them).  27 configurations,
+    61 launches."""
     out = []
     for d in (64, 128):  # the fp16 forward (N = 1,024 at d = 64: the fig2 record and N = 1,000 here)
         out += [_cfg(_best("fwd", "fp16", d), n, d) for n in ((4096, 16384) if d == 64 else (1024, 4096, 16384))]
         out.append(_cfg(_best("fwd", "fp16", d), 4096, d, causal=True))
     out += [_cfg(_best("fwd", "fp32", 64), 4096, 64), _cfg(_best("fwd", "fp32", 128), 4096, 128, causal=True),
-            _cfg(_best("fwd", "fp32", 80), 1024, 80)]
+            _cfg(_best("fwd", "fp32", 80), 1024, 80), _cfg(_best("fwd", "fp16", 96), 1024, 96)]
     out.append(_cfg(_best("fwd", "bf16", 64), 4096, 64, dtype="bf16"))
     out += [_cfg(_best("bwd", "fp16", 64), 1024, 64), _cfg(_best("bwd", "fp16", 64), 4096, 64, causal=True)]
     out += [_cfg(_best("bwd", "fp16", 128), 4096, 128, causal=True)]
@@ -86,7 +87,8 @@ def fast_set() -> list[dict]:
 def fast_smoke_set() -> list[dict]:
     """One small configuration per variant (B·H = 2, N = 256; GQA and causal in the backwards) and
     the bf16 path (fwd_fp16_v4, bwd_fp16_v1): the harness end to end in a minute."""
-    return [_cfg("fwd_fp16_v4", 256, 64, heads=2), _cfg("fwd_fp32_v1", 256, 64, heads=2, causal=True),
+    return [_cfg("fwd_fp16_v4", 256, 64, heads=2), _cfg("fwd_fp16_v5", 256, 128, heads=2, causal=True),
+            _cfg("fwd_fp32_v1", 256, 64, heads=2, causal=True),
             _cfg("fwd_fp32_v2", 256, 64, heads=2, causal=True),
             _cfg("bwd_fp16_v1", 256, 64, heads=2, kv_heads=1), _cfg("bwd_fp16_v3", 256, 128, heads=2, causal=True),
             _cfg("bwd_fp32_v1", 256, 96, heads=2), _cfg("bwd_fp32_v2", 256, 64, heads=2, kv_heads=1, causal=True),
@@ -183,6 +185,10 @@ def ldgsts_patterns(kernel: str, d: int, config=None) -> dict:
         s, nt = 2 * (_ceil(d, 16) + 8), 32 * c["nw"]
         return {kernel: {"Q": (16 * c["nw"] * c["mt"], 2 * d, s, nt), "K": (c["bc"], 2 * d, s, nt),
                          "V": (c["bc"], 2 * d, s, nt)}}
+    if kernel == "fwd_fp16_v5":  # 128-byte swizzled rows, unpadded: a row's 8-chunk groups land on 4 sectors
+        nt = 32 * c["nw"]
+        return {kernel: {"Q": (16 * c["nw"] * c["mt"], 2 * d, 2 * d, nt), "K": (c["bc"], 2 * d, 2 * d, nt),
+                         "V": (c["bc"], 2 * d, 2 * d, nt)}}
     if kernel == "fwd_fp32_v1":
         d16, nt = _ceil(d, 16), 32 * c["nw"]
         qk, vs = 4 * (d16 + 4), 4 * _ceil(d16, 32)

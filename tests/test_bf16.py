@@ -150,13 +150,30 @@ def test_sm90_ptx_of_the_bf16_forward():
     assert int(bf16) >= 64 and int(f16) == 0 and int(cvt) >= 32 and local == "False"
 
 
+def test_sm90a_ptx_of_the_bf16_warpgroup_forward():
+    """fwd_fp16_v5 compiled for bf16: every warpgroup product is the .bf16 one (4 k-steps of S at
+    d = 64, 4 of P·V at Bc = 64), none .f16, and P is packed by cvt.rn.bf16x2."""
+    from _ptx import run_without_simulator
+
+    res = run_without_simulator(
+        "from kernels.perf.inspect import lto_ptx\n"
+        "ptx = lto_ptx('fwd_fp16_v5', 64, 64, 8, 1, 0, 0, BF16=True)\n"
+        "print(ptx.count('wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16'), ptx.count('.f16.f16'),\n"
+        "      ptx.count('cvt.rn.bf16x2.f32'), '.local' in ptx)\n")
+    assert res.returncode == 0, res.stderr[-2000:]
+    bf16, f16, cvt, local = res.stdout.split()
+    print(f"bf16 wgmma {bf16}, f16 {f16}, cvt.rn.bf16x2 {cvt}, local memory {local}")
+    assert int(bf16) == 8 and int(f16) == 0 and int(cvt) >= 16 and local == "False"
+
+
 def test_public_api_and_torch_op_take_bf16():
     """``impl="auto"`` picks the fast bf16 kernels (``BEST``), the torch op runs forward and
     backward in bf16; the kernels without a bf16 path refuse it by name."""
     from kernels import perf
     from kernels.torch_op import attention
 
-    assert perf.best("fwd", torch.bfloat16, 64).name == "fwd_fp16_v4"
+    assert perf.best("fwd", torch.bfloat16, 64).name == "fwd_fp16_v5"
+    assert perf.best("fwd", torch.bfloat16, 96).name == "fwd_fp16_v4"
     assert perf.best("bwd", "bfloat16", 128).name == "bwd_fp16_v3"
     assert perf.best("bwd", torch.bfloat16, 40).name == "bwd_fp16_v1"
     assert perf.best("fwd", "bfloat16", 12) is None  # d % 8 != 0: the reference kernel

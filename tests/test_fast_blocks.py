@@ -80,7 +80,7 @@ def test_block_shapes_equal_the_kernels_launches():
         for name in fast.VARIANTS:
             if not fast.supports(name, fast.VARIANTS[name][1], d):
                 continue
-            for config in (None, {"nw": 2}):
+            for config in (None, {"nw": 4} if name == "fwd_fp16_v5" else {"nw": 2}):  # v5: whole warpgroups
                 if name == "bwd_fp32_v2" and config:
                     continue  # its warp grid wants its own shapes
                 c = fast.parse_config(name, d, config)
@@ -89,6 +89,8 @@ def test_block_shapes_equal_the_kernels_launches():
                 dp = padded_head_dim(d)
                 if name == "fwd_fp16_v4":
                     want = {"fwd": (32 * c["nw"], fwd_fp16.smem_bytes(dp, t["fwd"].block_m, c["bc"]))}
+                elif name == "fwd_fp16_v5":
+                    want = {"fwd": (32 * c["nw"], fwd_fp16.smem_bytes_v5(dp, t["fwd"].block_m, c["bc"]))}
                 elif name == "fwd_fp32_v1":
                     want = {"fwd": (32 * c["nw"], fwd_fp32.smem_bytes(dp, t["fwd"].block_m, c["bc"]))}
                 elif name == "fwd_fp32_v2":
@@ -131,14 +133,18 @@ def test_fwd_fp16_v4_causal_blocks_by_hand():
     x runs query block 1 - x (longest first).  Block 0 (query block 1, rows 128..255) sees key
     blocks 0..3: step 0 Q_1 with K_0, V_0 (one cp.async group), steps 1-3 K_j, V_j (prefetched a
     step ahead), then L and O.  Block 1 (query block 0) sees key blocks 0, 1: 3 steps."""
-    sched = build_schedule(W(1, 2, 256, 64, causal=True), "fast", "fwd", None)
-    spec = sched.launches[0].blocks
-    assert (spec.grid, spec.threads, spec.smem_bytes) == ((2, 2, 1), 128, 2 * 72 * (128 + 4 * 64))
-    kv = [[("K", "r", 0, 64 * j, 64), ("V", "r", 0, 64 * j, 64)] for j in range(4)]
-    assert _steps(spec, 0) == [[("Q", "r", 0, 128, 128), *kv[0]], kv[1], kv[2], kv[3],
-                               [("L", "w", 0, 128, 128), ("O", "w", 0, 128, 128)]]
-    assert _steps(spec, 1) == [[("Q", "r", 0, 0, 128), *kv[0]], kv[1], [("L", "w", 0, 0, 128), ("O", "w", 0, 0, 128)]]
-    assert _steps(spec, 3)[0][0] == ("Q", "r", 1, 0, 128)  # block (1, 1): head 1, query block 0
+    for name, threads, smem in (("fwd_fp16_v4", 128, 2 * 72 * (128 + 4 * 64)),
+                                # v5 (BEST at d = 64): the same tiles and order; 8 warps, unpadded rows
+                                ("fwd_fp16_v5", 256, 2 * 64 * (128 + 4 * 64) + 1024)):
+        sched = build_schedule(W(1, 2, 256, 64, causal=True), "fast", "fwd", None, kernel=name)
+        spec = sched.launches[0].blocks
+        assert (spec.grid, spec.threads, spec.smem_bytes) == ((2, 2, 1), threads, smem)
+        kv = [[("K", "r", 0, 64 * j, 64), ("V", "r", 0, 64 * j, 64)] for j in range(4)]
+        assert _steps(spec, 0) == [[("Q", "r", 0, 128, 128), *kv[0]], kv[1], kv[2], kv[3],
+                                   [("L", "w", 0, 128, 128), ("O", "w", 0, 128, 128)]]
+        assert _steps(spec, 1) == [[("Q", "r", 0, 0, 128), *kv[0]], kv[1],
+                                   [("L", "w", 0, 0, 128), ("O", "w", 0, 0, 128)]]
+        assert _steps(spec, 3)[0][0] == ("Q", "r", 1, 0, 128)  # block (1, 1): head 1, query block 0
 
 
 def test_bwd_fp16_v3_blocks_by_hand():

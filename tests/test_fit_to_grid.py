@@ -37,19 +37,23 @@ def test_simulator_option():
     N = 4,096, d = 64 on 132 SMs runs 64-row blocks, so K and V are read 64 times a head, not 32;
     walker == closed form either way."""
     w = Workload(batch=1, heads=4, seq_len_q=4096, head_dim=64, dtype="fp16")
-    wide = simulate(w, "fast", "fwd")
-    narrow = simulate(w, "fast", "fwd", sms=132)
+    wide = simulate(w, "fast", "fwd", kernel="fwd_fp16_v4")
+    narrow = simulate(w, "fast", "fwd", kernel="fwd_fp16_v4", sms=132)
     assert wide.agrees and narrow.agrees
     k_wide = wide.io.breakdown[("K", "read")].elements
     k_narrow = narrow.io.breakdown[("K", "read")].elements
     print(k_wide, k_narrow)
     assert k_wide == 4 * 32 * 4096 * 64 and k_narrow == 4 * 64 * 4096 * 64
-    assert fast.blocks(w, None, sms=132) == (64, 64) and fast.blocks(w, None) == (128, 64)
+    v4 = dict(kernel="fwd_fp16_v4")
+    assert fast.blocks(w, None, sms=132, **v4) == (64, 64) and fast.blocks(w, None, **v4) == (128, 64)
+    # the warpgroup forward (BEST at d = 64 since its bench) keeps its 128-row blocks: no such rule
+    assert fast.blocks(w, None, sms=132) == (128, 64) == fast.blocks(w, None, sms=132, kernel="fwd_fp16_v5")
     # a grid that fills the GPU: unchanged
     big = Workload(batch=4, heads=16, seq_len_q=4096, head_dim=64, dtype="fp16")
-    assert simulate(big, "fast", "fwd", sms=132).io.to_dict() == simulate(big, "fast", "fwd").io.to_dict()
+    assert (simulate(big, "fast", "fwd", kernel="fwd_fp16_v4", sms=132).io.to_dict()
+            == simulate(big, "fast", "fwd", kernel="fwd_fp16_v4").io.to_dict())
     # mt given in config: kept
-    assert fast.blocks(w, None, sms=132, config="mt=2") == (128, 64)
+    assert fast.blocks(w, None, sms=132, config="mt=2", **v4) == (128, 64)
 
 
 def test_bad_sms():

@@ -79,3 +79,23 @@ def test_gpu_forward_bf16(d):
         o, lse = fwd_fp16_v5.forward(q, k, v, causal=causal, return_lse=True)
         torch.cuda.synchronize()
         check_bf16(o, lse, qf, kf, vf, causal, None, f"gpu v5 bf16 d={d} causal={causal}")
+
+
+@pytest.mark.parametrize("d,bc", [(64, 64), (128, 128)])
+def test_sm90a_ptx_and_sass(d, bc):
+    """The default shapes compiled for sm_90a without a GPU: d/16 warpgroup products for S and Bc/16
+    for P·V, no mma.sync, no local memory; ptxas (the test extra's wheel) assembles them without
+    spills into HGMMA instructions."""
+    from _ptx import run_without_simulator
+
+    res = run_without_simulator(
+        "from kernels.perf.inspect import lto_ptx, sass_report\n"
+        f"ptx = lto_ptx('fwd_fp16_v5', {d}, {bc}, 8, 1, 0, 0)\n"
+        "r = sass_report(ptx)\n"
+        "print(ptx.count('wgmma.mma_async'), ptx.count('mma.sync'), '.local' in ptx, r.get('spill_store_bytes'),\n"
+        "      r.get('registers'), r.get('ptxas_error', '-')[:80].replace(' ', '_'))\n")
+    assert res.returncode == 0, res.stderr[-2000:]
+    wg, mma, local, spills, regs, err = res.stdout.split()
+    print(f"d={d} Bc={bc}: wgmma {wg}, mma.sync {mma}, local {local}, spills {spills}, registers {regs}, {err}")
+    assert int(wg) == d // 16 + bc // 16 and int(mma) == 0 and local == "False" and err == "-"
+    assert spills in ("0", "None")
