@@ -1,4 +1,4 @@
-"""The fp16 forward on the tensor cores (``mma.sync`` m16n8k16): FlashAttention-2, two versions.
+"""The fp16 forward on the tensor cores: FlashAttention-2, three versions (``mma.sync`` m16n8k16; v5 ``wgmma``).
 
 A block of NW warps owns Br = 16·NW·MT query rows (MT m-tiles a warp) and walks the key blocks
 (Bc keys) it can see, K and V double-buffered through cp.async; S = Q Kᵀ, P and O stay in
@@ -22,7 +22,18 @@ tile copies and the products (Q Kᵀ, P V) are :mod:`kernels.perf._tiles`'s.
   (bench_h100_single_run.csv): 3.63-5.59x naive at d = 64, 1.85-2.85x at d = 128.  Its d = 128
   default is Bc = 16 since the tuner (:mod:`kernels.perf.autotune`): 1.08x Bc = 32 on the H100.
 
-Both compile for bf16 too (``bf16=True``: the ``.bf16`` mma and ``cvt.rn.bf16x2.f32``; the tiles
+* ``fwd_fp16_v5`` (``WG`` on; shipped at d = 64 and 128): v4's loop with its two products on
+  Hopper's warpgroup instructions (``wgmma``, sm_90a: ``tc.wgmma_ss``, ``tc.wgmma_rs``).  Two
+  warpgroups of 64 rows; S = Q Kᵀ with Q and K read from shared memory by descriptor, O += P V
+  with P from registers and V read MN-major; Q, K, V 128-byte swizzled and unpadded
+  (``_tiles.f16_swizzled``), made visible to the async proxy by ``fence.proxy.async``.  Why:
+  the products leave the SM's issue slots (no ldmatrix, one instruction per 64 x Bc x 16 where
+  mma.sync needs 4·Bc/8), so v4's shared-memory and issue limits go.  Measured on the H100
+  (kernels/data/bench_fwd_v5_20cf9ec, same rounds): 1.06-1.47x v4 on every bench shape it takes;
+  fp16 at N >= 4,096 1.00-1.30x SDPA flash (v4: 0.74-1.04x).  No overlap inside a warpgroup yet
+  (each product waits for itself): slowest on small grids (B·H <= 4: 0.44-0.71x flash).
+
+All three compile for bf16 too (``bf16=True``: the ``.bf16`` mma and ``cvt.rn.bf16x2.f32``; the tiles
 are the inputs' bits, moved unchanged), timed on the H100 beside fp16 (NOTES.md, "bf16").
 
 Measurements and the tuning behind the defaults: ``kernels/perf/NOTES.md`` ("fp16 forward").

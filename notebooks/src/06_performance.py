@@ -84,7 +84,9 @@ N_MIN = 4096  # the takeaways quote N >= N_MIN, where launch overheads no longer
 colour = {v: COLORS[v] for v in ("naive", "sdpa_flash", "sdpa_cudnn", "sdpa_mem_eff")}  # flashsim.plot's palette
 ours_names = [v for v in variants(timed) if v not in PEERS]
 # ours: the palette's colour for the first variant, then colours the palette does not use
-colour |= {v: c for v, c in zip(ours_names, (COLORS["ours"], "tab:olive", "tab:gray", "k", "navy", "gold", "teal"))}
+colour |= {v: c for v, c in zip(ours_names, (COLORS["ours"], "tab:olive", "tab:gray", "k", "navy", "gold", "teal",
+                                           "maroon", "lime", "orchid"), strict=False)}
+assert set(ours_names) <= set(colour), "more variants of ours than colours"
 pass_name = {"fwd": "forward", "bwd": "backward"}
 panels = cases(timed)
 ds = sorted({r["d"] for r in timed})
