@@ -52,7 +52,9 @@ def _ptxas(ptx: str) -> dict:
         src = os.path.join(tmp, "k.ptx")
         with open(src, "w") as f:
             f.write(re.sub(r"^\.version .*$", ".version 9.0", ptx, count=1, flags=re.M))
-        info = subprocess.run([ptxas, "-arch=sm_90", "-v", src, "-o", os.path.join(tmp, "k.cubin")],
+        arch = re.search(r"^\.target\s+(sm_\w+)", ptx, re.M)
+        info = subprocess.run([ptxas, f"-arch={arch.group(1) if arch else 'sm_90'}", "-v", src,
+                               "-o", os.path.join(tmp, "k.cubin")],
                               capture_output=True, text=True).stderr
     res = ptxas_resources(info)
     return {k: res[k] for k in ("registers", "spill_store_bytes", "spill_load_bytes")}
@@ -86,11 +88,12 @@ def snapshot(out: str, names: list[str], bf16: bool = False) -> int:
                 for part, (fn, nt, minb) in zip(parts, captured):
                     saved = dispatcher.get_current_device
                     dispatcher.get_current_device = lambda: inspect._Hopper()
+                    cc = getattr(v, "CC", inspect.CC)  # sm_90a for the warpgroup kernels
                     try:
-                        lib, _ = _compile_pyfunc_with_fixup(fn, v.SOURCES[part][1](), device=False, cc=inspect.CC,
+                        lib, _ = _compile_pyfunc_with_fixup(fn, v.SOURCES[part][1](), device=False, cc=cc,
                                                             abi="numba", lto=True, launch_bounds=(nt, minb))
                         lib._lto = True
-                        ptx = lib.get_lto_ptx(cc=inspect.CC).rstrip("\0")
+                        ptx = lib.get_lto_ptx(cc=cc).rstrip("\0")
                     finally:
                         dispatcher.get_current_device = saved
                     label = (f"{name}{'-' + part if len(parts) > 1 else ''}-d{d}-{'causal' if causal else 'full'}"

@@ -167,15 +167,22 @@ def f16_copy(ROWS: int, D: int, S: int, NT: int):
     return load, load2, store, store2
 
 
-def f16_chunks(ROWS: int, D: int, S: int, NT: int):
+def f16_chunks(ROWS: int, D: int, S: int, NT: int, SWIZZLE: bool = False):
     """(CPT, chunks, load2c): the prefetch of a ROWS x D tile in a main loop, its per-thread
     offsets computed once.  ``chunks(crow, cgof, csof, tid)`` fills the kernel's arrays of CPT
     int32: the thread's chunk u is row crow[u], element offset cgof[u] in a tile in memory and
     csof[u] in shared memory (the same in every block); ``load2c(sm, sbase, so1, so2, x1, x2, g0,
-    r0, n, crow, cgof, csof, tid)`` is :func:`f16_copy`'s ``load2`` through them."""
+    r0, n, crow, cgof, csof, tid)`` is :func:`f16_copy`'s ``load2`` through them.  ``SWIZZLE``: the
+    shared offsets of :func:`f16_swizzled`'s layout (S unused)."""
     CH = D // 8
     CPT = -(-ROWS * CH // NT)  # chunks a thread
     ALL = CPT * NT == ROWS * CH  # every thread has CPT chunks: no test
+    if SWIZZLE:
+        soff = f16_swizzled(ROWS, D, NT)[0]
+    else:
+        @_device
+        def soff(r, c):
+            return r * S + c * 8
 
     @_device
     def chunks(crow, cgof, csof, tid):
@@ -183,7 +190,7 @@ def f16_chunks(ROWS: int, D: int, S: int, NT: int):
             e = tid + u * NT
             crow[u] = e // CH
             cgof[u] = (e // CH) * D + (e % CH) * 8
-            csof[u] = (e // CH) * S + (e % CH) * 8
+            csof[u] = soff(e // CH, e % CH)
 
     @_device
     def load2c(sm, sbase, so1, so2, x1, x2, g0, r0, n, crow, cgof, csof, tid):
@@ -199,16 +206,14 @@ def f16_chunks(ROWS: int, D: int, S: int, NT: int):
 
 
 def f16_swizzled(ROWS: int, D: int, NT: int):
-    """(soff, load, chunks): the copies of a ROWS x D f16 tile into the 128-byte swizzled layout
-    that ``wgmma`` reads (``tc.wgmma_ss``, ``tc.wgmma_rs``; D a multiple of 64): column block
-    c // 8 of 64 halves is an atom of ROWS rows of 128 bytes, and 16-byte chunk c % 8 of row r sits
-    at chunk (c % 8) ^ (r % 8) of it, so the 8 lanes that copy one row write 8 distinct bank groups
-    and the tile needs no padding.  ``soff(r, c)``: the chunk's element offset; ``load(sm, sbase,
-    so, x, g0, r0, n, tid)`` as :func:`f16_copy`'s; ``chunks(crow, cgof, csof, tid)`` fills
-    :func:`f16_chunks`' per-thread arrays for this layout (its ``load2c`` then copies through
-    them)."""
+    """(soff, load): the copies of a ROWS x D f16 tile into the 128-byte swizzled layout that
+    ``wgmma`` reads (``tc.wgmma_ss``, ``tc.wgmma_rs``; D a multiple of 64): column block c // 8 of
+    64 halves is an atom of ROWS rows of 128 bytes, and 16-byte chunk c % 8 of row r sits at chunk
+    (c % 8) ^ (r % 8) of it, so the 8 lanes that copy one row write 8 distinct bank groups and the
+    tile needs no padding.  ``soff(r, c)``: the chunk's element offset; ``load(sm, sbase, so, x, g0,
+    r0, n, tid)`` as :func:`f16_copy`'s (a main loop's prefetch: :func:`f16_chunks` with
+    ``SWIZZLE``)."""
     CH = D // 8
-    CPT = -(-ROWS * CH // NT)
 
     @_device
     def soff(r, c):
@@ -222,15 +227,7 @@ def f16_swizzled(ROWS: int, D: int, NT: int):
             tc.cp_async16_a(sm, sbase, so + soff(r, e % CH), x, g0 + (r0 + r if ok else 0) * D + (e % CH) * 8,
                             8 if ok else 0)
 
-    @_device
-    def chunks(crow, cgof, csof, tid):
-        for u in range(CPT):
-            e = tid + u * NT
-            crow[u] = e // CH
-            cgof[u] = (e // CH) * D + (e % CH) * 8
-            csof[u] = soff(e // CH, e % CH)
-
-    return soff, load, chunks
+    return soff, load
 
 
 def f16_zero_pad(ROWS: int, D: int, S: int, NT: int):

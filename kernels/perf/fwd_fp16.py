@@ -97,8 +97,8 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
         VB = KB + 2 * KSZ
         wg_qk = tc.wgmma_ss(BC, DP // 16, BR * 8, BC * 8, BF16)
         wg_pv = tc.wgmma_rs(DP, BC // 16, 128, BF16)  # 16 keys a k-step: 2 x 8 rows of 128 bytes
-        q_soff, q_load_sw, _ = f16_swizzled(BR, D, NT)
-        _, _, kv_chunks_sw = f16_swizzled(BC, D, NT)
+        _, q_load_sw = f16_swizzled(BR, D, NT)
+        _, kv_chunks_sw, _ = f16_chunks(BC, D, S, NT, SWIZZLE=True)
 
     @tc.device_inline
     def _rescale(acc, mt, alpha_0, alpha_1):
