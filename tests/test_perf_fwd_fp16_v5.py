@@ -1,4 +1,6 @@
-"""fwd_fp16_v5: the fp16/bf16 forward on Hopper's warpgroup products (``wgmma``), against float64.
+"""fwd_fp16_v5 and v6: the fp16/bf16 forward on Hopper's warpgroup products (``wgmma``), against
+float64 (v6: v5 with the products issued and waited for apart, P·V of the last block in flight
+during the softmax).
 
 Under the CUDA simulator the products are :mod:`kernels.perf.tc_sim`'s twins, which read the
 shared tiles through the descriptors the way the PTX ISA's canonical swizzled layouts say the
@@ -14,31 +16,45 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_perf_kernels import SETTINGS, check_forward
 
-from kernels.perf import fwd_fp16_v5
+from kernels.perf import fwd_fp16_v5, fwd_fp16_v6
+
+WG = {"v5": fwd_fp16_v5, "v6": fwd_fp16_v6}
 
 
 @st.composite
 def cases(draw):
     hkv = draw(st.sampled_from([1, 2]))
-    return dict(hkv=hkv, h=hkv * draw(st.sampled_from([1, 2])), nq=draw(st.integers(1, 70)),
+    return dict(variant=draw(st.sampled_from(sorted(WG))), hkv=hkv, h=hkv * draw(st.sampled_from([1, 2])),
+                nq=draw(st.integers(1, 70)),
                 nk=draw(st.integers(1, 70)), d=draw(st.sampled_from([64, 128])), causal=draw(st.booleans()),
                 bc=draw(st.sampled_from([16, 32])), seed=draw(st.integers(0, 2**16)))
 
 
 # One warpgroup (64 rows) keeps the simulator at 128 threads a block; two are the example below.
-@settings(max_examples=3, **SETTINGS)
+@settings(max_examples=4, **SETTINGS)
 @given(cases())
 def test_forward_sim(c):
     q, k, v, _ = make(c["seed"], 1, c["h"], c["hkv"], c["nq"], c["nk"], c["d"])
-    o, lse = fwd_fp16_v5.forward(q, k, v, causal=c["causal"], return_lse=True, bc=c["bc"], nw=4)
+    o, lse = WG[c["variant"]].forward(q, k, v, causal=c["causal"], return_lse=True, bc=c["bc"], nw=4)
     check_forward(o, lse, q, k, v, c["causal"], label=str(c))
 
 
-def test_forward_two_warpgroups_ragged_causal_gqa():
+@pytest.mark.parametrize("variant", sorted(WG))
+def test_forward_two_warpgroups_ragged_causal_gqa(variant):
     """8 warps (the default's two warpgroups), Nq > Nk causal (rows that see no key), GQA 2:1."""
     q, k, v, _ = make(5, 1, 2, 1, 37, 30, 64)
-    o, lse = fwd_fp16_v5.forward(q, k, v, causal=True, return_lse=True, bc=16, nw=8)
-    check_forward(o, lse, q, k, v, True, label="two warpgroups")
+    o, lse = WG[variant].forward(q, k, v, causal=True, return_lse=True, bc=16, nw=8)
+    check_forward(o, lse, q, k, v, True, label=f"{variant} two warpgroups")
+
+
+@pytest.mark.parametrize("variant", sorted(WG))
+def test_forward_large_logits_rescale_exactly(variant):
+    """Scores up to ~1e3 (scale 1): the lazy rescaling moves a row's reference max on later key
+    blocks too, so O is rescaled mid-row (v6: after the wait for the P·V in flight)."""
+    q, k, v, _ = make(7, 1, 1, 1, 20, 70, 64, scale=6.0)
+    o, lse = WG[variant].forward(q, k, v, scale=1.0, return_lse=True, bc=16, nw=4)
+    assert np.isfinite(o).all() and np.isfinite(lse).all()
+    check_forward(o, lse, q, k, v, False, scale=1.0, label=f"{variant} large logits")
 
 
 def test_supports_and_refuses():
@@ -68,17 +84,28 @@ def test_gpu_forward(n, d, cfg):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("n", [1000, 4096])
 @pytest.mark.parametrize("d", [64, 128])
-def test_gpu_forward_bf16(d):
+def test_gpu_forward_v6(n, d):
+    q, k, v, _ = make(n + d, 2, 4, 2, n, n - 7, d)
+    for causal in (False, True):
+        o, lse = fwd_fp16_v6.forward(q, k, v, causal=causal, return_lse=True)
+        check_forward(o, lse, q, k, v, causal, label=f"gpu v6 n={n} d={d} causal={causal}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", sorted(WG))
+@pytest.mark.parametrize("d", [64, 128])
+def test_gpu_forward_bf16(d, variant):
     torch = pytest.importorskip("torch")
     from test_bf16 import check_forward as check_bf16
     from test_bf16 import make as make_bf16
 
     (q, k, v, _), (qf, kf, vf, _) = make_bf16(d, 4, 2, 1000, 1000, d, device="cuda")
     for causal in (False, True):
-        o, lse = fwd_fp16_v5.forward(q, k, v, causal=causal, return_lse=True)
+        o, lse = WG[variant].forward(q, k, v, causal=causal, return_lse=True)
         torch.cuda.synchronize()
-        check_bf16(o, lse, qf, kf, vf, causal, None, f"gpu v5 bf16 d={d} causal={causal}")
+        check_bf16(o, lse, qf, kf, vf, causal, None, f"gpu {variant} bf16 d={d} causal={causal}")
 
 
 @pytest.mark.parametrize("d,bc", [(64, 64), (128, 128)])

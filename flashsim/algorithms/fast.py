@@ -9,7 +9,8 @@ Variants (the names the records use) and their launches, in launch order:
 * ``fwd_fp16_v4`` (fp16/bf16 forward; block Br = 16·nw·mt = 128 query rows, Bc = 64 keys at
   d <= 64, 16 at d = 113-128, 32 elsewhere), ``fwd_fp16_v5`` (the same loop on Hopper's
   warpgroup products, d = 64 and 128; Br = 16·nw = 128, Bc = 64 at d = 64, 128 at d = 128; the
-  same loads and stores as v4's), ``fwd_fp32_v1`` (fp32 forward, FFMA; what BEST runs at d not a multiple
+  same loads and stores as v4's; ``fwd_fp16_v6`` the same with V in three buffers),
+  ``fwd_fp32_v1`` (fp32 forward, FFMA; what BEST runs at d not a multiple
   of 32; Br = 4·rm·nw = 64, Bc = 64 at d <= 64, 32 above) and ``fwd_fp32_v2`` (fp32 forward as
   3xTF32 on the tensor cores, d = 32, 64, 96, 128; Br = 16·nw·mt = 128 at d <= 64, 64 above,
   Bc = 32): one launch,
@@ -90,9 +91,9 @@ TILING_TEXT = "Br = {block_m}, Bc = {block_n} (the kernel's block shape)"
 DESCRIPTION = ("the fast kernels of kernels/perf (--kernel VARIANT, default the one impl='auto' runs): "
                "their launches, tiles, re-loads and dQ atomics")
 OPTIONS: dict[str, tuple[object, str]] = {
-    "kernel": (None, "fast kernel variant (fwd_fp16_v4, fwd_fp16_v5, fwd_fp32_v1, fwd_fp32_v2, bwd_fp16_v1, "
-                     "bwd_fp16_v3, bwd_fp32_v1, bwd_fp32_v2; the fp16 ones also take bf16); default: the one "
-                     "kernels.flash_attention(impl='auto') runs for the pass, dtype and d"),
+    "kernel": (None, "fast kernel variant (fwd_fp16_v4, fwd_fp16_v5, fwd_fp16_v6, fwd_fp32_v1, fwd_fp32_v2, "
+                     "bwd_fp16_v1, bwd_fp16_v3, bwd_fp32_v1, bwd_fp32_v2; the fp16 ones also take bf16); "
+                     "default: the one kernels.flash_attention(impl='auto') runs for the pass, dtype and d"),
     "config": (None, "block-shape overrides of the kernel's default_config, as the kernels take them "
                      "(e.g. 'nw=1,mt=1,bc=16' or a dict): the tiles follow"),
     "sms": (None, "SM count of the GPU the kernel runs on (e.g. 132 on an H100): the fp16 forward then "
@@ -101,7 +102,8 @@ OPTIONS: dict[str, tuple[object, str]] = {
 }
 
 #: variant -> (pass, dtype): the first of the workload dtypes it takes (:data:`DTYPES`)
-VARIANTS = {"fwd_fp16_v4": ("fwd", "fp16"), "fwd_fp16_v5": ("fwd", "fp16"), "fwd_fp32_v1": ("fwd", "fp32"),
+VARIANTS = {"fwd_fp16_v4": ("fwd", "fp16"), "fwd_fp16_v5": ("fwd", "fp16"), "fwd_fp16_v6": ("fwd", "fp16"),
+            "fwd_fp32_v1": ("fwd", "fp32"),
             "fwd_fp32_v2": ("fwd", "fp32"),
             "bwd_fp16_v1": ("bwd", "fp16"), "bwd_fp16_v3": ("bwd", "fp16"),
             "bwd_fp32_v1": ("bwd", "fp32"), "bwd_fp32_v2": ("bwd", "fp32")}
@@ -126,7 +128,7 @@ def default_config(name: str, d: int) -> dict:
         if d > 128:
             return dict(bc=32, nw=8, mt=1, qreg=True) if d > 192 else dict(bc=32, nw=8, mt=2, qreg=False)
         return dict(bc=64 if d <= 64 else 16 if 112 < d <= 128 else 32, nw=4, mt=2, qreg=True)
-    if name == "fwd_fp16_v5":
+    if name in ("fwd_fp16_v5", "fwd_fp16_v6"):
         return dict(bc=64 if d <= 64 else 128, nw=8, mt=1, qreg=False)
     if name == "fwd_fp32_v1":
         return dict(bc=64, nw=4, rm=4, unroll=2, minb=2) if d <= 64 else dict(bc=32, nw=4, rm=4, unroll=2, minb=1)
@@ -153,7 +155,7 @@ def supports(name: str, dtype: str, d: int) -> bool:
         return False
     if name in ("fwd_fp16_v4", "bwd_fp16_v1"):
         return d % 8 == 0 and 8 <= d <= 256
-    if name == "fwd_fp16_v5":
+    if name in ("fwd_fp16_v5", "fwd_fp16_v6"):
         return d in (64, 128)
     if name == "bwd_fp16_v3":
         return d in (32, 64, 128)
@@ -266,7 +268,7 @@ def tiles(name: str, d: int, config=None) -> dict:
     forward's (Br, Bc); the backwards' key-block kernel (query rows a step, keys a block) and
     bwd_fp16_v1's dQ kernel."""
     c = parse_config(name, d, config)
-    if name in ("fwd_fp16_v4", "fwd_fp16_v5"):
+    if name in ("fwd_fp16_v4", "fwd_fp16_v5", "fwd_fp16_v6"):
         return {"fwd": Tiling(16 * c["nw"] * c["mt"], c["bc"])}
     if name == "fwd_fp32_v1":
         return {"fwd": Tiling(4 * c["rm"] * c["nw"], c["bc"])}
@@ -297,9 +299,9 @@ def block_resources(name: str, d: int, config=None) -> dict[str, tuple[int, int]
     if name == "fwd_fp16_v4":
         br, bc = t["fwd"].block_m, t["fwd"].block_n
         return {"fwd": (nt, 2 * (dp + 8) * (br + 4 * bc))}
-    if name == "fwd_fp16_v5":  # Q, K, V twice, unpadded (swizzled), and 1 KiB to align them
+    if name in ("fwd_fp16_v5", "fwd_fp16_v6"):  # Q, K twice, V twice (v6: 3 times), unpadded, 1 KiB to align
         br, bc = t["fwd"].block_m, t["fwd"].block_n
-        return {"fwd": (nt, 2 * dp * (br + 4 * bc) + 1024)}
+        return {"fwd": (nt, 2 * dp * (br + (5 if name == "fwd_fp16_v6" else 4) * bc) + 1024)}
     if name == "fwd_fp32_v1":  # row strides: Q/K dp + 4, V dp rounded up to 32, P̃ Bc + 8 floats
         br, bc = t["fwd"].block_m, t["fwd"].block_n
         return {"fwd": (nt, 4 * (br * (dp + 4) + bc * (dp + 4) + bc * cdiv(dp, 32) * 32 + br * (bc + 8)))}
@@ -394,7 +396,7 @@ def _forward(w: Workload, name: str, config=None) -> Schedule:
             yield read("Q", qc[0], qc[1], repeat=qc[2])
         yield read("K", kc[0], kc[1], repeat=kc[2])
         yield read("V", kc[0], kc[1], repeat=kc[2])
-        if name in ("fwd_fp16_v4", "fwd_fp16_v5"):  # O through shared memory, 16 bytes a thread: whole rows
+        if name in ("fwd_fp16_v4", "fwd_fp16_v5", "fwd_fp16_v6"):  # O through shared memory, 16 bytes a thread
             yield write("O", qc[0], qc[1], repeat=qc[2])
         elif name == "fwd_fp32_v1":
             yield from _scalar_pairs(write, "O", q0, qn, w.d)

@@ -74,8 +74,13 @@ def smem_bytes_v5(dp: int, br: int, bc: int) -> int:
     return 2 * dp * (br + 4 * bc) + 1024
 
 
+def smem_bytes_v6(dp: int, br: int, bc: int) -> int:
+    # v5's, with V in three buffers (its product still runs while K_{j+1}, V_{j+1} land)
+    return 2 * dp * (br + 5 * bc) + 1024
+
+
 def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: bool = True, BF16: bool = False,
-            WG: bool = False):
+            WG: bool = False, PIPE: bool = False):
     DP = padded_head_dim(D)
     BR = 16 * NW * MT
     NT = 32 * NW
@@ -89,6 +94,8 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
     QOFF = 0
     KOFF = BR * S  # K buffers 0 and 1
     VOFF = KOFF + 2 * BC * S  # V buffers 0 and 1
+    if PIPE and (not WG or not LAZY):
+        raise ValueError(f"{PIPE=}: a stage of v5 (WG, LAZY)")
     if WG:  # v5: the products on warpgroups (4 warps, 64 rows each: MT = 1), tiles swizzled
         if MT != 1 or NW % 4 or DP % 64 or DP != D or BC % 16 or not 16 <= BC <= 256:
             raise ValueError(f"{D=}, {BC=}, {NW=}, {MT=}: v5 takes d = 64 or 128, MT = 1, whole warpgroups, Bc 16..256")
@@ -97,6 +104,12 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
         VB = KB + 2 * KSZ
         wg_qk = tc.wgmma_ss(BC, DP // 16, BR * 8, BC * 8, BF16)
         wg_pv = tc.wgmma_rs(DP, BC // 16, 128, BF16)  # 16 keys a k-step: 2 x 8 rows of 128 bytes
+        # v6 (PIPE): the products issued and waited for apart, P·V of block j - 1 in flight while
+        # the softmax of block j runs; V in three buffers (KB, VB: K's two, then V's three)
+        wg_qk_i = tc.wgmma_ss_issue(BC, DP // 16, BR * 8, BC * 8, BF16)
+        wg_pv_i = tc.wgmma_rs_issue(DP, BC // 16, 128, BF16)
+        wait_s = tc.wgmma_wait(BC, 0, 1)  # S_j done; P_{j-1} V_{j-1} may still run
+        wait_o = tc.wgmma_wait(DP, 4 * (BC // 16), 0)  # P V done: O and P's registers free
         _, q_load_sw = f16_swizzled(BR, D, NT)
         _, kv_chunks_sw, _ = f16_chunks(BC, D, S, NT, SWIZZLE=True)
 
@@ -165,6 +178,9 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
             acc[e] = 0.0
         s = cuda.local.array(NS4, float32)
         pa = cuda.local.array(NPA, uint32)
+        if PIPE:
+            for e in range(NPA):
+                pa[e] = 0
         kb = cuda.local.array(4, uint32)
         m = cuda.local.array(M2, float32)  # running max (raw scores) of rows g, g+8 of each m-tile
         ll = cuda.local.array(M2, float32)  # this lane's part of ℓ for the same rows
@@ -178,7 +194,10 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
             c0 = j * BC
             if j + 1 < nblk:  # K_{j+1}, V_{j+1} into the other buffer
                 nb_ = (j + 1) % 2
-                if WG:
+                if PIPE:  # V's third buffer: V_{j-1} is still being read
+                    kv_load2c(sm, sbase, ab + (KB + nb_ * KSZ) // 2, ab + (VB + ((j + 1) % 3) * KSZ) // 2, k, v,
+                              kbase, c0 + BC, nk, crow, cgof, csof, tid)
+                elif WG:
                     kv_load2c(sm, sbase, ab + (KB + nb_ * KSZ) // 2, ab + (VB + nb_ * KSZ) // 2, k, v, kbase,
                               c0 + BC, nk, crow, cgof, csof, tid)
                 else:
@@ -191,7 +210,17 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
             cuda.syncthreads()  # K_j, V_j have landed for every warp
             kofs = KOFF + buf * BC * S
             vofs = VOFF + buf * BC * S
-            if WG:  # S = Q Kᵀ: one warpgroup product over d
+            if PIPE:  # S_j issued, then P_{j-1} V_{j-1} (both in flight); wait for S_j alone.  No
+                # branch while a product is in flight (ptxas would serialise them): at j = 0 the
+                # P·V issued is P = 0 (pa's zeros) times V_0, which adds exactly 0.
+                wg_qk_i(s, sm, da, tc.wg_desc(sb + KB + buf * KSZ, 16, 1024))
+                vprev = (j + 2) % 3 if j > 0 else 0
+                wg_pv_i(acc, pa, sm, tc.wg_desc(sb + VB + vprev * KSZ, BC * 128, 1024))
+                wait_s(s, pa)
+                resc = False
+                sc_0 = float32(1.0)
+                sc_1 = float32(1.0)
+            elif WG:  # S = Q Kᵀ: one warpgroup product over d
                 wg_qk(s, sm, da, tc.wg_desc(sb + KB + buf * KSZ, 16, 1024))
             else:  # S = Q Kᵀ: every K fragment pair feeds MT m-tiles.
                 qk(s, qa, kb, sm, sbase, loff, loffb, QOFF, kofs, warp)
@@ -225,7 +254,12 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
                         m[2 * mt + 1] = mx_1
                         ll[2 * mt] *= alpha_0
                         ll[2 * mt + 1] *= alpha_1
-                        _rescale(acc, mt, alpha_0, alpha_1)
+                        if PIPE:  # O is P_{j-1} V_{j-1}'s until the wait below
+                            resc = True
+                            sc_0 = alpha_0
+                            sc_1 = alpha_1
+                        else:
+                            _rescale(acc, mt, alpha_0, alpha_1)
                     ms_0 = (m[2 * mt] if m[2 * mt] != NEG_INF else float32(0.0)) * sl2
                     ms_1 = (m[2 * mt + 1] if m[2 * mt + 1] != NEG_INF else float32(0.0)) * sl2
                 else:
@@ -247,9 +281,15 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
                     p3 = tc.ex2(s[x + 3] * sl2 - ms_1)
                     ps_0 += p0 + p1
                     ps_1 += p2 + p3
-                    y = 4 * (mt * KV + nt // 2) + 2 * (nt % 2)
-                    pa[y] = PACK(p0, p1)
-                    pa[y + 1] = PACK(p2, p3)
+                    if PIPE:  # P_{j-1}'s registers are in flight: keep P_j in S's until the wait
+                        s[x] = p0
+                        s[x + 1] = p1
+                        s[x + 2] = p2
+                        s[x + 3] = p3
+                    else:
+                        y = 4 * (mt * KV + nt // 2) + 2 * (nt % 2)
+                        pa[y] = PACK(p0, p1)
+                        pa[y + 1] = PACK(p2, p3)
                 if LAZY:
                     ll[2 * mt] += ps_0
                     ll[2 * mt + 1] += ps_1
@@ -257,11 +297,24 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
                     ll[2 * mt] = ll[2 * mt] * alpha_0 + ps_0
                     ll[2 * mt + 1] = ll[2 * mt + 1] * alpha_1 + ps_1
                     _rescale(acc, mt, alpha_0, alpha_1)
-            if WG:  # O += P V, P from registers, V (MN-major) 64 of d a swizzle atom of Bc rows
+            if PIPE:  # P_{j-1} V_{j-1} done: rescale O for block j's max, then P_j into A fragments
+                wait_o(acc, pa)
+                if resc:
+                    _rescale(acc, 0, sc_0, sc_1)
+                for nt in range(NS):
+                    x = 4 * nt
+                    y = 4 * (nt // 2) + 2 * (nt % 2)
+                    pa[y] = PACK(s[x], s[x + 1])
+                    pa[y + 1] = PACK(s[x + 2], s[x + 3])
+            elif WG:  # O += P V, P from registers, V (MN-major) 64 of d a swizzle atom of Bc rows
                 wg_pv(acc, pa, sm, tc.wg_desc(sb + VB + buf * KSZ, BC * 128, 1024))
             else:
                 pv(acc, pa, kb, sm, sbase, loff, vofs)  # O += P V
             cuda.syncthreads()  # every warp is done with buffer j % 2 before it is refilled
+        if PIPE and nblk > 0:  # the last block's P V
+            wg_pv_i(acc, pa, sm, tc.wg_desc(sb + VB + ((nblk - 1) % 3) * KSZ, BC * 128, 1024))
+            wait_o(acc, pa)
+            cuda.syncthreads()  # every warpgroup is done before O is staged over Q and K
         # Epilogue: ℓ over the quad; O = acc/ℓ packed to f16 into the warp's own rows of the Q
         # tile (only this warp read them), then copied out 16 bytes per thread.
         for mt in range(MT):
@@ -284,8 +337,8 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
 
 @cache
 def kernel(d: int, bc: int, nw: int, mt: int, causal: bool, qreg: bool, lazy: bool = True, bf16: bool = False,
-           wg: bool = False):
-    fn, nt, br = _source(d, bc, nw, mt, causal, qreg, lazy, bf16, wg)
+           wg: bool = False, pipe: bool = False):
+    fn, nt, br = _source(d, bc, nw, mt, causal, qreg, lazy, bf16, wg, pipe)
     return tc.jit_kernel(fn, nt), nt, br
 
 
@@ -333,9 +386,9 @@ def supports_v5(dtype, d: int) -> bool:
     return dtype_name(dtype) in ("float16", "bfloat16") and d in (64, 128)
 
 
-def _version(name: str, lazy: bool, default_config, wg: bool = False):
-    kern = partial(kernel, lazy=lazy, wg=wg)
-    sizes, accepts = (smem_bytes_v5, supports_v5) if wg else (smem_bytes, supports)
+def _version(name: str, lazy: bool, default_config, wg: bool = False, pipe: bool = False):
+    kern = partial(kernel, lazy=lazy, wg=wg, pipe=pipe)
+    sizes, accepts = (smem_bytes_v6 if pipe else smem_bytes_v5, supports_v5) if wg else (smem_bytes, supports)
 
     def forward(q, k, v, *, causal=False, scale=None, return_lse=False, **config):
         """O (and L) for fp16 or bf16 (B, H, N, d) inputs; ``config`` overrides the version's
@@ -348,10 +401,11 @@ def _version(name: str, lazy: bool, default_config, wg: bool = False):
     return SimpleNamespace(name=name, forward=forward, kernel=kern, default_config=default_config,
                            supports=accepts, smem_bytes=sizes, signature=signature,
                            CC=(9, 0, "a") if wg else (9, 0),
-                           SOURCES={"fwd": (partial(_source, LAZY=lazy, WG=wg), signature)})
+                           SOURCES={"fwd": (partial(_source, LAZY=lazy, WG=wg, PIPE=pipe), signature)})
 
 
 #: The versions by the names the records use (:func:`kernels.perf.variant`).
 VERSIONS = {"fwd_fp16_v3": _version("fwd_fp16_v3", False, default_config_v3),
             "fwd_fp16_v4": _version("fwd_fp16_v4", True, default_config_v4),
-            "fwd_fp16_v5": _version("fwd_fp16_v5", True, default_config_v5, wg=True)}
+            "fwd_fp16_v5": _version("fwd_fp16_v5", True, default_config_v5, wg=True),
+            "fwd_fp16_v6": _version("fwd_fp16_v6", True, default_config_v5, wg=True, pipe=True)}

@@ -117,7 +117,8 @@ HELPERS = ("mma", "mma_z", "pack_f16x2", "mma_bf16", "mma_z_bf16", "pack_bf16x2"
            "ldsm_x4", "ldsm_x4_b", "ldsm_x4_trans", "ldsm_x4_trans_b", "cp_async16_a", "st_global16_a",
            "cp_async_commit", "cp_async_wait", "quad_max2", "quad_sum2", "red_v2", "red_v4",
            "smem_u32_f32", "lds128_f32_a", "sts32_f32_a", "sts32_u32_a", "lds64_f32_a", "cp_async16_f32_a",
-           "oct_max", "oct_sum", "tf32_hi", "mma3_tf32", "fence_proxy_async", "wgmma_ss", "wgmma_rs")
+           "oct_max", "oct_sum", "tf32_hi", "mma3_tf32", "fence_proxy_async", "wgmma_ss", "wgmma_rs",
+           "wgmma_ss_issue", "wgmma_rs_issue", "wgmma_wait")
 
 _target = importlib.import_module(".tc_sim" if SIM else ".tc_gpu", __package__)
 globals().update({name: getattr(_target, name) for name in HELPERS})  # AttributeError if a target lacks one

@@ -510,13 +510,16 @@ def fence_proxy_async():
     _fence_proxy_raw()
 
 
+_WAIT0 = 'asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");'
+
+
 def _wg_operands(n: int) -> tuple[str, str]:
     regs = ",".join(f"%{i}" for i in range(n // 2))
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(n // 2))
     return "{" + regs + "}", outs
 
 
-def _wg_source_ss(name: str, ty: str, n: int, kt: int, astep: int, bstep: int) -> str:
+def _wg_source_ss(name: str, ty: str, n: int, kt: int, astep: int, bstep: int, wait: bool = True) -> str:
     regs, outs = _wg_operands(n)
     h = n // 2
     return rf"""
@@ -532,13 +535,13 @@ extern "C" __device__ int {name}(int* ret, float* d, unsigned long long da, unsi
                      : {outs} : "l"(a), "l"(b), "r"(ks));
     }}
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    {_WAIT0 if wait else ""}
     return 0;
 }}
 """
 
 
-def _wg_source_rs(name: str, ty: str, n: int, ks_: int, bstep: int) -> str:
+def _wg_source_rs(name: str, ty: str, n: int, ks_: int, bstep: int, wait: bool = True) -> str:
     regs, outs = _wg_operands(n)
     h = n // 2
     return rf"""
@@ -552,7 +555,7 @@ extern "C" __device__ int {name}(int* ret, float* d, const unsigned* a, unsigned
                      : {outs} : "r"(a[4 * kk]), "r"(a[4 * kk + 1]), "r"(a[4 * kk + 2]), "r"(a[4 * kk + 3]), "l"(b));
     }}
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    {_WAIT0 if wait else ""}
     return 0;
 }}
 """
@@ -594,3 +597,59 @@ def wgmma_rs(N: int, KS: int, BSTEP: int, BF16: bool = False):
         raw(_ffi.from_buffer(d), _ffi.from_buffer(a), db)
 
     return rs
+
+
+# Issue and wait apart (fwd_fp16_v6): ``wgmma_ss_issue`` / ``wgmma_rs_issue`` return with the
+# product in flight (committed as one wgmma group), and ``wgmma_wait`` waits until at most
+# PENDING groups are; its asm takes the product's accumulators (and A fragments) as read-write
+# operands, so the compiler orders every use of them after the wait and keeps an A fragment's
+# registers until then (what CUTLASS's warpgroup_fence_operand does).
+
+
+@cache
+def wgmma_ss_issue(N: int, KT: int, ASTEP: int, BSTEP: int, BF16: bool = False):
+    """:func:`wgmma_ss` without its wait: ``ss(d, sm, da, db)`` issues the product and commits it."""
+    ty = "bf16" if BF16 else "f16"
+    name = f"fs_wg_ssi_{ty}_n{N}_k{KT}_{ASTEP}_{BSTEP}"
+    raw = cuda.declare_device(name, "int32(CPointer(float32), uint64, uint64)",
+                              link=cuda.CUSource(_wg_source_ss(name, ty, N, KT, ASTEP, BSTEP, wait=False)))
+
+    @cuda.jit(device=True, forceinline=True)
+    def ss(d, sm, da, db):
+        raw(_ffi.from_buffer(d), da, db)
+
+    return ss
+
+
+@cache
+def wgmma_rs_issue(N: int, KS: int, BSTEP: int, BF16: bool = False):
+    """:func:`wgmma_rs` without its wait: ``rs(d, a, sm, db)`` issues the product and commits it."""
+    ty = "bf16" if BF16 else "f16"
+    name = f"fs_wg_rsi_{ty}_n{N}_k{KS}_{BSTEP}"
+    raw = cuda.declare_device(name, "int32(CPointer(float32), CPointer(uint32), uint64)",
+                              link=cuda.CUSource(_wg_source_rs(name, ty, N, KS, BSTEP, wait=False)))
+
+    @cuda.jit(device=True, forceinline=True)
+    def rs(d, a, sm, db):
+        raw(_ffi.from_buffer(d), _ffi.from_buffer(a), db)
+
+    return rs
+
+
+@cache
+def wgmma_wait(N: int, NA: int, PENDING: int):
+    """``wait(d, a)``: ``wgmma.wait_group PENDING``, holding d[0:N/2] (the accumulators of the
+    product waited for) and a[0:NA] (its A fragments from registers; NA = 0: none) as operands."""
+    name = f"fs_wg_wait{PENDING}_n{N}_a{NA}"
+    ops = [f'"+f"(d[{i}])' for i in range(N // 2)] + [f'"+r"(a[{i}])' for i in range(NA)]
+    src = (f'extern "C" __device__ int {name}(int* ret, float* d, unsigned* a) {{\n'
+           f'    asm volatile("wgmma.wait_group.sync.aligned {PENDING};" : {", ".join(ops)} :: "memory");\n'
+           "    return 0;\n}\n")
+    raw = cuda.declare_device(name, "int32(CPointer(float32), CPointer(uint32))", link=cuda.CUSource(src))
+
+    @cuda.jit(device=True, forceinline=True)
+    def wait(d, a):
+        raw(_ffi.from_buffer(d), _ffi.from_buffer(a))
+
+    return wait
+

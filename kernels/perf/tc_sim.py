@@ -435,3 +435,18 @@ def wgmma_rs(N, KS, BSTEP, BF16=False):
 @cuda.jit(device=True)
 def fence_proxy_async():
     pass
+
+
+# Issue and wait apart: the twins compute at the issue (the product's value is the same), and the
+# wait has nothing left to do.
+wgmma_ss_issue = wgmma_ss
+wgmma_rs_issue = wgmma_rs
+
+
+def wgmma_wait(N, NA, PENDING):
+    @cuda.jit(device=True)
+    def wait(d, a):
+        pass
+
+    return wait
+
