@@ -1,4 +1,4 @@
-"""The fp16 forward on the tensor cores: FlashAttention-2, three versions (``mma.sync`` m16n8k16; v5 ``wgmma``).
+"""The fp16 forward on the tensor cores: FlashAttention-2, four versions (``mma.sync`` m16n8k16; v5, v6 ``wgmma``).
 
 A block of NW warps owns Br = 16·NW·MT query rows (MT m-tiles a warp) and walks the key blocks
 (Bc keys) it can see, K and V double-buffered through cp.async; S = Q Kᵀ, P and O stay in
@@ -33,7 +33,14 @@ tile copies and the products (Q Kᵀ, P V) are :mod:`kernels.perf._tiles`'s.
   fp16 at N >= 4,096 1.00-1.30x SDPA flash (v4: 0.74-1.04x).  No overlap inside a warpgroup yet
   (each product waits for itself): slowest on small grids (B·H <= 4: 0.44-0.71x flash).
 
-All three compile for bf16 too (``bf16=True``: the ``.bf16`` mma and ``cvt.rn.bf16x2.f32``; the tiles
+* ``fwd_fp16_v6`` (``PIPE`` on; not shipped yet): v5 with each product issued and waited for apart
+  (``tc.wgmma_ss_issue``, ``wgmma_rs_issue``, ``wgmma_wait``), P_{j-1} V_{j-1} in flight on the
+  tensor cores while the softmax of block j runs (FlashAttention-3's intra-warpgroup overlap);
+  V in three buffers.  H100, same rounds (kernels/data/fwd_fp16_v6_h100_3f308c8): 1.04-1.05x v5
+  at d = 128 (1.11-1.31x SDPA flash), 0.91-0.97x at d = 64.  Its GPU tests and racecheck pass;
+  BEST keeps v5 until a bench record with rounds and memcheck back the change at d = 128.
+
+All four compile for bf16 too (``bf16=True``: the ``.bf16`` mma and ``cvt.rn.bf16x2.f32``; the tiles
 are the inputs' bits, moved unchanged), timed on the H100 beside fp16 (NOTES.md, "bf16").
 
 Measurements and the tuning behind the defaults: ``kernels/perf/NOTES.md`` ("fp16 forward").
