@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine (the device tool), from the repository root: the `fast` set (issue 15: the
-# kernels users get by default, kernels.perf.BEST, every launch of each; 25 configurations, 54
+# kernels users get by default, kernels.perf.BEST, every launch of each; 27 configurations, 61
 # launches) measured under Nsight Compute and compared with the simulator's `fast` schedules,
 # after the cp.async counting probe (scripts/device/ldgsts_probe.sh).  Three records (so that a
 # time-out or a failure of one keeps the others): the fp16/fp32 forward configurations
