@@ -120,9 +120,13 @@ def test_sm90a_ptx_and_sass(d, bc):
         f"ptx = lto_ptx('fwd_fp16_v5', {d}, {bc}, 8, 1, 0, 0)\n"
         "r = sass_report(ptx)\n"
         "print(ptx.count('wgmma.mma_async'), ptx.count('mma.sync'), '.local' in ptx, r.get('spill_store_bytes'),\n"
-        "      r.get('registers'), r.get('ptxas_error', '-')[:80].replace(' ', '_'))\n")
+        "      r.get('registers'), r.get('loop_HGMMA'), r.get('loop_CALL'), r.get('loop_local'),\n"
+        "      r.get('ptxas_error', '-')[:80].replace(' ', '_'))\n")
     assert res.returncode == 0, res.stderr[-2000:]
-    wg, mma, local, spills, regs, err = res.stdout.split()
-    print(f"d={d} Bc={bc}: wgmma {wg}, mma.sync {mma}, local {local}, spills {spills}, registers {regs}, {err}")
+    wg, mma, local, spills, regs, loop_wg, loop_call, loop_local, err = res.stdout.split()
+    print(f"d={d} Bc={bc}: wgmma {wg}, mma.sync {mma}, local {local}, spills {spills}, registers {regs}, "
+          f"main loop: HGMMA {loop_wg}, CALL {loop_call}, local {loop_local}; {err}")
     assert int(wg) == d // 16 + bc // 16 and int(mma) == 0 and local == "False" and err == "-"
     assert spills in ("0", "None")
+    if loop_wg != "None":  # SASS read (cuobjdump found): every product in the main loop, no call, no spill
+        assert (int(loop_wg), int(loop_call), int(loop_local)) == (d // 16 + bc // 16, 0, 0)

@@ -80,20 +80,24 @@ _OP = re.compile(r"^\s+/\*([0-9a-f]+)\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)([^;]*);
 
 
 def hot_loop(sass: str) -> dict:
-    """The loop of the SASS that holds the most HMMA (a backward branch's target to the branch):
-    its instructions, HMMA, CALL (a call in a kernel's main loop is a library routine, such as the
+    """The loop of the SASS that holds the most HMMA or HGMMA (a backward branch's target to the
+    branch): its instructions, HMMA, HGMMA, CALL (a call in a kernel's main loop is a library routine, such as the
     64-bit division that bwd_fp16_v3's loop once made 7 times a step) and local-memory accesses
     (LDL/STL: spills).  Counted statically, each instruction once."""
     ins = [(int(m.group(1), 16), m.group(2), m.group(3)) for m in _OP.finditer(sass)]
     best = []
+
+    def products(body):  # mma.sync (HMMA) and warpgroup (HGMMA) products
+        return body.count("HMMA") + body.count("HGMMA")
+
     for a, op, rest in ins:
         br = re.search(r"(0x[0-9a-f]+)\s*$", rest) if op == "BRA" else None
         if br and int(br.group(1), 16) < a:
             body = [o for x, o, _ in ins if int(br.group(1), 16) <= x <= a]
-            if body.count("HMMA") > best.count("HMMA"):
+            if products(body) > products(best):
                 best = body
-    return {"loop_instructions": len(best), "loop_HMMA": best.count("HMMA"), "loop_CALL": best.count("CALL"),
-            "loop_local": best.count("LDL") + best.count("STL")}
+    return {"loop_instructions": len(best), "loop_HMMA": best.count("HMMA"), "loop_HGMMA": best.count("HGMMA"),
+            "loop_CALL": best.count("CALL"), "loop_local": best.count("LDL") + best.count("STL")}
 
 
 def ptxas_resources(info: str) -> dict:
@@ -131,7 +135,7 @@ def sass_report(ptx: str) -> dict:
     out = ptxas_resources(res.stderr)
     ops = Counter(m.group(2) for m in _OP.finditer(sass))
     out["instructions"] = sum(ops.values())
-    for op in ("HMMA", "LDSM", "LDGSTS", "MUFU", "FFMA", "LDS", "LDL", "STL", "SHFL", "BAR", "CALL"):
+    for op in ("HMMA", "HGMMA", "LDSM", "LDGSTS", "MUFU", "FFMA", "LDS", "LDL", "STL", "SHFL", "BAR", "CALL"):
         out[op] = ops.get(op, 0)
     out.update(hot_loop(sass))
     return out
