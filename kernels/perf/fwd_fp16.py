@@ -111,12 +111,12 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
         VB = KB + 2 * KSZ
         wg_qk = tc.wgmma_ss(BC, DP // 16, BR * 8, BC * 8, BF16)
         wg_pv = tc.wgmma_rs(DP, BC // 16, 128, BF16)  # 16 keys a k-step: 2 x 8 rows of 128 bytes
-        # v6 (PIPE): the products issued and waited for apart, P·V of block j - 1 in flight while
-        # the softmax of block j runs; V in three buffers (KB, VB: K's two, then V's three)
-        wg_qk_i = tc.wgmma_ss_issue(BC, DP // 16, BR * 8, BC * 8, BF16)
-        wg_pv_i = tc.wgmma_rs_issue(DP, BC // 16, 128, BF16)
-        wait_s = tc.wgmma_wait(BC, 0, 1)  # S_j done; P_{j-1} V_{j-1} may still run
-        wait_o = tc.wgmma_wait(DP, 4 * (BC // 16), 0)  # P V done: O and P's registers free
+        if PIPE:  # v6: the products issued and waited for apart, P·V of block j - 1 in flight while
+            # the softmax of block j runs; V in three buffers (KB, VB: K's two, then V's three)
+            wg_qk_i = tc.wgmma_ss_issue(BC, DP // 16, BR * 8, BC * 8, BF16)
+            wg_pv_i = tc.wgmma_rs_issue(DP, BC // 16, 128, BF16)
+            wait_s = tc.wgmma_wait(BC, 0, 1)  # S_j done; P_{j-1} V_{j-1} may still run
+            wait_o = tc.wgmma_wait(DP, 4 * (BC // 16), 0)  # P V done: O and P's registers free
         _, q_load_sw = f16_swizzled(BR, D, NT)
         _, kv_chunks_sw, _ = f16_chunks(BC, D, S, NT, SWIZZLE=True)
 

@@ -562,17 +562,17 @@ extern "C" __device__ int {name}(int* ret, float* d, const unsigned* a, unsigned
 
 
 @cache
-def wgmma_ss(N: int, KT: int, ASTEP: int, BSTEP: int, BF16: bool = False):
+def wgmma_ss(N: int, KT: int, ASTEP: int, BSTEP: int, BF16: bool = False, WAIT: bool = True):
     """``ss(d, sm, da, db)``: d[0:N/2] = A·Bᵀ over KT k-steps of 16 (the first with the accumulator's
     old value ignored): A the warpgroup's 64 rows and B N rows, both K-major with 128-byte
     swizzling in shared memory, described by ``da``, ``db`` at k-step 0 (ASTEP, BSTEP: their
     swizzle atoms' stride in 16-byte units).  d in the C layout of ``mma.sync`` for the warp's 16
     rows (warp w % 4 of the warpgroup: rows 16(w % 4) + g, + 8; columns 8n + 2t, + 1).  ``sm`` is
-    read by the simulator's twin only."""
+    read by the simulator's twin only.  ``WAIT`` off: :func:`wgmma_ss_issue`."""
     ty = "bf16" if BF16 else "f16"
-    name = f"fs_wg_ss_{ty}_n{N}_k{KT}_{ASTEP}_{BSTEP}"
+    name = f"fs_wg_ss{'' if WAIT else 'i'}_{ty}_n{N}_k{KT}_{ASTEP}_{BSTEP}"
     raw = cuda.declare_device(name, "int32(CPointer(float32), uint64, uint64)",
-                              link=cuda.CUSource(_wg_source_ss(name, ty, N, KT, ASTEP, BSTEP)))
+                              link=cuda.CUSource(_wg_source_ss(name, ty, N, KT, ASTEP, BSTEP, WAIT)))
 
     @cuda.jit(device=True, forceinline=True)
     def ss(d, sm, da, db):
@@ -582,15 +582,15 @@ def wgmma_ss(N: int, KT: int, ASTEP: int, BSTEP: int, BF16: bool = False):
 
 
 @cache
-def wgmma_rs(N: int, KS: int, BSTEP: int, BF16: bool = False):
+def wgmma_rs(N: int, KS: int, BSTEP: int, BF16: bool = False, WAIT: bool = True):
     """``rs(d, a, sm, db)``: d[0:N/2] += A·B over KS k-steps of 16: A from registers (a[4kk:4kk+4],
     the A layout of ``mma.sync`` m16n8k16 for the warp's 16 rows), B (16·KS x N) MN-major with
     128-byte swizzling in shared memory, described by ``db`` at k-step 0, the next k-step BSTEP
-    16-byte units further."""
+    16-byte units further.  ``WAIT`` off: :func:`wgmma_rs_issue`."""
     ty = "bf16" if BF16 else "f16"
-    name = f"fs_wg_rs_{ty}_n{N}_k{KS}_{BSTEP}"
+    name = f"fs_wg_rs{'' if WAIT else 'i'}_{ty}_n{N}_k{KS}_{BSTEP}"
     raw = cuda.declare_device(name, "int32(CPointer(float32), CPointer(uint32), uint64)",
-                              link=cuda.CUSource(_wg_source_rs(name, ty, N, KS, BSTEP)))
+                              link=cuda.CUSource(_wg_source_rs(name, ty, N, KS, BSTEP, WAIT)))
 
     @cuda.jit(device=True, forceinline=True)
     def rs(d, a, sm, db):
@@ -606,34 +606,14 @@ def wgmma_rs(N: int, KS: int, BSTEP: int, BF16: bool = False):
 # registers until then (what CUTLASS's warpgroup_fence_operand does).
 
 
-@cache
 def wgmma_ss_issue(N: int, KT: int, ASTEP: int, BSTEP: int, BF16: bool = False):
     """:func:`wgmma_ss` without its wait: ``ss(d, sm, da, db)`` issues the product and commits it."""
-    ty = "bf16" if BF16 else "f16"
-    name = f"fs_wg_ssi_{ty}_n{N}_k{KT}_{ASTEP}_{BSTEP}"
-    raw = cuda.declare_device(name, "int32(CPointer(float32), uint64, uint64)",
-                              link=cuda.CUSource(_wg_source_ss(name, ty, N, KT, ASTEP, BSTEP, wait=False)))
-
-    @cuda.jit(device=True, forceinline=True)
-    def ss(d, sm, da, db):
-        raw(_ffi.from_buffer(d), da, db)
-
-    return ss
+    return wgmma_ss(N, KT, ASTEP, BSTEP, BF16, WAIT=False)
 
 
-@cache
 def wgmma_rs_issue(N: int, KS: int, BSTEP: int, BF16: bool = False):
     """:func:`wgmma_rs` without its wait: ``rs(d, a, sm, db)`` issues the product and commits it."""
-    ty = "bf16" if BF16 else "f16"
-    name = f"fs_wg_rsi_{ty}_n{N}_k{KS}_{BSTEP}"
-    raw = cuda.declare_device(name, "int32(CPointer(float32), CPointer(uint32), uint64)",
-                              link=cuda.CUSource(_wg_source_rs(name, ty, N, KS, BSTEP, wait=False)))
-
-    @cuda.jit(device=True, forceinline=True)
-    def rs(d, a, sm, db):
-        raw(_ffi.from_buffer(d), _ffi.from_buffer(a), db)
-
-    return rs
+    return wgmma_rs(N, KS, BSTEP, BF16, WAIT=False)
 
 
 @cache
