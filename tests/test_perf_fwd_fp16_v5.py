@@ -66,6 +66,20 @@ def test_supports_and_refuses():
     q, k, v, _ = make(1, 1, 1, 1, 8, 8, 64)
     with pytest.raises(ValueError, match="MT=2"):
         fwd_fp16_v5.forward(q, k, v, mt=2)
+    # a careless block shape: one ValueError naming the key (the shared check of kernels.perf._launch)
+    for bad, match in ((dict(nw=None), "nw must be a positive integer"), (dict(qreg="yes"), "qreg must be true"),
+                       (dict(bc=-64), "bc must be a positive integer"), (dict(nw=10**9), "at most 32 warps"),
+                       (dict(bk=64), "config keys")):
+        with pytest.raises(ValueError, match=match):
+            fwd_fp16_v5.forward(q, k, v, **bad)
+
+
+def test_numpy_integers_in_the_block_shape():
+    """numpy integers are integers: the descriptors' arithmetic (a 64-bit value near 2**62) must not
+    be done in int32 by the twins."""
+    q, k, v, _ = make(2, 1, 1, 1, 20, 20, 64)
+    o, lse = fwd_fp16_v5.forward(q, k, v, return_lse=True, bc=np.int64(16), nw=np.int32(4))
+    check_forward(o, lse, q, k, v, False, label="numpy ints")
 
 
 # ---------------------------------------------------------------------------------------------

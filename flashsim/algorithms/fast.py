@@ -243,6 +243,18 @@ def _config_dict(config) -> dict:
     return config
 
 
+def check_config_values(defaults: dict, config: dict) -> None:
+    """ValueError naming the first key of ``config`` whose value is not of its default's kind: true
+    or false (numpy bools too) for a flag, a positive integer (numpy integers too, not a bool)
+    otherwise.  Shared with the kernels' launchers (``kernels.perf._launch``)."""
+    for key, val in config.items():
+        if isinstance(defaults[key], bool):
+            if not isinstance(val, bool | np.bool_):
+                raise ValueError(f"config={config!r}: {key} must be true or false")
+        elif isinstance(val, bool) or not isinstance(val, int | np.integer) or val < 1:
+            raise ValueError(f"config={config!r}: {key} must be a positive integer")
+
+
 def parse_config(name: str, d: int, config=None) -> dict:
     """:func:`default_config` updated by ``config`` (a dict, or "key=value,..." with int and
     true/false values); ValueError for a key the variant does not take or a bad value."""
@@ -253,12 +265,7 @@ def parse_config(name: str, d: int, config=None) -> dict:
     unknown = sorted(set(config) - set(cfg))
     if unknown:
         raise ValueError(f"config={config!r}: {name} takes {sorted(cfg)}, not {unknown}")
-    for key, val in config.items():
-        if isinstance(cfg[key], bool):
-            if not isinstance(val, bool | np.bool_):
-                raise ValueError(f"config={config!r}: {key} must be true or false")
-        elif isinstance(val, bool) or not isinstance(val, int | np.integer) or val < 1:
-            raise ValueError(f"config={config!r}: {key} must be a positive integer")
+    check_config_values(cfg, config)
     cfg.update(config)
     return cfg
 

@@ -51,6 +51,23 @@ def num_sms() -> int:
     return _SMS["n"]
 
 
+def _merged_config(cfg: dict, config, who: str) -> dict:
+    """The default block shape ``cfg`` updated by the caller's ``config``: ValueError for a key the
+    variant does not take, a value not of its default's kind (``flashsim.algorithms.fast.
+    check_config_values``) or more than 32 warps (1,024 threads) a block."""
+    from flashsim.algorithms.fast import check_config_values
+
+    config = config or {}
+    unknown = set(config) - set(cfg)
+    if unknown:
+        raise ValueError(f"config keys {sorted(unknown)}: {who} takes {sorted(cfg)}")
+    check_config_values(cfg, config)
+    cfg = dict(cfg, **config)
+    if cfg.get("nw", 1) > 32:
+        raise ValueError(f"nw={cfg['nw']}: at most 32 warps (1,024 threads) a block")
+    return cfg
+
+
 def launch_forward(name, kernel, smem_bytes, default_config, supports, q, k, v, *, causal=False, scale=None,
                    return_lse=False, config=None, stream=None):
     """Run variant ``name``'s forward kernel on (B, H, N, d) inputs; O (and L) in the query's kind.
@@ -71,11 +88,7 @@ def launch_forward(name, kernel, smem_bytes, default_config, supports, q, k, v, 
         raise ValueError(f"dtype={inp.dtype_name}, head_dim={d}: not supported by {name.rsplit('.', 1)[-1]}")
     if nb * nh > 65535:
         raise ValueError(f"batch*heads={nb * nh}: at most 65535")
-    cfg = default_config(d)
-    unknown = set(config or {}) - set(cfg)
-    if unknown:
-        raise ValueError(f"config keys {sorted(unknown)}: this variant takes {sorted(cfg)}")
-    cfg.update(config or {})
+    cfg = _merged_config(default_config(d), config, "this variant")
     from flashsim.algorithms.fast import fit_to_grid
 
     cfg = fit_to_grid(name.rsplit(".", 1)[-1], cfg, config, nq, nb * nh, num_sms())
@@ -132,11 +145,7 @@ def prepare_backward(requirement, default_config, supports, q, k, v, o, lse, do,
         raise ValueError(f"lse: must be float32 {(nb, nh, nq)}, got {lse_d.dtype} {tuple(lse_d.shape)}")
     if nb * max(nh, nhk) > 65535:
         raise ValueError(f"batch*heads={nb * nh}: at most 65535")
-    cfg = default_config(d)
-    unknown = set(config or {}) - set(cfg)
-    if unknown:
-        raise ValueError(f"config keys {sorted(unknown)}: {requirement.split()[0]} takes {sorted(cfg)}")
-    cfg.update(config or {})
+    cfg = _merged_config(default_config(d), config, requirement.split()[0])
     sc = positive_scale(inp, a, 1.0 / math.sqrt(d) if scale is None else float(scale))
     return inp, a, dims, lse_d, cfg, sc
 

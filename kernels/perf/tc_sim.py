@@ -393,6 +393,8 @@ def _wg_store(d, D, t, n, add):
 
 
 def wgmma_ss(N, KT, ASTEP, BSTEP, BF16=False):
+    N, KT, ASTEP, BSTEP = int(N), int(KT), int(ASTEP), int(BSTEP)  # numpy ints would wrap at 2**31
+
     @cuda.jit(device=True)
     def ss(d, sm, da, db):
         _, g, t, r = _wg_rows()
@@ -408,6 +410,7 @@ def wgmma_ss(N, KT, ASTEP, BSTEP, BF16=False):
 
 
 def wgmma_rs(N, KS, BSTEP, BF16=False):
+    N, KS, BSTEP = int(N), int(KS), int(BSTEP)  # numpy ints would wrap at 2**31
     halves = _halves_bf16 if BF16 else _halves
 
     @cuda.jit(device=True)
