@@ -139,7 +139,8 @@ def sim_options(cfg: dict) -> dict:
     """The ``fast`` schedule's options for a measured configuration: the variant, and the block
     shape the record names (``block_m``/``block_n``) where it is not the variant's default of
     today (a record measured before a default changed keeps its own tiles: fwd_fp16_v4 at d = 128
-    ran Bc = 32 until the tuner's Bc = 16).  ValueError where no block-shape override of the
+    ran Bc = 32 until the tuner's Bc = 16; fwd_fp16_v5 at d = 128 two warpgroups, 128 x 128, until
+    532db74's record gave it one, 64 x 64).  ValueError where no block-shape override of the
     variant gives the record's tiles."""
     name, d = cfg["kernel"], cfg["head_dim"]
     want = (cfg.get("block_m"), cfg.get("block_n"))
@@ -152,7 +153,7 @@ def sim_options(cfg: dict) -> dict:
         return t.block_m, t.block_n
 
     bm, bn = want
-    for config in ({}, {"bc": bn}, {"bc": bn, "br": bm}, {"bk": bn, "bq": bm}):
+    for config in ({}, {"bc": bn}, {"bc": bn, "br": bm}, {"bk": bn, "bq": bm}, {"bc": bn, "nw": bm // 16}):
         try:
             if tiles_of(config) == want:
                 return {"kernel": name, "config": config} if config else {"kernel": name}

@@ -128,7 +128,9 @@ def default_config(name: str, d: int) -> dict:
         if d > 128:
             return dict(bc=32, nw=8, mt=1, qreg=True) if d > 192 else dict(bc=32, nw=8, mt=2, qreg=False)
         return dict(bc=64 if d <= 64 else 16 if 112 < d <= 128 else 32, nw=4, mt=2, qreg=True)
-    if name in ("fwd_fp16_v5", "fwd_fp16_v6"):
+    if name == "fwd_fp16_v5":
+        return dict(bc=64, nw=8 if d <= 64 else 4, mt=1, qreg=False)
+    if name == "fwd_fp16_v6":
         return dict(bc=64 if d <= 64 else 128, nw=8, mt=1, qreg=False)
     if name == "fwd_fp32_v1":
         return dict(bc=64, nw=4, rm=4, unroll=2, minb=2) if d <= 64 else dict(bc=32, nw=4, rm=4, unroll=2, minb=1)
@@ -205,20 +207,25 @@ def variant_for(w: Workload, pass_: str, kernel: str | None = None) -> str:
 
 def fit_to_grid(name: str, cfg: dict, given, nq: int, bh: int, num_sms: int) -> dict:
     """The block shape ``name`` runs for Nq query rows and B·H heads on a GPU of ``num_sms`` SMs:
-    ``cfg`` (:func:`default_config` updated by the keys in ``given``), except that the fp16/bf16
-    forward (``fwd_fp16_v4``) whose grid of 128-row blocks (m-tiles a warp = 2) would give each
-    SM at most one block takes one m-tile a warp (64-row blocks, twice the blocks) unless ``mt``
-    is in ``given``.  On the H100 (kernels/data/fwd_fp16_v4_small_grid_h100_471379f): B·H = 4,
-    N = 4,096, d = 64 (128 blocks) 1.9x faster; B·H = 1, N = 8,192, d = 128 (64 blocks) 1.15x;
-    with 256 blocks (B·H = 16, N = 2,048) 1.23x at d = 64 but 0.70x at d = 128, hence the bound
-    at one block an SM.  The kernel launcher (``kernels.perf``) calls it with the device's SM
-    count."""
-    if name != "fwd_fp16_v4" or "mt" in (given or ()) or cfg.get("mt") != 2:
+    ``cfg`` (:func:`default_config` updated by the keys in ``given``), except where a grid of
+    128-row blocks would give each SM at most one block: then the fp16/bf16 forwards take 64-row
+    blocks (twice the blocks), ``fwd_fp16_v4`` one m-tile a warp (unless ``mt`` is in ``given``),
+    ``fwd_fp16_v5`` one warpgroup (unless ``nw`` is).  On the H100: v4
+    (kernels/data/fwd_fp16_v4_small_grid_h100_471379f) at B·H = 4, N = 4,096, d = 64 (128 blocks)
+    1.9x faster, B·H = 1, N = 8,192, d = 128 (64 blocks) 1.15x, but with 256 blocks (B·H = 16,
+    N = 2,048) 0.70x at d = 128, hence the bound at one block an SM; v5 at d = 64
+    (kernels/data/fwd_fp16_v5_blocks_h100_532db74) at B·H = 4, N = 4,096 1.21x, while on the
+    bench grid (2,048 blocks) two warpgroups stay as fast or faster (0.97-1.16x, median 1.04x).  The kernel launcher
+    (``kernels.perf``) calls it with the device's SM count."""
+    given = given or ()
+    if name == "fwd_fp16_v4" and "mt" not in given and cfg.get("mt") == 2:
+        small = dict(cfg, mt=1)
+    elif name == "fwd_fp16_v5" and "nw" not in given and cfg.get("nw") == 8:
+        small = dict(cfg, nw=4)
+    else:
         return cfg
     br = 16 * cfg["nw"] * cfg["mt"]
-    if -(-nq // br) * bh <= num_sms:
-        return dict(cfg, mt=1)
-    return cfg
+    return small if -(-nq // br) * bh <= num_sms else cfg
 
 
 def _config_dict(config) -> dict:

@@ -378,10 +378,21 @@ def default_config_v4(d: int) -> dict:
 
 
 def default_config_v5(d: int) -> dict:
-    """Two warpgroups (8 warps, 128 query rows); Bc = 64 at d = 64 (112 registers: two blocks an
-    SM), 128 at d = 128 (one block).  On the H100 at N = 4,096 and 16,384, B·H = 64 and 16
+    """Bc = 64 keys; two warpgroups (8 warps, 128 query rows) at d = 64 (112 registers: two blocks
+    an SM), one (4 warps, 64 rows; 168 registers, 83 KB of shared memory: two blocks an SM) at
+    d = 128.  On the H100 at N = 4,096 and 16,384, B·H = 64 and 16
     (kernels/data/fwd_fp16_v5_h100_aff81c6): d = 64 Bc 64 1.06-1.25x SDPA flash against 0.79-0.99x
-    for Bc 128; d = 128 Bc 128 0.96-1.24x against 0.95-1.09x for Bc 64, one warpgroup 0.87-0.98x."""
+    for Bc 128.  At d = 128 the first default, two warpgroups with Bc = 128 (217 registers, 164 KB:
+    one block an SM), lost to one warpgroup with Bc = 64 on every bench-grid row, fp16 and bf16,
+    N 1,024-16,384, causal or not, in one run (kernels/data/fwd_fp16_v5_blocks_h100_532db74):
+    1.01-1.15x it, 1.07-1.38x SDPA flash at N >= 4,096 where it had 1.03-1.23x; two resident
+    blocks overlap one's softmax with the other's products."""
+    return dict(bc=64, nw=8 if d <= 64 else 4, mt=1, qreg=False)
+
+
+def default_config_v6(d: int) -> dict:
+    """v5's first default, the block shape v6 was measured with: two warpgroups, Bc = 64 at d = 64,
+    128 at d = 128."""
     return dict(bc=64 if d <= 64 else 128, nw=8, mt=1, qreg=False)
 
 
@@ -415,4 +426,4 @@ def _version(name: str, lazy: bool, default_config, wg: bool = False, pipe: bool
 VERSIONS = {"fwd_fp16_v3": _version("fwd_fp16_v3", False, default_config_v3),
             "fwd_fp16_v4": _version("fwd_fp16_v4", True, default_config_v4),
             "fwd_fp16_v5": _version("fwd_fp16_v5", True, default_config_v5, wg=True),
-            "fwd_fp16_v6": _version("fwd_fp16_v6", True, default_config_v5, wg=True, pipe=True)}
+            "fwd_fp16_v6": _version("fwd_fp16_v6", True, default_config_v6, wg=True, pipe=True)}
