@@ -29,6 +29,7 @@ import csv
 import json
 import math
 from collections import defaultdict
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -212,7 +213,23 @@ def predict(cfg: dict, gpu: str = "h100") -> list[dict]:
     (:func:`flashsim.l2.dram_traffic`) with every launch starting cold, as ncu measures with
     ``--cache-control all``; a launch's dirty lines at its end are written back by ncu's flush,
     outside the measurement, so they are reported (``sim_dirty_end_bytes``) but not predicted
-    as the launch's DRAM writes."""
+    as the launch's DRAM writes.  A pure function of ``cfg`` and ``gpu``: the last 512 answers
+    are kept for the process (the same record compared twice is simulated once)."""
+    try:
+        key = (tuple(sorted(cfg.items())), gpu)
+        hash(key)
+    except TypeError:  # a value that cannot be a key: no memo
+        return _predict(cfg, gpu)
+    return [dict(r) for r in _predict_memo(key)]
+
+
+@lru_cache(maxsize=512)
+def _predict_memo(key: tuple) -> tuple:
+    items, gpu = key
+    return tuple(_predict(dict(items), gpu))
+
+
+def _predict(cfg: dict, gpu: str) -> list[dict]:
     hw = get_gpu(gpu)
     sched = schedule_of(cfg)  # every schedule built here has its thread blocks (flashsim.blocks)
     dram = dram_traffic(sched, hw, cold_launches=True, sample=DRAM_SET_SAMPLE)

@@ -1,6 +1,7 @@
 """analysis.plots on the committed H200 record: every plot drawn, in the shared palette."""
 
 import matplotlib
+import pytest
 
 matplotlib.use("Agg")
 
@@ -10,6 +11,7 @@ from analysis.plots import plot_all  # noqa: E402
 from flashsim.plot import COLORS, THEOREM2_LABEL  # noqa: E402
 
 
+@pytest.mark.xdist_group("h200_record")  # shares the process memo of the same computation
 def test_plot_all_on_the_h200_record(tmp_path, monkeypatch):
     import matplotlib.pyplot as plt
 

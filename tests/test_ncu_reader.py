@@ -70,6 +70,7 @@ def test_compare_takes_the_preset_from_the_provenance(gpu, preset):
     assert preset_of({"gpu": gpu}) == preset
 
 
+@pytest.mark.xdist_group("h200_record")  # shares the process memo of the same computation
 def test_committed_h200_record_meets_the_lsu_tolerance_with_its_own_preset(capsys):
     """`flashsim compare` on the committed H200 data, preset from its provenance: every launch
     within 1% at the LSU level (exit status 0) and the DRAM median printed."""

@@ -261,6 +261,7 @@ def test_a_new_folder_is_removed_again_when_the_command_fails(tmp_path, capsys, 
     assert not (tmp_path / "a").exists()
 
 
+@pytest.mark.xdist_group("report")  # shares the process memo of the same computation
 def test_report_default_folder_works_fresh_and_is_then_refused(tmp_path, capsys, monkeypatch):
     """`flashsim report` (the README's first command) in a fresh folder writes flashsim-report/;
     run again it refuses, naming --force, and leaves the report as it was."""
@@ -277,6 +278,7 @@ def test_report_default_folder_works_fresh_and_is_then_refused(tmp_path, capsys,
     assert _snapshot(tmp_path / "flashsim-report") == before
 
 
+@pytest.mark.xdist_group("report")  # shares the process memo of the same computation
 def test_report_that_fails_leaves_the_earlier_report_byte_identical(tmp_path, monkeypatch):
     out = tmp_path / "r"
     out.mkdir()

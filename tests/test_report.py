@@ -11,6 +11,10 @@ from flashsim.sweep import read_csv
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
+# one worker for every report test (here and in test_reliability_records): the L2 model's runs are
+# kept per process (flashsim.report._dram_bytes), so the report is simulated once
+pytestmark = pytest.mark.xdist_group("report")
+
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
