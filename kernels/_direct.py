@@ -58,10 +58,16 @@ def register_stream(numba_stream, handle: int) -> None:
     _STREAMS[id(numba_stream)] = (numba_stream, _CORE[2].from_handle(int(handle)))
 
 
+#: Callables run by :func:`forget_streams` (the prepared launches kept above this module).
+ON_FORGET: list = []
+
+
 def forget_streams() -> None:
-    """Drop every registered stream and what was remembered for it."""
+    """Drop every registered stream and what was remembered for it (prepared launches included)."""
     _STREAMS.clear()
     _COMPILED.clear()
+    for f in ON_FORGET:
+        f()
 
 
 def _argkey(a):
@@ -142,3 +148,44 @@ def launch(kern, grid, block, stream, smem, *args) -> None:
             _CONFIGS.clear()
         cfg = _CONFIGS[ckey] = _CORE[0](grid=_norm(grid), block=_norm(block), shmem_size=int(smem))
     _CORE[1](st[1], cfg, ent[1], *pack(ent[2], args))
+
+
+class Prepared:
+    """One launch whose kernel, grid, block, shared memory, stream, scalars and array shapes are
+    fixed, only the arrays' data pointers given per call (:func:`prepare`): what a call that
+    repeats with new tensors of the same shapes needs, without Numba's views of them."""
+
+    __slots__ = ("_go", "_stream", "_cfg", "_kernel", "_template", "_slots", "__weakref__")
+
+    def __init__(self, go, stream, cfg, kernel, template, slots):
+        self._go, self._stream, self._cfg, self._kernel = go, stream, cfg, kernel
+        self._template, self._slots = template, slots
+
+    def __call__(self, *pointers) -> None:
+        """Launch with these data pointers, one per array argument in argument order."""
+        vals = self._template.copy()
+        for i, p in zip(self._slots, pointers):
+            vals[i] = p
+        self._go(self._stream, self._cfg, self._kernel, *vals)
+
+
+def prepare(kern, grid, block, stream, smem, args):
+    """A :class:`Prepared` launch of ``kern`` with the types, shapes and scalar values of ``args``
+    on ``stream`` (one :func:`register_stream` took), or None where the direct path does not
+    apply.  ``kern`` must have been launched with arguments of these types (its overload exists).
+    The argument list is :func:`pack`'s with each array's data pointer (its fifth item) left as a
+    slot."""
+    st = _STREAMS.get(id(stream))
+    if st is None or st[0] is not stream:
+        return None
+    ent = _remember(kern, args)
+    if ent is None:
+        return None
+    template: list = []
+    slots = []
+    for p, a in zip(ent[2], args):
+        if hasattr(a, "device_ctypes_pointer"):  # an array: meminfo, parent, size, itemsize, data, ...
+            slots.append(len(template) + 4)
+        p(a, template)
+    cfg = _CORE[0](grid=_norm(grid), block=_norm(block), shmem_size=int(smem))
+    return Prepared(_CORE[1], st[1], cfg, ent[1], template, tuple(slots))

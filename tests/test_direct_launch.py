@@ -137,3 +137,51 @@ def test_same_bits_as_the_dispatcher(dtype, d):
             continue
         assert torch.equal(x.view(torch.int16) if x.dtype == torch.bfloat16 else x,
                            y.view(torch.int16) if y.dtype == torch.bfloat16 else y), name
+
+
+def test_no_prepared_forward_under_the_simulator_or_for_other_inputs():
+    """kernels.perf._launch._plan_key: None (the full path, every check) for numpy inputs, an
+    explicit stream, a scale that is not a positive number, and everything under the simulator."""
+    from kernels.perf import _launch
+
+    a = np.zeros((1, 1, 8, 16), np.float16)
+    assert _launch._plan_key("fwd_fp16_v4", a, a, a, False, None, False, None, None) is None
+    assert _launch._plan_key("fwd_fp16_v4", a, a, a, False, None, False, None, object()) is None
+    assert _launch._plan_key("fwd_fp16_v4", a, a, a, False, -1.0, False, None, None) is None
+    if not _direct.enabled():
+        torch = pytest.importorskip("torch")
+        t = torch.zeros(1, 1, 8, 16, dtype=torch.float16)
+        assert _launch._plan_key("fwd_fp16_v4", t, t, t, False, None, False, None, None) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant,dtype,d", [("fwd_fp16_v5", "float16", 64), ("fwd_fp16_v5", "bfloat16", 128),
+                                             ("fwd_fp16_v4", "float16", 96), ("fwd_fp32_v2", "float32", 64)])
+def test_prepared_forward_same_bits_as_the_full_path(variant, dtype, d, monkeypatch):
+    """A forward that repeats a call's key launches what that call prepared, without the input
+    checks (to_device is not called): on new tensors its O and L equal, bit for bit, those of the
+    full path on the same tensors; another shape or option is another key."""
+    torch = pytest.importorskip("torch")
+    from kernels import _arrays
+    from kernels.perf import _launch
+    from kernels.perf import variant as get
+
+    mod = get(variant)
+    dt = getattr(torch, dtype)
+    gen = torch.Generator(device="cuda").manual_seed(d)
+    q, k, v, q2, k2, v2 = (torch.randn(2, 4, 300, d, device="cuda", dtype=dt, generator=gen) for _ in range(6))
+    _launch._PLANS.clear()
+    mod.forward(q, k, v, causal=True, return_lse=True)  # the full path, which prepares the launch
+    assert len(_launch._PLANS) == 1
+    with monkeypatch.context() as m:
+        m.setattr(_arrays, "to_device", lambda *a, **k: pytest.fail("the prepared launch ran the checks"))
+        o2, l2 = mod.forward(q2, k2, v2, causal=True, return_lse=True)
+    _launch._PLANS.clear()
+    o3, l3 = mod.forward(q2, k2, v2, causal=True, return_lse=True)
+    torch.cuda.synchronize()
+    bits = (lambda x: x.view(torch.int16)) if dt == torch.bfloat16 else (lambda x: x)
+    assert o2.dtype == o3.dtype == dt and o2.shape == o3.shape and l2.shape == l3.shape
+    assert torch.equal(bits(o2), bits(o3)) and torch.equal(l2, l3)
+    mod.forward(q2, k2, v2, causal=False)  # other options, other keys
+    mod.forward(q2[:, :, :200].contiguous(), k2, v2, causal=True, return_lse=True)
+    assert len(_launch._PLANS) == 3

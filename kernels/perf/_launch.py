@@ -16,6 +16,7 @@ from functools import cache
 import numpy as np
 from numba import config, cuda, float32
 
+from .. import _direct
 from .._bf16 import cvt_bf16, ld_bf16
 from .._direct import launch
 
@@ -76,7 +77,17 @@ def launch_forward(name, kernel, smem_bytes, default_config, supports, q, k, v, 
     ``cfg`` (:func:`default_config` of d, updated by ``config``); the kernel's arguments are
     (q, k, v, o, lse, τ·log2 e, τ) and its dynamic shared memory is ``smem_bytes(dp, Br, Bc)``.
     ``stream`` (also accepted inside ``config``): see :func:`kernels._arrays.launch_stream`.
+
+    A call on torch CUDA tensors that repeats an earlier one's shapes, dtypes, devices, options
+    and torch stream (:func:`_plan_key`) takes the launch that call prepared
+    (:func:`kernels._direct.prepare`): the same kernel, grid and arguments, O and L allocated
+    as that call allocated them, the checks already passed for that key.
     """
+    key = _plan_key(name, q, k, v, causal, scale, return_lse, config, stream)
+    if key is not None:
+        plan = _PLANS.get(key)
+        if plan is not None:
+            return plan(q, k, v)
     from .._arrays import check_attention_shapes, to_device
 
     config = dict(config or {})
@@ -104,10 +115,71 @@ def launch_forward(name, kernel, smem_bytes, default_config, supports, q, k, v, 
     smem = smem_bytes(dp, br, cfg["bc"])
     args = (*tc_view(inp, a["q"], a["k"], a["v"], o), lse, float32(sc * LOG2E), float32(sc))
     raise_smem_limit(kern, args, smem)
-    launch(kern, (-(-nq // br), nb * nh), nt, inp.stream, smem, *args)
+    grid = (-(-nq // br), nb * nh)
+    launch(kern, grid, nt, inp.stream, smem, *args)
+    if key is not None and inp.kind == "torch" and inp.dq_factor == 1.0:
+        _remember_plan(key, kern, grid, nt, inp.stream, smem, args, inp.out(o), inp.out(lse), return_lse)
     if return_lse:
         return inp.out(o), inp.out(lse)
     return inp.out(o)
+
+
+#: _plan_key -> the prepared forward of that key (:func:`_remember_plan`); dropped with the
+#: streams (``kernels._direct.forget_streams``).
+_PLANS: dict = {}
+_direct.ON_FORGET.append(_PLANS.clear)
+
+
+def _plan_key(name, q, k, v, causal, scale, return_lse, config, stream):
+    """What fixes a forward call's launch on torch tensors: the variant, options, block-shape
+    overrides, each input's shape, dtype and device, the current device and its torch stream; None
+    where a call may not take a prepared launch (no torch CUDA tensors, a tensor that is not
+    contiguous or requires grad, an explicit stream, a scale that is not a positive number, the
+    simulator, ``FLASHSIM_DIRECT_LAUNCH=0``)."""
+    if stream is not None or not _direct.enabled():
+        return None
+    if scale is not None and not (type(scale) in (int, float) and scale > 0):
+        return None
+    try:
+        for t in (q, k, v):
+            if type(t).__module__ != "torch" or not t.is_cuda or t.requires_grad or not t.is_contiguous():
+                return None
+        cfg = ()
+        if config:  # (the public API passes its stream option here: None, or no prepared launch)
+            if config.get("stream") is not None:
+                return None
+            cfg = tuple(sorted((key, val) for key, val in config.items() if key != "stream"))
+        import torch
+
+        dev = torch._C._cuda_getDevice()
+        key = (name, causal, scale, return_lse, cfg, q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype,
+               q.get_device(), k.get_device(), v.get_device(), dev, torch._C._cuda_getCurrentRawStream(q.get_device()))
+        hash(key)
+        return key
+    except Exception:  # noqa: BLE001 - anything unexpected (an unhashable option, no such torch call): no plan
+        return None
+
+
+def _remember_plan(key, kern, grid, nt, stream, smem, args, o, lse, return_lse) -> None:
+    """Prepare the launch just made for later calls of the same key: O and L shaped as ``o`` and
+    ``lse`` (torch tensors), allocated per call as :meth:`kernels._arrays.Inputs.empty` does."""
+    prep = _direct.prepare(kern, grid, nt, stream, smem, args)
+    if prep is None:
+        return
+    import torch
+
+    empty = torch.empty
+    o_shape, o_dtype, l_shape = tuple(o.shape), o.dtype, tuple(lse.shape)
+
+    def run(q, k, v):
+        o = empty(o_shape, dtype=o_dtype, device="cuda")
+        lse = empty(l_shape, dtype=torch.float32, device="cuda")
+        prep(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr())
+        return (o, lse) if return_lse else o
+
+    if len(_PLANS) >= 1024:
+        _PLANS.clear()
+    _PLANS[key] = run
 
 
 def saved_forward(q, k, v, *, causal=False, scale=None):
