@@ -38,12 +38,17 @@ from .ncu import EXTRA_METRICS, METRICS
 FAST_KERNELS = tuple(fast.VARIANTS)
 
 
+#: The SM count the sets are laid out for (the H100's and the H200's): where the launcher narrows a
+#: forward's blocks for a small grid (``fast.fit_to_grid``), a configuration names the tiles it runs.
+SET_SMS = 132
+
+
 def _cfg(kernel: str, n: int, d: int, causal: bool = False, batch: int = 1, heads: int = 16,
          kv_heads: int | None = None, dtype: str | None = None) -> dict:
     pass_, dtype0 = fast.VARIANTS[kernel]
     dtype = dtype or dtype0
     assert fast.supports(kernel, dtype, d), (kernel, dtype, d)
-    t = fast.tiles(kernel, d)
+    t = fast.tiles(kernel, d, fast.fit_to_grid(kernel, fast.default_config(kernel, d), {}, n, batch * heads, SET_SMS))
     t = t.get("fwd", t.get("dkdv"))
     return {"kernel": kernel, "pass": pass_, "batch": batch, "heads": heads, "kv_heads": kv_heads or heads,
             "seq_len_q": n, "seq_len_k": n, "head_dim": d, "dtype": dtype, "causal": causal,
@@ -140,8 +145,8 @@ def sim_options(cfg: dict) -> dict:
     shape the record names (``block_m``/``block_n``) where it is not the variant's default of
     today (a record measured before a default changed keeps its own tiles: fwd_fp16_v4 at d = 128
     ran Bc = 32 until the tuner's Bc = 16; fwd_fp16_v5 at d = 128 two warpgroups, 128 x 128, until
-    532db74's record gave it one, 64 x 64).  ValueError where no block-shape override of the
-    variant gives the record's tiles."""
+    532db74's record gave it one, 64 x 64; a small grid's narrowed block, :func:`fast.fit_to_grid`).
+    ValueError where no block-shape override of the variant gives the record's tiles."""
     name, d = cfg["kernel"], cfg["head_dim"]
     want = (cfg.get("block_m"), cfg.get("block_n"))
     if None in want:
@@ -153,7 +158,10 @@ def sim_options(cfg: dict) -> dict:
         return t.block_m, t.block_n
 
     bm, bn = want
-    for config in ({}, {"bc": bn}, {"bc": bn, "br": bm}, {"bk": bn, "bq": bm}, {"bc": bn, "nw": bm // 16}):
+    base = fast.default_config(name, d)
+    narrow = fast.fit_to_grid(name, base, {}, 1, 1, 1 << 30)  # the launcher's small-grid block
+    narrowed = {key: val for key, val in narrow.items() if base[key] != val}
+    for config in ({}, narrowed, {"bc": bn}, {"bc": bn, "br": bm}, {"bk": bn, "bq": bm}, {"bc": bn, "nw": bm // 16}):
         try:
             if tiles_of(config) == want:
                 return {"kernel": name, "config": config} if config else {"kernel": name}
