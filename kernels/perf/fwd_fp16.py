@@ -30,15 +30,19 @@ tile copies and the products (Q Kᵀ, P V) are :mod:`kernels.perf._tiles`'s.
   the products leave the SM's issue slots (no ldmatrix, one instruction per 64 x Bc x 16 where
   mma.sync needs 4·Bc/8), so v4's shared-memory and issue limits go.  Measured on the H100
   (kernels/data/bench_fwd_v5_20cf9ec, same rounds): 1.06-1.47x v4 on every bench shape it takes;
-  fp16 at N >= 4,096 1.00-1.30x SDPA flash (v4: 0.74-1.04x).  No overlap inside a warpgroup yet
-  (each product waits for itself): slowest on small grids (B·H <= 4: 0.44-0.71x flash).
+  fp16 at N >= 4,096 1.00-1.30x SDPA flash (v4: 0.74-1.04x).  Then one warpgroup with Bc = 64 at
+  d = 128 (two blocks an SM: :func:`default_config_v5`) and the prepared launch of repeated torch
+  calls (``_launch._plan_key``; its calls had spent 100-170 us on the host beyond the kernel):
+  1.12-1.41x flash on all 40 bench-grid rows, fp16 and bf16 (kernels/data/bench_fwd_v5_6e79fce).
 
 * ``fwd_fp16_v6`` (``PIPE`` on; not shipped yet): v5 with each product issued and waited for apart
   (``tc.wgmma_ss_issue``, ``wgmma_rs_issue``, ``wgmma_wait``), P_{j-1} V_{j-1} in flight on the
   tensor cores while the softmax of block j runs (FlashAttention-3's intra-warpgroup overlap);
-  V in three buffers.  H100, same rounds (kernels/data/fwd_fp16_v6_h100_3f308c8): 1.04-1.05x v5
-  at d = 128 (1.11-1.31x SDPA flash), 0.91-0.97x at d = 64.  Its GPU tests and racecheck pass;
-  BEST keeps v5 until a bench record with rounds and memcheck back the change at d = 128.
+  V in three buffers.  H100, same rounds (kernels/data/fwd_fp16_v6_h100_3f308c8): 1.04-1.05x v5's
+  first block at d = 128 (1.11-1.31x SDPA flash), 0.91-0.97x at d = 64; its GPU tests, racecheck
+  and memcheck pass.  Against v5's one-warpgroup d = 128 block 0.83-1.05x, and with that block
+  0.96-1.04x v5 (kernels/data/fwd_fp16_v5_blocks_h100_532db74): two resident blocks overlap one's
+  softmax with the other's products already.  Not shipped.
 
 All four compile for bf16 too (``bf16=True``: the ``.bf16`` mma and ``cvt.rn.bf16x2.f32``; the tiles
 are the inputs' bits, moved unchanged), timed on the H100 beside fp16 (NOTES.md, "bf16").
