@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import cuda
 
+from . import _direct
+
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 #: The dtype of the device arrays that carry bfloat16 values (their bits; ``kernels/_bf16.py``).
 BF16 = np.dtype(np.int16)
@@ -234,6 +236,7 @@ class Inputs:
             # fresh memory on the current stream: nothing to wait for
             dev = as_device_array(t.view(torch.int16) if bf16 else t, sync=False)
             self._owned[id(dev)] = t
+            _direct.note_alloc(t)
             return dev
         return cuda.device_array(tuple(shape), dtype=dtype, stream=self.stream)
 

@@ -127,7 +127,14 @@ def _norm(dim) -> tuple:
 
 
 def launch(kern, grid, block, stream, smem, *args) -> None:
-    """``kern[grid, block, stream, smem](*args)``, directly where the stream allows it."""
+    """``kern[grid, block, stream, smem](*args)``, directly where the stream allows it; noted by
+    every active :class:`Recorder`."""
+    _launch(kern, grid, block, stream, smem, args)
+    for r in _RECORDERS:
+        r.launches.append((kern, grid, block, stream, smem, args))
+
+
+def _launch(kern, grid, block, stream, smem, args) -> None:
     st = _STREAMS.get(id(stream))
     if st is None or st[0] is not stream:
         kern[grid, block, stream, smem](*args)
@@ -148,6 +155,42 @@ def launch(kern, grid, block, stream, smem, *args) -> None:
             _CONFIGS.clear()
         cfg = _CONFIGS[ckey] = _CORE[0](grid=_norm(grid), block=_norm(block), shmem_size=int(smem))
     _CORE[1](st[1], cfg, ent[1], *pack(ent[2], args))
+
+
+#: The active recorders (:class:`Recorder`), innermost last.
+_RECORDERS: list = []
+#: Data pointers of device arrays that live as long as the process (a prepared call may pass them
+#: as they are, e.g. the preprocess kernel's unused counters).
+PERSISTENT: set = set()
+
+
+class Recorder:
+    """While active (``with Recorder() as r:``): every :func:`launch` (kernel, grid, block, stream,
+    shared bytes, arguments) and every result buffer noted by :func:`note_alloc`, in order, so that
+    a call can be prepared for later calls of the same shapes (``kernels.perf._launch``)."""
+
+    def __init__(self):
+        self.launches: list = []
+        self.allocs: list = []
+
+    def __enter__(self):
+        _RECORDERS.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        _RECORDERS.remove(self)
+        return False
+
+
+def recording() -> bool:
+    """Whether a :class:`Recorder` is active."""
+    return bool(_RECORDERS)
+
+
+def note_alloc(tensor) -> None:
+    """Tell the active recorders of a buffer (a torch tensor) the call has just allocated."""
+    for r in _RECORDERS:
+        r.allocs.append(tensor)
 
 
 class Prepared:

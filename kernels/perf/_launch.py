@@ -77,17 +77,19 @@ def launch_forward(name, kernel, smem_bytes, default_config, supports, q, k, v, 
     ``cfg`` (:func:`default_config` of d, updated by ``config``); the kernel's arguments are
     (q, k, v, o, lse, τ·log2 e, τ) and its dynamic shared memory is ``smem_bytes(dp, Br, Bc)``.
     ``stream`` (also accepted inside ``config``): see :func:`kernels._arrays.launch_stream`.
-
-    A call on torch CUDA tensors that repeats an earlier one's shapes, dtypes, devices, options
-    and torch stream (:func:`_plan_key`) takes the launch that call prepared
-    (:func:`kernels._direct.prepare`): the same kernel, grid and arguments, O and L allocated
-    as that call allocated them, the checks already passed for that key.
+    A call on torch tensors that repeats an earlier one's key takes the launch that call
+    prepared (:func:`with_plan`).
     """
-    key = _plan_key(name, q, k, v, causal, scale, return_lse, config, stream)
-    if key is not None:
-        plan = _PLANS.get(key)
-        if plan is not None:
-            return plan(q, k, v)
+    opts = dict(config or {}, causal=causal, scale=scale, return_lse=return_lse)
+    if stream is not None:
+        opts["stream"] = stream
+    return with_plan(plan_key(name, (q, k, v), opts), (q, k, v),
+                     lambda: _forward(name, kernel, smem_bytes, default_config, supports, q, k, v, causal=causal,
+                                      scale=scale, return_lse=return_lse, config=config, stream=stream))
+
+
+def _forward(name, kernel, smem_bytes, default_config, supports, q, k, v, *, causal, scale, return_lse, config,
+             stream):
     from .._arrays import check_attention_shapes, to_device
 
     config = dict(config or {})
@@ -115,71 +117,139 @@ def launch_forward(name, kernel, smem_bytes, default_config, supports, q, k, v, 
     smem = smem_bytes(dp, br, cfg["bc"])
     args = (*tc_view(inp, a["q"], a["k"], a["v"], o), lse, float32(sc * LOG2E), float32(sc))
     raise_smem_limit(kern, args, smem)
-    grid = (-(-nq // br), nb * nh)
-    launch(kern, grid, nt, inp.stream, smem, *args)
-    if key is not None and inp.kind == "torch" and inp.dq_factor == 1.0:
-        _remember_plan(key, kern, grid, nt, inp.stream, smem, args, inp.out(o), inp.out(lse), return_lse)
+    launch(kern, (-(-nq // br), nb * nh), nt, inp.stream, smem, *args)
     if return_lse:
         return inp.out(o), inp.out(lse)
     return inp.out(o)
 
 
-#: _plan_key -> the prepared forward of that key (:func:`_remember_plan`); dropped with the
-#: streams (``kernels._direct.forget_streams``).
+# ---------------------------------------------------------------------------------------------
+# Prepared calls: a call on torch tensors that repeats an earlier call's shapes and options
+# replays the launches that call made, with new buffers and pointers, without the checks.
+
+#: plan_key -> the replay of that key (:func:`_replay`); dropped with the streams
+#: (``kernels._direct.forget_streams``).
 _PLANS: dict = {}
 _direct.ON_FORGET.append(_PLANS.clear)
 
 
-def _plan_key(name, q, k, v, causal, scale, return_lse, config, stream):
-    """What fixes a forward call's launch on torch tensors: the variant, options, block-shape
-    overrides, each input's shape, dtype and device, the current device and its torch stream; None
-    where a call may not take a prepared launch (no torch CUDA tensors, a tensor that is not
-    contiguous or requires grad, an explicit stream, a scale that is not a positive number, the
-    simulator, ``FLASHSIM_DIRECT_LAUNCH=0``)."""
-    if stream is not None or not _direct.enabled():
+def plan_key(name, tensors, options):
+    """What fixes a call's launches on torch tensors: the variant, its options (block-shape
+    overrides included), each tensor's shape, dtype and device, the current device and its torch
+    stream; None where a call may not be prepared (not all torch CUDA tensors, one that is not
+    contiguous or requires grad, an explicit stream, a scale that is not a positive number, an
+    option that cannot be a key, the simulator, ``FLASHSIM_DIRECT_LAUNCH=0``)."""
+    if not _direct.enabled() or options.get("stream") is not None:
         return None
+    scale = options.get("scale")
     if scale is not None and not (type(scale) in (int, float) and scale > 0):
         return None
     try:
-        for t in (q, k, v):
+        for t in tensors:
             if type(t).__module__ != "torch" or not t.is_cuda or t.requires_grad or not t.is_contiguous():
                 return None
-        cfg = ()
-        if config:  # (the public API passes its stream option here: None, or no prepared launch)
-            if config.get("stream") is not None:
-                return None
-            cfg = tuple(sorted((key, val) for key, val in config.items() if key != "stream"))
         import torch
 
-        dev = torch._C._cuda_getDevice()
-        key = (name, causal, scale, return_lse, cfg, q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype,
-               q.get_device(), k.get_device(), v.get_device(), dev, torch._C._cuda_getCurrentRawStream(q.get_device()))
+        key = (name, tuple(sorted((k, v) for k, v in options.items() if k != "stream")),
+               tuple((t.shape, t.dtype, t.get_device()) for t in tensors), torch._C._cuda_getDevice(),
+               torch._C._cuda_getCurrentRawStream(tensors[0].get_device()))
         hash(key)
         return key
     except Exception:  # noqa: BLE001 - anything unexpected (an unhashable option, no such torch call): no plan
         return None
 
 
-def _remember_plan(key, kern, grid, nt, stream, smem, args, o, lse, return_lse) -> None:
-    """Prepare the launch just made for later calls of the same key: O and L shaped as ``o`` and
-    ``lse`` (torch tensors), allocated per call as :meth:`kernels._arrays.Inputs.empty` does."""
-    prep = _direct.prepare(kern, grid, nt, stream, smem, args)
-    if prep is None:
-        return
+def with_plan(key, tensors, full):
+    """``full()`` (the call's whole path: checks, buffers, launches), or, for a key (:func:`plan_key`)
+    an earlier call prepared, its replay on ``tensors``.  The first call of a key runs ``full``
+    under a :class:`kernels._direct.Recorder` and prepares its launches (:func:`_replay`); a call
+    inside another call being recorded takes its full path (so that the outer one sees its
+    launches)."""
+    if key is None or _direct.recording():
+        return full()
+    plan = _PLANS.get(key)
+    if plan is not None:
+        return plan(tensors)
+    with _direct.Recorder() as rec:
+        out = full()
+    plan = _replay(rec, tensors, out)
+    if plan is not None:
+        if len(_PLANS) >= 1024:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return out
+
+
+def _replay(rec, tensors, out):
+    """A function of new tensors of the same key that allocates the buffers ``rec`` saw (same
+    shapes and dtypes, torch's allocator on the current device, as
+    :meth:`kernels._arrays.Inputs.empty` does), makes its launches (:func:`kernels._direct.prepare`)
+    with each array argument's pointer taken from the same input or buffer, and returns the same
+    buffers as ``out``; None where that cannot be exact: inputs that share memory, a launch the
+    direct path does not take, an array argument that is neither an input, a buffer nor
+    :data:`kernels._direct.PERSISTENT`, a result that is not one of the buffers."""
+    ins = {}
+    for i, t in enumerate(tensors):
+        p = t.data_ptr()
+        if p in ins or p == 0:
+            return None
+        ins[p] = i
+    bufs = {t.data_ptr(): j for j, t in enumerate(rec.allocs)}
+    if len(bufs) != len(rec.allocs) or 0 in bufs:
+        return None
+    steps = []
+    for kern, grid, block, stream, smem, args in rec.launches:
+        prep = _direct.prepare(kern, grid, block, stream, smem, args)
+        if prep is None:
+            return None
+        srcs = []
+        for a in args:
+            if not hasattr(a, "device_ctypes_pointer"):
+                continue
+            p = a.device_ctypes_pointer.value or 0
+            if p in ins:
+                srcs.append((0, ins[p]))
+            elif p in bufs:
+                srcs.append((1, bufs[p]))
+            elif p in _direct.PERSISTENT:
+                srcs.append((2, p))
+            else:
+                return None
+        steps.append((prep, tuple(srcs)))
+    single = not isinstance(out, tuple)
+    idx = []
+    for o in (out,) if single else out:
+        j = next((j for j, t in enumerate(rec.allocs) if t is o), None)
+        if j is None:
+            return None
+        idx.append(j)
+    specs = [(tuple(t.shape), t.dtype) for t in rec.allocs]
     import torch
 
     empty = torch.empty
-    o_shape, o_dtype, l_shape = tuple(o.shape), o.dtype, tuple(lse.shape)
 
-    def run(q, k, v):
-        o = empty(o_shape, dtype=o_dtype, device="cuda")
-        lse = empty(l_shape, dtype=torch.float32, device="cuda")
-        prep(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr())
-        return (o, lse) if return_lse else o
+    def run(tensors):
+        ptr = [t.data_ptr() for t in tensors]
+        made = [empty(shape, dtype=dt, device="cuda") for shape, dt in specs]
+        mp = [t.data_ptr() for t in made]
+        for prep, srcs in steps:
+            prep(*[ptr[i] if kind == 0 else mp[i] if kind == 1 else i for kind, i in srcs])
+        res = tuple(made[j] for j in idx)
+        return res[0] if single else res
 
-    if len(_PLANS) >= 1024:
-        _PLANS.clear()
-    _PLANS[key] = run
+    return run
+
+
+def prepared_backward(name, fn):
+    """``fn`` (a variant's ``backward(q, k, v, o, lse, do, **options)``) with its calls on torch
+    tensors prepared per key (:func:`with_plan`)."""
+
+    def backward(q, k, v, o, lse, do, **options):
+        t = (q, k, v, o, lse, do)
+        return with_plan(plan_key(name, t, options), t, lambda: fn(q, k, v, o, lse, do, **options))
+
+    backward.__doc__, backward.__name__, backward.__wrapped__ = fn.__doc__, fn.__name__, fn
+    return backward
 
 
 def saved_forward(q, k, v, *, causal=False, scale=None):
@@ -321,7 +391,11 @@ def dq_to_f16(inp, flat, shape, scale):
 
 @cache
 def _dummy_counters():
-    return cuda.device_array((1, 2), dtype=np.int64)
+    arr = cuda.device_array((1, 2), dtype=np.int64)
+    ptr = getattr(getattr(arr, "device_ctypes_pointer", None), "value", None)
+    if ptr:  # kept for the process: a prepared call may pass it as it is
+        _direct.PERSISTENT.add(ptr)
+    return arr
 
 
 def row_dots(inp, a, causal):

@@ -40,6 +40,7 @@ from ._launch import (
     dq_to_f16,
     finish_dq,
     prepare_backward,
+    prepared_backward,
     raise_smem_limit,
     row_dots,
     tc_view,
@@ -838,12 +839,14 @@ def backward_v3(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
 #: The versions by the names the records use (:func:`kernels.perf.variant`).
 VERSIONS = {
     "bwd_fp16_v1": SimpleNamespace(
-        name="bwd_fp16_v1", backward=backward_v1, saved_forward=saved_forward, supports=supports_v1,
+        name="bwd_fp16_v1", backward=prepared_backward("bwd_fp16_v1", backward_v1), saved_forward=saved_forward,
+        supports=supports_v1,
         default_config=default_config_v1, kernels=kernels_v1, smem_bytes_dkdv=smem_bytes_dkdv_v1,
         smem_bytes_dq=smem_bytes_dq_v1,
         SOURCES={"dkdv": (_dkdv_source_v1, signature_dkdv_v1), "dq": (_dq_source_v1, signature_dq_v1)}),
     "bwd_fp16_v3": SimpleNamespace(
-        name="bwd_fp16_v3", backward=backward_v3, saved_forward=saved_forward, supports=supports_v3,
+        name="bwd_fp16_v3", backward=prepared_backward("bwd_fp16_v3", backward_v3), saved_forward=saved_forward,
+        supports=supports_v3,
         default_config=default_config_v3, kernel=kernel_v3, layout=layout_v3, smem_bytes=smem_bytes_v3,
         signature=signature_v3, SOURCES={"bwd": (_source_v3, signature_v3)}),
 }

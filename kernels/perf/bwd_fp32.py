@@ -39,7 +39,7 @@ from numba import cuda, float32, types
 
 from ..flash2 import padded_head_dim
 from . import tc
-from ._launch import launch_fp32_backward
+from ._launch import launch_fp32_backward, prepared_backward
 from ._launch import saved_forward as saved_forward  # the shipped forward (BEST) of the dtype
 from ._tiles import f32_copier, ffma_ab, ffma_abt, key_block, lse_log2, steps
 
@@ -678,8 +678,8 @@ def _version(name, **fns):
 VERSIONS = {
     "bwd_fp32_v1": _version("bwd_fp32_v1", _source=_source_v1, smem_bytes=smem_bytes_v1, tiling=tiling_v1,
                             kernel=kernel_v1, default_config=default_config_v1, supports=supports_v1,
-                            backward=backward_v1),
+                            backward=prepared_backward("bwd_fp32_v1", backward_v1)),
     "bwd_fp32_v2": _version("bwd_fp32_v2", _source=_source_v2, smem_bytes=smem_bytes_v2, tiling=tiling_v2,
                             kernel=kernel_v2, default_config=default_config_v2, supports=supports_v2,
-                            backward=backward_v2),
+                            backward=prepared_backward("bwd_fp32_v2", backward_v2)),
 }

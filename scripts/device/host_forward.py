@@ -1,9 +1,11 @@
-"""Host time of one forward call on tiny torch inputs (the GPU work is a few microseconds, so the
-loop is bound by the host): SDPA flash, our variant through its prepared launch
-(``kernels.perf._launch._PLANS``), the same with the full path every call (the prepared launches
-dropped before each), and the public API (``kernels.flash_attention``).  On the GPU machine::
+"""Host time of one forward (or backward) call on tiny torch inputs (the GPU work is a few
+microseconds, so the loop is bound by the host): SDPA flash, our variant through its prepared
+call (``kernels.perf._launch._PLANS``), the same with the full path every call (the prepared
+calls dropped before each), and the public API (``kernels.flash_attention``,
+``flash_attention_backward``).  On the GPU machine::
 
     python3 scripts/device/host_forward.py [--variant fwd_fp16_v5] [--d 64]
+    python3 scripts/device/host_forward.py --variant bwd_fp16_v3
 
 prints microseconds a call, the best of three runs of 400 calls after a warm-up."""
 
@@ -44,17 +46,39 @@ def main(argv=None) -> int:
     from kernels.perf import _launch, variant
 
     m = variant(a.variant)
-    q, k, v = (torch.randn(1, 1, 64, a.d, device="cuda", dtype=torch.float16) for _ in range(3))
+    q, k, v, do = (torch.randn(1, 1, 64, a.d, device="cuda", dtype=torch.float16) for _ in range(4))
+    if a.variant.startswith("bwd"):
+        o, lse = m.saved_forward(q, k, v)
+        qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            og = sdpa(qg, kg, vg)
+
+            def peer():
+                return torch.autograd.grad(og, (qg, kg, vg), do, retain_graph=True)
+
+            flash = per_call(peer, torch)
+
+        def ours():
+            return m.backward(q, k, v, o, lse, do)
+
+        def api():
+            return kernels.flash_attention_backward(q, k, v, o, lse, do)
+    else:
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):  # entered once: the context costs ~40 us a call
+            flash = per_call(lambda: sdpa(q, k, v), torch)
+
+        def ours():
+            return m.forward(q, k, v)
+
+        def api():
+            return kernels.flash_attention(q, k, v)
 
     def full():
         _launch._PLANS.clear()
-        return m.forward(q, k, v)
+        return ours()
 
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):  # entered once: the context costs ~40 us a call
-        flash = per_call(lambda: sdpa(q, k, v), torch)
-    rows = {"sdpa_flash": flash, f"{a.variant} prepared": per_call(lambda: m.forward(q, k, v), torch),
-            f"{a.variant} full path": per_call(full, torch),
-            "kernels.flash_attention": per_call(lambda: kernels.flash_attention(q, k, v), torch)}
+    rows = {"sdpa_flash": flash, f"{a.variant} prepared": per_call(ours, torch),
+            f"{a.variant} full path": per_call(full, torch), "kernels API": per_call(api, torch)}
     for name, us in rows.items():
         print(f"{name:<32} {us:8.1f} us a call")
     return 0
