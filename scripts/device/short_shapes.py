@@ -41,8 +41,14 @@ SHAPES = (("bh1_n8192_d128", 1, 1, 8192, 8192, 128, False),
           ("n4096_d128", 4, 16, 4096, 4096, 128, False))
 
 
+#: --cands: {"<d>": {name: [variant, config]}} in place of :func:`candidates`' own.
+CANDS: dict = {}
+
+
 def candidates(d: int) -> dict:
     """name -> (variant, config) of ours."""
+    if str(d) in CANDS:
+        return {name: (var, dict(cfg)) for name, (var, cfg) in CANDS[str(d)].items()}
     c = {"v5": ("fwd_fp16_v5", {}), "v5_nw4": ("fwd_fp16_v5", {"nw": 4}),
          "v5_nw4_bc64": ("fwd_fp16_v5", {"nw": 4, "bc": 64})}
     if d == 128:
@@ -54,12 +60,12 @@ def candidates(d: int) -> dict:
     return c
 
 
-def grid() -> tuple:
-    """The bench grid at d = 64 and 128 (kernels.bench.grid_shapes), N 1,024-16,384, as SHAPES rows."""
+def grid(ns=(1024, 2048, 4096, 8192, 16384)) -> tuple:
+    """The bench grid at d = 64 and 128 (kernels.bench.grid_shapes) at these N, as SHAPES rows."""
     from kernels.bench import grid_shapes
 
     return tuple((f"grid_n{s['n']}_d{s['d']}{'_causal' if s['causal'] else ''}", s["batch"], s["heads"], s["n"],
-                  s["nk"], s["d"], s["causal"]) for s in grid_shapes(ns=(1024, 2048, 4096, 8192, 16384)))
+                  s["nk"], s["d"], s["causal"]) for s in grid_shapes(ns=tuple(ns)))
 
 
 def _inputs(torch, b, h, nq, nk, d, dtype="fp16"):
@@ -167,9 +173,14 @@ def main(argv=None) -> int:
     ap.add_argument("--set", choices=("short", "grid"), default="short",
                     help="the short shapes above, or the bench grid (N 1,024-16,384, d 64 and 128)")
     ap.add_argument("--dtypes", default="fp16", help="comma-separated, of fp16 and bf16")
+    ap.add_argument("--ns", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384], help="--set grid's N")
+    ap.add_argument("--cands", default=None,
+                    help='JSON {"<d>": {name: [variant, config]}}: the candidates of ours at that head dim')
     a = ap.parse_args(argv)
+    if a.cands:
+        CANDS.update(json.loads(a.cands))
     if a.mode == "time":
-        time_all(a.rounds, a.repeat, a.out, SHAPES if a.set == "short" else grid(), tuple(a.dtypes.split(",")))
+        time_all(a.rounds, a.repeat, a.out, SHAPES if a.set == "short" else grid(a.ns), tuple(a.dtypes.split(",")))
     else:
         ncu_all()
     return 0
