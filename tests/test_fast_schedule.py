@@ -127,8 +127,8 @@ def test_fwd_fp16_v4_counts_by_hand():
 
 
 def test_fwd_fp16_v5_counts_by_hand():
-    # d = 128: one warpgroup, Br = 16·nw = 64, Bc = 64 (the warpgroup forward's default).  B = H = 1,
-    # N = 384: Tr = Tc = 6.  Its loads and stores are v4's: the swizzled shared layout moves the
+    # d = 128: one warpgroup, Br = 16·nw = 64, Bc = 48 (the warpgroup forward's default).  B = H = 1,
+    # N = 384: Tr = 6, Tc = 8.  Its loads and stores are v4's: the swizzled shared layout moves the
     # same rows.
     r = simulate(W(1, 1, 384, 128), "fast", "fwd")
     assert list(r.io.per_launch) == ["fwd_fp16_v5"] and r.agrees
@@ -137,9 +137,10 @@ def test_fwd_fp16_v5_counts_by_hand():
     assert _by(r) == {("K", "read"): (294912, 589824, 18432), ("L", "write"): (384, 1536, 48),
                       ("O", "write"): (49152, 98304, 3072), ("Q", "read"): (49152, 98304, 3072),
                       ("V", "read"): (294912, 589824, 18432)}
-    # Causal: query block i (rows 64i..64i + 63) sees key blocks 0..i: 1 + ... + 6 = 21 blocks of 64.
+    # Causal: query block i (rows 64i..64i + 63) sees key blocks j with 48j <= 64i + 63:
+    # 2 + 3 + 4 + 6 + 7 + 8 = 30 blocks of 48 rows.
     rc = simulate(W(1, 1, 384, 128, causal=True), "fast", "fwd")
-    assert rc.io.breakdown[("K", "read")].elements == 21 * 64 * 128 == rc.io.breakdown[("V", "read")].elements
+    assert rc.io.breakdown[("K", "read")].elements == 30 * 48 * 128 == rc.io.breakdown[("V", "read")].elements
     # the first default (two warpgroups, Bc = 128: v6's) as a config: Tr = 3, K and V 3·49,152
     r2 = simulate(W(1, 1, 384, 128), "fast", "fwd", config={"nw": 8, "bc": 128})
     assert r2.io.breakdown[("K", "read")].elements == 3 * 49152 and r2.agrees

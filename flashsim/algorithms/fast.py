@@ -8,7 +8,7 @@ Variants (the names the records use) and their launches, in launch order:
 
 * ``fwd_fp16_v4`` (fp16/bf16 forward; block Br = 16·nw·mt = 128 query rows, Bc = 64 keys at
   d <= 64, 16 at d = 113-128, 32 elsewhere), ``fwd_fp16_v5`` (the same loop on Hopper's
-  warpgroup products, d = 64 and 128; Br = 16·nw = 128, Bc = 64 at d = 64, 128 at d = 128; the
+  warpgroup products, d = 64 and 128; Br = 16·nw = 128, Bc = 64 at d = 64, Br = 64, Bc = 48 at d = 128; the
   same loads and stores as v4's; ``fwd_fp16_v6`` the same with V in three buffers),
   ``fwd_fp32_v1`` (fp32 forward, FFMA; what BEST runs at d not a multiple
   of 32; Br = 4·rm·nw = 64, Bc = 64 at d <= 64, 32 above) and ``fwd_fp32_v2`` (fp32 forward as
@@ -129,7 +129,7 @@ def default_config(name: str, d: int) -> dict:
             return dict(bc=32, nw=8, mt=1, qreg=True) if d > 192 else dict(bc=32, nw=8, mt=2, qreg=False)
         return dict(bc=64 if d <= 64 else 16 if 112 < d <= 128 else 32, nw=4, mt=2, qreg=True)
     if name == "fwd_fp16_v5":
-        return dict(bc=64, nw=8 if d <= 64 else 4, mt=1, qreg=False)
+        return dict(bc=64 if d <= 64 else 48, nw=8 if d <= 64 else 4, mt=1, qreg=False)
     if name == "fwd_fp16_v6":
         return dict(bc=64 if d <= 64 else 128, nw=8, mt=1, qreg=False)
     if name == "fwd_fp32_v1":

@@ -31,9 +31,10 @@ tile copies and the products (Q Kᵀ, P V) are :mod:`kernels.perf._tiles`'s.
   mma.sync needs 4·Bc/8), so v4's shared-memory and issue limits go.  Measured on the H100
   (kernels/data/bench_fwd_v5_20cf9ec, same rounds): 1.06-1.47x v4 on every bench shape it takes;
   fp16 at N >= 4,096 1.00-1.30x SDPA flash (v4: 0.74-1.04x).  Then one warpgroup with Bc = 64 at
-  d = 128 (two blocks an SM: :func:`default_config_v5`) and the prepared launch of repeated torch
-  calls (``_launch._plan_key``; its calls had spent 100-170 us on the host beyond the kernel):
-  1.12-1.41x flash on all 40 bench-grid rows, fp16 and bf16 (kernels/data/bench_fwd_v5_6e79fce).
+  d = 128 (two blocks an SM) and the prepared launch of repeated torch calls
+  (``_launch.with_plan``; its calls had spent 100-170 us on the host beyond the kernel): 1.12-1.41x
+  flash on all 40 bench-grid rows, fp16 and bf16 (kernels/data/bench_fwd_v5_6e79fce); then Bc = 48
+  at d = 128 (three blocks an SM: :func:`default_config_v5`).
 
 * ``fwd_fp16_v6`` (``PIPE`` on; not shipped yet): v5 with each product issued and waited for apart
   (``tc.wgmma_ss_issue``, ``wgmma_rs_issue``, ``wgmma_wait``), P_{j-1} V_{j-1} in flight on the
@@ -382,16 +383,19 @@ def default_config_v4(d: int) -> dict:
 
 
 def default_config_v5(d: int) -> dict:
-    """Bc = 64 keys; two warpgroups (8 warps, 128 query rows) at d = 64 (112 registers: two blocks
-    an SM), one (4 warps, 64 rows; 168 registers, 83 KB of shared memory: two blocks an SM) at
-    d = 128.  On the H100 at N = 4,096 and 16,384, B·H = 64 and 16
+    """Two warpgroups (8 warps, 128 query rows) with Bc = 64 at d = 64 (112 registers: two blocks an
+    SM); one warpgroup (4 warps, 64 rows) with Bc = 48 at d = 128 (157 registers, 66.5 KB of shared
+    memory: three blocks an SM).  On the H100 at N = 4,096 and 16,384, B·H = 64 and 16
     (kernels/data/fwd_fp16_v5_h100_aff81c6): d = 64 Bc 64 1.06-1.25x SDPA flash against 0.79-0.99x
     for Bc 128.  At d = 128 the first default, two warpgroups with Bc = 128 (217 registers, 164 KB:
-    one block an SM), lost to one warpgroup with Bc = 64 on every bench-grid row, fp16 and bf16,
-    N 1,024-16,384, causal or not, in one run (kernels/data/fwd_fp16_v5_blocks_h100_532db74):
-    1.01-1.15x it, 1.07-1.38x SDPA flash at N >= 4,096 where it had 1.03-1.23x; two resident
-    blocks overlap one's softmax with the other's products."""
-    return dict(bc=64, nw=8 if d <= 64 else 4, mt=1, qreg=False)
+    one block an SM), lost to one warpgroup with Bc = 64 (168 registers, 83 KB: two blocks) on every
+    bench-grid row, fp16 and bf16, N 1,024-16,384, causal or not, in one run
+    (kernels/data/fwd_fp16_v5_blocks_h100_532db74, ``grid.csv``): 1.01-1.15x; and that one to Bc = 48
+    on all 12 rows of a second run (N 1,024, 4,096, 16,384; ``blocks2.csv``): 1.00-1.10x, 1.27-1.44x
+    SDPA flash at N >= 4,096.  Resident blocks overlap one's softmax with another's products; Bc = 32
+    (four blocks) was slower again.  At d = 64 one warpgroup, Bc = 48, or both lost to the default
+    on the grid (within 2.4% on one row)."""
+    return dict(bc=64 if d <= 64 else 48, nw=8 if d <= 64 else 4, mt=1, qreg=False)
 
 
 def default_config_v6(d: int) -> dict:
