@@ -8,12 +8,12 @@ from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "analysis" / "data" / "h100" / "fast"
-RECORDS = ("fwd", "bwd", "bf16", "v5", "v5b")
+RECORDS = ("fwd", "bwd", "bf16", "v5", "v5b", "v5c")
 
 
 @cache
 def compared(rec: str) -> tuple[dict, ...]:
-    """``analysis.compare.compare`` of record ``rec`` ("fwd", "bwd", "bf16", "v5", "v5b") with the H100 preset."""
+    """``analysis.compare.compare`` of record ``rec`` (one of :data:`RECORDS`) with the H100 preset."""
     from analysis.compare import compare, read_measured
 
     rows, _ = read_measured(ROOT / f"fast_{rec}" / "fast.csv")

@@ -43,8 +43,10 @@ def test_the_fast_set():
         assert (c["block_m"], c["block_n"]) == (lambda x: (x.block_m, x.block_n))(t.get("fwd", t.get("dkdv")))
         if cfg != fast.default_config(c["kernel"], c["head_dim"]):
             narrowed.append((c["kernel"], c["seq_len_q"], c["head_dim"], c["block_m"]))
-    # B·H = 16 at N <= 1,056: a 128-row grid of at most 132 blocks, run with 64-row blocks
-    assert narrowed == [("fwd_fp16_v4", 1024, 96, 64), ("fwd_fp16_v5", 1000, 64, 64)]
+    # B·H = 16 at N <= 1,056: a 128-row grid of at most 132 blocks, run with 64-row blocks; v5 at
+    # d = 128, N = 1,024: 256 blocks, at most four an SM, run with Bc = 64
+    assert narrowed == [("fwd_fp16_v5", 1024, 128, 64), ("fwd_fp16_v4", 1024, 96, 64),
+                        ("fwd_fp16_v5", 1000, 64, 64)]
 
 
 def test_extra_metrics_are_asked_only_where_ncu_knows_them():
@@ -211,18 +213,19 @@ def test_ldgsts_sectors_the_probe_and_the_kernels_rows():
 
 def test_the_h100_records_of_the_fast_set_agree_to_the_byte():
     """The committed H100 records of the fast set (analysis/data/h100/fast, db138fb; the 10
-    fwd_fp16_v5 launches of the set at 7537521; the fp16/bf16 forwards of today's set, 11 launches,
-    at e1259f6), compared: on all 75 launches the loads equal the LSU's count (cp.async tiles by
-    their shared destinations) to the byte, and stores and reductions the walker's; the walker's
-    own load count (the global bytes copied) equals the measured loads on 49 (fwd 0/12, bwd 28/38,
-    bf16 1/4, v5 10/10 and v5b 10/11: v5's swizzled rows are unpadded, v4's are padded).  The
-    compare outputs committed beside them say the same."""
+    fwd_fp16_v5 launches of the set at 7537521; the fp16/bf16 forwards of the set, 11 launches, at
+    e1259f6; v5's 10 with Bc = 48 at d = 128, at 5ad5db9), compared: on all 85 launches the loads
+    equal the LSU's count (cp.async tiles by their shared destinations) to the byte, and stores and
+    reductions the walker's; the walker's own load count (the global bytes copied) equals the
+    measured loads on 59 (fwd 0/12, bwd 28/38, bf16 1/4, v5 10/10, v5b 10/11, v5c 10/10: v5's
+    swizzled rows are unpadded, v4's are padded).  The compare outputs committed beside them say
+    the same."""
     from _fast_records import ROOT as root
     from _fast_records import compared
 
     from analysis.compare import summarize
 
-    want = {"fwd": (12, 0), "bwd": (38, 28), "bf16": (4, 1), "v5": (10, 10), "v5b": (11, 10)}
+    want = {"fwd": (12, 0), "bwd": (38, 28), "bf16": (4, 1), "v5": (10, 10), "v5b": (11, 10), "v5c": (10, 10)}
     for rec, (n, walker) in want.items():
         s = summarize(list(compared(rec)))
         print(rec, {k: v for k, v in s.items() if k.startswith("lsu")})

@@ -41,7 +41,11 @@ def test_v5_rule_by_hand():
     assert fast.fit_to_grid("fwd_fp16_v5", c64, {}, 4096 + 129, 4, 132) == c64  # 136 blocks
     assert fast.fit_to_grid("fwd_fp16_v5", c64, {}, 4096, 16, 132) == c64  # the bench grid: 512
     assert fast.fit_to_grid("fwd_fp16_v5", c64, {"nw": 8}, 4096, 4, 132) == c64
-    assert fast.fit_to_grid("fwd_fp16_v5", c128, {}, 8192, 1, 132) == c128
+    # d = 128: Bc = 48 (three blocks an SM) becomes 64 where the grid is at most four blocks an SM
+    assert fast.fit_to_grid("fwd_fp16_v5", c128, {}, 8192, 1, 132) == dict(c128, bc=64)  # 128 blocks
+    assert fast.fit_to_grid("fwd_fp16_v5", c128, {}, 512, 66, 132) == dict(c128, bc=64)  # 528 blocks
+    assert fast.fit_to_grid("fwd_fp16_v5", c128, {}, 512, 67, 132) == c128  # 536 blocks
+    assert fast.fit_to_grid("fwd_fp16_v5", c128, {"bc": 48}, 8192, 1, 132) == c128
     # v6 keeps its measured block shape
     c6 = fast.default_config("fwd_fp16_v6", 128)
     assert fast.fit_to_grid("fwd_fp16_v6", c6, {}, 8192, 1, 132) == c6

@@ -215,17 +215,25 @@ def fit_to_grid(name: str, cfg: dict, given, nq: int, bh: int, num_sms: int) -> 
     1.9x faster, B·H = 1, N = 8,192, d = 128 (64 blocks) 1.15x, but with 256 blocks (B·H = 16,
     N = 2,048) 0.70x at d = 128, hence the bound at one block an SM; v5 at d = 64
     (kernels/data/fwd_fp16_v5_blocks_h100_532db74) at B·H = 4, N = 4,096 1.21x, while on the
-    bench grid (2,048 blocks) two warpgroups stay as fast or faster (0.97-1.16x, median 1.04x).  The kernel launcher
-    (``kernels.perf``) calls it with the device's SM count."""
+    bench grid (2,048 blocks) two warpgroups stay as fast or faster (0.97-1.16x, median 1.04x).
+    And v5 at d = 128 (one warpgroup, Bc = 48: three blocks an SM) takes Bc = 64 (two blocks) where
+    its grid has at most four blocks an SM (unless ``bc`` is given): Bc = 48 won on every grid of
+    4,096 blocks (``blocks2.csv`` there), but at B·H = 1, N = 8,192 (128 blocks) it ran 0.89x SDPA
+    flash and at Nq = 512, Nk = 4,096 (512 blocks) 1.09x where Bc = 64 had run 1.01x and 1.22x
+    (kernels/data/bench_fwd_v5_5ad5db9 against bench_fwd_v5_6e79fce: two machine sessions, not one
+    run).  The kernel launcher (``kernels.perf``) calls it with the device's SM count."""
     given = given or ()
+    br = 16 * cfg.get("nw", 0) * cfg.get("mt", 0)
+    blocks = -(-nq // br) * bh if br else 0
+    if name == "fwd_fp16_v5" and "bc" not in given and cfg.get("bc") == 48 and cfg.get("nw") == 4:
+        return dict(cfg, bc=64) if blocks <= 4 * num_sms else cfg
     if name == "fwd_fp16_v4" and "mt" not in given and cfg.get("mt") == 2:
         small = dict(cfg, mt=1)
     elif name == "fwd_fp16_v5" and "nw" not in given and cfg.get("nw") == 8:
         small = dict(cfg, nw=4)
     else:
         return cfg
-    br = 16 * cfg["nw"] * cfg["mt"]
-    return small if -(-nq // br) * bh <= num_sms else cfg
+    return small if blocks <= num_sms else cfg
 
 
 def _config_dict(config) -> dict:

@@ -394,7 +394,8 @@ def default_config_v5(d: int) -> dict:
     on all 12 rows of a second run (N 1,024, 4,096, 16,384; ``blocks2.csv``): 1.00-1.10x, 1.27-1.44x
     SDPA flash at N >= 4,096.  Resident blocks overlap one's softmax with another's products; Bc = 32
     (four blocks) was slower again.  At d = 64 one warpgroup, Bc = 48, or both lost to the default
-    on the grid (within 2.4% on one row)."""
+    on the grid (within 2.4% on one row).  Small grids change both (``flashsim.algorithms.fast.
+    fit_to_grid``): one warpgroup at d = 64, Bc = 64 at d = 128."""
     return dict(bc=64 if d <= 64 else 48, nw=8 if d <= 64 else 4, mt=1, qreg=False)
 
 
