@@ -96,9 +96,9 @@ OPTIONS: dict[str, tuple[object, str]] = {
                      "default: the one kernels.flash_attention(impl='auto') runs for the pass, dtype and d"),
     "config": (None, "block-shape overrides of the kernel's default_config, as the kernels take them "
                      "(e.g. 'nw=1,mt=1,bc=16' or a dict): the tiles follow"),
-    "sms": (None, "SM count of the GPU the kernel runs on (e.g. 132 on an H100): the fp16 forward then "
-                  "narrows its blocks where its grid would give each SM at most one, as the kernel "
-                  "launcher does (fit_to_grid); default: the default block shape"),
+    "sms": (None, "SM count of the GPU the kernel runs on (e.g. 132 on an H100): the fp16 forwards then "
+                  "change their blocks for small grids as the kernel launchers do (fit_to_grid); "
+                  "default: the default block shape"),
 }
 
 #: variant -> (pass, dtype): the first of the workload dtypes it takes (:data:`DTYPES`)
