@@ -229,3 +229,55 @@ def test_prepared_call_same_bits_as_the_full_path(variant, dtype, d, monkeypatch
 
 def t_is_bf16(x, torch) -> bool:
     return x.dtype == torch.bfloat16
+
+
+class _Arr:
+    """What the replay reads of a device-array argument: its data pointer."""
+
+    def __init__(self, ptr):
+        self.device_ctypes_pointer = ctypes.c_void_p(ptr)
+
+
+def test_replay_maps_each_pointer_to_its_input_or_buffer(monkeypatch):
+    """kernels.perf._launch._replay on CPU torch tensors, the launch preparation faked: each array
+    argument of each recorded launch is replayed with the pointer of the same input or of the
+    same new buffer (persistent arrays as they were), scalars are left to the prepared launch,
+    and the results are the new buffers in the recorded order; aliased inputs, an unknown
+    pointer or a result that is not a buffer give no replay."""
+    torch = pytest.importorskip("torch")
+    from kernels.perf import _launch
+
+    fired = []
+
+    class FakePrepared:
+        def __init__(self, kern):
+            self.kern = kern
+
+        def __call__(self, *ptrs):
+            fired.append((self.kern, ptrs))
+
+    monkeypatch.setattr(_direct, "prepare", lambda kern, grid, block, stream, smem, args: FakePrepared(kern))
+    q, k = torch.zeros(4), torch.zeros(4)
+    o, tmp = torch.empty(2, 3), torch.empty(5, dtype=torch.float64)
+    rec = _direct.Recorder()
+    rec.allocs += [o, tmp]
+    persistent = 0x7000
+    monkeypatch.setattr(_direct, "PERSISTENT", {persistent})
+    rec.launches += [("pre", 1, 32, 0, 0, (_Arr(k.data_ptr()), _Arr(tmp.data_ptr()), _Arr(persistent), 1.5)),
+                     ("main", 2, 64, 0, 0, (_Arr(q.data_ptr()), _Arr(tmp.data_ptr()), _Arr(o.data_ptr())))]
+    run = _launch._replay(rec, (q, k), o)
+    q2, k2 = torch.ones(4), torch.ones(4)
+    out = run((q2, k2))
+    assert out.shape == (2, 3) and out.dtype == o.dtype and out.data_ptr() not in (o.data_ptr(), 0)
+    (k1, p1), (k2_, p2) = fired
+    assert k1 == "pre" and k2_ == "main" and p1[0] == k2.data_ptr() and p1[2] == persistent
+    assert p2[0] == q2.data_ptr() and p2[2] == out.data_ptr() and p1[1] == p2[1] not in (tmp.data_ptr(),)
+    # two results, in order
+    assert [t.shape for t in _launch._replay(rec, (q, k), (tmp, o))((q2, k2))] == [(5,), (2, 3)]
+    # refused: aliased inputs; a pointer that is neither input, buffer nor persistent; a foreign result
+    assert _launch._replay(rec, (q, q), o) is None
+    bad = _direct.Recorder()
+    bad.allocs += [o]
+    bad.launches += [("x", 1, 32, 0, 0, (_Arr(0x1234),))]
+    assert _launch._replay(bad, (q, k), o) is None
+    assert _launch._replay(rec, (q, k), torch.empty(1)) is None

@@ -182,8 +182,8 @@ def with_plan(key, tensors, full):
 
 def _replay(rec, tensors, out):
     """A function of new tensors of the same key that allocates the buffers ``rec`` saw (same
-    shapes and dtypes, torch's allocator on the current device, as
-    :meth:`kernels._arrays.Inputs.empty` does), makes its launches (:func:`kernels._direct.prepare`)
+    shapes, dtypes and device, torch's allocator, as :meth:`kernels._arrays.Inputs.empty` does on
+    the current device, which the key holds), makes its launches (:func:`kernels._direct.prepare`)
     with each array argument's pointer taken from the same input or buffer, and returns the same
     buffers as ``out``; None where that cannot be exact: inputs that share memory, a launch the
     direct path does not take, an array argument that is neither an input, a buffer nor
@@ -223,14 +223,14 @@ def _replay(rec, tensors, out):
         if j is None:
             return None
         idx.append(j)
-    specs = [(tuple(t.shape), t.dtype) for t in rec.allocs]
+    specs = [(tuple(t.shape), t.dtype, t.device) for t in rec.allocs]
     import torch
 
     empty = torch.empty
 
     def run(tensors):
         ptr = [t.data_ptr() for t in tensors]
-        made = [empty(shape, dtype=dt, device="cuda") for shape, dt in specs]
+        made = [empty(shape, dtype=dt, device=dev) for shape, dt, dev in specs]
         mp = [t.data_ptr() for t in made]
         for prep, srcs in steps:
             prep(*[ptr[i] if kind == 0 else mp[i] if kind == 1 else i for kind, i in srcs])
