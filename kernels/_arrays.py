@@ -187,8 +187,6 @@ def _external_stream(device: str, handle: int):
     key = (device, handle)
     st = _EXTERNAL.get(key)
     if st is None:
-        from . import _direct
-
         if len(_EXTERNAL) >= 256:  # a program that makes streams without end: start again
             _EXTERNAL.clear()
             _direct.forget_streams()

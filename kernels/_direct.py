@@ -134,9 +134,26 @@ def launch(kern, grid, block, stream, smem, *args) -> None:
         r.launches.append((kern, grid, block, stream, smem, args))
 
 
-def _launch(kern, grid, block, stream, smem, args) -> None:
+def _core_stream(stream):
+    """The cuda.core stream registered for ``stream`` (:func:`register_stream`), or None."""
     st = _STREAMS.get(id(stream))
-    if st is None or st[0] is not stream:
+    return st[1] if st is not None and st[0] is stream else None
+
+
+def _launch_config(grid, block, smem):
+    """cuda.core's LaunchConfig for (grid, block, shared bytes), made once."""
+    ckey = (grid, block, smem)
+    cfg = _CONFIGS.get(ckey)
+    if cfg is None:
+        if len(_CONFIGS) >= 4096:
+            _CONFIGS.clear()
+        cfg = _CONFIGS[ckey] = _CORE[0](grid=_norm(grid), block=_norm(block), shmem_size=int(smem))
+    return cfg
+
+
+def _launch(kern, grid, block, stream, smem, args) -> None:
+    cst = _core_stream(stream)
+    if cst is None:
         kern[grid, block, stream, smem](*args)
         return
     key = (id(kern), id(stream), *(_argkey(a) for a in args))
@@ -148,13 +165,7 @@ def _launch(kern, grid, block, stream, smem, args) -> None:
     if ent is None:
         kern[grid, block, stream, smem](*args)
         return
-    ckey = (grid, block, smem)
-    cfg = _CONFIGS.get(ckey)
-    if cfg is None:
-        if len(_CONFIGS) >= 4096:
-            _CONFIGS.clear()
-        cfg = _CONFIGS[ckey] = _CORE[0](grid=_norm(grid), block=_norm(block), shmem_size=int(smem))
-    _CORE[1](st[1], cfg, ent[1], *pack(ent[2], args))
+    _CORE[1](cst, _launch_config(grid, block, smem), ent[1], *pack(ent[2], args))
 
 
 #: The active recorders (:class:`Recorder`), innermost last.
@@ -198,11 +209,16 @@ class Prepared:
     fixed, only the arrays' data pointers given per call (:func:`prepare`): what a call that
     repeats with new tensors of the same shapes needs, without Numba's views of them."""
 
-    __slots__ = ("_go", "_stream", "_cfg", "_kernel", "_template", "_slots", "__weakref__")
+    __slots__ = ("_go", "_stream", "_cfg", "_kernel", "_template", "_slots")
 
     def __init__(self, go, stream, cfg, kernel, template, slots):
         self._go, self._stream, self._cfg, self._kernel = go, stream, cfg, kernel
         self._template, self._slots = template, slots
+
+    @property
+    def pointers(self) -> tuple:
+        """The data pointers of the launch it was prepared from, one per array argument."""
+        return tuple(self._template[i] for i in self._slots)
 
     def __call__(self, *pointers) -> None:
         """Launch with these data pointers, one per array argument in argument order."""
@@ -218,8 +234,8 @@ def prepare(kern, grid, block, stream, smem, args):
     apply.  ``kern`` must have been launched with arguments of these types (its overload exists).
     The argument list is :func:`pack`'s with each array's data pointer (its fifth item) left as a
     slot."""
-    st = _STREAMS.get(id(stream))
-    if st is None or st[0] is not stream:
+    cst = _core_stream(stream)
+    if cst is None:
         return None
     ent = _remember(kern, args)
     if ent is None:
@@ -230,5 +246,4 @@ def prepare(kern, grid, block, stream, smem, args):
         if hasattr(a, "device_ctypes_pointer"):  # an array: meminfo, parent, size, itemsize, data, ...
             slots.append(len(template) + 4)
         p(a, template)
-    cfg = _CORE[0](grid=_norm(grid), block=_norm(block), shmem_size=int(smem))
-    return Prepared(_CORE[1], st[1], cfg, ent[1], template, tuple(slots))
+    return Prepared(_CORE[1], cst, _launch_config(grid, block, smem), ent[1], template, tuple(slots))

@@ -250,13 +250,14 @@ def test_replay_maps_each_pointer_to_its_input_or_buffer(monkeypatch):
     fired = []
 
     class FakePrepared:
-        def __init__(self, kern):
+        def __init__(self, kern, args):
             self.kern = kern
+            self.pointers = tuple(a.device_ctypes_pointer.value for a in args if isinstance(a, _Arr))
 
         def __call__(self, *ptrs):
             fired.append((self.kern, ptrs))
 
-    monkeypatch.setattr(_direct, "prepare", lambda kern, grid, block, stream, smem, args: FakePrepared(kern))
+    monkeypatch.setattr(_direct, "prepare", lambda kern, grid, block, stream, smem, args: FakePrepared(kern, args))
     q, k = torch.zeros(4), torch.zeros(4)
     o, tmp = torch.empty(2, 3), torch.empty(5, dtype=torch.float64)
     rec = _direct.Recorder()

@@ -203,10 +203,7 @@ def _replay(rec, tensors, out):
         if prep is None:
             return None
         srcs = []
-        for a in args:
-            if not hasattr(a, "device_ctypes_pointer"):
-                continue
-            p = a.device_ctypes_pointer.value or 0
+        for p in prep.pointers:
             if p in ins:
                 srcs.append((0, ins[p]))
             elif p in bufs:
