@@ -791,8 +791,13 @@ def signature_v3():
 
 def default_config_v3(d: int) -> dict:
     """bq queries per step, bk keys per block, nw warps; ma, mb, mc: m-tiles a warp owns in phases
-    A (keys), B (keys) and C (queries).  flash-attention's d = 128 shape (below 64 columns phase C
+    A (keys), B (keys) and C (queries).  flash-attention's shapes: 128 x 128 at d = 64 (254
+    registers, 182 KB, no spills; on the H100 0.92x SDPA flash at N = 16,384 where 64 x 128 ran
+    0.85x, 1.02x at N = 4,096 where it ran 0.94x: kernels/data/bwd_fp16_v3_d64_h100_460c9a6), 64
+    x 128 otherwise (the only one whose shared memory fits at d = 128; below 64 columns phase C
     gives each warp one m-tile, so that its column groups stay whole n-tile pairs)."""
+    if d == 64:
+        return dict(bq=128, bk=128, nw=8, ma=4, mb=2, mc=2, minb=1)
     return dict(bq=64, bk=128, nw=8, ma=2, mb=2, mc=2 if d >= 64 else 1, minb=1)
 
 
