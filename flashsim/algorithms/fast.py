@@ -141,7 +141,7 @@ def default_config(name: str, d: int) -> dict:
     if name == "bwd_fp16_v3":
         if d == 64:
             return dict(bq=128, bk=128, nw=8, ma=4, mb=2, mc=2, minb=1)
-        return dict(bq=64, bk=128, nw=8, ma=2, mb=2, mc=2 if d >= 64 else 1, minb=1)
+        return dict(bq=64, bk=128, nw=8, ma=2, mb=4 if d == 128 else 2, mc=2 if d >= 64 else 1, minb=1)
     if name == "bwd_fp32_v1":
         nw = 4 if d <= 64 or 68 <= d <= 96 else 8
         return dict(bc=64, br=64, nw=nw, unroll=2, minb=1, vred=True)

@@ -795,10 +795,13 @@ def default_config_v3(d: int) -> dict:
     registers, 182 KB, no spills; on the H100 0.92x SDPA flash at N = 16,384 where 64 x 128 ran
     0.85x, 1.02x at N = 4,096 where it ran 0.94x: kernels/data/bwd_fp16_v3_d64_h100_460c9a6), 64
     x 128 otherwise (the only one whose shared memory fits at d = 128; below 64 columns phase C
-    gives each warp one m-tile, so that its column groups stay whole n-tile pairs)."""
+    gives each warp one m-tile, so that its column groups stay whole n-tile pairs).  At d = 128
+    phase B's warps own 4 m-tiles (64 keys x 32 columns: 2 warps along the keys, 4 along d), as
+    flash-attention's AtomLayoutNdKV = 2: 0.94x flash at N = 16,384 and 0.98x at N = 4,096 where
+    mb = 2 ran 0.90x and 0.90x (the same record, t128)."""
     if d == 64:
         return dict(bq=128, bk=128, nw=8, ma=4, mb=2, mc=2, minb=1)
-    return dict(bq=64, bk=128, nw=8, ma=2, mb=2, mc=2 if d >= 64 else 1, minb=1)
+    return dict(bq=64, bk=128, nw=8, ma=2, mb=4 if d == 128 else 2, mc=2 if d >= 64 else 1, minb=1)
 
 
 def _accepts_v3(dtype, d: int) -> bool:
