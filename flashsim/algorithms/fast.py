@@ -220,10 +220,9 @@ def fit_to_grid(name: str, cfg: dict, given, nq: int, bh: int, num_sms: int) -> 
     bench grid (2,048 blocks) two warpgroups stay as fast or faster (0.97-1.16x, median 1.04x).
     And v5 at d = 128 (one warpgroup, Bc = 48: three blocks an SM) takes Bc = 64 (two blocks) where
     its grid has at most four blocks an SM (unless ``bc`` is given): Bc = 48 won on every grid of
-    4,096 blocks (``blocks2.csv`` there), but at B·H = 1, N = 8,192 (128 blocks) it ran 0.89x SDPA
-    flash and at Nq = 512, Nk = 4,096 (512 blocks) 1.09x where Bc = 64 had run 1.01x and 1.22x
-    (kernels/data/bench_fwd_v5_5ad5db9 against bench_fwd_v5_6e79fce: two machine sessions, not one
-    run).  The kernel launcher (``kernels.perf``) calls it with the device's SM count."""
+    4,096 blocks (``blocks2.csv`` there), but in one run (kernels/data/fwd_fp16_v5_bcrule_h100_460c9a6)
+    at B·H = 1, N = 8,192 (128 blocks) it ran 0.89x SDPA flash where Bc = 64 ran 1.00x, and at
+    Nq = 512, Nk = 4,096 (512 blocks) 1.09x where Bc = 64 ran 1.21x.  The kernel launcher (``kernels.perf``) calls it with the device's SM count."""
     given = given or ()
     br = 16 * cfg.get("nw", 0) * cfg.get("mt", 0)
     blocks = -(-nq // br) * bh if br else 0
