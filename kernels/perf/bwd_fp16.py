@@ -430,13 +430,13 @@ def backward_v1(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
 
 # ---------------------------------------------------------------------------------------------
 # bwd_fp16_v3: one kernel, dQ by atomics, 2-D warp tiles in every product.  Per query block i
-# (per warp and k-step of 16; d = 128: Bc = 128 keys, Br = 64 queries, 8 warps):
+# (per warp and k-step of 16; d = 128: Bc = 128 keys, Br = 64 queries, 8 warps; d = 64: Br = 128):
 #
 #     phase A   Sᵀ = K_j Q_iᵀ, dPᵀ = V_j dO_iᵀ: a warp owns 16·ma keys x its bq·ma·16/bk queries
 #               (d = 128: 32 x 32): ma + na/2 loads for ma·na mma per product
 #               Pᵀ = 2^(Sᵀ·τlog2e − L·log2e), dSᵀ = Pᵀ ∘ (dPᵀ − D)  → shared memory, f16, [key, query]
-#     phase B   dV += Pᵀ dO_i, dK += dSᵀ Q_i: 16·mb keys x d·16·mb/bk columns (32 x 64): 6 loads
-#               for 16 mma per product
+#     phase B   dV += Pᵀ dO_i, dK += dSᵀ Q_i: 16·mb keys x d·16·mb/bk columns (d = 128: 64 x 32
+#               with mb = 4, f014f0c's default; 32 x 64 with mb = 2): 6 loads for 16 mma per product
 #     phase C   dQ_i += dS K_j: 16·mc queries x its columns (32 x 32): 4 loads for 8 mma, then
 #               ``red.global.add.v2.f32`` into a float32 dQ buffer
 #
@@ -448,8 +448,8 @@ def backward_v1(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
 # have landed, every warp is done with the last step's Pᵀ, dSᵀ and buffers), one after it (Pᵀ,
 # dSᵀ written).  Each phase takes its shared addresses through ``tc.opaque_u32`` (one register
 # plus immediate offsets; hoisted out of the loop they spilled 428 bytes) and the first k-step
-# is peeled: at d = 128 255 registers and 12 bytes of spills (d = 64: 248, none), 320 HMMA and
-# 144 LDSM a step.  Shared memory at d = 128: 177 KB, one block of 8 warps per SM.
+# is peeled: at d = 128 (mb = 4) 255 registers and 16 bytes of spills (d = 64, 128 x 128: 254, none),
+# 320 HMMA and 144 LDSM a step at d = 128.  Shared memory at d = 128: 177 KB, one block of 8 warps per SM.
 
 
 def layout_v3(d: int, bq: int, bk: int, nw: int, ma: int, mb: int, mc: int) -> dict:
