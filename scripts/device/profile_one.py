@@ -1,18 +1,38 @@
-"""Run one fast backward once (after a warm-up) for Nsight Compute to profile:
-    ncu --clock-control none -k regex:bwd -s 1 -c 1 python3 scripts/device/profile_one.py bwd_fp32_v2 128 4096 64
-(variant, d, N, batch*heads; fp32 inputs for *_fp32_*, else fp16)."""
-import sys
+"""Run one backward twice (a warm-up, then the call to profile) for Nsight Compute:
+
+    ncu --clock-control none -k regex:^bwd -s 1 -c 1 python3 scripts/device/profile_one.py bwd_fp32_v2 128 4096 64
+    ncu --clock-control none -k regex:flash_bwd_dq_dk_dv -s 1 -c 1 \\
+        python3 scripts/device/profile_one.py sdpa_flash 64 16384 16 --causal
+
+(variant, d, N, batch*heads; ``sdpa_flash``: PyTorch's SDPA flash backend through autograd; fp32
+inputs for *_fp32_*, else fp16, or bf16 with ``--bf16``)."""
+import argparse
 
 import torch
 
-from kernels.perf import variant
+ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+ap.add_argument("variant", help="a kernels.perf backward variant, or sdpa_flash")
+ap.add_argument("d", type=int)
+ap.add_argument("n", type=int)
+ap.add_argument("bh", type=int, help="batch*heads (heads = min(16, bh))")
+ap.add_argument("--causal", action="store_true")
+ap.add_argument("--bf16", action="store_true")
+a = ap.parse_args()
+dt = torch.float32 if "fp32" in a.variant else torch.bfloat16 if a.bf16 else torch.float16
+b, h = max(1, a.bh // 16), min(16, a.bh)
+q, k, v, do = (torch.randn(b, h, a.n, a.d, device="cuda", dtype=dt) for _ in range(4))
+if a.variant == "sdpa_flash":
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
-name, d, n, bh = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-mod = variant(name)
-dt = torch.float32 if "fp32" in name else torch.float16
-b, h = max(1, bh // 16), min(16, bh)
-q, k, v, do = (torch.randn(b, h, n, d, device="cuda", dtype=dt) for _ in range(4))
-o, lse = mod.saved_forward(q, k, v)
-for _ in range(2):
-    mod.backward(q, k, v, o, lse, do)
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        for _ in range(2):
+            torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=a.causal).backward(do)
+else:
+    from kernels.perf import variant
+
+    mod = variant(a.variant)
+    o, lse = mod.saved_forward(q, k, v, causal=a.causal)
+    for _ in range(2):
+        mod.backward(q, k, v, o, lse, do, causal=a.causal)
 torch.cuda.synchronize()
