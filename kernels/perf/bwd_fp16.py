@@ -558,6 +558,20 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
                     MMA(c, x, fa, 4 * mt, fq[4 * n2], fq[4 * n2 + 1])
                     MMA(c, x + 4, fa, 4 * mt, fq[4 * n2 + 2], fq[4 * n2 + 3])
 
+    @tc.device_inline
+    def reduce_dq(dqa, dqo, acq, lim):
+        """dQ_i += the lane's phase-C tile: rows 16·mt (+8) from its first, where below ``lim``,
+        at element offsets ``dqo`` + constants.  One base register and immediate offsets, no
+        address arithmetic between the reductions: each had waited for the previous one to
+        release its address registers (the loop's largest long-scoreboard stall in Nsight
+        Compute's source view at d = 64); ``lim`` = BQ (a constant: every row exists) drops the
+        predicates."""
+        for mt in range(MC):
+            for nt in range(NC):
+                x = 4 * (mt * NC + nt)
+                tc.red_v2_if(dqa, dqo + (16 * mt * D + 8 * nt), acq[x], acq[x + 1], 16 * mt < lim)
+                tc.red_v2_if(dqa, dqo + ((16 * mt + 8) * D + 8 * nt), acq[x + 2], acq[x + 3], 16 * mt + 8 < lim)
+
     def bwd(q, k, v, do, lse, dvec, dqa, dk, dv, sl2, scale):
         sm = cuda.shared.array(0, types.float16)
         smf = cuda.shared.array(0, float32)  # the same bytes as f32 words
@@ -745,17 +759,11 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
                         x = 4 * (mt * NC + 2 * n2)
                         MMA(acq, x, af, 4 * mt, fb[0], fb[1])
                         MMA(acq, x + 4, af, 4 * mt, fb[2], fb[3])
-            qrow = (b * nh + hq) * nq + r0 + qc0 + g  # the lane's first dQ row (flat)
-            full = r0 + BQ <= nq  # every row of the block exists: no per-row test
-            for mt in range(MC):
-                row = r0 + qc0 + 16 * mt + g
-                for nt in range(NC):
-                    col = cc0 + 8 * nt + 2 * t
-                    x = 4 * (mt * NC + nt)
-                    if full or row < nq:
-                        tc.red_v2(dqa, (qrow + 16 * mt) * D + col, acq[x], acq[x + 1])
-                    if full or row + 8 < nq:
-                        tc.red_v2(dqa, (qrow + 16 * mt + 8) * D + col, acq[x + 2], acq[x + 3])
+            dqo = ((b * nh + hq) * nq + r0 + qc0 + g) * D + cc0 + 2 * t  # the lane's first dQ element (flat)
+            if r0 + BQ <= nq:  # every row of the block exists (the same for the whole block)
+                reduce_dq(dqa, dqo, acq, BQ)
+            else:
+                reduce_dq(dqa, dqo, acq, nq - (r0 + qc0 + g))
         tc.cp_async_wait(0)
         cuda.syncthreads()  # K_j, V_j landed even when no query block was visible; phase C is done with K
         # Epilogue: dK·τ and dV packed to f16 into the K and V tiles (phase B's layout), then 16

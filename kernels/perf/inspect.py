@@ -111,9 +111,9 @@ def ptxas_resources(info: str) -> dict:
     return out
 
 
-def sass_report(ptx: str) -> dict:
+def sass_report(ptx: str, sass_out: str | None = None) -> dict:
     """ptxas's resource line, SASS instruction counts and :func:`hot_loop`'s (empty if the tools
-    are missing)."""
+    are missing); ``sass_out``: a file to write the SASS listing to."""
     ptxas, cuobjdump = tool("ptxas"), tool("cuobjdump")
     if not (ptxas and cuobjdump):
         return {}
@@ -132,6 +132,9 @@ def sass_report(ptx: str) -> dict:
         if dump.returncode or not _OP.search(dump.stdout):
             return {"cuobjdump_error": (dump.stderr.strip() or "no SASS in its output")[-500:]}
         sass = dump.stdout
+    if sass_out:
+        with open(sass_out, "w") as f:
+            f.write(sass)
     out = ptxas_resources(res.stderr)
     ops = Counter(m.group(2) for m in _OP.finditer(sass))
     out["instructions"] = sum(ops.values())
@@ -146,11 +149,12 @@ def main(argv=None) -> int:
     ap.add_argument("variant")
     ap.add_argument("args", nargs="*", type=int, help="the variant's _source arguments (booleans as 0/1)")
     ap.add_argument("--minb", type=int, default=1, help="blocks per SM promised to ptxas (launch bounds)")
+    ap.add_argument("--sass", metavar="FILE", help="also write the SASS listing to FILE")
     a = ap.parse_args(argv)
     ptx = lto_ptx(a.variant, *a.args, min_blocks=a.minb)
     print(f"{a.variant}{tuple(a.args)}: PTX {len(ptx)} chars, {ptx.count('mma.sync')} mma.sync, "
           f"{'has' if '.local' in ptx else 'no'} .local")
-    rep = sass_report(ptx)
+    rep = sass_report(ptx, a.sass)
     missing = "(no ptxas/cuobjdump: the test extra's wheels or PATH)"
     print("  " + (", ".join(f"{k} {v}" for k, v in rep.items()) if rep else missing))
     return 0

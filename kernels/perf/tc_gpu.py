@@ -114,6 +114,15 @@ extern "C" __device__ int fs_red_v2_f32(int* ret, float* g, long long off, float
     return 0;
 }
 
+// The same where ok != 0, as one predicated instruction (no branch), and without a memory
+// clobber: nothing in the kernels reads the reduced buffer, so the compiler may keep its
+// addresses as one base register plus immediate offsets and order the reductions freely.
+extern "C" __device__ int fs_red_v2_f32_if(int* ret, float* g, long long off, float a, float b, int ok) {
+    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.s32 p, %3, 0;\n\t@p red.global.v2.f32.add [%0], {%1, %2};\n\t}"
+                 :: "l"(g + off), "f"(a), "f"(b), "r"(ok));
+    return 0;
+}
+
 extern "C" __device__ int fs_red_v4_f32(int* ret, float* g, long long off, float a, float b, float c, float d) {
     asm volatile("red.global.v4.f32.add [%0], {%1, %2, %3, %4};"
                  :: "l"(g + off), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
@@ -139,6 +148,8 @@ _mma_z_raw = cuda.declare_device("fs_mma16816_z", "int32(CPointer(float32), CPoi
                                  link=_link)
 _red2_raw = cuda.declare_device("fs_red_v2_f32", "int32(CPointer(float32), int64, float32, float32)",
                                 link=_link)
+_red2_if_raw = cuda.declare_device("fs_red_v2_f32_if", "int32(CPointer(float32), int64, float32, float32, int32)",
+                                   link=_link)
 _red4_raw = cuda.declare_device("fs_red_v4_f32",
                                 "int32(CPointer(float32), int64, float32, float32, float32, float32)",
                                 link=_link)
@@ -148,6 +159,12 @@ _red4_raw = cuda.declare_device("fs_red_v4_f32",
 def red_v2(g, off, a, b):
     """g.flat[off:off+2] += (a, b), atomically per element (one 8-byte reduction; ``off`` even)."""
     _red2_raw(_ffi.from_buffer(g), off, a, b)
+
+
+@cuda.jit(device=True, forceinline=True)
+def red_v2_if(g, off, a, b, ok):
+    """:func:`red_v2` where ``ok`` (a predicated instruction, no branch)."""
+    _red2_if_raw(_ffi.from_buffer(g), off, a, b, int32(ok))
 
 
 @cuda.jit(device=True, forceinline=True)
