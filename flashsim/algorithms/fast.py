@@ -222,7 +222,8 @@ def fit_to_grid(name: str, cfg: dict, given, nq: int, bh: int, num_sms: int) -> 
     its grid has at most four blocks an SM (unless ``bc`` is given): Bc = 48 won on every grid of
     4,096 blocks (``blocks2.csv`` there), but in one run (kernels/data/fwd_fp16_v5_bcrule_h100_460c9a6)
     at B·H = 1, N = 8,192 (128 blocks) it ran 0.89x SDPA flash where Bc = 64 ran 1.00x, and at
-    Nq = 512, Nk = 4,096 (512 blocks) 1.09x where Bc = 64 ran 1.21x.  The kernel launcher (``kernels.perf``) calls it with the device's SM count."""
+    Nq = 512, Nk = 4,096 (512 blocks) 1.09x where Bc = 64 ran 1.21x.  The kernel launcher
+    (``kernels.perf``) calls it with the device's SM count."""
     given = given or ()
     br = 16 * cfg.get("nw", 0) * cfg.get("mt", 0)
     blocks = -(-nq // br) * bh if br else 0
