@@ -15,18 +15,18 @@ import numpy as np
 from numba import cuda
 
 
-def only(name: str) -> None:
-    """One fast variant (``kernels.perf.variant(name)``, d = 64; fp32 for an *_fp32_* variant, else
-    fp16) at the ragged size, causal and not, with grouped-query heads: a forward variant's
-    forward, a backward variant's saved forward and backward."""
+def only(name: str, d: int = 64) -> None:
+    """One fast variant (``kernels.perf.variant(name)``, head dim ``d``; fp32 for an *_fp32_*
+    variant, else fp16) at the ragged size, causal and not, with grouped-query heads: a forward
+    variant's forward, a backward variant's saved forward and backward."""
     from kernels import perf
 
     mod = perf.variant(name)
     dt = np.float32 if "fp32" in name else np.float16
     rng = np.random.default_rng(7)
     for causal in (False, True):
-        q = rng.standard_normal((1, 4, 97, 64)).astype(dt)
-        k, v = (rng.standard_normal((1, 2, 130, 64)).astype(dt) for _ in range(2))
+        q = rng.standard_normal((1, 4, 97, d)).astype(dt)
+        k, v = (rng.standard_normal((1, 2, 130, d)).astype(dt) for _ in range(2))
         do = rng.standard_normal(q.shape).astype(dt)
         if hasattr(mod, "forward"):
             mod.forward(q, k, v, causal=causal, return_lse=True)
@@ -121,6 +121,7 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default=None, help="one fast variant of kernels/perf, e.g. bwd_fp16_v3 or fwd_fp32_v2; "
                     "or 'decode': the decode kernels; or 'bf16': the FlashAttention-2 kernels in bf16; "
                     "or 'wide': the fp16 forward above d = 128")
+    ap.add_argument("--d", type=int, default=64, help="with a variant in --only: its head dim (default 64)")
     args = ap.parse_args(argv)
     if args.only == "decode":
         decode()
@@ -132,7 +133,7 @@ def main(argv=None) -> int:
         wide()
         return 0
     if args.only:
-        only(args.only)
+        only(args.only, args.d)
         return 0
     rng = np.random.default_rng(7)
     for dt in (np.float32, np.float16):

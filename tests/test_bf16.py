@@ -225,7 +225,7 @@ def test_gpu_forward_wide_heads(d, causal, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [1000])  # ragged
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 96, 128])
 @pytest.mark.parametrize("impl", ["reference", "auto", "bwd_fp16_v1", "bwd_fp16_v3"])
 def test_gpu_backward_bf16(n, d, impl):
     from kernels import perf

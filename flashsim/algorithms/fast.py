@@ -22,7 +22,7 @@ Variants (the names the records use) and their launches, in launch order:
   ``kernels.perf._launch.row_dots``), then the dK/dV kernel (Bc = 16·nw·mt keys a block, bq query
   rows a step over every query head of the group), then the dQ kernel (Br = 16·nw·mt query rows,
   bk keys a step): flash2's three launches with these tiles.
-* ``bwd_fp16_v3`` (d = 64 and 128 by default; also 32), ``bwd_fp32_v1``, ``bwd_fp32_v2``: D, the
+* ``bwd_fp16_v3`` (d = 64, 96 and 128 by default; also 32), ``bwd_fp32_v1``, ``bwd_fp32_v2``: D, the
   zero fill of the float32 dQ accumulator ``dQacc`` (``zero_fill``: B·H·Nq·d float32 stores), one
   key-block kernel (K_j, V_j once; per step Q_i, dO_i, L_i, D_i; dQ_i by ``red.global.add``
   into ``dQacc``, traffic class "reduction"; dK_j, dV_j stored once), and for fp16 the
@@ -141,7 +141,7 @@ def default_config(name: str, d: int) -> dict:
     if name == "bwd_fp16_v3":
         if d == 64:
             return dict(bq=128, bk=128, nw=8, ma=4, mb=2, mc=2, minb=1)
-        return dict(bq=64, bk=128, nw=8, ma=2, mb=4 if d == 128 else 2, mc=2 if d >= 64 else 1, minb=1)
+        return dict(bq=64, bk=128, nw=8, ma=2, mb=4 if d == 128 else 2, mc=2 if d in (64, 128) else 1, minb=1)
     if name == "bwd_fp32_v1":
         nw = 4 if d <= 64 or 68 <= d <= 96 else 8
         return dict(bc=64, br=64, nw=nw, unroll=2, minb=1, vred=True)
@@ -162,7 +162,7 @@ def supports(name: str, dtype: str, d: int) -> bool:
     if name in ("fwd_fp16_v5", "fwd_fp16_v6"):
         return d in (64, 128)
     if name == "bwd_fp16_v3":
-        return d in (32, 64, 128)
+        return d in (32, 64, 96, 128)
     if name in ("fwd_fp32_v1", "bwd_fp32_v1"):
         return d % 4 == 0 and 4 <= d <= 128
     if name == "fwd_fp32_v2":

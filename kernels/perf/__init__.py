@@ -23,7 +23,7 @@ import importlib
 #: it runs.  The fp16/bf16 forward takes fwd_fp16_v5 (Hopper's warpgroup products) where it
 #: applies, d = 64 and 128 (1.06-1.47x fwd_fp16_v4 on each of the 49 shapes of the H100 bench,
 #: grid and off-grid, in the same run: kernels/data/bench_fwd_v5_20cf9ec), v4 elsewhere.  The fp16
-#: backward takes bwd_fp16_v3 at d = 64 and 128 (1.4x bwd_fp16_v1 at d = 128
+#: backward takes bwd_fp16_v3 at d = 64, 96 and 128 (1.4x bwd_fp16_v1 at d = 128
 #: on the H100, and at d = 64 faster since its loop stopped dividing by the block count:
 #: NOTES.md), v1 elsewhere and where the caller asks for a deterministic backward (v3's dQ is
 #: summed by atomics: :data:`ATOMIC`).  The fp32 backward takes bwd_fp32_v2 (3xTF32 on the tensor cores, as

@@ -459,15 +459,16 @@ def layout_v3(d: int, bq: int, bk: int, nw: int, ma: int, mb: int, mc: int) -> d
     queries, na n-tiles (8 queries) each.  Phase B (dV, dK, keys x columns): bk / (16·mb) warps along
     the keys, the rest along the d columns, nb n-tiles each.  Phase C (dQ, queries x columns):
     bq / (16·mc) warps along the queries, the rest along the columns, nc n-tiles each.  n-tiles come
-    in pairs (one ``ldmatrix.x4`` feeds two), and a block's threads load whole rows of a tile at
-    a time (32·nw a multiple of d / 8).  d is a multiple of 16 (the k-steps of phase A): no
-    padded columns."""
+    in pairs (one ``ldmatrix.x4`` feeds two), and a block's threads copy a tile's 16-byte chunks
+    in whole passes (chunk tid + u·32·nw of pass u; ``rows``: the rows a pass copies where 32·nw
+    is a multiple of d / 8, else 0).  d is a multiple of 16 (the k-steps of phase A): no padded
+    columns."""
     if not 1 <= nw <= tc.MAX_WARPS:
         raise ValueError(f"{nw=}: must be 1..{tc.MAX_WARPS}")
-    if d <= 0 or d % 16 or (32 * nw) % (d // 8):
-        raise ValueError(f"{d=}: must be a multiple of 16 whose d / 8 16-byte chunks a row 32·nw = {32 * nw} "
-                         "threads load in whole rows")
-    rows = 32 * nw // (d // 8)  # rows of a tile the block loads per pass
+    if d <= 0 or d % 16:
+        raise ValueError(f"{d=}: must be a positive multiple of 16")
+    ch = d // 8  # 16-byte chunks a row
+    rows = 32 * nw // ch if (32 * nw) % ch == 0 else 0  # whole rows a pass, or 0: a pass's chunks cross rows
 
     def split(name, m, extent, other, what):
         if m <= 0 or extent % (16 * m):
@@ -480,10 +481,12 @@ def layout_v3(d: int, bq: int, bk: int, nw: int, ma: int, mb: int, mc: int) -> d
             raise ValueError(f"{name}={m}: {rest} warps across {other} leave an odd number of n-tiles")
         return w, other // rest // 8
 
-    if bk <= 0 or bk % 16 or bk % rows:
-        raise ValueError(f"{bk=}: must be a positive multiple of 16 and of {rows} (rows loaded per pass)")
-    if bq <= 0 or bq % 16 or bq % rows:
-        raise ValueError(f"{bq=}: must be a positive multiple of 16 and of {rows} (rows loaded per pass)")
+    if bk <= 0 or bk % 16 or (bk * ch) % (32 * nw):
+        raise ValueError(f"{bk=}: must be a positive multiple of 16 whose rows of {ch} 16-byte chunks "
+                         f"the {32 * nw} threads copy in whole passes")
+    if bq <= 0 or bq % 16 or (bq * ch) % (32 * nw):
+        raise ValueError(f"{bq=}: must be a positive multiple of 16 whose rows of {ch} 16-byte chunks "
+                         f"the {32 * nw} threads copy in whole passes")
     wak, na = split("ma", ma, bk, bq, "bk")
     wbk, nb = split("mb", mb, bk, d, "bk")
     wcq, nc = split("mc", mc, bq, d, "bq")
@@ -507,7 +510,9 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
     KQ = BQ // 16  # phase B: k-steps over queries
     KK = BK // 16  # phase C: k-steps over keys
     CH = D // 8  # 16-byte chunks of a row
-    QU = BQ // RPU  # passes to load a Q (or dO) tile
+    QU = BQ * CH // NT  # passes to copy a Q (or dO) tile
+    KU = BK * CH // NT  # passes to copy a K (or V) tile
+    WHOLE = RPU > 0  # each pass copies whole rows (d = 32, 64, 128 with 8 warps; not d = 96)
     NS4, NACC, NQACC = 4 * MA * NA, 4 * MB * NB, 4 * MC * NC
     NFA, NFQ, NFB, NFC = 4 * MA, 2 * NA, 4 * MB, 4 * MC  # fragment registers of phases A, B, C
     KOFF = 0
@@ -522,14 +527,23 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
     MMA, MMA_Z, PACK = tc.ops(BF16)
 
     @tc.device_inline
-    def load_step(sm, sbase, q, do, g0, rn, nq, buf, lrow, lcol):
+    def chunk(lrow, lcol, tid, u):
+        """Row and column of the thread's chunk in pass u of a tile copy: chunk tid + u·NT (row
+        lrow + u·RPU, column lcol where passes copy whole rows)."""
+        if WHOLE:
+            return lrow + u * RPU, lcol
+        e = tid + u * NT
+        return e // CH, (e % CH) * 8
+
+    @tc.device_inline
+    def load_step(sm, sbase, q, do, g0, rn, nq, buf, lrow, lcol, tid):
         """Q, dO rows rn.. (a head's rows from element offset g0) into buffer buf: the thread's
-        row lrow + u·RPU and column lcol of each pass u."""
+        chunk of each pass u (:func:`chunk`)."""
         for u in range(QU):
-            r = lrow + u * RPU
+            r, col = chunk(lrow, lcol, tid, u)
             ok = rn + r < nq
-            goff = g0 + (rn + r) * D + lcol if ok else 0
-            so = buf * (BQ * S) + r * S + lcol
+            goff = g0 + (rn + r) * D + col if ok else 0
+            so = buf * (BQ * S) + r * S + col
             tc.cp_async16_a(sm, sbase, QOFF + so, q, goff, 8 if ok else 0)
             tc.cp_async16_a(sm, sbase, OOFF + so, do, goff, 8 if ok else 0)
 
@@ -593,18 +607,19 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
         loffb = tc.lane_offset_b(S)
         loffp = tc.lane_offset(SQ)
         loffpb = tc.lane_offset_b(SQ)
-        # This thread's row and column of every tile load (RPU rows a pass).
+        # This thread's row and column of every tile load (RPU rows a pass where passes copy
+        # whole rows; else chunk() finds them pass by pass).
         lrow = tid // CH
         lcol = (tid % CH) * 8
         kbase = ((b * k.shape[1] + hk) * nk) * D
-        for u in range(BK // RPU):  # K_j, V_j: a constant trip count (f16_copy's loop spilled more here)
-            r = lrow + u * RPU
+        for u in range(KU):  # K_j, V_j: a constant trip count (f16_copy's loop spilled more here)
+            r, col = chunk(lrow, lcol, tid, u)
             ok = c0 + r < nk
-            goff = kbase + ((c0 + r) if ok else 0) * D + lcol
-            tc.cp_async16_a(sm, sbase, KOFF + r * S + lcol, k, goff, 8 if ok else 0)
-            tc.cp_async16_a(sm, sbase, VOFF + r * S + lcol, v, goff, 8 if ok else 0)
+            goff = kbase + ((c0 + r) if ok else 0) * D + col
+            tc.cp_async16_a(sm, sbase, KOFF + r * S + col, k, goff, 8 if ok else 0)
+            tc.cp_async16_a(sm, sbase, VOFF + r * S + col, v, goff, 8 if ok else 0)
         if total > 0:
-            load_step(sm, sbase, q, do, ((b * nh + hk * group) * nq) * D, i0 * BQ, nq, 0, lrow, lcol)
+            load_step(sm, sbase, q, do, ((b * nh + hk * group) * nq) * D, i0 * BQ, nq, 0, lrow, lcol, tid)
             if tid < BQ:
                 row = i0 * BQ + tid
                 smf[FOFF + tid] = lse_log2(lse, b, hk * group, row, nq)
@@ -657,7 +672,7 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
             if it + 1 < total:
                 nb_ = (it + 1) % 2
                 load_step(sm, sbase, q, do, ((b * nh + hk * group + hb1) * nq) * D,
-                          (i0 + ib1) * BQ, nq, nb_, lrow, lcol)
+                          (i0 + ib1) * BQ, nq, nb_, lrow, lcol, tid)
                 if tid < BQ:
                     smf[FOFF + nb_ * BQ + tid] = lnext * float32(LOG2E) if lnext != NEG_INF else POS_INF
                     smf[FOFF + 2 * BQ + nb_ * BQ + tid] = dnext
@@ -773,11 +788,11 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
             pack(smw, KOFF // 2 + w0, acck, 4 * mt * NB, scale, scale)
             pack(smw, VOFF // 2 + w0, accv, 4 * mt * NB, float32(1.0), float32(1.0))
         cuda.syncthreads()
-        for u in range(BK // RPU):
-            r = lrow + u * RPU
+        for u in range(KU):
+            r, col = chunk(lrow, lcol, tid, u)
             if c0 + r < nk:
-                tc.st_global16_a(dk, kbase + (c0 + r) * D + lcol, sm, sbase, KOFF + r * S + lcol)
-                tc.st_global16_a(dv, kbase + (c0 + r) * D + lcol, sm, sbase, VOFF + r * S + lcol)
+                tc.st_global16_a(dk, kbase + (c0 + r) * D + col, sm, sbase, KOFF + r * S + col)
+                tc.st_global16_a(dv, kbase + (c0 + r) * D + col, sm, sbase, VOFF + r * S + col)
 
     return bwd, NT, BK
 
@@ -803,13 +818,13 @@ def default_config_v3(d: int) -> dict:
     registers, 182 KB, no spills; on the H100 0.92x SDPA flash at N = 16,384 where 64 x 128 ran
     0.85x, 1.02x at N = 4,096 where it ran 0.94x: kernels/data/bwd_fp16_v3_d64_h100_460c9a6), 64
     x 128 otherwise (the only one whose shared memory fits at d = 128; below 64 columns phase C
-    gives each warp one m-tile, so that its column groups stay whole n-tile pairs).  At d = 128
+    gives each warp one m-tile, as at d = 96, so that its column groups stay whole n-tile pairs).  At d = 128
     phase B's warps own 4 m-tiles (64 keys x 32 columns: 2 warps along the keys, 4 along d), as
     flash-attention's AtomLayoutNdKV = 2: 0.94x flash at N = 16,384 and 0.98x at N = 4,096 where
     mb = 2 ran 0.90x and 0.90x (the same record, t128)."""
     if d == 64:
         return dict(bq=128, bk=128, nw=8, ma=4, mb=2, mc=2, minb=1)
-    return dict(bq=64, bk=128, nw=8, ma=2, mb=4 if d == 128 else 2, mc=2 if d >= 64 else 1, minb=1)
+    return dict(bq=64, bk=128, nw=8, ma=2, mb=4 if d == 128 else 2, mc=2 if d in (64, 128) else 1, minb=1)
 
 
 def _accepts_v3(dtype, d: int) -> bool:
@@ -819,8 +834,9 @@ def _accepts_v3(dtype, d: int) -> bool:
 
 
 def supports_v3(dtype, d: int) -> bool:
-    """What :func:`_accepts_v3` and the default block shape can split: d in {32, 64, 128} (its 256
-    threads load whole rows of d / 8 16-byte chunks; other head dims take bwd_fp16_v1)."""
+    """What :func:`_accepts_v3` and the default block shape can split: d in {32, 64, 96, 128} (the
+    n-tiles of phases B and C come in pairs, which d = 48, 80 and 112 cannot give with 8 warps;
+    other head dims take bwd_fp16_v1)."""
     if not _accepts_v3(dtype, d):
         return False
     cfg = default_config_v3(d)
