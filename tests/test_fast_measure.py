@@ -214,18 +214,20 @@ def test_ldgsts_sectors_the_probe_and_the_kernels_rows():
 def test_the_h100_records_of_the_fast_set_agree_to_the_byte():
     """The committed H100 records of the fast set (analysis/data/h100/fast, db138fb; the 10
     fwd_fp16_v5 launches of the set at 7537521; the fp16/bf16 forwards of the set, 11 launches, at
-    e1259f6; v5's 10 with Bc = 48 at d = 128, at 5ad5db9), compared: on all 85 launches the loads
+    e1259f6; v5's 10 with Bc = 48 at d = 128, at 5ad5db9; bwd_fp16_v3's 8 configurations, 32 launches,
+    with the 128 x 128 block at d = 64, at 70dc356), compared: on all 117 launches the loads
     equal the LSU's count (cp.async tiles by their shared destinations) to the byte, and stores and
     reductions the walker's; the walker's own load count (the global bytes copied) equals the
-    measured loads on 59 (fwd 0/12, bwd 28/38, bf16 1/4, v5 10/10, v5b 10/11, v5c 10/10: v5's
-    swizzled rows are unpadded, v4's are padded).  The compare outputs committed beside them say
+    measured loads on 83 (fwd 0/12, bwd 28/38, bf16 1/4, v5 10/10, v5b 10/11, v5c 10/10, v3d 24/32:
+    v5's swizzled rows are unpadded, v4's and v3's are padded).  The compare outputs committed beside them say
     the same."""
     from _fast_records import ROOT as root
     from _fast_records import compared
 
     from analysis.compare import summarize
 
-    want = {"fwd": (12, 0), "bwd": (38, 28), "bf16": (4, 1), "v5": (10, 10), "v5b": (11, 10), "v5c": (10, 10)}
+    want = {"fwd": (12, 0), "bwd": (38, 28), "bf16": (4, 1), "v5": (10, 10), "v5b": (11, 10), "v5c": (10, 10),
+            "v3d": (32, 24)}
     for rec, (n, walker) in want.items():
         s = summarize(list(compared(rec)))
         print(rec, {k: v for k, v in s.items() if k.startswith("lsu")})
