@@ -34,8 +34,10 @@ def per_call(fn, torch, calls: int = 400, runs: int = 3) -> float:
 
 
 def main(argv=None) -> int:
+    from kernels.perf import VARIANTS
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--variant", default="fwd_fp16_v5")
+    ap.add_argument("--variant", default="fwd_fp16_v5", choices=sorted(VARIANTS))
     ap.add_argument("--d", type=int, default=64)
     a = ap.parse_args(argv)
     import torch

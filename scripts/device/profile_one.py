@@ -7,11 +7,18 @@
 (variant, d, N, batch*heads; ``sdpa_flash``: PyTorch's SDPA flash backend through autograd; fp32
 inputs for *_fp32_*, else fp16, or bf16 with ``--bf16``)."""
 import argparse
+import sys
+from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch  # noqa: E402
+
+from kernels.perf import VARIANTS, variant  # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-ap.add_argument("variant", help="a kernels.perf backward variant, or sdpa_flash")
+ap.add_argument("variant", choices=["sdpa_flash", *sorted(v for v in VARIANTS if v.startswith("bwd"))],
+                help="a kernels.perf backward variant, or sdpa_flash")
 ap.add_argument("d", type=int)
 ap.add_argument("n", type=int)
 ap.add_argument("bh", type=int, help="batch*heads (heads = min(16, bh))")
@@ -29,8 +36,6 @@ if a.variant == "sdpa_flash":
         for _ in range(2):
             torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=a.causal).backward(do)
 else:
-    from kernels.perf import variant
-
     mod = variant(a.variant)
     o, lse = mod.saved_forward(q, k, v, causal=a.causal)
     for _ in range(2):

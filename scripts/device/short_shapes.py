@@ -178,7 +178,15 @@ def main(argv=None) -> int:
                     help='JSON {"<d>": {name: [variant, config]}}: the candidates of ours at that head dim')
     a = ap.parse_args(argv)
     if a.cands:
-        CANDS.update(json.loads(a.cands))
+        try:
+            cands = json.loads(a.cands)
+            if not isinstance(cands, dict) or not all(isinstance(c, dict) and all(
+                    isinstance(v, list) and len(v) == 2 and isinstance(v[1], dict) for v in c.values())
+                    for c in cands.values()):
+                raise ValueError("not {\"<d>\": {name: [variant, config]}}")
+        except ValueError as e:  # json.JSONDecodeError is a ValueError
+            ap.error(f"--cands: {e}")
+        CANDS.update(cands)
     if a.mode == "time":
         time_all(a.rounds, a.repeat, a.out, SHAPES if a.set == "short" else grid(a.ns), tuple(a.dtypes.split(",")))
     else:
