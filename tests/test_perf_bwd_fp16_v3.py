@@ -36,6 +36,10 @@ RAGGED = dict(seed=5, h=1, hkv=1, nq=45, nk=40, d=32, causal=False, cfg=dict(bq=
 # d = 96 with two warps: 64 threads do not copy whole rows of 12 chunks a pass, so each pass's
 # chunks cross rows (the copies' general path, which d = 96 takes with 8 warps too); ragged, GQA
 WIDE = dict(seed=9, h=2, hkv=1, nq=21, nk=40, d=96, causal=True, cfg=dict(bq=32, bk=32, nw=2, ma=1, mb=1, mc=1))
+# d = 80 with four warps: phases B and C with an odd number of n-tiles (5: the last x4 load's
+# second half unused), and 320 chunks a tile over 128 threads (a partial last copy pass); the
+# head dims of this kind run under the simulator only (bwd_fp16_v3.GPU_HEAD_DIMS_V3)
+ODD = dict(seed=11, h=2, hkv=1, nq=40, nk=37, d=80, causal=False, cfg=dict(bq=32, bk=32, nw=4, ma=1, mb=1, mc=1))
 
 
 @settings(max_examples=1, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
@@ -43,6 +47,7 @@ WIDE = dict(seed=9, h=2, hkv=1, nq=21, nk=40, d=96, causal=True, cfg=dict(bq=32,
 @example(GQA_CAUSAL)
 @example(RAGGED)
 @example(WIDE)
+@example(ODD)
 def test_backward_fp16_v3(c):
     q, k, v, do = make(c["seed"], 1, c["h"], c["hkv"], c["nq"], c["nk"], c["d"])
     o, lse = (x.astype(t) for x, t in zip(attention_forward(q, k, v, causal=c["causal"]), (np.float16, np.float32)))
@@ -57,12 +62,13 @@ def test_layout_rejects_what_the_warps_cannot_split():
         with pytest.raises(ValueError) as e:
             bwd_fp16_v3.layout(128, **(base | bad))
         print(bad, e.value)
-    with pytest.raises(ValueError, match="whole passes"):
-        bwd_fp16_v3.layout(48, **base)  # 256 threads do not copy 64 rows of 6 chunks in whole passes
+    with pytest.raises(ValueError, match="part of an n-tile"):
+        bwd_fp16_v3.layout(48, **base)  # phase C: 4 warps across 48 columns
     with pytest.raises(ValueError, match="multiple of 16"):
         bwd_fp16_v3.layout(24, **(base | dict(nw=3, bq=96, bk=96)))
     assert bwd_fp16_v3.layout(128, **base) == dict(wak=4, na=4, wbk=4, nb=8, wcq=2, nc=4, rows=16)
     assert bwd_fp16_v3.layout(96, **(base | dict(mc=1)))["rows"] == 0  # a pass's chunks cross rows
+    assert bwd_fp16_v3.layout(80, **(base | dict(mc=1)))["nb"] == 5  # odd n-tiles in phases B and C
     assert [d for d in range(8, 129, 8) if bwd_fp16_v3.supports(np.float16, d)] == [32, 64, 96, 128]
     assert not bwd_fp16_v3.supports(np.float32, 64)
     assert bwd_fp16_v3.smem_bytes(128, 64, 128) <= 227 * 1024  # one block of 8 warps fits an SM

@@ -458,11 +458,13 @@ def layout_v3(d: int, bq: int, bk: int, nw: int, ma: int, mb: int, mc: int) -> d
     Phase A (Sᵀ, dPᵀ, keys x queries): wak = bk / (16·ma) warps along the keys, nw / wak along the
     queries, na n-tiles (8 queries) each.  Phase B (dV, dK, keys x columns): bk / (16·mb) warps along
     the keys, the rest along the d columns, nb n-tiles each.  Phase C (dQ, queries x columns):
-    bq / (16·mc) warps along the queries, the rest along the columns, nc n-tiles each.  n-tiles come
-    in pairs (one ``ldmatrix.x4`` feeds two), and a block's threads copy a tile's 16-byte chunks
-    in whole passes (chunk tid + u·32·nw of pass u; ``rows``: the rows a pass copies where 32·nw
-    is a multiple of d / 8, else 0).  d is a multiple of 16 (the k-steps of phase A): no padded
-    columns."""
+    bq / (16·mc) warps along the queries, the rest along the columns, nc n-tiles each.  Phase A's
+    n-tiles come in pairs (one ``ldmatrix.x4`` feeds two); phases B and C may have an odd last one
+    (its x4 load reads 8 columns past it: the next warp's, or the row's padding, not used).  A
+    block's threads copy a tile's 16-byte chunks in passes (chunk tid + u·32·nw of pass u, the
+    last pass partial where 32·nw does not divide the tile's chunks; ``rows``: the rows a pass
+    copies where 32·nw is a multiple of d / 8, else 0).  d is a multiple of 16 (the k-steps of
+    phase A): no padded columns."""
     if not 1 <= nw <= tc.MAX_WARPS:
         raise ValueError(f"{nw=}: must be 1..{tc.MAX_WARPS}")
     if d <= 0 or d % 16:
@@ -470,26 +472,25 @@ def layout_v3(d: int, bq: int, bk: int, nw: int, ma: int, mb: int, mc: int) -> d
     ch = d // 8  # 16-byte chunks a row
     rows = 32 * nw // ch if (32 * nw) % ch == 0 else 0  # whole rows a pass, or 0: a pass's chunks cross rows
 
-    def split(name, m, extent, other, what):
+    def split(name, m, extent, other, what, pairs):
         if m <= 0 or extent % (16 * m):
             raise ValueError(f"{name}={m}: 16·{name} must divide {what} = {extent}")
         w = extent // (16 * m)
         if nw % w:
             raise ValueError(f"{name}={m}: {w} warps along {what} do not divide nw={nw}")
         rest = nw // w
-        if other % (16 * rest):
-            raise ValueError(f"{name}={m}: {rest} warps across {other} leave an odd number of n-tiles")
+        if other % ((16 if pairs else 8) * rest):
+            raise ValueError(f"{name}={m}: {rest} warps across {other} leave "
+                             + ("an odd number of n-tiles" if pairs else "a part of an n-tile"))
         return w, other // rest // 8
 
-    if bk <= 0 or bk % 16 or (bk * ch) % (32 * nw):
-        raise ValueError(f"{bk=}: must be a positive multiple of 16 whose rows of {ch} 16-byte chunks "
-                         f"the {32 * nw} threads copy in whole passes")
-    if bq <= 0 or bq % 16 or (bq * ch) % (32 * nw):
-        raise ValueError(f"{bq=}: must be a positive multiple of 16 whose rows of {ch} 16-byte chunks "
-                         f"the {32 * nw} threads copy in whole passes")
-    wak, na = split("ma", ma, bk, bq, "bk")
-    wbk, nb = split("mb", mb, bk, d, "bk")
-    wcq, nc = split("mc", mc, bq, d, "bq")
+    if bk <= 0 or bk % 16:
+        raise ValueError(f"{bk=}: must be a positive multiple of 16")
+    if bq <= 0 or bq % 16:
+        raise ValueError(f"{bq=}: must be a positive multiple of 16")
+    wak, na = split("ma", ma, bk, bq, "bk", True)
+    wbk, nb = split("mb", mb, bk, d, "bk", False)
+    wcq, nc = split("mc", mc, bq, d, "bq", False)
     return dict(wak=wak, na=na, wbk=wbk, nb=nb, wcq=wcq, nc=nc, rows=rows)
 
 
@@ -510,8 +511,10 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
     KQ = BQ // 16  # phase B: k-steps over queries
     KK = BK // 16  # phase C: k-steps over keys
     CH = D // 8  # 16-byte chunks of a row
-    QU = BQ * CH // NT  # passes to copy a Q (or dO) tile
-    KU = BK * CH // NT  # passes to copy a K (or V) tile
+    QU = -(-BQ * CH // NT)  # passes to copy a Q (or dO) tile
+    KU = -(-BK * CH // NT)  # passes to copy a K (or V) tile
+    FULLQ = QU * NT == BQ * CH  # every pass copies NT chunks (no lane idle in the last)
+    FULLK = KU * NT == BK * CH
     WHOLE = RPU > 0  # each pass copies whole rows (d = 32, 64, 128 with 8 warps; not d = 96)
     NS4, NACC, NQACC = 4 * MA * NA, 4 * MB * NB, 4 * MC * NC
     NFA, NFQ, NFB, NFC = 4 * MA, 2 * NA, 4 * MB, 4 * MC  # fragment registers of phases A, B, C
@@ -541,11 +544,12 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
         chunk of each pass u (:func:`chunk`)."""
         for u in range(QU):
             r, col = chunk(lrow, lcol, tid, u)
-            ok = rn + r < nq
-            goff = g0 + (rn + r) * D + col if ok else 0
-            so = buf * (BQ * S) + r * S + col
-            tc.cp_async16_a(sm, sbase, QOFF + so, q, goff, 8 if ok else 0)
-            tc.cp_async16_a(sm, sbase, OOFF + so, do, goff, 8 if ok else 0)
+            if FULLQ or r < BQ:  # the last pass's lanes past the tile copy nothing
+                ok = rn + r < nq
+                goff = g0 + (rn + r) * D + col if ok else 0
+                so = buf * (BQ * S) + r * S + col
+                tc.cp_async16_a(sm, sbase, QOFF + so, q, goff, 8 if ok else 0)
+                tc.cp_async16_a(sm, sbase, OOFF + so, do, goff, 8 if ok else 0)
 
     @tc.device_inline
     def _products_a(c, fa, fq, sm, aa, ab):
@@ -614,10 +618,11 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
         kbase = ((b * k.shape[1] + hk) * nk) * D
         for u in range(KU):  # K_j, V_j: a constant trip count (f16_copy's loop spilled more here)
             r, col = chunk(lrow, lcol, tid, u)
-            ok = c0 + r < nk
-            goff = kbase + ((c0 + r) if ok else 0) * D + col
-            tc.cp_async16_a(sm, sbase, KOFF + r * S + col, k, goff, 8 if ok else 0)
-            tc.cp_async16_a(sm, sbase, VOFF + r * S + col, v, goff, 8 if ok else 0)
+            if FULLK or r < BK:
+                ok = c0 + r < nk
+                goff = kbase + ((c0 + r) if ok else 0) * D + col
+                tc.cp_async16_a(sm, sbase, KOFF + r * S + col, k, goff, 8 if ok else 0)
+                tc.cp_async16_a(sm, sbase, VOFF + r * S + col, v, goff, 8 if ok else 0)
         if total > 0:
             load_step(sm, sbase, q, do, ((b * nh + hk * group) * nq) * D, i0 * BQ, nq, 0, lrow, lcol, tid)
             if tid < BQ:
@@ -752,6 +757,13 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
                     for mt in range(MB):
                         MMA(acck, 4 * (mt * NB + 2 * n2), sf, 4 * mt, fb[0], fb[1])
                         MMA(acck, 4 * (mt * NB + 2 * n2 + 1), sf, 4 * mt, fb[2], fb[3])
+                if NB % 2:  # the odd last n-tile: the x4 load's second half is not used
+                    tc.ldsm_x4_trans(fb, 0, sm, ao + 2 * (16 * kk * S + 16 * (NB // 2)), S)
+                    for mt in range(MB):
+                        MMA(accv, 4 * (mt * NB + NB - 1), pf, 4 * mt, fb[0], fb[1])
+                    tc.ldsm_x4_trans(fb, 0, sm, ao - 2 * (OOFF - QOFF) + 2 * (16 * kk * S + 16 * (NB // 2)), S)
+                    for mt in range(MB):
+                        MMA(acck, 4 * (mt * NB + NB - 1), sf, 4 * mt, fb[0], fb[1])
             # Phase C.  dQ_i += dS K_j: A = dS, read transposed from dSᵀ [key, query]; B = K_j
             # stored [key, d] (transposed loads).  Then into the float32 dQ buffer, 8 bytes a
             # reduction.
@@ -765,6 +777,10 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
                     x = 4 * (mt * NC + 2 * n2)
                     MMA_Z(acq, x, af, 4 * mt, fb[0], fb[1])
                     MMA_Z(acq, x + 4, af, 4 * mt, fb[2], fb[3])
+            if NC % 2:
+                tc.ldsm_x4_trans(fb, 0, sm, ak + 2 * (16 * (NC // 2)), S)
+                for mt in range(MC):
+                    MMA_Z(acq, 4 * (mt * NC + NC - 1), af, 4 * mt, fb[0], fb[1])
             for kk in range(1, KK):
                 for mt in range(MC):
                     tc.ldsm_x4_trans_b(af, 4 * mt, sm, ad + 2 * (16 * kk * SQ + 16 * mt), SQ)
@@ -774,6 +790,10 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
                         x = 4 * (mt * NC + 2 * n2)
                         MMA(acq, x, af, 4 * mt, fb[0], fb[1])
                         MMA(acq, x + 4, af, 4 * mt, fb[2], fb[3])
+                if NC % 2:
+                    tc.ldsm_x4_trans(fb, 0, sm, ak + 2 * (16 * kk * S + 16 * (NC // 2)), S)
+                    for mt in range(MC):
+                        MMA(acq, 4 * (mt * NC + NC - 1), af, 4 * mt, fb[0], fb[1])
             dqo = ((b * nh + hq) * nq + r0 + qc0 + g) * D + cc0 + 2 * t  # the lane's first dQ element (flat)
             if r0 + BQ <= nq:  # every row of the block exists (the same for the whole block)
                 reduce_dq(dqa, dqo, acq, BQ)
@@ -790,7 +810,7 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
         cuda.syncthreads()
         for u in range(KU):
             r, col = chunk(lrow, lcol, tid, u)
-            if c0 + r < nk:
+            if (FULLK or r < BK) and c0 + r < nk:
                 tc.st_global16_a(dk, kbase + (c0 + r) * D + col, sm, sbase, KOFF + r * S + col)
                 tc.st_global16_a(dv, kbase + (c0 + r) * D + col, sm, sbase, VOFF + r * S + col)
 
@@ -827,17 +847,24 @@ def default_config_v3(d: int) -> dict:
     return dict(bq=64, bk=128, nw=8, ma=2, mb=4 if d == 128 else 2, mc=2 if d in (64, 128) else 1, minb=1)
 
 
+#: The head dims bwd_fp16_v3 has run at on a GPU (exactness tests, compute-sanitizer, timing).  The
+#: others its layout splits (d = 16, 48, 80, 112: odd n-tiles in phases B and C, a partial last
+#: copy pass) run under the CUDA simulator only, whose tests they pass, until they have.
+GPU_HEAD_DIMS_V3 = (32, 64, 96, 128)
+
+
 def _accepts_v3(dtype, d: int) -> bool:
     """fp16 or bf16, d % 16 == 0, d <= 128 (dK and dV take 4·d·bk / (32·nw) f32 registers a thread:
-    128 at d = 128); :func:`layout_v3` says whether a given block shape splits d."""
-    return dtype_name(dtype) in ("float16", "bfloat16") and d % 16 == 0 and 16 <= d <= 128
+    128 at d = 128), on the GPU one of :data:`GPU_HEAD_DIMS_V3`; :func:`layout_v3` says whether a
+    given block shape splits d."""
+    return (dtype_name(dtype) in ("float16", "bfloat16") and d % 16 == 0 and 16 <= d <= 128
+            and (tc.SIM or d in GPU_HEAD_DIMS_V3))
 
 
 def supports_v3(dtype, d: int) -> bool:
-    """What :func:`_accepts_v3` and the default block shape can split: d in {32, 64, 96, 128} (the
-    n-tiles of phases B and C come in pairs, which d = 48, 80 and 112 cannot give with 8 warps;
-    other head dims take bwd_fp16_v1)."""
-    if not _accepts_v3(dtype, d):
+    """What :func:`_accepts_v3` and the default block shape can split, of the head dims measured on
+    a GPU: d in {32, 64, 96, 128} (:data:`GPU_HEAD_DIMS_V3`; other head dims take bwd_fp16_v1)."""
+    if not _accepts_v3(dtype, d) or d not in GPU_HEAD_DIMS_V3:
         return False
     cfg = default_config_v3(d)
     try:
@@ -852,7 +879,8 @@ def backward_v3(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
     overrides :func:`default_config_v3`.  dQ is summed over key blocks by float32 atomics in no
     fixed order: it may differ from run to run in its last bits."""
     inp, a, (nb, nh, nhk, nq, nk, d), lse_d, cfg, sc = prepare_backward(
-        "bwd_fp16_v3 takes float16 or bfloat16 with head_dim % 16 == 0, at most 128", default_config_v3, _accepts_v3,
+        "bwd_fp16_v3 takes float16 or bfloat16 with head_dim % 16 == 0, at most 128 (on a GPU: 32, 64, 96 or 128)",
+        default_config_v3, _accepts_v3,
         q, k, v, o, lse, do, scale=scale, config=config, causal=causal)
     layout_v3(d, cfg["bq"], cfg["bk"], cfg["nw"], cfg["ma"], cfg["mb"], cfg["mc"])  # ValueError if the warps cannot
     kern, nt = kernel_v3(d, bool(causal), **cfg, bf16=inp.bf16)
