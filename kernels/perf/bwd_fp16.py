@@ -452,7 +452,7 @@ def backward_v1(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
 # 320 HMMA and 144 LDSM a step at d = 128.  Shared memory at d = 128: 177 KB, one block of 8 warps per SM.
 
 
-def layout_v3(d: int, bq: int, bk: int, nw: int, ma: int, mb: int, mc: int) -> dict:
+def layout_v3(d: int, bq: int, bk: int, nw: int, ma: int, mb: int, mc: int, strict: bool | None = None) -> dict:
     """How the warps split each product; ValueError (naming the value) if they cannot.
 
     Phase A (Sᵀ, dPᵀ, keys x queries): wak = bk / (16·ma) warps along the keys, nw / wak along the
@@ -463,8 +463,11 @@ def layout_v3(d: int, bq: int, bk: int, nw: int, ma: int, mb: int, mc: int) -> d
     (its x4 load reads 8 columns past it: the next warp's, or the row's padding, not used).  A
     block's threads copy a tile's 16-byte chunks in passes (chunk tid + u·32·nw of pass u, the
     last pass partial where 32·nw does not divide the tile's chunks; ``rows``: the rows a pass
-    copies where 32·nw is a multiple of d / 8, else 0).  d is a multiple of 16 (the k-steps of
-    phase A): no padded columns."""
+    copies where 32·nw is a multiple of d / 8, else 0).  The odd n-tiles and partial passes are
+    allowed under the CUDA simulator only, whose tests they pass: on a GPU, where they have not run
+    yet, the layout asks for n-tile pairs and whole passes, as before (``strict``: None for that
+    rule, False to lift it, e.g. to compile such a shape for sm_90 on the CPU).  d is a multiple of 16 (the
+    k-steps of phase A): no padded columns."""
     if not 1 <= nw <= tc.MAX_WARPS:
         raise ValueError(f"{nw=}: must be 1..{tc.MAX_WARPS}")
     if d <= 0 or d % 16:
@@ -484,13 +487,18 @@ def layout_v3(d: int, bq: int, bk: int, nw: int, ma: int, mb: int, mc: int) -> d
                              + ("an odd number of n-tiles" if pairs else "a part of an n-tile"))
         return w, other // rest // 8
 
-    if bk <= 0 or bk % 16:
-        raise ValueError(f"{bk=}: must be a positive multiple of 16")
-    if bq <= 0 or bq % 16:
-        raise ValueError(f"{bq=}: must be a positive multiple of 16")
+    if strict is None:
+        strict = not tc.SIM  # on a GPU: only what has run there (n-tile pairs, whole passes)
+    for name, extent in (("bk", bk), ("bq", bq)):
+        if extent <= 0 or extent % 16:
+            raise ValueError(f"{name}={extent}: must be a positive multiple of 16")
+        if strict and (extent * ch) % (32 * nw):
+            raise ValueError(f"{name}={extent}: on a GPU, must give rows of {ch} 16-byte chunks that the "
+                             f"{32 * nw} threads copy in whole passes (a partial pass runs under the "
+                             "CUDA simulator only)")
     wak, na = split("ma", ma, bk, bq, "bk", True)
-    wbk, nb = split("mb", mb, bk, d, "bk", False)
-    wcq, nc = split("mc", mc, bq, d, "bq", False)
+    wbk, nb = split("mb", mb, bk, d, "bk", strict)
+    wcq, nc = split("mc", mc, bq, d, "bq", strict)
     return dict(wak=wak, na=na, wbk=wbk, nb=nb, wcq=wcq, nc=nc, rows=rows)
 
 
@@ -501,8 +509,9 @@ def smem_bytes_v3(d: int, bq: int, bk: int) -> int:
     return 2 * (2 * bk * s + 4 * bq * s + 2 * bk * (bq + 8)) + 4 * 4 * bq
 
 
-def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAUSAL: bool, BF16: bool = False):
-    lay = layout_v3(D, BQ, BK, NW, MA, MB, MC)
+def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAUSAL: bool, BF16: bool = False,
+               STRICT: bool | None = None):
+    lay = layout_v3(D, BQ, BK, NW, MA, MB, MC, STRICT)
     WAK, NA, WBK, NB, WCQ, NC, RPU = (lay[k] for k in ("wak", "na", "wbk", "nb", "wcq", "nc", "rows"))
     NT = 32 * NW
     S = D + 8  # row stride (f16) of K, V, Q, dO: 16 bytes of padding keep ldmatrix conflict-free
