@@ -182,6 +182,28 @@ def test_bwd_fp16_v3_blocks_by_hand():
     assert _steps(conv, 25) == [[("dQacc", "r", 1, 0, 8), ("dQ", "w", 1, 0, 8)]]
 
 
+def test_bwd_fp16_v3_d64_block_by_hand():
+    """d = 64, the default since f014f0c: flash-attention's 128 x 128 block (bq = bk = 128, 8
+    warps).  B = H = 1, N = 300: key-block grid (3, 1, 1), shared memory 2·(2·128·72 + 4·128·72
+    + 2·128·136) + 16·128 bytes; block 2 (keys 256..299) walks Tr = 3 query blocks of 128 rows
+    (the last 44): 0: K_j, V_j, Q_0, dO_0, L and D of blocks 0 and 1; 1: Q_1, dO_1, L_2, D_2 and
+    dQ_0's reduction; 2: Q_2, dO_2, dQ_1; 3: dQ_2; 4: dK_j, dV_j."""
+    sched = build_schedule(W(1, 1, 300, 64), "fast", "bwd", None, kernel="bwd_fp16_v3")
+    main = sched.launches[2].blocks
+    assert (main.grid, main.threads, main.smem_bytes) == ((3, 1, 1), 256, 2 * (2 * 128 * 72 + 4 * 128 * 72
+                                                                            + 2 * 128 * 136) + 16 * 128)
+    q = [(0, 128), (128, 128), (256, 44)]
+
+    def rows(name, k, kind="r"):
+        return (name, kind, 0, *q[k])
+
+    assert _steps(main, 2) == [[("K", "r", 0, 256, 44), ("V", "r", 0, 256, 44), rows("Q", 0), rows("dO", 0),
+                                rows("L", 0), rows("L", 1), rows("D", 0), rows("D", 1)],
+                               [rows("Q", 1), rows("dO", 1), rows("L", 2), rows("D", 2), rows("dQacc", 0, "red")],
+                               [rows("Q", 2), rows("dO", 2), rows("dQacc", 1, "red")], [rows("dQacc", 2, "red")],
+                               [("dK", "w", 0, 256, 44), ("dV", "w", 0, 256, 44)]]
+
+
 def test_a_grid_stride_range_split_at_rows_and_heads():
     """d = 24 (rows of 24 elements, 1,200 a head at N = 50): block x's 256 elements start mid-row
     and cross a head; the tiles are the partial first row, the whole rows and the partial last
