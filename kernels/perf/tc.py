@@ -46,7 +46,7 @@ Shared memory is addressed by 32-bit addresses in the shared window computed onc
 (``*_f32_a``, ``sts32_u32_a``, ``lds64_f32_a``) take byte addresses directly; ``oct_max``,
 ``oct_sum`` reduce over the 8 lanes 8g..8g+7, ``quad_max2``, ``quad_sum2`` over a quad;
 ``red_v2``, ``red_v4`` add 2 or 4 floats atomically per element (``red_v2_if`` where a flag
-holds, as one predicated instruction); ``mma3_tf32`` and ``tf32_hi``
+holds, as one predicated PTX instruction); ``mma3_tf32`` and ``tf32_hi``
 are the 3xTF32 products of bwd_fp32_v2 (their layout is in :mod:`kernels.perf.tc_gpu`).  Under
 the simulator the shared window starts at 0 and the lane offsets are 0.
 

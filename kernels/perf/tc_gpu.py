@@ -114,9 +114,10 @@ extern "C" __device__ int fs_red_v2_f32(int* ret, float* g, long long off, float
     return 0;
 }
 
-// The same where ok != 0, as one predicated instruction (no branch), and without a memory
-// clobber: nothing in the kernels reads the reduced buffer, so the compiler may keep its
-// addresses as one base register plus immediate offsets and order the reductions freely.
+// The same where ok != 0, as one predicated PTX instruction (ptxas may still branch around it
+// where ok is not a constant: bwd_fp16_v3's SASS does), and without a memory clobber: nothing
+// in the kernels reads the reduced buffer, so the compiler may keep its addresses as one base
+// register plus immediate offsets and order the reductions freely.
 extern "C" __device__ int fs_red_v2_f32_if(int* ret, float* g, long long off, float a, float b, int ok) {
     asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.s32 p, %3, 0;\n\t@p red.global.v2.f32.add [%0], {%1, %2};\n\t}"
                  :: "l"(g + off), "f"(a), "f"(b), "r"(ok));
@@ -163,7 +164,7 @@ def red_v2(g, off, a, b):
 
 @cuda.jit(device=True, forceinline=True)
 def red_v2_if(g, off, a, b, ok):
-    """:func:`red_v2` where ``ok`` (a predicated instruction, no branch)."""
+    """:func:`red_v2` where ``ok`` (a predicated PTX instruction; with ``ok`` a constant, no test at all)."""
     _red2_if_raw(_ffi.from_buffer(g), off, a, b, int32(ok))
 
 
