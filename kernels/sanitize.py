@@ -133,7 +133,10 @@ def main(argv=None) -> int:
         wide()
         return 0
     if args.only:
-        only(args.only, args.d)
+        try:
+            only(args.only, args.d)
+        except ValueError as e:  # an unknown variant, or a head dim it does not take
+            ap.exit(2, f"{ap.prog}: error: {e}\n")
         return 0
     rng = np.random.default_rng(7)
     for dt in (np.float32, np.float16):

@@ -151,7 +151,15 @@ def main(argv=None) -> int:
     ap.add_argument("--minb", type=int, default=1, help="blocks per SM promised to ptxas (launch bounds)")
     ap.add_argument("--sass", metavar="FILE", help="also write the SASS listing to FILE")
     a = ap.parse_args(argv)
-    ptx = lto_ptx(a.variant, *a.args, min_blocks=a.minb)
+    if a.sass:
+        try:
+            open(a.sass, "a").close()  # writable, before minutes of compiling
+        except OSError as e:
+            ap.error(f"--sass {a.sass}: {e.strerror}")
+    try:
+        ptx = lto_ptx(a.variant, *a.args, min_blocks=a.minb)
+    except (ValueError, TypeError) as e:  # an unknown variant, or arguments its source does not take
+        ap.exit(2, f"{ap.prog}: error: {e}\n")
     print(f"{a.variant}{tuple(a.args)}: PTX {len(ptx)} chars, {ptx.count('mma.sync')} mma.sync, "
           f"{'has' if '.local' in ptx else 'no'} .local")
     rep = sass_report(ptx, a.sass)
