@@ -34,7 +34,7 @@ def only(name: str, d: int = 64) -> None:
             o, lse = mod.saved_forward(q, k, v, causal=causal)
             mod.backward(q, k, v, o, lse, do, causal=causal)
         cuda.synchronize()
-        print(f"ran {name}: causal={causal}", flush=True)
+        print(f"ran {name}: d={d} causal={causal}", flush=True)
 
 
 def decode() -> None:
@@ -121,7 +121,8 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default=None, help="one fast variant of kernels/perf, e.g. bwd_fp16_v3 or fwd_fp32_v2; "
                     "or 'decode': the decode kernels; or 'bf16': the FlashAttention-2 kernels in bf16; "
                     "or 'wide': the fp16 forward above d = 128")
-    ap.add_argument("--d", type=int, default=64, help="with a variant in --only: its head dim (default 64)")
+    ap.add_argument("--d", type=int, nargs="+", default=[64],
+                    help="with a variant in --only: its head dims, each run in turn (default 64)")
     args = ap.parse_args(argv)
     if args.only == "decode":
         decode()
@@ -134,7 +135,8 @@ def main(argv=None) -> int:
         return 0
     if args.only:
         try:
-            only(args.only, args.d)
+            for d in args.d:
+                only(args.only, d)
         except ValueError as e:  # an unknown variant, or a head dim it does not take
             ap.exit(2, f"{ap.prog}: error: {e}\n")
         return 0

@@ -37,8 +37,8 @@ RAGGED = dict(seed=5, h=1, hkv=1, nq=45, nk=40, d=32, causal=False, cfg=dict(bq=
 # chunks cross rows (the copies' general path, which d = 96 takes with 8 warps too); ragged, GQA
 WIDE = dict(seed=9, h=2, hkv=1, nq=21, nk=40, d=96, causal=True, cfg=dict(bq=32, bk=32, nw=2, ma=1, mb=1, mc=1))
 # d = 80 with four warps: phases B and C with an odd number of n-tiles (5: the last x4 load's
-# second half unused), and 320 chunks a tile over 128 threads (a partial last copy pass); the
-# head dims of this kind run under the simulator only (bwd_fp16_v3.GPU_HEAD_DIMS_V3)
+# second half unused), and 320 chunks a tile over 128 threads (a partial last copy pass); on the
+# GPU d = 16, 48, 80 and 112 take such paths at the default 8 warps (test_gpu_backward_head_dims)
 ODD = dict(seed=11, h=2, hkv=1, nq=40, nk=37, d=80, causal=False, cfg=dict(bq=32, bk=32, nw=4, ma=1, mb=1, mc=1))
 
 
@@ -69,6 +69,19 @@ def test_layout_rejects_what_the_warps_cannot_split():
     assert bwd_fp16_v3.layout(128, **base) == dict(wak=4, na=4, wbk=4, nb=8, wcq=2, nc=4, rows=16)
     assert bwd_fp16_v3.layout(96, **(base | dict(mc=1)))["rows"] == 0  # a pass's chunks cross rows
     assert bwd_fp16_v3.layout(80, **(base | dict(mc=1)))["nb"] == 5  # odd n-tiles in phases B and C
-    assert [d for d in range(8, 129, 8) if bwd_fp16_v3.supports(np.float16, d)] == [32, 64, 96, 128]
+    assert [d for d in range(8, 137, 8) if bwd_fp16_v3.supports(np.float16, d)] == list(range(16, 129, 16))
     assert not bwd_fp16_v3.supports(np.float32, 64)
     assert bwd_fp16_v3.smem_bytes(128, 64, 128) <= 227 * 1024  # one block of 8 warps fits an SM
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [16, 48, 80, 96, 112])
+def test_gpu_backward_head_dims(d):
+    """The default block (64 x 128, 8 warps) at the head dims whose tile copies cross rows or end in
+    a partial pass, and whose phases B and C end in an odd n-tile (not d = 96): GQA 4:2, ragged N
+    with Nq > Nk, causal and not."""
+    q, k, v, do = make(d, 2, 4, 2, 1000, 777, d)
+    for causal in (False, True):
+        o, lse = bwd_fp16_v3.saved_forward(q, k, v, causal=causal)
+        grads = bwd_fp16_v3.backward(q, k, v, o, lse, do, causal=causal)
+        check_backward(grads, q, k, v, do, lse, causal, label=f"gpu d={d} causal={causal}")

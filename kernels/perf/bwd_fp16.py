@@ -452,7 +452,7 @@ def backward_v1(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
 # 320 HMMA and 144 LDSM a step at d = 128.  Shared memory at d = 128: 177 KB, one block of 8 warps per SM.
 
 
-def layout_v3(d: int, bq: int, bk: int, nw: int, ma: int, mb: int, mc: int, strict: bool | None = None) -> dict:
+def layout_v3(d: int, bq: int, bk: int, nw: int, ma: int, mb: int, mc: int) -> dict:
     """How the warps split each product; ValueError (naming the value) if they cannot.
 
     Phase A (Sᵀ, dPᵀ, keys x queries): wak = bk / (16·ma) warps along the keys, nw / wak along the
@@ -463,10 +463,7 @@ def layout_v3(d: int, bq: int, bk: int, nw: int, ma: int, mb: int, mc: int, stri
     (its x4 load reads 8 columns past it: the next warp's, or the row's padding, not used).  A
     block's threads copy a tile's 16-byte chunks in passes (chunk tid + u·32·nw of pass u, the
     last pass partial where 32·nw does not divide the tile's chunks; ``rows``: the rows a pass
-    copies where 32·nw is a multiple of d / 8, else 0).  The odd n-tiles and partial passes are
-    allowed under the CUDA simulator only, whose tests they pass: on a GPU, where they have not run
-    yet, the layout asks for n-tile pairs and whole passes, as before (``strict``: None for that
-    rule, False to lift it, e.g. to compile such a shape for sm_90 on the CPU).  d is a multiple of 16 (the
+    copies where 32·nw is a multiple of d / 8, else 0).  d is a multiple of 16 (the
     k-steps of phase A): no padded columns."""
     if not 1 <= nw <= tc.MAX_WARPS:
         raise ValueError(f"{nw=}: must be 1..{tc.MAX_WARPS}")
@@ -487,18 +484,12 @@ def layout_v3(d: int, bq: int, bk: int, nw: int, ma: int, mb: int, mc: int, stri
                              + ("an odd number of n-tiles" if pairs else "a part of an n-tile"))
         return w, other // rest // 8
 
-    if strict is None:
-        strict = not tc.SIM  # on a GPU: only what has run there (n-tile pairs, whole passes)
     for name, extent in (("bk", bk), ("bq", bq)):
         if extent <= 0 or extent % 16:
             raise ValueError(f"{name}={extent}: must be a positive multiple of 16")
-        if strict and (extent * ch) % (32 * nw):
-            raise ValueError(f"{name}={extent}: on a GPU, must give rows of {ch} 16-byte chunks that the "
-                             f"{32 * nw} threads copy in whole passes (a partial pass runs under the "
-                             "CUDA simulator only)")
     wak, na = split("ma", ma, bk, bq, "bk", True)
-    wbk, nb = split("mb", mb, bk, d, "bk", strict)
-    wcq, nc = split("mc", mc, bq, d, "bq", strict)
+    wbk, nb = split("mb", mb, bk, d, "bk", False)
+    wcq, nc = split("mc", mc, bq, d, "bq", False)
     return dict(wak=wak, na=na, wbk=wbk, nb=nb, wcq=wcq, nc=nc, rows=rows)
 
 
@@ -509,9 +500,8 @@ def smem_bytes_v3(d: int, bq: int, bk: int) -> int:
     return 2 * (2 * bk * s + 4 * bq * s + 2 * bk * (bq + 8)) + 4 * 4 * bq
 
 
-def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAUSAL: bool, BF16: bool = False,
-               STRICT: bool | None = None):
-    lay = layout_v3(D, BQ, BK, NW, MA, MB, MC, STRICT)
+def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAUSAL: bool, BF16: bool = False):
+    lay = layout_v3(D, BQ, BK, NW, MA, MB, MC)
     WAK, NA, WBK, NB, WCQ, NC, RPU = (lay[k] for k in ("wak", "na", "wbk", "nb", "wcq", "nc", "rows"))
     NT = 32 * NW
     S = D + 8  # row stride (f16) of K, V, Q, dO: 16 bytes of padding keep ldmatrix conflict-free
@@ -856,24 +846,15 @@ def default_config_v3(d: int) -> dict:
     return dict(bq=64, bk=128, nw=8, ma=2, mb=4 if d == 128 else 2, mc=2 if d in (64, 128) else 1, minb=1)
 
 
-#: The head dims bwd_fp16_v3 has run at on a GPU (exactness tests, compute-sanitizer, timing).  The
-#: others its layout splits (d = 16, 48, 80, 112: odd n-tiles in phases B and C, a partial last
-#: copy pass) run under the CUDA simulator only, whose tests they pass, until they have.
-GPU_HEAD_DIMS_V3 = (32, 64, 96, 128)
-
-
 def _accepts_v3(dtype, d: int) -> bool:
     """fp16 or bf16, d % 16 == 0, d <= 128 (dK and dV take 4·d·bk / (32·nw) f32 registers a thread:
-    128 at d = 128), on the GPU one of :data:`GPU_HEAD_DIMS_V3`; :func:`layout_v3` says whether a
-    given block shape splits d."""
-    return (dtype_name(dtype) in ("float16", "bfloat16") and d % 16 == 0 and 16 <= d <= 128
-            and (tc.SIM or d in GPU_HEAD_DIMS_V3))
+    128 at d = 128); :func:`layout_v3` says whether a given block shape splits d."""
+    return dtype_name(dtype) in ("float16", "bfloat16") and d % 16 == 0 and 16 <= d <= 128
 
 
 def supports_v3(dtype, d: int) -> bool:
-    """What :func:`_accepts_v3` and the default block shape can split, of the head dims measured on
-    a GPU: d in {32, 64, 96, 128} (:data:`GPU_HEAD_DIMS_V3`; other head dims take bwd_fp16_v1)."""
-    if not _accepts_v3(dtype, d) or d not in GPU_HEAD_DIMS_V3:
+    """What :func:`_accepts_v3` and the default block shape can split: d = 16, 32, ..., 128."""
+    if not _accepts_v3(dtype, d):
         return False
     cfg = default_config_v3(d)
     try:
@@ -888,7 +869,7 @@ def backward_v3(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
     overrides :func:`default_config_v3`.  dQ is summed over key blocks by float32 atomics in no
     fixed order: it may differ from run to run in its last bits."""
     inp, a, (nb, nh, nhk, nq, nk, d), lse_d, cfg, sc = prepare_backward(
-        "bwd_fp16_v3 takes float16 or bfloat16 with head_dim % 16 == 0, at most 128 (on a GPU: 32, 64, 96 or 128)",
+        "bwd_fp16_v3 takes float16 or bfloat16 with head_dim % 16 == 0, at most 128",
         default_config_v3, _accepts_v3,
         q, k, v, o, lse, do, scale=scale, config=config, causal=causal)
     layout_v3(d, cfg["bq"], cfg["bk"], cfg["nw"], cfg["ma"], cfg["mb"], cfg["mc"])  # ValueError if the warps cannot
