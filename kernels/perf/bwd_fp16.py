@@ -841,7 +841,7 @@ def default_config_v3(d: int) -> dict:
     phase B's warps own 4 m-tiles (64 keys x 32 columns: 2 warps along the keys, 4 along d), as
     flash-attention's AtomLayoutNdKV = 2: 0.94x flash at N = 16,384 and 0.98x at N = 4,096 where
     mb = 2 ran 0.90x and 0.90x (the same record, t128)."""
-    if d == 64:
+    if d in (48, 64, 80):
         return dict(bq=128, bk=128, nw=8, ma=4, mb=2, mc=2, minb=1)
     return dict(bq=64, bk=128, nw=8, ma=2, mb=4 if d == 128 else 2, mc=2 if d in (64, 128) else 1, minb=1)
 
