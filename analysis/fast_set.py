@@ -256,8 +256,10 @@ def predict_lsu_loads(cfg: dict, sched, io, config=None) -> list[int]:
     """Per launch of ``sched`` (``io``: the walker's count of it), its LSU load bytes: the
     walker's global sectors for the plain loads, :func:`ldgsts_sectors` for every cp.async
     tile (:func:`ldgsts_patterns`; each tile copy by its rows that exist), x 32.  Raises
-    ``AssertionError`` if the tiles, counted by their global sectors, do not add up to the
-    walker's count of them (the tiles read here are the schedule's)."""
+    ``AssertionError`` if the tiles, counted by their bytes, do not add up to the walker's
+    count of them (the tiles read here are the schedule's).  Rows of a width that is not a
+    multiple of 32 bytes (d = 40 in fp16: 80 bytes) share global sectors with their neighbours,
+    which the walker counts; the LSU's count of a cp.async goes by the shared destinations."""
     import numpy as np
 
     pats = ldgsts_patterns(cfg["kernel"], cfg["head_dim"], config)
@@ -278,11 +280,11 @@ def predict_lsu_loads(cfg: dict, sched, io, config=None) -> list[int]:
                 if v > 0:
                     w = int(rep[nrows == v].sum()) * launch.programs
                     lsu[a.tensor] += w * ldgsts_sectors(rows, row_bytes, stride, threads, int(v))
-                    glob[a.tensor] += w * int(v) * -(-row_bytes // 32)
+                    glob[a.tensor] += w * int(v) * row_bytes
         total = c.read_sectors or 0
         for t in p:
-            walked = c.breakdown[(t, "read")].sectors if (t, "read") in c.breakdown else 0
-            assert walked == glob[t], (launch.name, t, walked, glob[t])
-            total += lsu[t] - glob[t]
+            walked = c.breakdown.get((t, "read"))
+            assert (walked.bytes if walked else 0) == glob[t], (launch.name, t, walked, glob[t])
+            total += lsu[t] - (walked.sectors if walked else 0)
         out.append(total * 32)
     return out

@@ -245,8 +245,9 @@ def replace_block(text: str, table: str, start: str = START, end: str = END) -> 
 
 def merge(out: str | Path, parts: list[str | Path], force: bool = False) -> None:
     """Write the rows of ``parts`` into ``out`` (and its ``.meta.json``, each part's provenance
-    listed); an existing ``out`` is refused (ValueError) unless ``force``.  Both files are written
-    to temporary names and renamed."""
+    listed); an existing ``out`` is refused (ValueError) unless ``force``.  A configuration that a
+    later part holds takes all its rows from that part (its ratios are same-run ones: the rows of
+    one configuration never mix runs).  Both files are written to temporary names and renamed."""
     out = Path(out)
     meta_out = out.with_name(out.stem + ".meta.json")
     if not force and (out.exists() or meta_out.exists()):
@@ -254,7 +255,9 @@ def merge(out: str | Path, parts: list[str | Path], force: bool = False) -> None
     rows, metas = [], []
     for p in parts:
         p = Path(p)
-        rows += load(p)
+        new = load(p)
+        again = {r.get("config") for r in new} - {None, ""}
+        rows = [r for r in rows if r.get("config") not in again] + new
         m = p.with_name(p.stem + ".meta.json")
         metas.append(dict(json.loads(m.read_text()), part=p.name) if m.is_file() else {"part": p.name})
     first = {k: v for k, v in metas[0].items() if k not in ("part", "date", "git_commit")}

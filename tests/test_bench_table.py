@@ -48,6 +48,18 @@ def test_merge_keeps_every_row_and_each_parts_provenance(tmp_path):
     assert meta["gpu"] == "G" and [x["git_commit"] for x in meta["parts"]] == ["1", "2"]
 
 
+def test_merge_takes_a_configuration_rerun_from_the_later_part(tmp_path):
+    head = "config,variant,pass,dtype,d,causal,n,tflops\n"
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    a.write_text(head + "c1,naive,bwd,fp16,80,False,4096,100\nc1,ours_v1,bwd,fp16,80,False,4096,90\n"
+                 "c2,naive,bwd,fp16,40,False,4096,50\n")
+    b.write_text(head + "c1,naive,bwd,fp16,80,False,4096,101\nc1,ours_v3,bwd,fp16,80,False,4096,150\n")
+    bench_table.merge(tmp_path / "m.csv", [a, b])
+    got = sorted((r["config"], r["variant"], r["tflops"]) for r in bench_table.load(tmp_path / "m.csv"))
+    print(got)
+    assert got == [("c1", "naive", "101"), ("c1", "ours_v3", "150"), ("c2", "naive", "50")]
+
+
 def test_replace_block_needs_the_markers():
     with pytest.raises(ValueError, match="markers"):
         bench_table.replace_block("no markers here", "x")

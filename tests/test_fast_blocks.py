@@ -248,7 +248,7 @@ def test_reductions_in_the_l2_by_hand():
 #: record -> (launches, reads within 8%, writes within 15%): what the L2 model gives (H100 preset,
 #: parameters from the calibration records, not fitted here) on analysis/data/h100/fast.
 DRAM_WANT = {"fwd": (12, 11, 9), "bwd": (38, 36, 19), "bf16": (4, 4, 1), "v5": (10, 10, 6), "v5b": (11, 11, 7),
-             "v5c": (10, 10, 4), "v3d": (32, 30, 16)}
+             "v5c": (10, 10, 4), "v3d": (32, 30, 16), "v3odd": (4, 4, 3), "v1d40": (3, 3, 3)}
 
 
 @pytest.mark.parametrize("rec", list(DRAM_WANT))

@@ -80,7 +80,8 @@ def test_selection_and_bad_input():
     w = W(1, 1, 128, 128, dtype="fp16")
     assert fast.variant_for(w, "bwd") == "bwd_fp16_v3"
     assert fast.variant_for(W(1, 1, 128, 64), "bwd") == "bwd_fp16_v3"
-    assert fast.variant_for(W(1, 1, 128, 48), "bwd") == "bwd_fp16_v1"
+    assert fast.variant_for(W(1, 1, 128, 48), "bwd") == "bwd_fp16_v3"
+    assert fast.variant_for(W(1, 1, 128, 40), "bwd") == "bwd_fp16_v1"
     assert fast.variant_for(W(1, 1, 128, 64, dtype="fp32"), "bwd") == "bwd_fp32_v2"
     assert fast.variant_for(W(1, 1, 128, 48, dtype="fp32"), "bwd") == "bwd_fp32_v1"
     assert fast.variant_for(W(1, 1, 128, 128, dtype="bf16"), "bwd") == "bwd_fp16_v3"

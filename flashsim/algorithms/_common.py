@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import STAT_BYTES, Tiling, Workload, cdiv
-from ..traffic import SECTOR_BYTES, TensorLayout
+from ..traffic import SECTOR_BYTES, TensorLayout, read
 
 #: The most programs (B·H or B·Hkv) and blocks along one axis (⌈N/block⌉, ⌈d/s⌉) a schedule
 #: takes: the walker holds O(programs + blocks) int64s (at the limit, tens of MB each).
@@ -151,3 +151,21 @@ def chunks(n: int, parts: int = 16, least: int = 32) -> list[np.ndarray]:
     shorter): how the loop-order streams list an outer loop without holding all of it at once."""
     size = max(least, -(-n // parts))
     return [np.arange(s, min(s + size, n), dtype=np.int64) for s in range(0, n, size)]
+
+
+#: Threads of the reference preprocess kernel (kernels/flash2.py, D = rowsum(dO ∘ O)) that share
+#: a row: a warp's load reads 16 consecutive elements of each of its 2 rows, a row in ⌈d/16⌉ loads.
+PREPROCESS_LANES = 16
+
+
+def strip_reads(tensor: str, row0, nrows, d: int, repeat=1):
+    """Reads of rows [row0, row0 + nrows) of ``tensor`` as the reference preprocess kernel makes
+    them: columns [16u, 16u + 16) in its load u, each load its own request.  Where a row's strips
+    start on 32-byte boundaries (rows of a multiple of 32 bytes: fp16 d % 16 == 0, fp32 d % 8 ==
+    0) they touch the sectors of whole rows; elsewhere a strip straddles a sector boundary and
+    the strips of one row touch more (fp16 d = 40: 80-byte rows, 3.5 sectors a row where the
+    row spans 2.5; measured so on the H100).  Exact where no two rows of one load share a
+    sector (rows at least a strip plus 32 bytes long: fp16 d >= 32, fp32 d >= 24), an upper
+    bound below that."""
+    for c0 in range(0, d, PREPROCESS_LANES):
+        yield read(tensor, row0, nrows, c0, min(PREPROCESS_LANES, d - c0), repeat=repeat)

@@ -83,7 +83,15 @@ from ..blocks import attach
 from ..config import STAT_BYTES, Tiling, Workload, cdiv
 from ..masking import visible_counts
 from ..traffic import Launch, Schedule, TensorLayout, read, reduction, write
-from ._common import block_rows, classes, head_classes, layouts, per_kv_head_slices, per_query_head_slices
+from ._common import (
+    block_rows,
+    classes,
+    head_classes,
+    layouts,
+    per_kv_head_slices,
+    per_query_head_slices,
+    strip_reads,
+)
 
 PASSES = ("fwd", "bwd")
 NEEDS_TILING = False
@@ -438,8 +446,8 @@ def _preprocess(w: Workload, slices) -> Launch:
 
     def counts():
         qc = classes(q0, qn)
-        yield read("O", qc[0], qc[1], repeat=qc[2])
-        yield read("dO", qc[0], qc[1], repeat=qc[2])
+        yield from strip_reads("O", qc[0], qc[1], w.d, repeat=qc[2])
+        yield from strip_reads("dO", qc[0], qc[1], w.d, repeat=qc[2])
         yield write("D", qc[0], qc[1], repeat=qc[2])
 
     return Launch("flash2_bwd_preprocess", w.bh, slices, counts, counts)

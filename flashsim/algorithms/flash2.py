@@ -54,6 +54,7 @@ from ._common import (
     per_kv_head_slices,
     per_query_head_slices,
     require_tiling,
+    strip_reads,
     tiling_blocks,
 )
 
@@ -128,15 +129,15 @@ def _backward(w: Workload, t: Tiling, window=None) -> Schedule:
     heads, per_head = head_classes(w.group)
 
     def preprocess():
-        for ii in _chunks(len(q0)):  # per query block i: O_i, dO_i in, D_i out
-            yield read("O", q0[ii], qn[ii])
-            yield read("dO", q0[ii], qn[ii])
+        for ii in _chunks(len(q0)):  # per query block i: O_i, dO_i in (16-column strips), D_i out
+            yield from strip_reads("O", q0[ii], qn[ii], w.d)
+            yield from strip_reads("dO", q0[ii], qn[ii], w.d)
             yield write("D", q0[ii], qn[ii])
 
     def preprocess_counts():
         qc = classes(q0, qn)
-        yield read("O", qc[0], qc[1], repeat=qc[2])
-        yield read("dO", qc[0], qc[1], repeat=qc[2])
+        yield from strip_reads("O", qc[0], qc[1], w.d, repeat=qc[2])
+        yield from strip_reads("dO", qc[0], qc[1], w.d, repeat=qc[2])
         yield write("D", qc[0], qc[1], repeat=qc[2])
 
     def dkdv():
