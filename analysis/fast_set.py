@@ -69,7 +69,7 @@ def fast_set() -> list[dict]:
     zero-filled rows of cp.async) forward and backward; fwd_fp32_v1 at d = 80, bwd_fp16_v1 at d = 40,
     fwd_fp16_v4 and bwd_fp32_v1 at d = 96 (head dims where BEST takes them; bwd_fp16_v1 was
     measured at d = 96 and 80 until BEST took bwd_fp16_v3 there); bwd_fp16_v3 at d = 80 (its
-    phases B and C end in an odd n-tile, its tile copies in a partial pass).  28 configurations,
+    phases B and C end in an odd n-tile, its copy passes cross rows).  28 configurations,
     65 launches."""
     out = []
     for d in (64, 128):  # the fp16 forward (N = 1,024 at d = 64: the fig2 record and N = 1,000 here)

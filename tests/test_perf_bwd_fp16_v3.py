@@ -77,9 +77,9 @@ def test_layout_rejects_what_the_warps_cannot_split():
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", [16, 48, 80, 96, 112])
 def test_gpu_backward_head_dims(d):
-    """The default block (64 x 128, 8 warps) at the head dims whose tile copies cross rows or end in
-    a partial pass, and whose phases B and C end in an odd n-tile (not d = 96): GQA 4:2, ragged N
-    with Nq > Nk, causal and not."""
+    """The default block (8 warps; 128 x 128 at d = 48 and 80, 64 x 128 else) at the head dims
+    whose copy passes cross rows (all but 16), end in a partial pass (16, 112) and whose phases B and
+    C end in an odd n-tile (all but 96): GQA 4:2, ragged N with Nq > Nk, causal and not."""
     q, k, v, do = make(d, 2, 4, 2, 1000, 777, d)
     for causal in (False, True):
         o, lse = bwd_fp16_v3.saved_forward(q, k, v, causal=causal)

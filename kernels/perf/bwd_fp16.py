@@ -835,9 +835,12 @@ def default_config_v3(d: int) -> dict:
     """bq queries per step, bk keys per block, nw warps; ma, mb, mc: m-tiles a warp owns in phases
     A (keys), B (keys) and C (queries).  flash-attention's shapes: 128 x 128 at d = 64 (254
     registers, 182 KB, no spills; on the H100 0.92x SDPA flash at N = 16,384 where 64 x 128 ran
-    0.85x, 1.02x at N = 4,096 where it ran 0.94x: kernels/data/bwd_fp16_v3_d64_h100_460c9a6), 64
-    x 128 otherwise (the only one whose shared memory fits at d = 128; below 64 columns phase C
-    gives each warp one m-tile, as at d = 96, so that its column groups stay whole n-tile pairs).  At d = 128
+    0.85x, 1.02x at N = 4,096 where it ran 0.94x: kernels/data/bwd_fp16_v3_d64_h100_460c9a6), and
+    at d = 48 and 80 (255 registers, 16 and 84 bytes of spills; 1.16x and 1.20x flash at N = 4,096,
+    1.13x and 1.17x at 16,384, where 64 x 128 ran 1.05x, 1.14x, 1.01x, 1.13x in the same runs:
+    kernels/data/bwd_fp16_v3_odd_h100_6d0524e); 64 x 128 otherwise (the only one whose shared
+    memory fits at d = 112 and 128; below 128 columns phase C gives each warp one m-tile: 4 warps
+    along the queries, 2 across d).  At d = 128
     phase B's warps own 4 m-tiles (64 keys x 32 columns: 2 warps along the keys, 4 along d), as
     flash-attention's AtomLayoutNdKV = 2: 0.94x flash at N = 16,384 and 0.98x at N = 4,096 where
     mb = 2 ran 0.90x and 0.90x (the same record, t128)."""
