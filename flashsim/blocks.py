@@ -326,14 +326,18 @@ def _key_block_tiles(w: Workload, cols, q0, qn, k0, kn, vis_of, q_lead, stat_lea
 
 
 def _preprocess_spec(w: Workload, cols, br: int) -> BlockSpec:
-    """The preprocess kernel (kernels/flash2.py, D = rowsum(dO ∘ O)): grid (Tr, B·H), one step."""
+    """The preprocess kernel (kernels/flash2.py, D = rowsum(dO ∘ O)): grid (Tr, B·H), one step;
+    O and dO in the 16-column strips its loads take (``algorithms._common.strip_reads``)."""
+    from .algorithms._common import PREPROCESS_LANES
+
     q0, qn = _rows(w.nq, br)
 
     def tiles(lo, hi):
         P = _Parts(lo, hi, cols)
         b, i, p, _ = _grid_index(lo, hi, len(q0))
-        P.add("O", False, b, 0, p, q0[i], qn[i])
-        P.add("dO", False, b, 0, p, q0[i], qn[i])
+        for name in ("O", "dO"):
+            for c0 in range(0, w.d, PREPROCESS_LANES):
+                P.add(name, False, b, 0, p, q0[i], qn[i], c0, min(PREPROCESS_LANES, w.d - c0))
         P.add("D", True, b, 0, p, q0[i], qn[i])
         return P.pack()
 
