@@ -226,7 +226,8 @@ def test_gpu_forward_wide_heads(d, causal, dtype):
 # every backward at d = 64, 96, 128; bwd_fp16_v3 and "auto" also at the head dims whose phases B
 # and C end in an odd n-tile (16, 48, 80, 112)
 BWD_GPU = ([(d, impl) for d in (64, 96, 128) for impl in ("reference", "auto", "bwd_fp16_v1", "bwd_fp16_v3")]
-           + [(d, impl) for d in (16, 48, 80, 112) for impl in ("auto", "bwd_fp16_v3")])
+           + [(d, impl) for d in (16, 48, 80, 112) for impl in ("auto", "bwd_fp16_v3")]
+           + [(d, "bwd_fp16_v3") for d in (160, 176, 256)])
 
 
 @pytest.mark.gpu

@@ -69,17 +69,20 @@ def test_layout_rejects_what_the_warps_cannot_split():
     assert bwd_fp16_v3.layout(128, **base) == dict(wak=4, na=4, wbk=4, nb=8, wcq=2, nc=4, rows=16)
     assert bwd_fp16_v3.layout(96, **(base | dict(mc=1)))["rows"] == 0  # a pass's chunks cross rows
     assert bwd_fp16_v3.layout(80, **(base | dict(mc=1)))["nb"] == 5  # odd n-tiles in phases B and C
-    assert [d for d in range(8, 137, 8) if bwd_fp16_v3.supports(np.float16, d)] == list(range(16, 129, 16))
+    assert [d for d in range(8, 265, 8) if bwd_fp16_v3.supports(np.float16, d)] == list(range(16, 257, 16))
+    for d in range(16, 257, 16):  # every default block fits an H100 SM's 227 KB
+        c = bwd_fp16_v3.default_config(d)
+        assert bwd_fp16_v3.smem_bytes(d, c["bq"], c["bk"]) <= 227 * 1024, (d, c)
     assert not bwd_fp16_v3.supports(np.float32, 64)
     assert bwd_fp16_v3.smem_bytes(128, 64, 128) <= 227 * 1024  # one block of 8 warps fits an SM
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("d", [16, 48, 80, 96, 112])
+@pytest.mark.parametrize("d", [16, 48, 80, 96, 112, 144, 160, 176, 192, 224, 256])
 def test_gpu_backward_head_dims(d):
-    """The default block (8 warps; 128 x 128 at d = 48 and 80, 64 x 128 else) at the head dims
-    whose copy passes cross rows (all but 16), end in a partial pass (16, 112) and whose phases B and
-    C end in an odd n-tile (all but 96): GQA 4:2, ragged N with Nq > Nk, causal and not."""
+    """The default block (8 warps; 128 x 128 at d = 48 and 80, 64 keys above d = 128, 64 x 128
+    else) at head dims whose copy passes cross rows, end in a partial pass or whose phases B and
+    C end in an odd n-tile, and above d = 128: GQA 4:2, ragged N with Nq > Nk, causal and not."""
     q, k, v, do = make(d, 2, 4, 2, 1000, 777, d)
     for causal in (False, True):
         o, lse = bwd_fp16_v3.saved_forward(q, k, v, causal=causal)

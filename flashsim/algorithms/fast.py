@@ -149,6 +149,10 @@ def default_config(name: str, d: int) -> dict:
     if name == "bwd_fp16_v3":
         if d in (48, 64, 80):
             return dict(bq=128, bk=128, nw=8, ma=4, mb=2, mc=2, minb=1)
+        if d > 128:
+            if d % 32 == 0:
+                return dict(bq=32, bk=64, nw=8, ma=1, mb=2, mc=1, minb=1)
+            return dict(bq=64, bk=64, nw=8, ma=2, mb=1, mc=1, minb=1)
         return dict(bq=64, bk=128, nw=8, ma=2, mb=4 if d == 128 else 2, mc=2 if d in (64, 128) else 1, minb=1)
     if name == "bwd_fp32_v1":
         nw = 4 if d <= 64 or 68 <= d <= 96 else 8
@@ -170,7 +174,7 @@ def supports(name: str, dtype: str, d: int) -> bool:
     if name in ("fwd_fp16_v5", "fwd_fp16_v6"):
         return d in (64, 128)
     if name == "bwd_fp16_v3":
-        return d % 16 == 0 and 16 <= d <= 128
+        return d % 16 == 0 and 16 <= d <= 256
     if name in ("fwd_fp32_v1", "bwd_fp32_v1"):
         return d % 4 == 0 and 4 <= d <= 128
     if name == "fwd_fp32_v2":

@@ -846,17 +846,32 @@ def default_config_v3(d: int) -> dict:
     mb = 2 ran 0.90x and 0.90x (the same record, t128)."""
     if d in (48, 64, 80):
         return dict(bq=128, bk=128, nw=8, ma=4, mb=2, mc=2, minb=1)
+    if d > 128:  # 64 keys a block (dK, dV: 128 registers a thread at d = 256); see _wide_v3
+        return _wide_v3(d)
     return dict(bq=64, bk=128, nw=8, ma=2, mb=4 if d == 128 else 2, mc=2 if d in (64, 128) else 1, minb=1)
 
 
+def _wide_v3(d: int) -> dict:
+    """The block above d = 128: 64 keys (dK and dV keep 2·d·64 / 256 = d / 2 f32 registers a
+    thread), 8 warps, 4 of them along the keys in phase B; where d % 32 == 0, 32 queries a step
+    (phase C's dQ tile, 32·d / 256 registers, shared across 4 warps along d; phase B 2 m-tiles a
+    warp, 4 warps across d), else 64 (2 warps along d in both phases, the only split into whole
+    n-tiles).  ptxas, registers and spill bytes: d = 144 252, 0; 160 237, 0; 176 255, 8; 192
+    248, 0; 256 255, 0."""
+    if d % 32 == 0:
+        return dict(bq=32, bk=64, nw=8, ma=1, mb=2, mc=1, minb=1)
+    return dict(bq=64, bk=64, nw=8, ma=2, mb=1, mc=1, minb=1)
+
+
 def _accepts_v3(dtype, d: int) -> bool:
-    """fp16 or bf16, d % 16 == 0, d <= 128 (dK and dV take 4·d·bk / (32·nw) f32 registers a thread:
-    128 at d = 128); :func:`layout_v3` says whether a given block shape splits d."""
-    return dtype_name(dtype) in ("float16", "bfloat16") and d % 16 == 0 and 16 <= d <= 128
+    """fp16 or bf16, d % 16 == 0, 16 <= d <= 256 (dK and dV take 2·d·bk / (32·nw) f32 registers a
+    thread: 128 at d = 128 with 128 keys a block, and at d = 256 with 64); :func:`layout_v3` says
+    whether a given block shape splits d."""
+    return dtype_name(dtype) in ("float16", "bfloat16") and d % 16 == 0 and 16 <= d <= 256
 
 
 def supports_v3(dtype, d: int) -> bool:
-    """What :func:`_accepts_v3` and the default block shape can split: d = 16, 32, ..., 128."""
+    """What :func:`_accepts_v3` and the default block shape can split: d = 16, 32, ..., 256."""
     if not _accepts_v3(dtype, d):
         return False
     cfg = default_config_v3(d)
@@ -872,7 +887,7 @@ def backward_v3(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
     overrides :func:`default_config_v3`.  dQ is summed over key blocks by float32 atomics in no
     fixed order: it may differ from run to run in its last bits."""
     inp, a, (nb, nh, nhk, nq, nk, d), lse_d, cfg, sc = prepare_backward(
-        "bwd_fp16_v3 takes float16 or bfloat16 with head_dim % 16 == 0, at most 128",
+        "bwd_fp16_v3 takes float16 or bfloat16 with head_dim % 16 == 0, at most 256",
         default_config_v3, _accepts_v3,
         q, k, v, o, lse, do, scale=scale, config=config, causal=causal)
     layout_v3(d, cfg["bq"], cfg["bk"], cfg["nw"], cfg["ma"], cfg["mb"], cfg["mc"])  # ValueError if the warps cannot
