@@ -150,9 +150,7 @@ def default_config(name: str, d: int) -> dict:
         if d in (48, 64, 80):
             return dict(bq=128, bk=128, nw=8, ma=4, mb=2, mc=2, minb=1)
         if d > 128:
-            if d % 32 == 0:
-                return dict(bq=32, bk=64, nw=8, ma=1, mb=2, mc=1, minb=1)
-            return dict(bq=64, bk=64, nw=8, ma=2, mb=1, mc=1, minb=1)
+            return dict(bq=64, bk=64, nw=8, ma=2, mb=2 if d % 32 == 0 else 1, mc=1, minb=1)
         return dict(bq=64, bk=128, nw=8, ma=2, mb=4 if d == 128 else 2, mc=2 if d in (64, 128) else 1, minb=1)
     if name == "bwd_fp32_v1":
         nw = 4 if d <= 64 or 68 <= d <= 96 else 8
@@ -185,9 +183,9 @@ def supports(name: str, dtype: str, d: int) -> bool:
 #: kernels.perf.BEST: (pass, dtype) -> (variant, smallest d, largest d) in order of preference
 #: (bf16 runs the fp16 kernels, in the fp16 order).
 BEST = {("fwd", "fp16"): (("fwd_fp16_v5", 64, 128), ("fwd_fp16_v4", 1, 1 << 30)),
-        ("bwd", "fp16"): (("bwd_fp16_v3", 48, 128), ("bwd_fp16_v1", 1, 1 << 30)),
+        ("bwd", "fp16"): (("bwd_fp16_v3", 48, 256), ("bwd_fp16_v1", 1, 1 << 30)),
         ("fwd", "bf16"): (("fwd_fp16_v5", 64, 128), ("fwd_fp16_v4", 1, 1 << 30)),
-        ("bwd", "bf16"): (("bwd_fp16_v3", 48, 128), ("bwd_fp16_v1", 1, 1 << 30)),
+        ("bwd", "bf16"): (("bwd_fp16_v3", 48, 256), ("bwd_fp16_v1", 1, 1 << 30)),
         ("fwd", "fp32"): (("fwd_fp32_v2", 32, 128), ("fwd_fp32_v1", 1, 1 << 30)),
         ("bwd", "fp32"): (("bwd_fp32_v2", 32, 128), ("bwd_fp32_v1", 1, 1 << 30))}
 

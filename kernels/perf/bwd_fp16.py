@@ -846,21 +846,21 @@ def default_config_v3(d: int) -> dict:
     mb = 2 ran 0.90x and 0.90x (the same record, t128)."""
     if d in (48, 64, 80):
         return dict(bq=128, bk=128, nw=8, ma=4, mb=2, mc=2, minb=1)
-    if d > 128:  # 64 keys a block (dK, dV: 128 registers a thread at d = 256); see _wide_v3
+    if d > 128:  # 64 keys a block (dK, dV: 128 registers a thread at d = 256)
         return _wide_v3(d)
     return dict(bq=64, bk=128, nw=8, ma=2, mb=4 if d == 128 else 2, mc=2 if d in (64, 128) else 1, minb=1)
 
 
 def _wide_v3(d: int) -> dict:
-    """The block above d = 128: 64 keys (dK and dV keep 2·d·64 / 256 = d / 2 f32 registers a
-    thread), 8 warps, 4 of them along the keys in phase B; where d % 32 == 0, 32 queries a step
-    (phase C's dQ tile, 32·d / 256 registers, shared across 4 warps along d; phase B 2 m-tiles a
-    warp, 4 warps across d), else 64 (2 warps along d in both phases, the only split into whole
-    n-tiles).  ptxas, registers and spill bytes: d = 144 252, 0; 160 237, 0; 176 255, 8; 192
-    248, 0; 256 255, 0."""
-    if d % 32 == 0:
-        return dict(bq=32, bk=64, nw=8, ma=1, mb=2, mc=1, minb=1)
-    return dict(bq=64, bk=64, nw=8, ma=2, mb=1, mc=1, minb=1)
+    """The block above d = 128: 64 x 64 (dK and dV keep 2·d·64 / 256 = d / 2 f32 registers a
+    thread), 8 warps: phase A 2 x 4 warps (keys x queries); phase B 2 m-tiles a warp, 2 warps
+    along the keys and 4 across d where d % 32 == 0, else 1 m-tile and 4 x 2 (the only split into
+    whole n-tiles); phase C one m-tile, 4 warps along the queries, 2 across d.  On the H100
+    (B·H = 16, kernels/data/bwd_fp16_v3_wide_h100_c1d781c) 1.07x, 0.91x, 0.83x SDPA flash at
+    d = 160, 192, 256 and N = 4,096 (0.97x, 0.81x, 0.79x at 16,384) where 32 queries a step ran
+    0.95x, 0.81x, 0.78x (0.88x, 0.71x, 0.72x) and bwd_fp16_v1 0.84x, 0.55x, 0.34x (0.75x, 0.50x,
+    0.31x).  ptxas: 255 registers, no spills at d = 160 and 192, 68 bytes at 256."""
+    return dict(bq=64, bk=64, nw=8, ma=2, mb=2 if d % 32 == 0 else 1, mc=1, minb=1)
 
 
 def _accepts_v3(dtype, d: int) -> bool:
