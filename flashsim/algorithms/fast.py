@@ -22,7 +22,7 @@ Variants (the names the records use) and their launches, in launch order:
   ``kernels.perf._launch.row_dots``), then the dK/dV kernel (Bc = 16·nw·mt keys a block, bq query
   rows a step over every query head of the group), then the dQ kernel (Br = 16·nw·mt query rows,
   bk keys a step): flash2's three launches with these tiles.
-* ``bwd_fp16_v3`` (d = 64 ... 128 in steps of 16 by default; also 16 ... 48), ``bwd_fp32_v1``, ``bwd_fp32_v2``: D, the
+* ``bwd_fp16_v3`` (d = 48 ... 256 in steps of 16 by default; also 16 and 32), ``bwd_fp32_v1``, ``bwd_fp32_v2``: D, the
   zero fill of the float32 dQ accumulator ``dQacc`` (``zero_fill``: B·H·Nq·d float32 stores), one
   key-block kernel (K_j, V_j once; per step Q_i, dO_i, L_i, D_i; dQ_i by ``red.global.add``
   into ``dQacc``, traffic class "reduction"; dK_j, dV_j stored once), and for fp16 the

@@ -23,9 +23,10 @@ import importlib
 #: it runs.  The fp16/bf16 forward takes fwd_fp16_v5 (Hopper's warpgroup products) where it
 #: applies, d = 64 and 128 (1.06-1.47x fwd_fp16_v4 on each of the 49 shapes of the H100 bench,
 #: grid and off-grid, in the same run: kernels/data/bench_fwd_v5_20cf9ec), v4 elsewhere.  The fp16
-#: backward takes bwd_fp16_v3 at d = 48 to 128 in steps of 16 (1.4x bwd_fp16_v1 at d = 128 on the H100,
-#: at d = 64 faster since its loop stopped dividing by the block count, at d = 48-112 0.97-1.9x by
-#: their ratios to SDPA flash: NOTES.md; it runs at d = 16 and 32 too, not timed against v1), v1
+#: backward takes bwd_fp16_v3 at d = 48 to 256 in steps of 16 (1.4x bwd_fp16_v1 at d = 128 on the H100,
+#: at d = 64 faster since its loop stopped dividing by the block count, at d = 48-112 0.97-1.9x and
+#: at 160-256 1.3-2.5x by their ratios to SDPA flash: NOTES.md; it runs at d = 16 and 32 too, not
+#: timed against v1), v1
 #: elsewhere and where the caller asks for a deterministic backward (v3's dQ is summed by
 #: atomics: :data:`ATOMIC`).  The fp32 backward takes bwd_fp32_v2 (3xTF32 on the tensor cores, as
 #: accurate as v1's FFMA) at d = 32, 64 and 128, v1 (any d % 4 == 0) elsewhere; the fp32 forward
