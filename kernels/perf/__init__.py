@@ -25,7 +25,7 @@ import importlib
 #: grid and off-grid, in the same run: kernels/data/bench_fwd_v5_20cf9ec), v4 elsewhere.  The fp16
 #: backward takes bwd_fp16_v3 at d = 48 to 256 in steps of 16 (1.4x bwd_fp16_v1 at d = 128 on the H100,
 #: at d = 64 faster since its loop stopped dividing by the block count, at d = 48-112 0.97-1.9x and
-#: at 160-256 1.3-2.5x by their ratios to SDPA flash: NOTES.md; it runs at d = 16 and 32 too, not
+#: at 160-256 1.27-2.55x by their ratios to SDPA flash: NOTES.md; it runs at d = 16 and 32 too, not
 #: timed against v1), v1
 #: elsewhere and where the caller asks for a deterministic backward (v3's dQ is summed by
 #: atomics: :data:`ATOMIC`).  The fp32 backward takes bwd_fp32_v2 (3xTF32 on the tensor cores, as
