@@ -21,7 +21,10 @@ helpers, fragment layouts and instruction-count lessons are ``fwd_fp16``'s (and
   carried instead of divided by the block count (a 64-bit division routine, 7 calls a step):
   1.08-1.10x on the H100 (A/B), v3 1.04-1.14x v1 at d = 64, N >= 4,096 (kernels/data/
   bench_grid_bwd_1b357d8: d = 64 0.75-0.84x SDPA flash, d = 128 0.85-0.95x).  Shipped at d = 64
-  and 128.  (Its step from the one-kernel bwd_fp16_v2, 1-D warp tiles, is read at commit f09d49e.)
+  and 128, then 96 (tile copies across rows, 848949c), 48-112 (odd n-tiles and partial copy
+  passes, f27bd21: 1.05-1.29x flash where v1 ran 0.64-1.18x) and 144-256 (64 x 64 blocks,
+  bafd8d6: 0.79-1.07x flash at d = 160-256 where v1 ran 0.31-0.84x).  (Its step from the one-kernel bwd_fp16_v2,
+  1-D warp tiles, is read at commit f09d49e.)
 """
 
 from __future__ import annotations
