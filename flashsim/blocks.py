@@ -327,17 +327,18 @@ def _key_block_tiles(w: Workload, cols, q0, qn, k0, kn, vis_of, q_lead, stat_lea
 
 def _preprocess_spec(w: Workload, cols, br: int) -> BlockSpec:
     """The preprocess kernel (kernels/flash2.py, D = rowsum(dO ∘ O)): grid (Tr, B·H), one step;
-    O and dO in the 16-column strips its loads take (``algorithms._common.strip_reads``)."""
-    from .algorithms._common import PREPROCESS_LANES
+    O and dO in the 16-column strips its loads take (``algorithms._common.preprocess_strips``)."""
+    from .algorithms._common import preprocess_strips
 
     q0, qn = _rows(w.nq, br)
+    strips = preprocess_strips(w.d)
 
     def tiles(lo, hi):
         P = _Parts(lo, hi, cols)
         b, i, p, _ = _grid_index(lo, hi, len(q0))
         for name in ("O", "dO"):
-            for c0 in range(0, w.d, PREPROCESS_LANES):
-                P.add(name, False, b, 0, p, q0[i], qn[i], c0, min(PREPROCESS_LANES, w.d - c0))
+            for c0, nc in strips:
+                P.add(name, False, b, 0, p, q0[i], qn[i], c0, nc)
         P.add("D", True, b, 0, p, q0[i], qn[i])
         return P.pack()
 

@@ -158,6 +158,13 @@ def chunks(n: int, parts: int = 16, least: int = 32) -> list[np.ndarray]:
 PREPROCESS_LANES = 16
 
 
+def preprocess_strips(d: int) -> list[tuple[int, int]]:
+    """(first column, columns) of each load of a row by the reference preprocess kernel: [16u,
+    16u + 16), the last one cut at d.  The walker's schedule (:func:`strip_reads`) and the L2
+    model's thread blocks (``flashsim.blocks``) both read O and dO this way."""
+    return [(c0, min(PREPROCESS_LANES, d - c0)) for c0 in range(0, d, PREPROCESS_LANES)]
+
+
 def strip_reads(tensor: str, row0, nrows, d: int, repeat=1):
     """Reads of rows [row0, row0 + nrows) of ``tensor`` as the reference preprocess kernel makes
     them: columns [16u, 16u + 16) in its load u, each load its own request.  Where a row's strips
@@ -167,5 +174,5 @@ def strip_reads(tensor: str, row0, nrows, d: int, repeat=1):
     row spans 2.5; measured so on the H100).  Exact where no two rows of one load share a
     sector (rows at least a strip plus 32 bytes long: fp16 d >= 32, fp32 d >= 24), an upper
     bound below that."""
-    for c0 in range(0, d, PREPROCESS_LANES):
-        yield read(tensor, row0, nrows, c0, min(PREPROCESS_LANES, d - c0), repeat=repeat)
+    for c0, nc in preprocess_strips(d):
+        yield read(tensor, row0, nrows, c0, nc, repeat=repeat)
