@@ -57,3 +57,34 @@ def lock_shared_arrays() -> bool:
     cls.array = array
     cls._flashsim_locked = True
     return True
+
+
+#: Whether the simulator fills a block's dynamic shared memory with 0xFF bytes (a NaN in fp16,
+#: bf16 and fp32) instead of zeros: on a GPU it holds whatever the last block left, so a kernel
+#: that reads bytes it never wrote passes under the simulator's zeros and fails here.
+POISON = False
+
+
+def poison_dynamic_shared(on: bool = True) -> bool:
+    """Set :data:`POISON` (the simulator's dynamic shared memory 0xFF-filled at every block) and
+    return its previous value; False, and nothing set, when the simulator is off."""
+    global POISON
+    from numba import config
+
+    if not config.ENABLE_CUDASIM:
+        return False
+    from numba.cuda.simulator import kernelapi
+
+    cls = kernelapi.FakeCUDAShared
+    if not getattr(cls, "_flashsim_poison", False):
+        original = cls.__init__
+
+        def init(self, dynshared_size):
+            original(self, dynshared_size)
+            if POISON:
+                self._dynshared.fill(-1)
+
+        cls.__init__ = init
+        cls._flashsim_poison = True
+    was, POISON = POISON, bool(on)
+    return was

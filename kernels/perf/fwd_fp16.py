@@ -81,14 +81,19 @@ def smem_bytes(dp: int, br: int, bc: int) -> int:
     return 2 * (dp + 8) * (br + 4 * bc)
 
 
+def atom_width(d: int) -> int:
+    """Columns of a 128-byte swizzled tile (v5, v6): d rounded up to whole atoms of 64 halves."""
+    return -(-d // 64) * 64
+
+
 def smem_bytes_v5(dp: int, br: int, bc: int) -> int:
-    # Q, K and V twice, unpadded (128-byte swizzled), and 1 KiB to align the swizzle atoms
-    return 2 * dp * (br + 4 * bc) + 1024
+    # Q, K and V twice, 128-byte swizzled in whole atoms of 64 columns, and 1 KiB to align them
+    return 2 * atom_width(dp) * (br + 4 * bc) + 1024
 
 
 def smem_bytes_v6(dp: int, br: int, bc: int) -> int:
     # v5's, with V in three buffers (its product still runs while K_{j+1}, V_{j+1} land)
-    return 2 * dp * (br + 5 * bc) + 1024
+    return 2 * atom_width(dp) * (br + 5 * bc) + 1024
 
 
 def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: bool = True, BF16: bool = False,
@@ -109,21 +114,30 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
     if PIPE and (not WG or not LAZY):
         raise ValueError(f"{PIPE=}: a stage of v5 (WG, LAZY)")
     if WG:  # v5: the products on warpgroups (4 warps, 64 rows each: MT = 1), tiles swizzled
-        if MT != 1 or NW % 4 or DP % 64 or DP != D or BC % 16 or not 16 <= BC <= 256:
-            raise ValueError(f"{D=}, {BC=}, {NW=}, {MT=}: v5 takes d = 64 or 128, MT = 1, whole warpgroups, Bc 16..256")
-        QB, KB = 0, 2 * BR * DP  # byte offsets from the 1024-aligned base: Q, K buffers, V buffers
-        KSZ = 2 * BC * DP
+        if MT != 1 or NW % 4 or D % 8 or not 8 <= D <= 256 or BC % 16 or not 16 <= BC <= 256:
+            raise ValueError(f"{D=}, {BC=}, {NW=}, {MT=}: v5 takes d % 8 = 0 up to 256, MT = 1, whole warpgroups, "
+                             "Bc 16..256 in steps of 16")
+        # A tile's rows are DA = d rounded up to whole 64-column atoms (the 128-byte swizzle's);
+        # S = Q Kᵀ runs over the DP columns (d to 16: a column pad of Q and K zeroed below), O += P V
+        # over all DA columns of V (N = DA: columns past d hold whatever the buffer held, and only
+        # O's own columns past d, which are never stored, depend on them).
+        DA = atom_width(D)
+        NACC = 4 * (DA // 8)  # O's accumulators: DA // 8 n-tiles (the epilogue packs the first NO)
+        QB, KB = 0, 2 * BR * DA  # byte offsets from the 1024-aligned base: Q, K buffers, V buffers
+        KSZ = 2 * BC * DA
         VB = KB + 2 * KSZ
-        wg_qk = tc.wgmma_ss(BC, DP // 16, BR * 8, BC * 8, BF16)
-        wg_pv = tc.wgmma_rs(DP, BC // 16, 128, BF16)  # 16 keys a k-step: 2 x 8 rows of 128 bytes
+        wg_qk = tc.wgmma_ss(BC, KT, BR * 8, BC * 8, BF16)
+        wg_pv = tc.wgmma_rs(DA, BC // 16, 128, BF16)  # 16 keys a k-step: 2 x 8 rows of 128 bytes
         if PIPE:  # v6: the products issued and waited for apart, P·V of block j - 1 in flight while
             # the softmax of block j runs; V in three buffers (KB, VB: K's two, then V's three)
-            wg_qk_i = tc.wgmma_ss_issue(BC, DP // 16, BR * 8, BC * 8, BF16)
-            wg_pv_i = tc.wgmma_rs_issue(DP, BC // 16, 128, BF16)
+            wg_qk_i = tc.wgmma_ss_issue(BC, KT, BR * 8, BC * 8, BF16)
+            wg_pv_i = tc.wgmma_rs_issue(DA, BC // 16, 128, BF16)
             wait_s = tc.wgmma_wait(BC, 0, 1)  # S_j done; P_{j-1} V_{j-1} may still run
-            wait_o = tc.wgmma_wait(DP, 4 * (BC // 16), 0)  # P V done: O and P's registers free
-        _, q_load_sw = f16_swizzled(BR, D, NT)
+            wait_o = tc.wgmma_wait(DA, 4 * (BC // 16), 0)  # P V done: O and P's registers free
+        soff_q, q_load_sw = f16_swizzled(BR, D, NT)
+        soff_k = f16_swizzled(BC, D, NT)[0]
         _, kv_chunks_sw, _ = f16_chunks(BC, D, S, NT, SWIZZLE=True)
+        PADC = D // 8 if DP != D else 0  # the 16-byte chunk of Q's and K's rows that the copies skip
 
     @tc.device_inline
     def _rescale(acc, mt, alpha_0, alpha_1):
@@ -166,6 +180,14 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
         if WG:
             ab = ((1024 - sbase % 1024) % 1024) // 2  # element offset of the 1024-aligned base
             sb = sbase + 2 * ab
+            if PADC:  # zeros in Q's and K's column pad (S = Q Kᵀ reads it; no copy writes it)
+                for e in range(tid, BR + 2 * BC, NT):
+                    if e < BR:
+                        so = ab + QB // 2 + soff_q(e, PADC)
+                    else:
+                        so = ab + (KB + ((e - BR) // BC) * KSZ) // 2 + soff_k((e - BR) % BC, PADC)
+                    for x in range(4):
+                        smw[so // 2 + x] = 0
             q_load_sw(sm, sbase, ab, q, qbase, r0, nq, tid)
             kv_chunks_sw(crow, cgof, csof, tid)
             if nblk > 0:
@@ -410,7 +432,7 @@ def supports(dtype, d: int) -> bool:
 
 
 def supports_v5(dtype, d: int) -> bool:
-    return dtype_name(dtype) in ("float16", "bfloat16") and d in (64, 128)
+    return dtype_name(dtype) in ("float16", "bfloat16") and d % 8 == 0 and 8 <= d <= 256
 
 
 def _version(name: str, lazy: bool, default_config, wg: bool = False, pipe: bool = False):
