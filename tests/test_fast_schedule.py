@@ -51,7 +51,8 @@ def test_default_configs_and_selection_equal_kernels_perf():
             b = perf.best(pass_, FP[dtype], d)
             assert fast.best(pass_, dtype, d) == (None if b is None else b.name), (pass_, dtype, d)
     assert fast.best("fwd", "bf16", 64) == "fwd_fp16_v5" and fast.best("fwd", "fp32", 96) == "fwd_fp32_v2"
-    assert fast.best("fwd", "fp16", 96) == "fwd_fp16_v4" and fast.best("fwd", "bf16", 256) == "fwd_fp16_v4"
+    assert fast.best("fwd", "fp16", 96) == "fwd_fp16_v5" and fast.best("fwd", "bf16", 256) == "fwd_fp16_v5"
+    assert fast.best("fwd", "fp16", 40) == "fwd_fp16_v4" and fast.best("fwd", "bf16", 56) == "fwd_fp16_v4"
     assert fast.best("fwd", "fp32", 80) == "fwd_fp32_v1"
 
 

@@ -46,6 +46,14 @@ def test_v5_rule_by_hand():
     assert fast.fit_to_grid("fwd_fp16_v5", c128, {}, 512, 66, 132) == dict(c128, bc=64)  # 528 blocks
     assert fast.fit_to_grid("fwd_fp16_v5", c128, {}, 512, 67, 132) == c128  # 536 blocks
     assert fast.fit_to_grid("fwd_fp16_v5", c128, {"bc": 48}, 8192, 1, 132) == c128
+    # d = 192 (Bc = 48 too): Bc = 64 would leave one block an SM (123 KB of shared memory): kept
+    c192 = fast.default_config("fwd_fp16_v5", 192)
+    assert c192 == dict(bc=48, nw=4, mt=1, qreg=False)
+    assert fast.fit_to_grid("fwd_fp16_v5", c192, {}, 8192, 1, 132, d=192) == c192
+    assert fast.fit_to_grid("fwd_fp16_v5", c128, {}, 8192, 1, 132, d=128) == dict(c128, bc=64)
+    # above d = 192 two warpgroups, which a small grid narrows to one as at d = 64
+    c256 = fast.default_config("fwd_fp16_v5", 256)
+    assert fast.fit_to_grid("fwd_fp16_v5", c256, {}, 4096, 4, 132, d=256) == dict(c256, nw=4)
     # v6 keeps its measured block shape
     c6 = fast.default_config("fwd_fp16_v6", 128)
     assert fast.fit_to_grid("fwd_fp16_v6", c6, {}, 8192, 1, 132) == c6
@@ -93,8 +101,8 @@ def test_launcher_narrows_under_the_simulator(monkeypatch):
     seen = []
     real = fast.fit_to_grid
 
-    def spy(*a):
-        out = real(*a)
+    def spy(*a, **kw):
+        out = real(*a, **kw)
         seen.append(out)
         return out
 

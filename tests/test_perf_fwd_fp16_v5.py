@@ -30,6 +30,17 @@ def cases(draw):
                 bc=draw(st.sampled_from([16, 32])), seed=draw(st.integers(0, 2**16)))
 
 
+@pytest.fixture
+def poisoned():
+    """The simulator's dynamic shared memory 0xFF-filled (NaN) at every block, as a GPU's holds
+    whatever was there: a read of bytes no copy wrote shows in the result."""
+    from kernels import _sim
+
+    was = _sim.poison_dynamic_shared(True)
+    yield
+    _sim.poison_dynamic_shared(was)
+
+
 # One warpgroup (64 rows) keeps the simulator at 128 threads a block; two are the example below.
 @settings(max_examples=4, **SETTINGS)
 @given(cases())
@@ -37,6 +48,17 @@ def test_forward_sim(c):
     q, k, v, _ = make(c["seed"], 1, c["h"], c["hkv"], c["nq"], c["nk"], c["d"])
     o, lse = WG[c["variant"]].forward(q, k, v, causal=c["causal"], return_lse=True, bc=c["bc"], nw=4)
     check_forward(o, lse, q, k, v, c["causal"], label=str(c))
+
+
+@pytest.mark.parametrize("variant,d,bc", [("v5", 40, 16), ("v6", 72, 32), ("v5", 96, 16), ("v5", 200, 16)])
+def test_forward_other_head_dims(poisoned, variant, d, bc):
+    """Head dims other than 64 and 128, in poisoned shared memory: d = 40, 72, 200 (d % 16 = 8: S =
+    Q Kᵀ reads a 16-byte column pad of Q and K that no copy writes, zeroed by the kernel) and the
+    atoms that d fills in part (40, 72, 96, 200: P·V runs over the whole atoms of V, whose columns
+    past d hold NaN here and reach only O's columns past d, never stored)."""
+    q, k, v, _ = make(d, 1, 2, 1, 21, 37, d)
+    o, lse = WG[variant].forward(q, k, v, causal=True, return_lse=True, bc=bc, nw=4)
+    check_forward(o, lse, q, k, v, True, label=f"{variant} d={d} poisoned")
 
 
 @pytest.mark.parametrize("variant", sorted(WG))
@@ -58,10 +80,11 @@ def test_forward_large_logits_rescale_exactly(variant):
 
 
 def test_supports_and_refuses():
-    assert fwd_fp16_v5.supports(np.float16, 64) and fwd_fp16_v5.supports(np.float16, 128)
-    assert not fwd_fp16_v5.supports(np.float16, 96) and not fwd_fp16_v5.supports(np.float32, 64)
-    q, k, v, _ = make(1, 1, 1, 1, 8, 8, 96)
-    with pytest.raises(ValueError, match="head_dim=96"):
+    assert all(fwd_fp16_v5.supports(np.float16, d) for d in range(8, 257, 8))
+    assert not fwd_fp16_v5.supports(np.float16, 12) and not fwd_fp16_v5.supports(np.float16, 264)
+    assert not fwd_fp16_v5.supports(np.float32, 64)
+    q, k, v, _ = make(1, 1, 1, 1, 8, 8, 12)
+    with pytest.raises(ValueError, match="head_dim=12"):
         fwd_fp16_v5.forward(q, k, v)
     q, k, v, _ = make(1, 1, 1, 1, 8, 8, 64)
     with pytest.raises(ValueError, match="MT=2"):
@@ -98,6 +121,17 @@ def test_gpu_forward(n, d, cfg):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("d", [40, 72, 96, 160, 192, 200, 256])
+def test_gpu_forward_head_dims(d):
+    """The default block of each head dim (and the small grid's), GQA 2:1, a ragged last block."""
+    for n, b in ((1000, 2), (333, 1)):
+        q, k, v, _ = make(n + d, b, 4, 2, n, n - 7, d)
+        for causal in (False, True):
+            o, lse = fwd_fp16_v5.forward(q, k, v, causal=causal, return_lse=True)
+            check_forward(o, lse, q, k, v, causal, label=f"gpu v5 n={n} d={d} causal={causal}")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("n", [1000, 4096])
 @pytest.mark.parametrize("d", [64, 128])
 def test_gpu_forward_v6(n, d):
@@ -108,8 +142,8 @@ def test_gpu_forward_v6(n, d):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", sorted(WG))
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("variant,d", [("v5", 64), ("v5", 128), ("v6", 64), ("v6", 128), ("v5", 96), ("v5", 200),
+                                       ("v5", 256)])
 def test_gpu_forward_bf16(d, variant):
     torch = pytest.importorskip("torch")
     from test_bf16 import check_forward as check_bf16

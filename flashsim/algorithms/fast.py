@@ -137,7 +137,9 @@ def default_config(name: str, d: int) -> dict:
             return dict(bc=32, nw=8, mt=1, qreg=True) if d > 192 else dict(bc=32, nw=8, mt=2, qreg=False)
         return dict(bc=64 if d <= 64 else 16 if 112 < d <= 128 else 32, nw=4, mt=2, qreg=True)
     if name == "fwd_fp16_v5":
-        return dict(bc=64 if d <= 64 else 48, nw=8 if d <= 64 else 4, mt=1, qreg=False)
+        if d <= 64 or d > 192:
+            return dict(bc=64, nw=8, mt=1, qreg=False)
+        return dict(bc=32 if 128 < d <= 160 else 48, nw=4, mt=1, qreg=False)
     if name == "fwd_fp16_v6":
         return dict(bc=64 if d <= 64 else 128, nw=8, mt=1, qreg=False)
     if name == "fwd_fp32_v1":
@@ -170,7 +172,7 @@ def supports(name: str, dtype: str, d: int) -> bool:
     if name in ("fwd_fp16_v4", "bwd_fp16_v1"):
         return d % 8 == 0 and 8 <= d <= 256
     if name in ("fwd_fp16_v5", "fwd_fp16_v6"):
-        return d in (64, 128)
+        return d % 8 == 0 and 8 <= d <= 256
     if name == "bwd_fp16_v3":
         return d % 16 == 0 and 16 <= d <= 256
     if name in ("fwd_fp32_v1", "bwd_fp32_v1"):
@@ -182,9 +184,9 @@ def supports(name: str, dtype: str, d: int) -> bool:
 
 #: kernels.perf.BEST: (pass, dtype) -> (variant, smallest d, largest d) in order of preference
 #: (bf16 runs the fp16 kernels, in the fp16 order).
-BEST = {("fwd", "fp16"): (("fwd_fp16_v5", 64, 128), ("fwd_fp16_v4", 1, 1 << 30)),
+BEST = {("fwd", "fp16"): (("fwd_fp16_v5", 64, 256), ("fwd_fp16_v4", 1, 1 << 30)),
         ("bwd", "fp16"): (("bwd_fp16_v3", 48, 256), ("bwd_fp16_v1", 1, 1 << 30)),
-        ("fwd", "bf16"): (("fwd_fp16_v5", 64, 128), ("fwd_fp16_v4", 1, 1 << 30)),
+        ("fwd", "bf16"): (("fwd_fp16_v5", 64, 256), ("fwd_fp16_v4", 1, 1 << 30)),
         ("bwd", "bf16"): (("bwd_fp16_v3", 48, 256), ("bwd_fp16_v1", 1, 1 << 30)),
         ("fwd", "fp32"): (("fwd_fp32_v2", 32, 128), ("fwd_fp32_v1", 1, 1 << 30)),
         ("bwd", "fp32"): (("bwd_fp32_v2", 32, 128), ("bwd_fp32_v1", 1, 1 << 30))}
@@ -217,7 +219,7 @@ def variant_for(w: Workload, pass_: str, kernel: str | None = None) -> str:
     return name
 
 
-def fit_to_grid(name: str, cfg: dict, given, nq: int, bh: int, num_sms: int) -> dict:
+def fit_to_grid(name: str, cfg: dict, given, nq: int, bh: int, num_sms: int, d: int | None = None) -> dict:
     """The block shape ``name`` runs for Nq query rows and B·H heads on a GPU of ``num_sms`` SMs:
     ``cfg`` (:func:`default_config` updated by the keys in ``given``), except where a grid of
     128-row blocks would give each SM at most one block: then the fp16/bf16 forwards take 64-row
@@ -238,6 +240,8 @@ def fit_to_grid(name: str, cfg: dict, given, nq: int, bh: int, num_sms: int) -> 
     br = 16 * cfg.get("nw", 0) * cfg.get("mt", 0)
     blocks = -(-nq // br) * bh if br else 0
     if name == "fwd_fp16_v5" and "bc" not in given and cfg.get("bc") == 48 and cfg.get("nw") == 4:
+        if d is not None and d > 128:  # Bc = 64 there leaves one block an SM (d = 192: 0.72x Bc = 48)
+            return cfg
         return dict(cfg, bc=64) if blocks <= 4 * num_sms else cfg
     if name == "fwd_fp16_v4" and "mt" not in given and cfg.get("mt") == 2:
         small = dict(cfg, mt=1)
@@ -333,9 +337,10 @@ def block_resources(name: str, d: int, config=None) -> dict[str, tuple[int, int]
     if name == "fwd_fp16_v4":
         br, bc = t["fwd"].block_m, t["fwd"].block_n
         return {"fwd": (nt, 2 * (dp + 8) * (br + 4 * bc))}
-    if name in ("fwd_fp16_v5", "fwd_fp16_v6"):  # Q, K twice, V twice (v6: 3 times), unpadded, 1 KiB to align
+    if name in ("fwd_fp16_v5", "fwd_fp16_v6"):  # Q, K twice, V twice (v6: 3 times), unpadded rows of whole
+        # 64-column swizzle atoms, 1 KiB to align them
         br, bc = t["fwd"].block_m, t["fwd"].block_n
-        return {"fwd": (nt, 2 * dp * (br + (5 if name == "fwd_fp16_v6" else 4) * bc) + 1024)}
+        return {"fwd": (nt, 2 * cdiv(d, 64) * 64 * (br + (5 if name == "fwd_fp16_v6" else 4) * bc) + 1024)}
     if name == "fwd_fp32_v1":  # row strides: Q/K dp + 4, V dp rounded up to 32, P̃ Bc + 8 floats
         br, bc = t["fwd"].block_m, t["fwd"].block_n
         return {"fwd": (nt, 4 * (br * (dp + 4) + bc * (dp + 4) + bc * cdiv(dp, 32) * 32 + br * (bc + 8)))}
@@ -631,7 +636,7 @@ def _config(w: Workload, name: str, options: dict):
         raise ValueError(f"sms={sms!r}: must be a positive integer")
     if name != "fwd_fp16_v4":
         return config
-    return fit_to_grid(name, parse_config(name, w.d, config), _config_dict(config), w.nq, w.bh, int(sms))
+    return fit_to_grid(name, parse_config(name, w.d, config), _config_dict(config), w.nq, w.bh, int(sms), d=w.d)
 
 
 def schedule(w: Workload, tiling: Tiling | None, pass_: str, **options) -> Schedule:

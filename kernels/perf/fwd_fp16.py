@@ -405,20 +405,32 @@ def default_config_v4(d: int) -> dict:
 
 
 def default_config_v5(d: int) -> dict:
-    """Two warpgroups (8 warps, 128 query rows) with Bc = 64 at d = 64 (112 registers: two blocks an
-    SM); one warpgroup (4 warps, 64 rows) with Bc = 48 at d = 128 (157 registers, 66.5 KB of shared
-    memory: three blocks an SM).  On the H100 at N = 4,096 and 16,384, B·H = 64 and 16
-    (kernels/data/fwd_fp16_v5_h100_aff81c6): d = 64 Bc 64 1.06-1.25x SDPA flash against 0.79-0.99x
-    for Bc 128.  At d = 128 the first default, two warpgroups with Bc = 128 (217 registers, 164 KB:
-    one block an SM), lost to one warpgroup with Bc = 64 (168 registers, 83 KB: two blocks) on every
-    bench-grid row, fp16 and bf16, N 1,024-16,384, causal or not, in one run
-    (kernels/data/fwd_fp16_v5_blocks_h100_532db74, ``grid.csv``): 1.01-1.15x; and that one to Bc = 48
-    on all 12 rows of a second run (N 1,024, 4,096, 16,384; ``blocks2.csv``): 1.00-1.10x, 1.27-1.44x
-    SDPA flash at N >= 4,096.  Resident blocks overlap one's softmax with another's products; Bc = 32
-    (four blocks) was slower again.  At d = 64 one warpgroup, Bc = 48, or both lost to the default
-    on the grid (within 2.4% on one row).  Small grids change both (``flashsim.algorithms.fast.
-    fit_to_grid``): one warpgroup at d = 64, Bc = 64 at d = 128."""
-    return dict(bc=64 if d <= 64 else 48, nw=8 if d <= 64 else 4, mt=1, qreg=False)
+    """Two warpgroups (8 warps, 128 query rows) with Bc = 64 at d <= 64 (112 registers at d = 64: two
+    blocks an SM); one warpgroup (4 warps, 64 rows) with Bc = 48 at 64 < d <= 128 (157 registers,
+    66.5 KB of shared memory at d = 128: three blocks an SM), with Bc = 32 at 128 < d <= 160, with
+    Bc = 48 at 160 < d <= 192, and two warpgroups with Bc = 64 above (tiles 256 columns wide).  On the
+    H100 at N = 4,096 and 16,384, B·H = 64 and 16 (kernels/data/fwd_fp16_v5_h100_aff81c6): d = 64 Bc 64
+    1.06-1.25x SDPA flash against 0.79-0.99x for Bc 128.  At d = 128 the first default, two
+    warpgroups with Bc = 128 (217 registers, 164 KB: one block an SM), lost to one warpgroup with
+    Bc = 64 (168 registers, 83 KB: two blocks) on every bench-grid row, fp16 and bf16, N
+    1,024-16,384, causal or not, in one run (kernels/data/fwd_fp16_v5_blocks_h100_532db74,
+    ``grid.csv``): 1.01-1.15x; and that one to Bc = 48 on all 12 rows of a second run (N 1,024,
+    4,096, 16,384; ``blocks2.csv``): 1.00-1.10x, 1.27-1.44x SDPA flash at N >= 4,096.  Resident
+    blocks overlap one's softmax with another's products; Bc = 32 (four blocks) was slower again.
+    At d = 64 one warpgroup, Bc = 48, or both lost to the default on the grid (within 2.4% on one
+    row).  The other head dims, N = 4,096, B·H = 64, one timing each against SDPA flash in the same
+    run (kernels/data/fwd_fp16_v5_wide_h100_1133a8a), one warpgroup with Bc = 48 / 32 / 64, two with
+    Bc = 64: d = 80 1.20 / - / 1.11 / 0.90x; 96 1.12 / 1.05 / 1.09 / 0.87x; 112 1.36 / - / 1.33 /
+    1.10x; 160 1.45 / 1.69 / 1.12 / 1.54x; 192 1.48 / 1.29 / 1.07 / 1.35x; 224 1.06 / 1.63 / 1.32 /
+    1.69x; 256 0.98 / 1.34 / 1.10 / 1.39x.  Small grids change the shape (``flashsim.algorithms.
+    fast.fit_to_grid``): one warpgroup at d <= 64 and above 192, Bc = 64 at 64 < d <= 128."""
+    if d <= 64:
+        return dict(bc=64, nw=8, mt=1, qreg=False)
+    if d <= 128:
+        return dict(bc=48, nw=4, mt=1, qreg=False)
+    if d <= 192:
+        return dict(bc=32 if d <= 160 else 48, nw=4, mt=1, qreg=False)
+    return dict(bc=64, nw=8, mt=1, qreg=False)
 
 
 def default_config_v6(d: int) -> dict:
