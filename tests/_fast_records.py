@@ -8,7 +8,7 @@ from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "analysis" / "data" / "h100" / "fast"
-RECORDS = ("fwd", "bwd", "bf16", "v5", "v5b", "v5c", "v3d", "v3odd", "v1d40")
+RECORDS = ("fwd", "bwd", "bf16", "v5", "v5b", "v5c", "v3d", "v3odd", "v1d40", "v5d96", "v4d40")
 
 
 @cache

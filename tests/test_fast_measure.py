@@ -216,20 +216,21 @@ def test_the_h100_records_of_the_fast_set_agree_to_the_byte():
     fwd_fp16_v5 launches of the set at 7537521; the fp16/bf16 forwards of the set, 11 launches, at
     e1259f6; v5's 10 with Bc = 48 at d = 128, at 5ad5db9; bwd_fp16_v3's 8 configurations, 32 launches,
     with the 128 x 128 block at d = 64, at 70dc356; bwd_fp16_v3 at d = 80, odd n-tiles and partial
-    copy passes, and bwd_fp16_v1 at d = 40, rows of 80 bytes, at f27bd21), compared: on all 124
-    launches the loads equal the LSU's count (cp.async tiles by their shared destinations; the
-    preprocess's 16-column strips) to the byte, and stores and reductions the walker's; the
-    walker's own load count (the global bytes copied) equals the measured loads on 87 (fwd 0/12,
-    bwd 28/38, bf16 1/4, v5 10/10, v5b 10/11, v5c 10/10, v3d 24/32, v3odd 3/4, v1d40 1/3: v5's
-    swizzled rows are unpadded, v4's, v3's and v1's are padded).  The compare outputs committed beside them say
-    the same."""
+    copy passes, and bwd_fp16_v1 at d = 40, rows of 80 bytes, at f27bd21; fwd_fp16_v5 at d = 96,
+    tiles of two 64-column atoms the second half used, and fwd_fp16_v4 at d = 40, at fc109a0),
+    compared: on all 126 launches the loads equal the LSU's count (cp.async tiles by their shared
+    destinations; the preprocess's 16-column strips) to the byte, and stores and reductions the
+    walker's; the walker's own load count (the global bytes copied) equals the measured loads on
+    88 (fwd 0/12, bwd 28/38, bf16 1/4, v5 10/10, v5b 10/11, v5c 10/10, v3d 24/32, v3odd 3/4, v1d40
+    1/3, v5d96 1/1, v4d40 0/1: v5's swizzled rows are unpadded, v4's, v3's and v1's are padded).
+    The compare outputs committed beside them say the same."""
     from _fast_records import ROOT as root
     from _fast_records import compared
 
     from analysis.compare import summarize
 
     want = {"fwd": (12, 0), "bwd": (38, 28), "bf16": (4, 1), "v5": (10, 10), "v5b": (11, 10), "v5c": (10, 10),
-            "v3d": (32, 24), "v3odd": (4, 3), "v1d40": (3, 1)}
+            "v3d": (32, 24), "v3odd": (4, 3), "v1d40": (3, 1), "v5d96": (1, 1), "v4d40": (1, 0)}
     for rec, (n, walker) in want.items():
         s = summarize(list(compared(rec)))
         print(rec, {k: v for k, v in s.items() if k.startswith("lsu")})

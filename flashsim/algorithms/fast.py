@@ -8,7 +8,8 @@ Variants (the names the records use) and their launches, in launch order:
 
 * ``fwd_fp16_v4`` (fp16/bf16 forward; block Br = 16·nw·mt = 128 query rows, Bc = 64 keys at
   d <= 64, 16 at d = 113-128, 32 elsewhere), ``fwd_fp16_v5`` (the same loop on Hopper's
-  warpgroup products, d = 64 and 128; Br = 16·nw = 128, Bc = 64 at d = 64, Br = 64, Bc = 48 at d = 128; the
+  warpgroup products, any d % 8 == 0 up to 256; Br = 16·nw = 128, Bc = 64 at d <= 64 and above
+  192, Br = 64, Bc = 48 at 64 < d <= 128 and 160 < d <= 192, Bc = 32 at 128 < d <= 160; the
   same loads and stores as v4's; ``fwd_fp16_v6`` the same with V in three buffers),
   ``fwd_fp32_v1`` (fp32 forward, FFMA; what BEST runs at d not a multiple
   of 32; Br = 4·rm·nw = 64, Bc = 64 at d <= 64, 32 above) and ``fwd_fp32_v2`` (fp32 forward as
@@ -234,7 +235,9 @@ def fit_to_grid(name: str, cfg: dict, given, nq: int, bh: int, num_sms: int, d: 
     its grid has at most four blocks an SM (unless ``bc`` is given): Bc = 48 won on every grid of
     4,096 blocks (``blocks2.csv`` there), but in one run (kernels/data/fwd_fp16_v5_bcrule_h100_460c9a6)
     at B·H = 1, N = 8,192 (128 blocks) it ran 0.89x SDPA flash where Bc = 64 ran 1.00x, and at
-    Nq = 512, Nk = 4,096 (512 blocks) 1.09x where Bc = 64 ran 1.21x.  The kernel launcher
+    Nq = 512, Nk = 4,096 (512 blocks) 1.09x where Bc = 64 ran 1.21x.  Not above d = 128 (``d``,
+    the head dim, given): Bc = 64 there takes 123 KB of shared memory at d = 192, one block an SM,
+    and ran 0.72x Bc = 48 (kernels/data/fwd_fp16_v5_wide_h100_1133a8a).  The kernel launcher
     (``kernels.perf``) calls it with the device's SM count."""
     given = given or ()
     br = 16 * cfg.get("nw", 0) * cfg.get("mt", 0)

@@ -22,7 +22,7 @@ tile copies and the products (Q Kᵀ, P V) are :mod:`kernels.perf._tiles`'s.
   (bench_h100_single_run.csv): 3.63-5.59x naive at d = 64, 1.85-2.85x at d = 128.  Its d = 128
   default is Bc = 16 since the tuner (:mod:`kernels.perf.autotune`): 1.08x Bc = 32 on the H100.
 
-* ``fwd_fp16_v5`` (``WG`` on; shipped at d = 64 and 128): v4's loop with its two products on
+* ``fwd_fp16_v5`` (``WG`` on; shipped at d = 64 to 256): v4's loop with its two products on
   Hopper's warpgroup instructions (``wgmma``, sm_90a: ``tc.wgmma_ss``, ``tc.wgmma_rs``).  Two
   warpgroups of 64 rows; S = Q Kᵀ with Q and K read from shared memory by descriptor, O += P V
   with P from registers and V read MN-major; Q, K, V 128-byte swizzled and unpadded
@@ -34,7 +34,15 @@ tile copies and the products (Q Kᵀ, P V) are :mod:`kernels.perf._tiles`'s.
   d = 128 (two blocks an SM) and the prepared launch of repeated torch calls
   (``_launch.with_plan``; its calls had spent 100-170 us on the host beyond the kernel): 1.12-1.41x
   flash on all 40 bench-grid rows, fp16 and bf16 (kernels/data/bench_fwd_v5_6e79fce); then Bc = 48
-  at d = 128 (three blocks an SM: :func:`default_config_v5`).
+  at d = 128 (three blocks an SM: :func:`default_config_v5`).  Then every d % 8 == 0 up to 256
+  (1133a8a): a tile's rows are whole 64-column atoms (d = 96: two, the second half used), S = Q Kᵀ
+  runs over d rounded up to 16 (a 16-byte column pad of Q and K zeroed once where d % 16 = 8) and
+  P·V over the whole atoms, O's extra columns never stored.  H100, N = 4,096, B·H = 64, same-run
+  ratios to SDPA flash with the default blocks (off-grid bench of fc109a0, 3 rounds): d = 80
+  1.20-1.21x, 96 1.02x, 112 1.36-1.38x, 160 1.65-1.74x, 192 1.39-1.43x, 256 1.43-1.45x, where v4
+  ran 1.08x, 0.91x, 1.14-1.18x, 1.04-1.05x, 0.72-0.73x, 0.83-0.85x.  At d = 96 it runs the
+  same 359 TFLOP/s as at d = 112 (P·V over 128 columns at both) while flash runs 351 at d = 96
+  and 263 at d = 112.
 
 * ``fwd_fp16_v6`` (``PIPE`` on; not shipped yet): v5 with each product issued and waited for apart
   (``tc.wgmma_ss_issue``, ``wgmma_rs_issue``, ``wgmma_wait``), P_{j-1} V_{j-1} in flight on the
