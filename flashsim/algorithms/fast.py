@@ -341,9 +341,10 @@ def block_resources(name: str, d: int, config=None) -> dict[str, tuple[int, int]
         br, bc = t["fwd"].block_m, t["fwd"].block_n
         return {"fwd": (nt, 2 * (dp + 8) * (br + 4 * bc))}
     if name in ("fwd_fp16_v5", "fwd_fp16_v6"):  # Q, K twice, V twice (v6: 3 times), unpadded rows of whole
-        # 64-column swizzle atoms, 1 KiB to align them
+        # swizzle atoms (32 columns where d % 64 is 1..32, else 64), 1 KiB to align them
         br, bc = t["fwd"].block_m, t["fwd"].block_n
-        return {"fwd": (nt, 2 * cdiv(d, 64) * 64 * (br + (5 if name == "fwd_fp16_v6" else 4) * bc) + 1024)}
+        aw = 32 if 0 < d % 64 <= 32 else 64
+        return {"fwd": (nt, 2 * cdiv(d, aw) * aw * (br + (5 if name == "fwd_fp16_v6" else 4) * bc) + 1024)}
     if name == "fwd_fp32_v1":  # row strides: Q/K dp + 4, V dp rounded up to 32, P̃ Bc + 8 floats
         br, bc = t["fwd"].block_m, t["fwd"].block_n
         return {"fwd": (nt, 4 * (br * (dp + 4) + bc * (dp + 4) + bc * cdiv(dp, 32) * 32 + br * (bc + 8)))}

@@ -167,18 +167,18 @@ def f16_copy(ROWS: int, D: int, S: int, NT: int):
     return load, load2, store, store2
 
 
-def f16_chunks(ROWS: int, D: int, S: int, NT: int, SWIZZLE: bool = False):
+def f16_chunks(ROWS: int, D: int, S: int, NT: int, SWIZZLE: bool = False, SW: int = 128):
     """(CPT, chunks, load2c): the prefetch of a ROWS x D tile in a main loop, its per-thread
     offsets computed once.  ``chunks(crow, cgof, csof, tid)`` fills the kernel's arrays of CPT
     int32: the thread's chunk u is row crow[u], element offset cgof[u] in a tile in memory and
     csof[u] in shared memory (the same in every block); ``load2c(sm, sbase, so1, so2, x1, x2, g0,
     r0, n, crow, cgof, csof, tid)`` is :func:`f16_copy`'s ``load2`` through them.  ``SWIZZLE``: the
-    shared offsets of :func:`f16_swizzled`'s layout (S unused)."""
+    shared offsets of :func:`f16_swizzled`'s layout with ``SW``-byte rows (S unused)."""
     CH = D // 8
     CPT = -(-ROWS * CH // NT)  # chunks a thread
     ALL = CPT * NT == ROWS * CH  # every thread has CPT chunks: no test
     if SWIZZLE:
-        soff = f16_swizzled(ROWS, D, NT)[0]
+        soff = f16_swizzled(ROWS, D, NT, SW)[0]
     else:
         @_device
         def soff(r, c):
@@ -205,19 +205,26 @@ def f16_chunks(ROWS: int, D: int, S: int, NT: int, SWIZZLE: bool = False):
     return CPT, chunks, load2c
 
 
-def f16_swizzled(ROWS: int, D: int, NT: int):
-    """(soff, load): the copies of a ROWS x D f16 tile into the 128-byte swizzled layout that
-    ``wgmma`` reads (``tc.wgmma_ss``, ``tc.wgmma_rs``; D a multiple of 64): column block c // 8 of
-    64 halves is an atom of ROWS rows of 128 bytes, and 16-byte chunk c % 8 of row r sits at chunk
-    (c % 8) ^ (r % 8) of it, so the 8 lanes that copy one row write 8 distinct bank groups and the
-    tile needs no padding.  ``soff(r, c)``: the chunk's element offset; ``load(sm, sbase, so, x, g0,
-    r0, n, tid)`` as :func:`f16_copy`'s (a main loop's prefetch: :func:`f16_chunks` with
-    ``SWIZZLE``)."""
+def f16_swizzled(ROWS: int, D: int, NT: int, SW: int = 128):
+    """(soff, load): the copies of a ROWS x D f16 tile into the swizzled layout that ``wgmma``
+    reads (``tc.wgmma_ss``, ``tc.wgmma_rs``), rows of SW = 128 bytes (or 64): column block c // A
+    of A = SW / 16 chunks (64 halves, or 32) is an atom of ROWS rows of SW bytes, and 16-byte chunk
+    c % A of row r sits at chunk (c % A) ^ (r % 8) of it (128-byte rows) or (c % A) ^ (r // 2 % 4)
+    (64-byte rows: the 16-byte chunk bits XORed with the address bits above a row), so the lanes
+    that copy a row write distinct bank groups and the tile needs no padding; the last atom may
+    hold fewer than A chunks of a row (D not a multiple of 8·A).  ``soff(r, c)``: the chunk's
+    element offset; ``load(sm, sbase, so, x, g0, r0, n, tid)`` as :func:`f16_copy`'s (a main loop's
+    prefetch: :func:`f16_chunks` with ``SWIZZLE``)."""
     CH = D // 8
+    A = SW // 16  # 16-byte chunks a swizzled row
+    if SW not in (64, 128):
+        raise ValueError(f"{SW=}: 64 or 128")
 
     @_device
     def soff(r, c):
-        return (c // 8) * (ROWS * 64) + r * 64 + ((c % 8) ^ (r % 8)) * 8
+        if A == 8:
+            return (c // 8) * (ROWS * 64) + r * 64 + ((c % 8) ^ (r % 8)) * 8
+        return (c // 4) * (ROWS * 32) + r * 32 + ((c % 4) ^ ((r // 2) % 4)) * 8
 
     @_device
     def load(sm, sbase, so, x, g0, r0, n, tid):

@@ -344,7 +344,9 @@ def launches(name: str, d: int, cfg: dict) -> list[dict]:
                      grid=lambda b, h, hk, nq, nk, br=br: -(-nq // br) * b * h, share=1.0)]
     if name == "fwd_fp16_v5":  # O (whole 64-column atoms) and S accumulators, P's fragments, the row statistics
         br, bc = 16 * cfg["nw"], cfg["bc"]
-        regs = -(-d // 64) * 32 + 4 * (bc // 8) + bc // 4 + 4
+        from .fwd_fp16 import atom_width
+
+        regs = atom_width(d) // 2 + 4 * (bc // 8) + bc // 4 + 4
         return [dict(launch="fwd", threads=nt, smem=v.smem_bytes(dp, br, bc), regs=regs, cap=_reg_cap(nt, 1),
                      grid=lambda b, h, hk, nq, nk, br=br: -(-nq // br) * b * h, share=1.0)]
     if name == "bwd_fp16_v1":
@@ -381,7 +383,9 @@ def products(name: str, d: int, cfg: dict) -> list[tuple[int, int, int, int]]:
         m = 16 * cfg["mt"]
         return [(m, cfg["bc"], int(not cfg["qreg"]), 1), (m, dp, 0, 1)]  # S = Q Kᵀ, O += P V
     if name == "fwd_fp16_v5":  # a warpgroup's 64 rows read each operand tile once: Q and K, then V
-        return [(64, cfg["bc"], 1, 1), (64, -(-d // 64) * 64, 0, 1)]  # P·V over V's whole atoms
+        from .fwd_fp16 import atom_width
+
+        return [(64, cfg["bc"], 1, 1), (64, atom_width(d), 0, 1)]  # P·V over V's whole atoms
     if name == "bwd_fp16_v1":
         m, a = 16 * cfg["mt"], int(not cfg["reg"])
         # dK/dV kernel: Sᵀ, dPᵀ (K, V as A), dV, dK (Pᵀ, dSᵀ from registers); dQ kernel: S, dP, dQ

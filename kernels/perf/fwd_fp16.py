@@ -89,13 +89,21 @@ def smem_bytes(dp: int, br: int, bc: int) -> int:
     return 2 * (dp + 8) * (br + 4 * bc)
 
 
+def swizzle_bytes(d: int) -> int:
+    """Bytes of a swizzled tile row (v5, v6): 64 where d % 64 is 1..32 (atoms of 32 columns waste
+    fewer: d = 96 three of them, not two of 64), else 128."""
+    return 64 if 0 < d % 64 <= 32 else 128
+
+
 def atom_width(d: int) -> int:
-    """Columns of a 128-byte swizzled tile (v5, v6): d rounded up to whole atoms of 64 halves."""
-    return -(-d // 64) * 64
+    """Columns of a swizzled tile (v5, v6): d rounded up to whole atoms of :func:`swizzle_bytes` / 2
+    halves."""
+    a = swizzle_bytes(d) // 2
+    return -(-d // a) * a
 
 
 def smem_bytes_v5(dp: int, br: int, bc: int) -> int:
-    # Q, K and V twice, 128-byte swizzled in whole atoms of 64 columns, and 1 KiB to align them
+    # Q, K and V twice, swizzled in whole atoms (of 64 or 32 columns), and 1 KiB to align them
     return 2 * atom_width(dp) * (br + 4 * bc) + 1024
 
 
@@ -125,26 +133,30 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
         if MT != 1 or NW % 4 or D % 8 or not 8 <= D <= 256 or BC % 16 or not 16 <= BC <= 256:
             raise ValueError(f"{D=}, {BC=}, {NW=}, {MT=}: v5 takes d % 8 = 0 up to 256, MT = 1, whole warpgroups, "
                              "Bc 16..256 in steps of 16")
-        # A tile's rows are DA = d rounded up to whole 64-column atoms (the 128-byte swizzle's);
-        # S = Q Kᵀ runs over the DP columns (d to 16: a column pad of Q and K zeroed below), O += P V
-        # over all DA columns of V (N = DA: columns past d hold whatever the buffer held, and only
-        # O's own columns past d, which are never stored, depend on them).
+        # A tile's rows are DA = d rounded up to whole swizzle atoms: RB = 128-byte rows (64
+        # columns an atom), or 64-byte rows (32 columns) where d % 64 is 1..32; S = Q Kᵀ runs over
+        # the DP columns (d to 16: a column pad of Q and K zeroed below), O += P V over all DA
+        # columns of V (N = DA: columns past d hold whatever the buffer held, and only O's own
+        # columns past d, which are never stored, depend on them).
+        RB = swizzle_bytes(D)
         DA = atom_width(D)
+        MODE = 1 if RB == 128 else 2  # the descriptors' swizzle mode
+        KPA = RB // 32  # k-steps of 16 halves in an atom's row
         NACC = 4 * (DA // 8)  # O's accumulators: DA // 8 n-tiles (the epilogue packs the first NO)
         QB, KB = 0, 2 * BR * DA  # byte offsets from the 1024-aligned base: Q, K buffers, V buffers
         KSZ = 2 * BC * DA
         VB = KB + 2 * KSZ
-        wg_qk = tc.wgmma_ss(BC, KT, BR * 8, BC * 8, BF16)
-        wg_pv = tc.wgmma_rs(DA, BC // 16, 128, BF16)  # 16 keys a k-step: 2 x 8 rows of 128 bytes
+        wg_qk = tc.wgmma_ss(BC, KT, BR * RB // 16, BC * RB // 16, BF16, KPA)
+        wg_pv = tc.wgmma_rs(DA, BC // 16, RB, BF16)  # 16 keys a k-step: 16 rows of RB bytes
         if PIPE:  # v6: the products issued and waited for apart, P·V of block j - 1 in flight while
             # the softmax of block j runs; V in three buffers (KB, VB: K's two, then V's three)
-            wg_qk_i = tc.wgmma_ss_issue(BC, KT, BR * 8, BC * 8, BF16)
-            wg_pv_i = tc.wgmma_rs_issue(DA, BC // 16, 128, BF16)
+            wg_qk_i = tc.wgmma_ss_issue(BC, KT, BR * RB // 16, BC * RB // 16, BF16, KPA)
+            wg_pv_i = tc.wgmma_rs_issue(DA, BC // 16, RB, BF16)
             wait_s = tc.wgmma_wait(BC, 0, 1)  # S_j done; P_{j-1} V_{j-1} may still run
             wait_o = tc.wgmma_wait(DA, 4 * (BC // 16), 0)  # P V done: O and P's registers free
-        soff_q, q_load_sw = f16_swizzled(BR, D, NT)
-        soff_k = f16_swizzled(BC, D, NT)[0]
-        _, kv_chunks_sw, _ = f16_chunks(BC, D, S, NT, SWIZZLE=True)
+        soff_q, q_load_sw = f16_swizzled(BR, D, NT, RB)
+        soff_k = f16_swizzled(BC, D, NT, RB)[0]
+        _, kv_chunks_sw, _ = f16_chunks(BC, D, S, NT, SWIZZLE=True, SW=RB)
         PADC = D // 8 if DP != D else 0  # the 16-byte chunk of Q's and K's rows that the copies skip
 
     @tc.device_inline
@@ -201,7 +213,7 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
             if nblk > 0:
                 kv_load2c(sm, sbase, ab + KB // 2, ab + (VB // 2), k, v, kbase, 0, nk, crow, cgof, csof, tid)
             # warpgroup warp // 4's 64 rows of Q; its first k-step (tc.wgmma_ss adds the others)
-            da = tc.wg_desc(sb + QB + (warp // 4) * 64 * 128, 16, 1024)
+            da = tc.wg_desc(sb + QB + (warp // 4) * 64 * RB, 16, 8 * RB, MODE)
         else:
             ab = 0
             zero_pad(sm, tid)
@@ -255,15 +267,15 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
             if PIPE:  # S_j issued, then P_{j-1} V_{j-1} (both in flight); wait for S_j alone.  No
                 # branch while a product is in flight (ptxas would serialise them): at j = 0 the
                 # P·V issued is P = 0 (pa's zeros) times V_0, which adds exactly 0.
-                wg_qk_i(s, sm, da, tc.wg_desc(sb + KB + buf * KSZ, 16, 1024))
+                wg_qk_i(s, sm, da, tc.wg_desc(sb + KB + buf * KSZ, 16, 8 * RB, MODE))
                 vprev = (j + 2) % 3 if j > 0 else 0
-                wg_pv_i(acc, pa, sm, tc.wg_desc(sb + VB + vprev * KSZ, BC * 128, 1024))
+                wg_pv_i(acc, pa, sm, tc.wg_desc(sb + VB + vprev * KSZ, BC * RB, 8 * RB, MODE))
                 wait_s(s, pa)
                 resc = False
                 sc_0 = float32(1.0)
                 sc_1 = float32(1.0)
             elif WG:  # S = Q Kᵀ: one warpgroup product over d
-                wg_qk(s, sm, da, tc.wg_desc(sb + KB + buf * KSZ, 16, 1024))
+                wg_qk(s, sm, da, tc.wg_desc(sb + KB + buf * KSZ, 16, 8 * RB, MODE))
             else:  # S = Q Kᵀ: every K fragment pair feeds MT m-tiles.
                 qk(s, qa, kb, sm, sbase, loff, loffb, QOFF, kofs, warp)
             if c0 + BC > nk or (CAUSAL and c0 + BC - 1 > r0 + shift):
@@ -349,12 +361,12 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
                     pa[y] = PACK(s[x], s[x + 1])
                     pa[y + 1] = PACK(s[x + 2], s[x + 3])
             elif WG:  # O += P V, P from registers, V (MN-major) 64 of d a swizzle atom of Bc rows
-                wg_pv(acc, pa, sm, tc.wg_desc(sb + VB + buf * KSZ, BC * 128, 1024))
+                wg_pv(acc, pa, sm, tc.wg_desc(sb + VB + buf * KSZ, BC * RB, 8 * RB, MODE))
             else:
                 pv(acc, pa, kb, sm, sbase, loff, vofs)  # O += P V
             cuda.syncthreads()  # every warp is done with buffer j % 2 before it is refilled
         if PIPE and nblk > 0:  # the last block's P V
-            wg_pv_i(acc, pa, sm, tc.wg_desc(sb + VB + ((nblk - 1) % 3) * KSZ, BC * 128, 1024))
+            wg_pv_i(acc, pa, sm, tc.wg_desc(sb + VB + ((nblk - 1) % 3) * KSZ, BC * RB, 8 * RB, MODE))
             wait_o(acc, pa)
             cuda.syncthreads()  # every warpgroup is done before O is staged over Q and K
         # Epilogue: ℓ over the quad; O = acc/ℓ packed to f16 into the warp's own rows of the Q

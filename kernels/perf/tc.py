@@ -50,12 +50,13 @@ holds, as one predicated PTX instruction); ``mma3_tf32`` and ``tf32_hi``
 are the 3xTF32 products of bwd_fp32_v2 (their layout is in :mod:`kernels.perf.tc_gpu`).  Under
 the simulator the shared window starts at 0 and the lane offsets are 0.
 
-Hopper's warpgroup products (fwd_fp16_v5; sm_90a): ``wgmma_ss(N, KT, ASTEP, BSTEP, BF16)`` and
+Hopper's warpgroup products (fwd_fp16_v5; sm_90a): ``wgmma_ss(N, KT, ASTEP, BSTEP, BF16, KPA)`` and
 ``wgmma_rs(N, KS, BSTEP, BF16)`` make the device functions of one whole product of a warpgroup
 (4 warps, 64 rows: warp w % 4 holds rows 16(w % 4) .. + 15 in the ``mma.sync`` C layout), A·Bᵀ
 with both operands in shared memory and A·B with A in registers (the ``mma.sync`` A layout) and
 B in shared memory; the tiles are 128-byte swizzled (K-major for Q and K, MN-major for V: the
-same bytes, rows of 64 halves, chunk c of row r at 16·(c ^ r % 8)) and described by
+same bytes, rows of 64 halves, chunk c of row r at 16·(c ^ r % 8)) or 64-byte swizzled (rows of
+32 halves, chunk c of row r at 16·(c ^ (r // 2) % 4); ``KPA`` = 2 k-steps an atom row, not 4) and described by
 :func:`wg_desc`; ``fence_proxy_async`` orders a thread's shared-memory writes before the
 products' reads.  The twins decode the descriptors the way the PTX ISA's canonical layouts say
 the tensor cores do, so a wrong descriptor fails under the simulator too; whether the ISA was
@@ -95,13 +96,14 @@ def tile_addr(sbase, loff, base, stride, row0, col0):
 
 
 @device_inline
-def wg_desc(addr, lbo, sbo):
+def wg_desc(addr, lbo, sbo, mode):
     """The 64-bit ``wgmma`` matrix descriptor of a tile at shared-window byte address ``addr``
-    (16-byte aligned; a 128-byte swizzled tile: its atoms 1024-byte aligned), leading and stride
-    byte offsets ``lbo``, ``sbo``, 128-byte swizzling (mode 1 in bits 62-63; PTX ISA, "Matrix
-    Descriptor Format": address, LBO and SBO in 16-byte units in bits 0-13, 16-29, 32-45)."""
+    (16-byte aligned; a swizzled tile: its atoms aligned to 8 of their rows), leading and stride
+    byte offsets ``lbo``, ``sbo``, swizzling ``mode`` in bits 62-63: 1 for 128-byte rows, 2 for
+    64-byte rows (PTX ISA, "Matrix Descriptor Format": address, LBO and SBO in 16-byte units in
+    bits 0-13, 16-29, 32-45)."""
     return (uint64((addr & 0x3FFFF) >> 4) | (uint64(lbo >> 4) << uint64(16)) | (uint64(sbo >> 4) << uint64(32))
-            | (uint64(1) << uint64(62)))
+            | (uint64(mode) << uint64(62)))
 
 
 def ops(bf16: bool):

@@ -507,8 +507,9 @@ def mma3_tf32(acc, ah, al, bh, bl, M, N):
 # One helper issues every k-step of a product between ``wgmma.fence`` and ``commit_group`` /
 # ``wait_group 0``: to the compiler the product is one synchronous statement, so it never touches
 # the accumulators while the tensor cores own them.  The descriptor of k-step ks adds, in 16-byte
-# units, (ks // 4)·step (the next 128-byte swizzle atom: 64 halves of K further) and (ks % 4)·2
-# (32 bytes into the atom's rows) for a K-major operand, ks·step for an MN-major one.
+# units, (ks // KPA)·step (the next swizzle atom: 64 halves of K further with 128-byte swizzling,
+# KPA = 4; 32 with 64-byte, KPA = 2) and (ks % KPA)·2 (32 bytes into the atom's rows) for a
+# K-major operand, ks·step for an MN-major one.
 
 _CU_WG = r"""
 extern "C" __device__ int fs_fence_proxy_async(int* ret) {
@@ -537,7 +538,7 @@ def _wg_operands(n: int) -> tuple[str, str]:
     return "{" + regs + "}", outs
 
 
-def _wg_source_ss(name: str, ty: str, n: int, kt: int, astep: int, bstep: int, wait: bool = True) -> str:
+def _wg_source_ss(name: str, ty: str, n: int, kt: int, astep: int, bstep: int, wait: bool = True, kpa: int = 4) -> str:
     regs, outs = _wg_operands(n)
     h = n // 2
     return rf"""
@@ -545,8 +546,8 @@ extern "C" __device__ int {name}(int* ret, float* d, unsigned long long da, unsi
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
     for (int ks = 0; ks < {kt}; ++ks) {{
-        unsigned long long a = da + (unsigned long long)((ks / 4) * {astep} + (ks % 4) * 2);
-        unsigned long long b = db + (unsigned long long)((ks / 4) * {bstep} + (ks % 4) * 2);
+        unsigned long long a = da + (unsigned long long)((ks / {kpa}) * {astep} + (ks % {kpa}) * 2);
+        unsigned long long b = db + (unsigned long long)((ks / {kpa}) * {bstep} + (ks % {kpa}) * 2);
         asm volatile("{{\n.reg .pred p;\nsetp.ne.b32 p, %{h + 2}, 0;\n"
                      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {regs}, %{h}, %{h + 1}, "
                      "p, 1, 1, 0, 0;\n}}\n"
@@ -580,17 +581,18 @@ extern "C" __device__ int {name}(int* ret, float* d, const unsigned* a, unsigned
 
 
 @cache
-def wgmma_ss(N: int, KT: int, ASTEP: int, BSTEP: int, BF16: bool = False, WAIT: bool = True):
+def wgmma_ss(N: int, KT: int, ASTEP: int, BSTEP: int, BF16: bool = False, KPA: int = 4, WAIT: bool = True):
     """``ss(d, sm, da, db)``: d[0:N/2] = A·Bᵀ over KT k-steps of 16 (the first with the accumulator's
-    old value ignored): A the warpgroup's 64 rows and B N rows, both K-major with 128-byte
-    swizzling in shared memory, described by ``da``, ``db`` at k-step 0 (ASTEP, BSTEP: their
-    swizzle atoms' stride in 16-byte units).  d in the C layout of ``mma.sync`` for the warp's 16
-    rows (warp w % 4 of the warpgroup: rows 16(w % 4) + g, + 8; columns 8n + 2t, + 1).  ``sm`` is
-    read by the simulator's twin only.  ``WAIT`` off: :func:`wgmma_ss_issue`."""
+    old value ignored): A the warpgroup's 64 rows and B N rows, both K-major and swizzled in
+    shared memory, described by ``da``, ``db`` at k-step 0 (ASTEP, BSTEP: their swizzle atoms'
+    stride in 16-byte units; KPA k-steps an atom row: 4 for 128-byte swizzling, 2 for 64-byte).
+    d in the C layout of ``mma.sync`` for the warp's 16 rows (warp w % 4 of the warpgroup: rows
+    16(w % 4) + g, + 8; columns 8n + 2t, + 1).  ``sm`` is read by the simulator's twin only.
+    ``WAIT`` off: :func:`wgmma_ss_issue`."""
     ty = "bf16" if BF16 else "f16"
-    name = f"fs_wg_ss{'' if WAIT else 'i'}_{ty}_n{N}_k{KT}_{ASTEP}_{BSTEP}"
+    name = f"fs_wg_ss{'' if WAIT else 'i'}_{ty}_n{N}_k{KT}_{ASTEP}_{BSTEP}_a{KPA}"
     raw = cuda.declare_device(name, "int32(CPointer(float32), uint64, uint64)",
-                              link=cuda.CUSource(_wg_source_ss(name, ty, N, KT, ASTEP, BSTEP, WAIT)))
+                              link=cuda.CUSource(_wg_source_ss(name, ty, N, KT, ASTEP, BSTEP, WAIT, KPA)))
 
     @cuda.jit(device=True, forceinline=True)
     def ss(d, sm, da, db):
@@ -602,9 +604,9 @@ def wgmma_ss(N: int, KT: int, ASTEP: int, BSTEP: int, BF16: bool = False, WAIT: 
 @cache
 def wgmma_rs(N: int, KS: int, BSTEP: int, BF16: bool = False, WAIT: bool = True):
     """``rs(d, a, sm, db)``: d[0:N/2] += A·B over KS k-steps of 16: A from registers (a[4kk:4kk+4],
-    the A layout of ``mma.sync`` m16n8k16 for the warp's 16 rows), B (16·KS x N) MN-major with
-    128-byte swizzling in shared memory, described by ``db`` at k-step 0, the next k-step BSTEP
-    16-byte units further.  ``WAIT`` off: :func:`wgmma_rs_issue`."""
+    the A layout of ``mma.sync`` m16n8k16 for the warp's 16 rows), B (16·KS x N) MN-major and
+    swizzled in shared memory (the mode is the descriptor's), described by ``db`` at k-step 0,
+    the next k-step BSTEP 16-byte units further.  ``WAIT`` off: :func:`wgmma_rs_issue`."""
     ty = "bf16" if BF16 else "f16"
     name = f"fs_wg_rs{'' if WAIT else 'i'}_{ty}_n{N}_k{KS}_{BSTEP}"
     raw = cuda.declare_device(name, "int32(CPointer(float32), CPointer(uint32), uint64)",
@@ -624,9 +626,9 @@ def wgmma_rs(N: int, KS: int, BSTEP: int, BF16: bool = False, WAIT: bool = True)
 # registers until then (what CUTLASS's warpgroup_fence_operand does).
 
 
-def wgmma_ss_issue(N: int, KT: int, ASTEP: int, BSTEP: int, BF16: bool = False):
+def wgmma_ss_issue(N: int, KT: int, ASTEP: int, BSTEP: int, BF16: bool = False, KPA: int = 4):
     """:func:`wgmma_ss` without its wait: ``ss(d, sm, da, db)`` issues the product and commits it."""
-    return wgmma_ss(N, KT, ASTEP, BSTEP, BF16, WAIT=False)
+    return wgmma_ss(N, KT, ASTEP, BSTEP, BF16, KPA, WAIT=False)
 
 
 def wgmma_rs_issue(N: int, KS: int, BSTEP: int, BF16: bool = False):

@@ -342,26 +342,31 @@ def mma3_tf32(acc, ah, al, bh, bl, M, N):
 
 
 # ---------------------------------------------------------------------------------------------
-# Warpgroup products: the descriptor decoded as the PTX ISA's canonical 128-byte swizzled layouts
-# (T = 8 halves of 16 bytes): K-major ((8, m), (T, 2k)) : ((8T, SBO), (1, T)) and MN-major
-# ((T, 8, m), (8, k)) : ((1, T, LBO), (8T, SBO)), then the byte address's bits 4-6 XORed with
-# its bits 7-9 (Swizzle<3, 4, 3>).  Each thread computes its own accumulators from the shared
-# tiles (all of the warpgroup's A rows and B columns it needs are there); A in registers is
-# exchanged through shared memory as ``mma`` does.
+# Warpgroup products: the descriptor decoded as the PTX ISA's canonical swizzled layouts (T = 8
+# halves of 16 bytes; R = 128 bytes a row with 128-byte swizzling, 64 with 64-byte): K-major
+# ((8, m), (T, 2k)) : ((R/2 halves, SBO), (1, T)) and MN-major ((R/2 halves, m), (8, k)) :
+# ((1, LBO), (R/2 halves, SBO)), then the byte address's 16-byte chunk bits XORed with the bits
+# above a row's bytes (Swizzle<3, 4, 3> for 128-byte rows, <2, 4, 3> for 64-byte rows).  Each
+# thread computes its own accumulators from the shared tiles (all of the warpgroup's A rows and B
+# columns it needs are there); A in registers is exchanged through shared memory as ``mma`` does.
+
+#: descriptor mode (bits 62-63) -> bytes of a swizzled row
+_ROW_BYTES = {1: 128, 2: 64}
 
 
 def _desc(desc):
     desc = int(desc)
-    assert desc >> 62 == 1, f"descriptor {desc:#x}: the twin decodes 128-byte swizzling only"
-    return (desc & 0x3FFF) << 4, ((desc >> 16) & 0x3FFF) << 4, ((desc >> 32) & 0x3FFF) << 4
+    mode = desc >> 62
+    assert mode in _ROW_BYTES, f"descriptor {desc:#x}: the twin decodes 128- and 64-byte swizzling only"
+    return (desc & 0x3FFF) << 4, ((desc >> 16) & 0x3FFF) << 4, ((desc >> 32) & 0x3FFF) << 4, _ROW_BYTES[mode]
 
 
-def _swz(byte):
-    return byte ^ (((byte >> 7) & 7) << 4)
+def _swz(byte, row):
+    return byte ^ (((byte >> 7) & (row // 16 - 1)) << 4)
 
 
-def _values(sm, byte, bf16):
-    idx = _swz(byte) // 2
+def _values(sm, byte, row, bf16):
+    idx = _swz(byte, row) // 2
     x = np.asarray(sm)
     if bf16:
         return (x.view(np.uint16)[idx].astype(np.uint32) << 16).view(np.float32).astype(np.float64)
@@ -370,18 +375,19 @@ def _values(sm, byte, bf16):
 
 def _kmajor(sm, desc, rows, bf16):
     """The (rows, 16) operand of one k-step, K-major."""
-    start, _, sbo = _desc(desc)
+    start, _, sbo, row = _desc(desc)
     r = np.asarray(rows)[:, None]
     k = np.arange(16)[None, :]
-    return _values(sm, start + (r % 8) * 128 + (r // 8) * sbo + 2 * k, bf16)
+    return _values(sm, start + (r % 8) * row + (r // 8) * sbo + 2 * k, row, bf16)
 
 
 def _mnmajor(sm, desc, n, bf16):
     """The (16, n) operand of one k-step, MN-major."""
-    start, lbo, sbo = _desc(desc)
+    start, lbo, sbo, row = _desc(desc)
     k = np.arange(16)[:, None]
     c = np.arange(n)[None, :]
-    return _values(sm, start + (c % 64) * 2 + (c // 64) * lbo + (k % 8) * 128 + (k // 8) * sbo, bf16)
+    w = row // 2  # halves a row
+    return _values(sm, start + (c % w) * 2 + (c // w) * lbo + (k % 8) * row + (k // 8) * sbo, row, bf16)
 
 
 def _wg_rows():
@@ -398,15 +404,15 @@ def _wg_store(d, D, t, n, add):
             d[x] = np.float32(np.float32(d[x]) + np.float32(v)) if add else np.float32(v)
 
 
-def wgmma_ss(N, KT, ASTEP, BSTEP, BF16=False):
-    N, KT, ASTEP, BSTEP = int(N), int(KT), int(ASTEP), int(BSTEP)  # numpy ints would wrap at 2**31
+def wgmma_ss(N, KT, ASTEP, BSTEP, BF16=False, KPA=4):
+    N, KT, ASTEP, BSTEP, KPA = int(N), int(KT), int(ASTEP), int(BSTEP), int(KPA)  # numpy ints would wrap at 2**31
 
     @cuda.jit(device=True)
     def ss(d, sm, da, db):
         _, g, t, r = _wg_rows()
         D = np.zeros((2, N))
         for ks in range(KT):
-            step = (ks // 4, (ks % 4) * 2)
+            step = (ks // KPA, (ks % KPA) * 2)
             a = _kmajor(sm, int(da) + step[0] * ASTEP + step[1], [r, r + 8], BF16)
             b = _kmajor(sm, int(db) + step[0] * BSTEP + step[1], range(N), BF16)
             D += a @ b.T
