@@ -140,7 +140,7 @@ def default_config(name: str, d: int) -> dict:
     if name == "fwd_fp16_v5":
         if d <= 64 or d > 192:
             return dict(bc=64, nw=8, mt=1, qreg=False)
-        return dict(bc=32 if 128 < d <= 160 else 48, nw=4, mt=1, qreg=False)
+        return dict(bc=32 if 128 < d <= 160 else 64 if d <= 96 else 48, nw=4, mt=1, qreg=False)
     if name == "fwd_fp16_v6":
         return dict(bc=64 if d <= 64 else 128, nw=8, mt=1, qreg=False)
     if name == "fwd_fp32_v1":

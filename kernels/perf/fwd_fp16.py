@@ -447,7 +447,7 @@ def default_config_v5(d: int) -> dict:
     if d <= 64:
         return dict(bc=64, nw=8, mt=1, qreg=False)
     if d <= 128:
-        return dict(bc=48, nw=4, mt=1, qreg=False)
+        return dict(bc=64 if d <= 96 else 48, nw=4, mt=1, qreg=False)
     if d <= 192:
         return dict(bc=32 if d <= 160 else 48, nw=4, mt=1, qreg=False)
     return dict(bc=64, nw=8, mt=1, qreg=False)
