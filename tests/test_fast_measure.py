@@ -217,7 +217,7 @@ def test_the_h100_records_of_the_fast_set_agree_to_the_byte():
     e1259f6; v5's 10 with Bc = 48 at d = 128, at 5ad5db9; bwd_fp16_v3's 8 configurations, 32 launches,
     with the 128 x 128 block at d = 64, at 70dc356; bwd_fp16_v3 at d = 80, odd n-tiles and partial
     copy passes, and bwd_fp16_v1 at d = 40, rows of 80 bytes, at f27bd21; fwd_fp16_v5 at d = 96,
-    tiles of two 64-column atoms the second half used, and fwd_fp16_v4 at d = 40, at fc109a0),
+    tiles of three 32-column atoms, at d6b06a6, and fwd_fp16_v4 at d = 40, at fc109a0),
     compared: on all 126 launches the loads equal the LSU's count (cp.async tiles by their shared
     destinations; the preprocess's 16-column strips) to the byte, and stores and reductions the
     walker's; the walker's own load count (the global bytes copied) equals the measured loads on

@@ -9,7 +9,8 @@ Variants (the names the records use) and their launches, in launch order:
 * ``fwd_fp16_v4`` (fp16/bf16 forward; block Br = 16·nw·mt = 128 query rows, Bc = 64 keys at
   d <= 64, 16 at d = 113-128, 32 elsewhere), ``fwd_fp16_v5`` (the same loop on Hopper's
   warpgroup products, any d % 8 == 0 up to 256; Br = 16·nw = 128, Bc = 64 at d <= 64 and above
-  192, Br = 64, Bc = 48 at 64 < d <= 128 and 160 < d <= 192, Bc = 32 at 128 < d <= 160; the
+  192, Br = 64, Bc = 64 at 64 < d <= 96, 48 at 96 < d <= 128 and 160 < d <= 192, 32 at
+  128 < d <= 160; the
   same loads and stores as v4's; ``fwd_fp16_v6`` the same with V in three buffers),
   ``fwd_fp32_v1`` (fp32 forward, FFMA; what BEST runs at d not a multiple
   of 32; Br = 4·rm·nw = 64, Bc = 64 at d <= 64, 32 above) and ``fwd_fp32_v2`` (fp32 forward as

@@ -22,9 +22,9 @@ import importlib
 #: largest d) in order of preference: the first whose range holds d and whose ``supports`` accepts
 #: it runs.  The fp16/bf16 forward takes fwd_fp16_v5 (Hopper's warpgroup products) at d = 64 to
 #: 256 (at d = 64 and 128 1.06-1.47x fwd_fp16_v4 on each of the 49 shapes of the H100 bench, grid
-#: and off-grid, in the same run: kernels/data/bench_fwd_v5_20cf9ec; at d = 80-256 1.02-1.74x SDPA
+#: and off-grid, in the same run: kernels/data/bench_fwd_v5_20cf9ec; at d = 80-256 1.17-1.70x SDPA
 #: flash where v4 ran 0.72-1.18x: kernels/data/fwd_fp16_v5_wide_h100_1133a8a and the off-grid
-#: bench of fc109a0), v4 below d = 64 (at d = 40 v4 1.48x flash, v5 1.44x: a tie).  The fp16
+#: bench of d6b06a6), v4 below d = 64 (at d = 40 v4 1.48x flash, v5 1.44x: a tie).  The fp16
 #: backward takes bwd_fp16_v3 at d = 48 to 256 in steps of 16 (1.4x bwd_fp16_v1 at d = 128 on the H100,
 #: at d = 64 faster since its loop stopped dividing by the block count, at d = 48-112 0.97-1.9x and
 #: at 160-256 1.27-2.55x by their ratios to SDPA flash: NOTES.md; it runs at d = 16 and 32 too, not

@@ -25,7 +25,8 @@ tile copies and the products (Q Kᵀ, P V) are :mod:`kernels.perf._tiles`'s.
 * ``fwd_fp16_v5`` (``WG`` on; shipped at d = 64 to 256): v4's loop with its two products on
   Hopper's warpgroup instructions (``wgmma``, sm_90a: ``tc.wgmma_ss``, ``tc.wgmma_rs``).  Two
   warpgroups of 64 rows; S = Q Kᵀ with Q and K read from shared memory by descriptor, O += P V
-  with P from registers and V read MN-major; Q, K, V 128-byte swizzled and unpadded
+  with P from registers and V read MN-major; Q, K, V 128-byte swizzled (64-byte where d % 64 is
+  1..32, since 929b107) and unpadded
   (``_tiles.f16_swizzled``), made visible to the async proxy by ``fence.proxy.async``.  Why:
   the products leave the SM's issue slots (no ldmatrix, one instruction per 64 x Bc x 16 where
   mma.sync needs 4·Bc/8), so v4's shared-memory and issue limits go.  Measured on the H100
@@ -35,14 +36,15 @@ tile copies and the products (Q Kᵀ, P V) are :mod:`kernels.perf._tiles`'s.
   (``_launch.with_plan``; its calls had spent 100-170 us on the host beyond the kernel): 1.12-1.41x
   flash on all 40 bench-grid rows, fp16 and bf16 (kernels/data/bench_fwd_v5_6e79fce); then Bc = 48
   at d = 128 (three blocks an SM: :func:`default_config_v5`).  Then every d % 8 == 0 up to 256
-  (1133a8a): a tile's rows are whole 64-column atoms (d = 96: two, the second half used), S = Q Kᵀ
-  runs over d rounded up to 16 (a 16-byte column pad of Q and K zeroed once where d % 16 = 8) and
-  P·V over the whole atoms, O's extra columns never stored.  H100, N = 4,096, B·H = 64, same-run
-  ratios to SDPA flash with the default blocks (off-grid bench of fc109a0, 3 rounds): d = 80
-  1.20-1.21x, 96 1.02x, 112 1.36-1.38x, 160 1.65-1.74x, 192 1.39-1.43x, 256 1.43-1.45x, where v4
-  ran 1.08x, 0.91x, 1.14-1.18x, 1.04-1.05x, 0.72-0.73x, 0.83-0.85x.  At d = 96 it runs the
-  same 359 TFLOP/s as at d = 112 (P·V over 128 columns at both) while flash runs 351 at d = 96
-  and 263 at d = 112.
+  (1133a8a): a tile's rows are whole swizzle atoms, S = Q Kᵀ runs over d rounded up to 16 (a
+  16-byte column pad of Q and K zeroed once where d % 16 = 8) and P·V over the whole atoms, O's
+  extra columns never stored; the atoms are 64 columns (128-byte rows), or 32 (64-byte rows,
+  929b107) where d % 64 is 1..32, so that d = 96 runs P·V over 96 columns, not 128 (with 64-column
+  atoms it ran the same 359 TFLOP/s at d = 96 as at d = 112, 1.02x SDPA flash).  H100, N = 4,096,
+  B·H = 64, same-run ratios to SDPA flash with the default blocks (off-grid bench of d6b06a6, 3
+  rounds, fp16 and bf16): d = 80 1.25-1.27x, 96 1.17-1.22x, 112 1.35x, 160 1.68-1.70x, 192
+  1.41-1.42x, 256 1.41-1.49x, where v4 ran 1.08x, 0.91x, 1.14-1.18x, 1.04-1.05x, 0.72-0.73x,
+  0.83-0.85x.
 
 * ``fwd_fp16_v6`` (``PIPE`` on; not shipped yet): v5 with each product issued and waited for apart
   (``tc.wgmma_ss_issue``, ``wgmma_rs_issue``, ``wgmma_wait``), P_{j-1} V_{j-1} in flight on the
@@ -426,9 +428,10 @@ def default_config_v4(d: int) -> dict:
 
 def default_config_v5(d: int) -> dict:
     """Two warpgroups (8 warps, 128 query rows) with Bc = 64 at d <= 64 (112 registers at d = 64: two
-    blocks an SM); one warpgroup (4 warps, 64 rows) with Bc = 48 at 64 < d <= 128 (157 registers,
-    66.5 KB of shared memory at d = 128: three blocks an SM), with Bc = 32 at 128 < d <= 160, with
-    Bc = 48 at 160 < d <= 192, and two warpgroups with Bc = 64 above (tiles 256 columns wide).  On the
+    blocks an SM); one warpgroup (4 warps, 64 rows) with Bc = 64 at 64 < d <= 96, Bc = 48 at
+    96 < d <= 128 (157 registers, 66.5 KB of shared memory at d = 128: three blocks an SM), Bc = 32
+    at 128 < d <= 160, Bc = 48 at 160 < d <= 192, and two warpgroups with Bc = 64 above (tiles 224
+    or 256 columns wide).  On the
     H100 at N = 4,096 and 16,384, B·H = 64 and 16 (kernels/data/fwd_fp16_v5_h100_aff81c6): d = 64 Bc 64
     1.06-1.25x SDPA flash against 0.79-0.99x for Bc 128.  At d = 128 the first default, two
     warpgroups with Bc = 128 (217 registers, 164 KB: one block an SM), lost to one warpgroup with
@@ -439,11 +442,16 @@ def default_config_v5(d: int) -> dict:
     blocks overlap one's softmax with another's products; Bc = 32 (four blocks) was slower again.
     At d = 64 one warpgroup, Bc = 48, or both lost to the default on the grid (within 2.4% on one
     row).  The other head dims, N = 4,096, B·H = 64, one timing each against SDPA flash in the same
-    run (kernels/data/fwd_fp16_v5_wide_h100_1133a8a), one warpgroup with Bc = 48 / 32 / 64, two with
+    run (kernels/data/fwd_fp16_v5_wide_h100_1133a8a; 64-column atoms), one warpgroup with Bc = 48 / 32 /
+    64, two with
     Bc = 64: d = 80 1.20 / - / 1.11 / 0.90x; 96 1.12 / 1.05 / 1.09 / 0.87x; 112 1.36 / - / 1.33 /
     1.10x; 160 1.45 / 1.69 / 1.12 / 1.54x; 192 1.48 / 1.29 / 1.07 / 1.35x; 224 1.06 / 1.63 / 1.32 /
-    1.69x; 256 0.98 / 1.34 / 1.10 / 1.39x.  Small grids change the shape (``flashsim.algorithms.
-    fast.fit_to_grid``): one warpgroup at d <= 64 and above 192, Bc = 64 at 64 < d <= 128."""
+    1.69x; 256 0.98 / 1.34 / 1.10 / 1.39x.  With 32-column atoms where d % 64 is 1..32 (929b107,
+    ``sw64_929b107/`` and ``tune80_d6b06a6/`` there): d = 96 1.04 / 1.11 / 1.22 / 0.85x, d = 80 Bc
+    48 1.25x and Bc 64 1.33x, d = 160 Bc 32 1.73-1.74x (timed twice), Bc 64 1.71x, two warpgroups
+    1.53x, d = 224 Bc 32 1.57x, Bc 64 1.24x, two warpgroups 1.72x.  Small grids change the shape
+    (``flashsim.algorithms.fast.fit_to_grid``): one warpgroup at d <= 64 and above 192, Bc = 64 at
+    96 < d <= 128."""
     if d <= 64:
         return dict(bc=64, nw=8, mt=1, qreg=False)
     if d <= 128:
