@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # On the GPU machine (the device tool), from the repository root: the `fast` set (issue 15: the
-# kernels users get by default, kernels.perf.BEST, every launch of each; 28 configurations, 65
+# kernels users get by default, kernels.perf.BEST, every launch of each; 29 configurations, 66
 # launches) measured under Nsight Compute and compared with the simulator's `fast` schedules,
 # after the cp.async counting probe (scripts/device/ldgsts_probe.sh).  Three records (so that a
 # time-out or a failure of one keeps the others): the fp16/fp32 forward configurations
-# ($OUT/fast_fwd/fast.csv, 13), the fp16/fp32 backward ones ($OUT/fast_bwd/fast.csv, 13), and the
+# ($OUT/fast_fwd/fast.csv, 14), the fp16/fp32 backward ones ($OUT/fast_bwd/fast.csv, 13), and the
 # bf16 forward and backward ($OUT/fast_bf16/fast.csv, 2: the bf16 kernels' first GPU run, last),
 # each compared into $OUT/compare_fast_{fwd,bwd,bf16}/.  Everything lands under $OUT (log included).
 #   usage: FLASHSIM_GIT_COMMIT=<sha> FLASHSIM_GIT_DIRTY=0 bash scripts/device/measure_fast.sh [STAGES]
