@@ -219,8 +219,8 @@ def ldgsts_patterns(kernel: str, d: int, config=None) -> dict:
         return {f"{kernel}_dkdv": {"K": kv, "V": kv, "Q": qq, "dO": qq},
                 f"{kernel}_dq": {"Q": (rows, 2 * d, s, nt), "dO": (rows, 2 * d, s, nt),
                                  "K": (c["bk"], 2 * d, s, nt), "V": (c["bk"], 2 * d, s, nt)}}
-    if kernel == "bwd_fp16_v3":
-        s, nt = 2 * (d + 8), 32 * c["nw"]
+    if kernel == "bwd_fp16_v3":  # rows of d rounded up to 16, plus 8
+        s, nt = 2 * (_ceil(d, 16) + 8), 32 * c["nw"]
         kv, qq = (c["bk"], 2 * d, s, nt), (c["bq"], 2 * d, s, nt)
         return {kernel: {"K": kv, "V": kv, "Q": qq, "dO": qq}}
     s = 4 * (_ceil(d, 16) + 4) if kernel == "bwd_fp32_v1" else 4 * (d + 8)

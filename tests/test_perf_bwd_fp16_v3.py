@@ -55,6 +55,23 @@ def test_backward_fp16_v3(c):
     check_backward(grads, q, k, v, do, lse, c["causal"], label=str(c))
 
 
+def test_backward_fp16_v3_head_dim_pad_in_poisoned_shared_memory():
+    """d = 40 (d % 16 = 8) runs as 48 in shared memory: the column chunk past d of K, V, Q and dO,
+    which phase A's k-steps read and no copy writes, must be zeros (the simulator's shared memory
+    is NaN-filled here, as a GPU's holds whatever was there), and dQ's n-tile past d is not
+    reduced; GQA, causal, ragged."""
+    from kernels import _sim
+
+    q, k, v, do = make(13, 1, 2, 1, 21, 37, 40)
+    o, lse = (x.astype(t) for x, t in zip(attention_forward(q, k, v, causal=True), (np.float16, np.float32)))
+    was = _sim.poison_dynamic_shared(True)
+    try:
+        grads = bwd_fp16_v3.backward(q, k, v, o, lse, do, causal=True, bq=32, bk=32, nw=2, ma=1, mb=1, mc=1)
+    finally:
+        _sim.poison_dynamic_shared(was)
+    check_backward(grads, q, k, v, do, lse, True, label="d=40 poisoned")
+
+
 def test_layout_rejects_what_the_warps_cannot_split():
     base = dict(bq=64, bk=128, nw=8, ma=2, mb=2, mc=2)
     for bad in (dict(nw=16), dict(bq=24), dict(bk=40), dict(ma=3), dict(mb=16), dict(mc=8), dict(nw=6),
@@ -69,8 +86,8 @@ def test_layout_rejects_what_the_warps_cannot_split():
     assert bwd_fp16_v3.layout(128, **base) == dict(wak=4, na=4, wbk=4, nb=8, wcq=2, nc=4, rows=16)
     assert bwd_fp16_v3.layout(96, **(base | dict(mc=1)))["rows"] == 0  # a pass's chunks cross rows
     assert bwd_fp16_v3.layout(80, **(base | dict(mc=1)))["nb"] == 5  # odd n-tiles in phases B and C
-    assert [d for d in range(8, 265, 8) if bwd_fp16_v3.supports(np.float16, d)] == list(range(16, 257, 16))
-    for d in range(16, 257, 16):  # every default block fits an H100 SM's 227 KB
+    assert [d for d in range(8, 265, 8) if bwd_fp16_v3.supports(np.float16, d)] == list(range(16, 257, 8))
+    for d in range(16, 257, 8):  # every default block fits an H100 SM's 227 KB
         c = bwd_fp16_v3.default_config(d)
         assert bwd_fp16_v3.smem_bytes(d, c["bq"], c["bk"]) <= 227 * 1024, (d, c)
     assert not bwd_fp16_v3.supports(np.float32, 64)
@@ -78,7 +95,7 @@ def test_layout_rejects_what_the_warps_cannot_split():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("d", [16, 48, 80, 96, 112, 144, 160, 176, 192, 224, 256])
+@pytest.mark.parametrize("d", [16, 48, 80, 96, 112, 144, 160, 176, 192, 224, 256, 40, 72, 200])
 def test_gpu_backward_head_dims(d):
     """The default block (8 warps; 128 x 128 at d = 48 and 80, 64 keys above d = 128, 64 x 128
     else) at head dims whose copy passes cross rows, end in a partial pass or whose phases B and

@@ -24,7 +24,8 @@ Variants (the names the records use) and their launches, in launch order:
   ``kernels.perf._launch.row_dots``), then the dK/dV kernel (Bc = 16·nw·mt keys a block, bq query
   rows a step over every query head of the group), then the dQ kernel (Br = 16·nw·mt query rows,
   bk keys a step): flash2's three launches with these tiles.
-* ``bwd_fp16_v3`` (d = 48 ... 256 in steps of 16 by default; also 16 and 32), ``bwd_fp32_v1``, ``bwd_fp32_v2``: D, the
+* ``bwd_fp16_v3`` (d = 48 ... 256 in steps of 8 by default; also 16 to 40; d % 16 = 8 as d + 8 in
+  shared memory), ``bwd_fp32_v1``, ``bwd_fp32_v2``: D, the
   zero fill of the float32 dQ accumulator ``dQacc`` (``zero_fill``: B·H·Nq·d float32 stores), one
   key-block kernel (K_j, V_j once; per step Q_i, dO_i, L_i, D_i; dQ_i by ``red.global.add``
   into ``dQacc``, traffic class "reduction"; dK_j, dV_j stored once), and for fp16 the
@@ -151,6 +152,7 @@ def default_config(name: str, d: int) -> dict:
     if name == "bwd_fp16_v1":
         return dict(bq=64, bk=64, nw=4, mt=1, reg=True) if d <= 64 else dict(bq=32, bk=32, nw=4, mt=1, reg=False)
     if name == "bwd_fp16_v3":
+        d = cdiv(d, 16) * 16  # d % 16 = 8 runs as d + 8
         if d in (48, 64, 80):
             return dict(bq=128, bk=128, nw=8, ma=4, mb=2, mc=2, minb=1)
         if d > 128:
@@ -176,7 +178,7 @@ def supports(name: str, dtype: str, d: int) -> bool:
     if name in ("fwd_fp16_v5", "fwd_fp16_v6"):
         return d % 8 == 0 and 8 <= d <= 256
     if name == "bwd_fp16_v3":
-        return d % 16 == 0 and 16 <= d <= 256
+        return d % 8 == 0 and 16 <= d <= 256
     if name in ("fwd_fp32_v1", "bwd_fp32_v1"):
         return d % 4 == 0 and 4 <= d <= 128
     if name == "fwd_fp32_v2":
@@ -359,8 +361,8 @@ def block_resources(name: str, d: int, config=None) -> dict[str, tuple[int, int]
         rows, bk = t["dq"].block_m, t["dq"].block_n
         return {"dkdv": (nt, 2 * s * (2 * keys + 4 * bq) + 16 * bq), "dq": (nt, 2 * s * (2 * rows + 4 * bk) + 8 * rows)}
     bq, bk = t["dkdv"].block_m, t["dkdv"].block_n
-    if name == "bwd_fp16_v3":
-        s = d + 8
+    if name == "bwd_fp16_v3":  # rows of d rounded up to 16, plus 8
+        s = dp + 8
         return {"dkdv": (nt, 2 * (2 * bk * s + 4 * bq * s + 2 * bk * (bq + 8)) + 16 * bq)}
     if name == "bwd_fp32_v1":  # row strides: dp + 4 floats; Pᵀ, dSᵀ Br rounded up to 32, + 4
         ps = cdiv(bq, 32) * 32 + 4

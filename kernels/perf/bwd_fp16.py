@@ -497,22 +497,28 @@ def layout_v3(d: int, bq: int, bk: int, nw: int, ma: int, mb: int, mc: int) -> d
 
 
 def smem_bytes_v3(d: int, bq: int, bk: int) -> int:
-    """K, V (bk rows); Q, dO double-buffered (bq rows); Pᵀ, dSᵀ (bk rows of bq + 8); L·log2e and D,
-    double-buffered, in f32."""
-    s = d + 8
+    """K, V (bk rows); Q, dO double-buffered (bq rows), rows of d rounded up to 16 plus 8; Pᵀ, dSᵀ
+    (bk rows of bq + 8); L·log2e and D, double-buffered, in f32."""
+    s = padded_head_dim(d) + 8
     return 2 * (2 * bk * s + 4 * bq * s + 2 * bk * (bq + 8)) + 4 * 4 * bq
 
 
 def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAUSAL: bool, BF16: bool = False):
-    lay = layout_v3(D, BQ, BK, NW, MA, MB, MC)
-    WAK, NA, WBK, NB, WCQ, NC, RPU = (lay[k] for k in ("wak", "na", "wbk", "nb", "wcq", "nc", "rows"))
+    # D is the rows' length in memory; the tiles in shared memory are DP = D rounded up to 16
+    # columns wide (d % 16 = 8: one 16-byte chunk a row that no copy writes, zeroed once, so the
+    # products run over DP columns as at d + 8; the column n-tile past D is never stored).
+    DP = padded_head_dim(D)
+    PAD = DP != D
+    lay = layout_v3(DP, BQ, BK, NW, MA, MB, MC)
+    WAK, NA, WBK, NB, WCQ, NC = (lay[k] for k in ("wak", "na", "wbk", "nb", "wcq", "nc"))
     NT = 32 * NW
-    S = D + 8  # row stride (f16) of K, V, Q, dO: 16 bytes of padding keep ldmatrix conflict-free
+    S = DP + 8  # row stride (f16) of K, V, Q, dO: 16 bytes of padding keep ldmatrix conflict-free
     SQ = BQ + 8  # row stride (f16) of Pᵀ, dSᵀ
-    KT = D // 16  # phase A: k-steps over d
+    KT = DP // 16  # phase A: k-steps over d
     KQ = BQ // 16  # phase B: k-steps over queries
     KK = BK // 16  # phase C: k-steps over keys
-    CH = D // 8  # 16-byte chunks of a row
+    CH = D // 8  # 16-byte chunks of a row (in memory: the copies move D columns)
+    RPU = NT // CH if NT % CH == 0 else 0  # whole rows a pass, or 0 (layout_v3's ``rows`` for D)
     QU = -(-BQ * CH // NT)  # passes to copy a Q (or dO) tile
     KU = -(-BK * CH // NT)  # passes to copy a K (or V) tile
     FULLQ = QU * NT == BQ * CH  # every pass copies NT chunks (no lane idle in the last)
@@ -579,18 +585,21 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
                     MMA(c, x + 4, fa, 4 * mt, fq[4 * n2 + 2], fq[4 * n2 + 3])
 
     @tc.device_inline
-    def reduce_dq(dqa, dqo, acq, lim):
+    def reduce_dq(dqa, dqo, acq, lim, c0):
         """dQ_i += the lane's phase-C tile: rows 16·mt (+8) from its first, where below ``lim``,
         at element offsets ``dqo`` + constants.  One base register and immediate offsets, no
         address arithmetic between the reductions: each had waited for the previous one to
         release its address registers (the loop's largest long-scoreboard stall in Nsight
         Compute's source view at d = 64); ``lim`` = BQ (a constant: every row exists) drops the
-        predicates."""
+        predicates.  ``c0``: the lane's first column; where d % 16 = 8 the n-tile at columns D..
+        (the zeroed pad) is not reduced."""
         for mt in range(MC):
             for nt in range(NC):
                 x = 4 * (mt * NC + nt)
-                tc.red_v2_if(dqa, dqo + (16 * mt * D + 8 * nt), acq[x], acq[x + 1], 16 * mt < lim)
-                tc.red_v2_if(dqa, dqo + ((16 * mt + 8) * D + 8 * nt), acq[x + 2], acq[x + 3], 16 * mt + 8 < lim)
+                col = (not PAD) or c0 + 8 * nt < D
+                tc.red_v2_if(dqa, dqo + (16 * mt * D + 8 * nt), acq[x], acq[x + 1], 16 * mt < lim and col)
+                tc.red_v2_if(dqa, dqo + ((16 * mt + 8) * D + 8 * nt), acq[x + 2], acq[x + 3],
+                             16 * mt + 8 < lim and col)
 
     def bwd(q, k, v, do, lse, dvec, dqa, dk, dv, sl2, scale):
         sm = cuda.shared.array(0, types.float16)
@@ -625,6 +634,13 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
                 goff = kbase + ((c0 + r) if ok else 0) * D + col
                 tc.cp_async16_a(sm, sbase, KOFF + r * S + col, k, goff, 8 if ok else 0)
                 tc.cp_async16_a(sm, sbase, VOFF + r * S + col, v, goff, 8 if ok else 0)
+        if PAD:  # the column chunk past D of K, V and both Q and dO buffers: zeros (no copy writes it)
+            for e in range(tid, 2 * BK + 4 * BQ, NT):
+                so = (KOFF + e * S + D) // 2
+                if e >= 2 * BK:
+                    so = (QOFF + (e - 2 * BK) * S + D) // 2
+                for x in range(4):
+                    smw[so + x] = uint32(0)
         if total > 0:
             load_step(sm, sbase, q, do, ((b * nh + hk * group) * nq) * D, i0 * BQ, nq, 0, lrow, lcol, tid)
             if tid < BQ:
@@ -798,9 +814,9 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
                         MMA(acq, 4 * (mt * NC + NC - 1), af, 4 * mt, fb[0], fb[1])
             dqo = ((b * nh + hq) * nq + r0 + qc0 + g) * D + cc0 + 2 * t  # the lane's first dQ element (flat)
             if r0 + BQ <= nq:  # every row of the block exists (the same for the whole block)
-                reduce_dq(dqa, dqo, acq, BQ)
+                reduce_dq(dqa, dqo, acq, BQ, cc0)
             else:
-                reduce_dq(dqa, dqo, acq, nq - (r0 + qc0 + g))
+                reduce_dq(dqa, dqo, acq, nq - (r0 + qc0 + g), cc0)
         tc.cp_async_wait(0)
         cuda.syncthreads()  # K_j, V_j landed even when no query block was visible; phase C is done with K
         # Epilogue: dK·τ and dV packed to f16 into the K and V tiles (phase B's layout), then 16
@@ -847,6 +863,7 @@ def default_config_v3(d: int) -> dict:
     phase B's warps own 4 m-tiles (64 keys x 32 columns: 2 warps along the keys, 4 along d), as
     flash-attention's AtomLayoutNdKV = 2: 0.94x flash at N = 16,384 and 0.98x at N = 4,096 where
     mb = 2 ran 0.90x and 0.90x (the same record, t128)."""
+    d = padded_head_dim(d)  # d % 16 = 8 runs as d + 8
     if d in (48, 64, 80):
         return dict(bq=128, bk=128, nw=8, ma=4, mb=2, mc=2, minb=1)
     if d > 128:  # 64 keys a block (dK, dV: 128 registers a thread at d = 256)
@@ -867,19 +884,19 @@ def _wide_v3(d: int) -> dict:
 
 
 def _accepts_v3(dtype, d: int) -> bool:
-    """fp16 or bf16, d % 16 == 0, 16 <= d <= 256 (dK and dV take 2·d·bk / (32·nw) f32 registers a
-    thread: 128 at d = 128 with 128 keys a block, and at d = 256 with 64); :func:`layout_v3` says
-    whether a given block shape splits d."""
-    return dtype_name(dtype) in ("float16", "bfloat16") and d % 16 == 0 and 16 <= d <= 256
+    """fp16 or bf16, d % 8 == 0, 16 <= d <= 256 (d % 16 = 8 runs as d + 8 in shared memory; dK and
+    dV take 2·d·bk / (32·nw) f32 registers a thread: 128 at d = 128 with 128 keys a block, and at
+    d = 256 with 64); :func:`layout_v3` says whether a given block shape splits d rounded up to 16."""
+    return dtype_name(dtype) in ("float16", "bfloat16") and d % 8 == 0 and 16 <= d <= 256
 
 
 def supports_v3(dtype, d: int) -> bool:
-    """What :func:`_accepts_v3` and the default block shape can split: d = 16, 32, ..., 256."""
+    """What :func:`_accepts_v3` and the default block shape can split: d = 16, 24, ..., 256."""
     if not _accepts_v3(dtype, d):
         return False
     cfg = default_config_v3(d)
     try:
-        layout_v3(d, cfg["bq"], cfg["bk"], cfg["nw"], cfg["ma"], cfg["mb"], cfg["mc"])
+        layout_v3(padded_head_dim(d), cfg["bq"], cfg["bk"], cfg["nw"], cfg["ma"], cfg["mb"], cfg["mc"])
     except ValueError:
         return False
     return True
@@ -890,10 +907,11 @@ def backward_v3(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
     overrides :func:`default_config_v3`.  dQ is summed over key blocks by float32 atomics in no
     fixed order: it may differ from run to run in its last bits."""
     inp, a, (nb, nh, nhk, nq, nk, d), lse_d, cfg, sc = prepare_backward(
-        "bwd_fp16_v3 takes float16 or bfloat16 with head_dim % 16 == 0, at most 256",
+        "bwd_fp16_v3 takes float16 or bfloat16 with head_dim % 8 == 0, 16 to 256",
         default_config_v3, _accepts_v3,
         q, k, v, o, lse, do, scale=scale, config=config, causal=causal)
-    layout_v3(d, cfg["bq"], cfg["bk"], cfg["nw"], cfg["ma"], cfg["mb"], cfg["mc"])  # ValueError if the warps cannot
+    # ValueError if the warps cannot split the block
+    layout_v3(padded_head_dim(d), cfg["bq"], cfg["bk"], cfg["nw"], cfg["ma"], cfg["mb"], cfg["mc"])
     kern, nt = kernel_v3(d, bool(causal), **cfg, bf16=inp.bf16)
     dvec = row_dots(inp, a, causal)
     dqa, flat = zeroed_dq(inp, (nb, nh, nq, d))
