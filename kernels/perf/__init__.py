@@ -25,7 +25,8 @@ import importlib
 #: and off-grid, in the same run: kernels/data/bench_fwd_v5_20cf9ec; at d = 80-256 1.17-1.70x SDPA
 #: flash where v4 ran 0.72-1.18x: kernels/data/fwd_fp16_v5_wide_h100_1133a8a and the off-grid
 #: bench of d6b06a6), v4 below d = 64 (at d = 40 v4 1.48x flash, v5 1.44x: a tie).  The fp16
-#: backward takes bwd_fp16_v3 at d = 48 to 256 in steps of 16 (1.4x bwd_fp16_v1 at d = 128 on the H100,
+#: backward takes bwd_fp16_v3 at d = 48 to 256 in steps of 8 (d % 16 = 8 as d + 8 in shared memory: d = 72
+#: and 200 1.09x and 1.07x SDPA flash where v1 ran 0.79x and 0.61x; 1.4x bwd_fp16_v1 at d = 128 on the H100,
 #: at d = 64 faster since its loop stopped dividing by the block count, at d = 48-112 0.97-1.9x and
 #: at 160-256 1.27-2.55x by their ratios to SDPA flash: NOTES.md; it runs at d = 16 and 32 too, not
 #: timed against v1), v1

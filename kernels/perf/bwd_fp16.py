@@ -23,7 +23,9 @@ helpers, fragment layouts and instruction-count lessons are ``fwd_fp16``'s (and
   bench_grid_bwd_1b357d8: d = 64 0.75-0.84x SDPA flash, d = 128 0.85-0.95x).  Shipped at d = 64
   and 128, then 96 (tile copies across rows, 848949c), 48-112 (odd n-tiles and partial copy
   passes, f27bd21: 1.05-1.29x flash where v1 ran 0.64-1.18x) and 144-256 (64 x 64 blocks,
-  bafd8d6: 0.79-1.07x flash at d = 160-256 where v1 ran 0.31-0.84x).  (Its step from the one-kernel bwd_fp16_v2,
+  bafd8d6: 0.79-1.07x flash at d = 160-256 where v1 ran 0.31-0.84x), and d % 16 = 8 as d + 8 in
+  shared memory (53c06f6: d = 72 1.09x, d = 200 1.07x flash, where v1 ran 0.79x, 0.61x).  (Its
+  step from the one-kernel bwd_fp16_v2,
   1-D warp tiles, is read at commit f09d49e.)
 """
 
