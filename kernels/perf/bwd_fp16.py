@@ -468,8 +468,9 @@ def layout_v3(d: int, bq: int, bk: int, nw: int, ma: int, mb: int, mc: int) -> d
     (its x4 load reads 8 columns past it: the next warp's, or the row's padding, not used).  A
     block's threads copy a tile's 16-byte chunks in passes (chunk tid + u·32·nw of pass u, the
     last pass partial where 32·nw does not divide the tile's chunks; ``rows``: the rows a pass
-    copies where 32·nw is a multiple of d / 8, else 0).  d is a multiple of 16 (the
-    k-steps of phase A): no padded columns."""
+    copies where 32·nw is a multiple of d / 8, else 0).  d is the tiles' width, a multiple of 16
+    (the k-steps of phase A): the head dim, or the head dim + 8 where it is not (the kernel's copies
+    then move d - 8 columns a row; ``rows`` is for d)."""
     if not 1 <= nw <= tc.MAX_WARPS:
         raise ValueError(f"{nw=}: must be 1..{tc.MAX_WARPS}")
     if d <= 0 or d % 16:
@@ -525,7 +526,7 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
     KU = -(-BK * CH // NT)  # passes to copy a K (or V) tile
     FULLQ = QU * NT == BQ * CH  # every pass copies NT chunks (no lane idle in the last)
     FULLK = KU * NT == BK * CH
-    WHOLE = RPU > 0  # each pass copies whole rows (d = 32, 64, 128 with 8 warps; not d = 96)
+    WHOLE = RPU > 0  # each pass copies whole rows (8 warps: d = 16, 32, 64, 128, 256; not d = 96)
     NS4, NACC, NQACC = 4 * MA * NA, 4 * MB * NB, 4 * MC * NC
     NFA, NFQ, NFB, NFC = 4 * MA, 2 * NA, 4 * MB, 4 * MC  # fragment registers of phases A, B, C
     KOFF = 0
