@@ -24,3 +24,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def poisoned():
+    """The CUDA simulator's dynamic shared memory 0xFF-filled (NaN) at every block, as a GPU's holds
+    whatever was there: a kernel's read of bytes it never wrote shows in its result."""
+    from kernels import _sim
+
+    was = _sim.poison_dynamic_shared(True)
+    yield
+    _sim.poison_dynamic_shared(was)

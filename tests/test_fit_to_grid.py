@@ -16,20 +16,20 @@ CFG64 = fast.default_config("fwd_fp16_v4", 64)  # Br = 16 · 4 warps · 2 m-tile
 
 def test_rule_by_hand():
     # H100: 132 SMs.  B·H = 4, N = 4,096: 32 blocks a head, 128 in all <= 132: one m-tile.
-    assert fast.fit_to_grid("fwd_fp16_v4", CFG64, {}, 4096, 4, 132) == dict(CFG64, mt=1)
+    assert fast.fit_to_grid("fwd_fp16_v4", CFG64, {}, 4096, 4, 132, d=64) == dict(CFG64, mt=1)
     # 33 blocks a head: 132, still narrowed; 34: 136 > 132, as it was.  B·H = 16, N = 2,048: 256.
-    assert fast.fit_to_grid("fwd_fp16_v4", CFG64, {}, 4096 + 128, 4, 132)["mt"] == 1
-    assert fast.fit_to_grid("fwd_fp16_v4", CFG64, {}, 4096 + 129, 4, 132) == CFG64
-    assert fast.fit_to_grid("fwd_fp16_v4", CFG64, {}, 2048, 16, 132) == CFG64
+    assert fast.fit_to_grid("fwd_fp16_v4", CFG64, {}, 4096 + 128, 4, 132, d=64)["mt"] == 1
+    assert fast.fit_to_grid("fwd_fp16_v4", CFG64, {}, 4096 + 129, 4, 132, d=64) == CFG64
+    assert fast.fit_to_grid("fwd_fp16_v4", CFG64, {}, 2048, 16, 132, d=64) == CFG64
     # a ragged last block counts: N = 4,000 is still 32 blocks a head
-    assert fast.fit_to_grid("fwd_fp16_v4", CFG64, {}, 4000, 4, 128)["mt"] == 1
+    assert fast.fit_to_grid("fwd_fp16_v4", CFG64, {}, 4000, 4, 128, d=64)["mt"] == 1
     # mt given (by the caller or the tuner's cache): kept; other variants: unchanged
-    assert fast.fit_to_grid("fwd_fp16_v4", CFG64, {"mt": 2}, 4096, 4, 132) == CFG64
+    assert fast.fit_to_grid("fwd_fp16_v4", CFG64, {"mt": 2}, 4096, 4, 132, d=64) == CFG64
     cfg32 = fast.default_config("fwd_fp32_v2", 64)
-    assert fast.fit_to_grid("fwd_fp32_v2", cfg32, {}, 128, 1, 132) == cfg32
+    assert fast.fit_to_grid("fwd_fp32_v2", cfg32, {}, 128, 1, 132, d=64) == cfg32
     # already one m-tile: unchanged
     one = dict(CFG64, mt=1)
-    assert fast.fit_to_grid("fwd_fp16_v4", one, {}, 64, 1, 132) == one
+    assert fast.fit_to_grid("fwd_fp16_v4", one, {}, 64, 1, 132, d=64) == one
 
 
 def test_v5_rule_by_hand():
@@ -37,26 +37,25 @@ def test_v5_rule_by_hand():
     each SM at most one block; d = 128 already runs one warpgroup; nw given: kept."""
     c64, c128 = fast.default_config("fwd_fp16_v5", 64), fast.default_config("fwd_fp16_v5", 128)
     assert (c64["nw"], c64["bc"], c128["nw"], c128["bc"]) == (8, 64, 4, 48)
-    assert fast.fit_to_grid("fwd_fp16_v5", c64, {}, 4096, 4, 132) == dict(c64, nw=4)  # 128 blocks
-    assert fast.fit_to_grid("fwd_fp16_v5", c64, {}, 4096 + 129, 4, 132) == c64  # 136 blocks
-    assert fast.fit_to_grid("fwd_fp16_v5", c64, {}, 4096, 16, 132) == c64  # the bench grid: 512
-    assert fast.fit_to_grid("fwd_fp16_v5", c64, {"nw": 8}, 4096, 4, 132) == c64
+    assert fast.fit_to_grid("fwd_fp16_v5", c64, {}, 4096, 4, 132, d=64) == dict(c64, nw=4)  # 128 blocks
+    assert fast.fit_to_grid("fwd_fp16_v5", c64, {}, 4096 + 129, 4, 132, d=64) == c64  # 136 blocks
+    assert fast.fit_to_grid("fwd_fp16_v5", c64, {}, 4096, 16, 132, d=64) == c64  # the bench grid: 512
+    assert fast.fit_to_grid("fwd_fp16_v5", c64, {"nw": 8}, 4096, 4, 132, d=64) == c64
     # d = 128: Bc = 48 (three blocks an SM) becomes 64 where the grid is at most four blocks an SM
-    assert fast.fit_to_grid("fwd_fp16_v5", c128, {}, 8192, 1, 132) == dict(c128, bc=64)  # 128 blocks
-    assert fast.fit_to_grid("fwd_fp16_v5", c128, {}, 512, 66, 132) == dict(c128, bc=64)  # 528 blocks
-    assert fast.fit_to_grid("fwd_fp16_v5", c128, {}, 512, 67, 132) == c128  # 536 blocks
-    assert fast.fit_to_grid("fwd_fp16_v5", c128, {"bc": 48}, 8192, 1, 132) == c128
+    assert fast.fit_to_grid("fwd_fp16_v5", c128, {}, 8192, 1, 132, d=128) == dict(c128, bc=64)  # 128 blocks
+    assert fast.fit_to_grid("fwd_fp16_v5", c128, {}, 512, 66, 132, d=128) == dict(c128, bc=64)  # 528 blocks
+    assert fast.fit_to_grid("fwd_fp16_v5", c128, {}, 512, 67, 132, d=128) == c128  # 536 blocks
+    assert fast.fit_to_grid("fwd_fp16_v5", c128, {"bc": 48}, 8192, 1, 132, d=128) == c128
     # d = 192 (Bc = 48 too): Bc = 64 would leave one block an SM (123 KB of shared memory): kept
     c192 = fast.default_config("fwd_fp16_v5", 192)
     assert c192 == dict(bc=48, nw=4, mt=1, qreg=False)
     assert fast.fit_to_grid("fwd_fp16_v5", c192, {}, 8192, 1, 132, d=192) == c192
-    assert fast.fit_to_grid("fwd_fp16_v5", c128, {}, 8192, 1, 132, d=128) == dict(c128, bc=64)
     # above d = 192 two warpgroups, which a small grid narrows to one as at d = 64
     c256 = fast.default_config("fwd_fp16_v5", 256)
     assert fast.fit_to_grid("fwd_fp16_v5", c256, {}, 4096, 4, 132, d=256) == dict(c256, nw=4)
     # v6 keeps its measured block shape
     c6 = fast.default_config("fwd_fp16_v6", 128)
-    assert fast.fit_to_grid("fwd_fp16_v6", c6, {}, 8192, 1, 132) == c6
+    assert fast.fit_to_grid("fwd_fp16_v6", c6, {}, 8192, 1, 132, d=128) == c6
 
 
 def test_simulator_option():

@@ -55,20 +55,14 @@ def test_backward_fp16_v3(c):
     check_backward(grads, q, k, v, do, lse, c["causal"], label=str(c))
 
 
-def test_backward_fp16_v3_head_dim_pad_in_poisoned_shared_memory():
+def test_backward_fp16_v3_head_dim_pad_in_poisoned_shared_memory(poisoned):
     """d = 40 (d % 16 = 8) runs as 48 in shared memory: the column chunk past d of K, V, Q and dO,
     which phase A's k-steps read and no copy writes, must be zeros (the simulator's shared memory
     is NaN-filled here, as a GPU's holds whatever was there), and dQ's n-tile past d is not
     reduced; GQA, causal, ragged."""
-    from kernels import _sim
-
     q, k, v, do = make(13, 1, 2, 1, 21, 37, 40)
     o, lse = (x.astype(t) for x, t in zip(attention_forward(q, k, v, causal=True), (np.float16, np.float32)))
-    was = _sim.poison_dynamic_shared(True)
-    try:
-        grads = bwd_fp16_v3.backward(q, k, v, o, lse, do, causal=True, bq=32, bk=32, nw=2, ma=1, mb=1, mc=1)
-    finally:
-        _sim.poison_dynamic_shared(was)
+    grads = bwd_fp16_v3.backward(q, k, v, o, lse, do, causal=True, bq=32, bk=32, nw=2, ma=1, mb=1, mc=1)
     check_backward(grads, q, k, v, do, lse, True, label="d=40 poisoned")
 
 

@@ -30,17 +30,6 @@ def cases(draw):
                 bc=draw(st.sampled_from([16, 32])), seed=draw(st.integers(0, 2**16)))
 
 
-@pytest.fixture
-def poisoned():
-    """The simulator's dynamic shared memory 0xFF-filled (NaN) at every block, as a GPU's holds
-    whatever was there: a read of bytes no copy wrote shows in the result."""
-    from kernels import _sim
-
-    was = _sim.poison_dynamic_shared(True)
-    yield
-    _sim.poison_dynamic_shared(was)
-
-
 # One warpgroup (64 rows) keeps the simulator at 128 threads a block; two are the example below.
 @settings(max_examples=4, **SETTINGS)
 @given(cases())

@@ -223,7 +223,7 @@ def variant_for(w: Workload, pass_: str, kernel: str | None = None) -> str:
     return name
 
 
-def fit_to_grid(name: str, cfg: dict, given, nq: int, bh: int, num_sms: int, d: int | None = None) -> dict:
+def fit_to_grid(name: str, cfg: dict, given, nq: int, bh: int, num_sms: int, d: int) -> dict:
     """The block shape ``name`` runs for Nq query rows and B·H heads on a GPU of ``num_sms`` SMs:
     ``cfg`` (:func:`default_config` updated by the keys in ``given``), except where a grid of
     128-row blocks would give each SM at most one block: then the fp16/bf16 forwards take 64-row
@@ -239,14 +239,14 @@ def fit_to_grid(name: str, cfg: dict, given, nq: int, bh: int, num_sms: int, d: 
     4,096 blocks (``blocks2.csv`` there), but in one run (kernels/data/fwd_fp16_v5_bcrule_h100_460c9a6)
     at B·H = 1, N = 8,192 (128 blocks) it ran 0.89x SDPA flash where Bc = 64 ran 1.00x, and at
     Nq = 512, Nk = 4,096 (512 blocks) 1.09x where Bc = 64 ran 1.21x.  Not above d = 128 (``d``,
-    the head dim, given): Bc = 64 there takes 123 KB of shared memory at d = 192, one block an SM,
+    the head dim): Bc = 64 there takes 123 KB of shared memory at d = 192, one block an SM,
     and ran 0.72x Bc = 48 (kernels/data/fwd_fp16_v5_wide_h100_1133a8a).  The kernel launcher
     (``kernels.perf``) calls it with the device's SM count."""
     given = given or ()
     br = 16 * cfg.get("nw", 0) * cfg.get("mt", 0)
     blocks = -(-nq // br) * bh if br else 0
     if name == "fwd_fp16_v5" and "bc" not in given and cfg.get("bc") == 48 and cfg.get("nw") == 4:
-        if d is not None and d > 128:  # Bc = 64 there leaves one block an SM (d = 192: 0.72x Bc = 48)
+        if d > 128:  # Bc = 64 there leaves one block an SM (d = 192: 0.72x Bc = 48)
             return cfg
         return dict(cfg, bc=64) if blocks <= 4 * num_sms else cfg
     if name == "fwd_fp16_v4" and "mt" not in given and cfg.get("mt") == 2:

@@ -342,7 +342,7 @@ def launches(name: str, d: int, cfg: dict) -> list[dict]:
         regs = 4 * no * mt + (4 * kt * mt if cfg["qreg"] else 4 * mt) + 4 * mt + 4 * (cfg["bc"] // 8) * mt
         return [dict(launch="fwd", threads=nt, smem=v.smem_bytes(dp, br, cfg["bc"]), regs=regs, cap=_reg_cap(nt, 1),
                      grid=lambda b, h, hk, nq, nk, br=br: -(-nq // br) * b * h, share=1.0)]
-    if name == "fwd_fp16_v5":  # O (whole 64-column atoms) and S accumulators, P's fragments, the row statistics
+    if name == "fwd_fp16_v5":  # O (whole swizzle atoms: atom_width) and S accumulators, P's fragments, row stats
         br, bc = 16 * cfg["nw"], cfg["bc"]
         from .fwd_fp16 import atom_width
 
