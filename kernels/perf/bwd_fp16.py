@@ -538,6 +538,7 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
     FOFF = (DSOFF + BK * SQ) // 2  # f32 words: L·log2e (2 x BQ), then D (2 x BQ)
     start = key_block(BK, BQ, CAUSAL)
     pack = f16_pack(NB, S, BF16)
+    zero_pad = f16_zero_pad(2 * BK + 4 * BQ, D, S, NT)  # K, V, Q x 2, dO x 2: rows 0.. of stride S
     MMA, MMA_Z, PACK = tc.ops(BF16)
 
     @tc.device_inline
@@ -637,13 +638,7 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
                 goff = kbase + ((c0 + r) if ok else 0) * D + col
                 tc.cp_async16_a(sm, sbase, KOFF + r * S + col, k, goff, 8 if ok else 0)
                 tc.cp_async16_a(sm, sbase, VOFF + r * S + col, v, goff, 8 if ok else 0)
-        if PAD:  # the column chunk past D of K, V and both Q and dO buffers: zeros (no copy writes it)
-            for e in range(tid, 2 * BK + 4 * BQ, NT):
-                so = (KOFF + e * S + D) // 2
-                if e >= 2 * BK:
-                    so = (QOFF + (e - 2 * BK) * S + D) // 2
-                for x in range(4):
-                    smw[so + x] = uint32(0)
+        zero_pad(sm, tid)  # d % 16 = 8: the column chunk past D of K, V and both Q and dO buffers (rows 0..)
         if total > 0:
             load_step(sm, sbase, q, do, ((b * nh + hk * group) * nq) * D, i0 * BQ, nq, 0, lrow, lcol, tid)
             if tid < BQ:
