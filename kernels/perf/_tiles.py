@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 from numba import cuda, float32
 
 from ..flash2 import padded_head_dim
@@ -168,133 +167,28 @@ def f16_copy(ROWS: int, D: int, S: int, NT: int):
     return load, load2, store, store2
 
 
-def _fullest_group(first, win, units, mask, lines):
-    """:func:`chunk_plan`'s next group: unit ``first`` and units of ``win`` with disjoint bank
-    groups (``mask``) filling eight chunks, on the fewest lines (then the nearest); if none
-    fills eight, as many as fit in order."""
-    best = None
-
-    def search(j, used, size, chosen, ln):
-        nonlocal best
-        if size == 8:
-            score = (len(ln), max(chosen))
-            if best is None or score < best[0]:
-                best = (score, list(chosen))
-            return
-        for x in range(j, len(win)):
-            u = win[x]
-            if mask[u] & used or size + len(units[u]) > 8:
-                continue
-            nl = ln | lines[u]
-            if best is not None and len(nl) > best[0][0]:
-                continue
-            chosen.append(u)
-            search(x + 1, used | mask[u], size + len(units[u]), chosen, nl)
-            chosen.pop()
-
-    search(0, mask[first], len(units[first]), [first], lines[first])
-    if best is not None:
-        return best[1]
-    chosen, used, size = [first], mask[first], len(units[first])
-    for u in win:
-        if not mask[u] & used and size + len(units[u]) <= 8:
-            chosen.append(u)
-            used |= mask[u]
-            size += len(units[u])
-    return chosen
-
-
-def chunk_plan(ROWS: int, D: int, NT: int, bank_group, window: int = 40):
-    """Which 16-byte chunk of a ROWS x D f16 tile (flat index e: row e // (D/8), column chunk
-    e % (D/8)) each slot ``tid + u·NT`` of a copy loop takes: an int32 array of CPT·NT entries, -1
-    for an idle slot; or None where the plain order (slot e takes chunk e) is kept (D % 16 = 0).
-
-    Why: where D % 16 = 8 a row is an odd number of chunks, so the rows alternate between 32-byte
-    aligned and 16 bytes past it, and a quarter-warp's eight consecutive chunks (one 128-byte
-    line) cross a row end into chunk columns whose shared-memory bank groups (``bank_group(r, c)``,
-    0..7: the destination's bytes / 16 mod 8) collide.  The hardware then splits the cp.async
-    into more wavefronts, and a 32-byte sector whose two halves went to different wavefronts is
-    fetched from L2 twice: on the H100 fwd_fp16_v5 read 1.48x the L2 sectors at d = 120 that it
-    read at d = 128 (1.41x the tile bytes) and ran 1.42x as long.  Here each group of eight slots
-    (a quarter-warp) takes whole sectors (both chunks of a 32-byte sector, as laid out from a
-    32-byte aligned tile) with eight distinct bank groups, chosen in memory order from the next
-    ``window`` sectors with the fewest 128-byte lines; a group that cannot be filled that way is
-    left partial (idle slots).  Host code, run once per compiled kernel."""
-    CH = D // 8
-    n = ROWS * CH
-    if CH % 2 == 0:
-        return None
-    bg = [bank_group(e // CH, e % CH) for e in range(n)]
-    units = []  # sectors: both chunks, or each alone where the two share a bank group
-    for s in range(0, n, 2):
-        it = [e for e in (s, s + 1) if e < n]
-        units += [[e] for e in it] if len(it) == 2 and bg[it[0]] == bg[it[1]] else [it]
-    mask = [sum(1 << bg[e] for e in u) for u in units]
-    lines = [frozenset(e // 8 for e in u) for u in units]
-    pending = list(range(len(units)))
-    groups = []
-    while pending:
-        chosen = _fullest_group(pending[0], pending[1:window], units, mask, lines)
-        groups.append([e for u in chosen for e in units[u]])
-        taken = set(chosen)
-        pending = [u for u in pending if u not in taken]
-    nw = NT // 32
-    slots = [-1] * (-(-len(groups) * 8 // NT) * NT)
-    for g, chunks in enumerate(groups):  # group g: quarter g % 4 of warp (g // 4) % nw, pass g // 4 // nw
-        base = (g // 4 // nw) * NT + ((g // 4) % nw) * 32 + 8 * (g % 4)
-        slots[base:base + len(chunks)] = chunks
-    return np.array(slots, dtype=np.int32)
-
-
 def f16_chunks(ROWS: int, D: int, S: int, NT: int, SWIZZLE: bool = False, SW: int = 128):
     """(CPT, chunks, load2c): the prefetch of a ROWS x D tile in a main loop, its per-thread
     offsets computed once.  ``chunks(crow, cgof, csof, tid)`` fills the kernel's arrays of CPT
-    int32: the thread's chunk u is row crow[u] (-1: none), element offset cgof[u] in a tile in
-    memory and csof[u] in shared memory (the same in every block); ``load2c(sm, sbase, so1, so2,
-    x1, x2, g0, r0, n, crow, cgof, csof, tid)`` is :func:`f16_copy`'s ``load2`` through them.
-    ``SWIZZLE``: the shared offsets of :func:`f16_swizzled`'s layout with ``SW``-byte rows (S
-    unused), the slots taking the chunks in :func:`chunk_plan`'s order where D % 16 = 8."""
+    int32: the thread's chunk u is row crow[u], element offset cgof[u] in a tile in memory and
+    csof[u] in shared memory (the same in every block); ``load2c(sm, sbase, so1, so2, x1, x2, g0,
+    r0, n, crow, cgof, csof, tid)`` is :func:`f16_copy`'s ``load2`` through them.  ``SWIZZLE``: the
+    shared offsets of :func:`f16_swizzled`'s layout with ``SW``-byte rows (S unused)."""
     CH = D // 8
+    CPT = -(-ROWS * CH // NT)  # chunks a thread
+    ALL = CPT * NT == ROWS * CH  # every thread has CPT chunks: no test
     if SWIZZLE:
-        soff, soff_host = _swizzled(ROWS, D, SW)
+        soff = f16_swizzled(ROWS, D, NT, SW)[0]
     else:
-        def soff_host(r, c):
+        @_device
+        def soff(r, c):
             return r * S + c * 8
-
-        soff = _device(soff_host)
-    # The swizzled tiles (fwd_fp16_v5) take chunk_plan's order; the padded ones keep the plain
-    # order (with the plan, fwd_fp16_v4 at d = 56 spilled 40 bytes where it spilled none).
-    PLAN = chunk_plan(ROWS, D, NT, lambda r, c: soff_host(r, c) // 8 % 8) if SWIZZLE else None
-    if PLAN is None:  # slot e takes chunk e
-        CPT = -(-ROWS * CH // NT)  # chunks a thread
-        ALL = CPT * NT == ROWS * CH  # every thread has CPT chunks: no test
-
-        @_device
-        def slot(tid, u):
-            e = tid + u * NT
-            return e, e // CH
-
-        @_device
-        def has(crow, u, tid):
-            return tid + u * NT < ROWS * CH
-    else:
-        CPT = len(PLAN) // NT
-        ALL = bool((PLAN >= 0).all())
-
-        @_device
-        def slot(tid, u):
-            e = PLAN[tid + u * NT]
-            return e, e // CH if e >= 0 else -1
-
-        @_device
-        def has(crow, u, tid):
-            return crow[u] >= 0
 
     @_device
     def chunks(crow, cgof, csof, tid):
         for u in range(CPT):
-            e, r = slot(tid, u)
-            crow[u] = r
+            e = tid + u * NT
+            crow[u] = e // CH
             cgof[u] = (e // CH) * D + (e % CH) * 8
             csof[u] = soff(e // CH, e % CH)
 
@@ -302,27 +196,13 @@ def f16_chunks(ROWS: int, D: int, S: int, NT: int, SWIZZLE: bool = False, SW: in
     def load2c(sm, sbase, so1, so2, x1, x2, g0, r0, n, crow, cgof, csof, tid):
         gr = g0 + r0 * D
         for u in range(CPT):
-            if ALL or has(crow, u, tid):
+            if ALL or tid + u * NT < ROWS * CH:
                 ok = r0 + crow[u] < n
                 goff = gr + cgof[u] if ok else g0
                 tc.cp_async16_a(sm, sbase, so1 + csof[u], x1, goff, 8 if ok else 0)
                 tc.cp_async16_a(sm, sbase, so2 + csof[u], x2, goff, 8 if ok else 0)
 
     return CPT, chunks, load2c
-
-
-def _swizzled(ROWS: int, D: int, SW: int):
-    """(soff, soff_host): :func:`f16_swizzled`'s ``soff`` on the device and in host Python."""
-    A = SW // 16  # 16-byte chunks a swizzled row
-    if SW not in (64, 128):
-        raise ValueError(f"{SW=}: 64 or 128")
-
-    def soff_host(r, c):
-        if A == 8:
-            return (c // 8) * (ROWS * 64) + r * 64 + ((c % 8) ^ (r % 8)) * 8
-        return (c // 4) * (ROWS * 32) + r * 32 + ((c % 4) ^ ((r // 2) % 4)) * 8
-
-    return _device(soff_host), soff_host
 
 
 def f16_swizzled(ROWS: int, D: int, NT: int, SW: int = 128):
@@ -336,7 +216,15 @@ def f16_swizzled(ROWS: int, D: int, NT: int, SW: int = 128):
     element offset; ``load(sm, sbase, so, x, g0, r0, n, tid)`` as :func:`f16_copy`'s (a main loop's
     prefetch: :func:`f16_chunks` with ``SWIZZLE``)."""
     CH = D // 8
-    soff = _swizzled(ROWS, D, SW)[0]
+    A = SW // 16  # 16-byte chunks a swizzled row
+    if SW not in (64, 128):
+        raise ValueError(f"{SW=}: 64 or 128")
+
+    @_device
+    def soff(r, c):
+        if A == 8:
+            return (c // 8) * (ROWS * 64) + r * 64 + ((c % 8) ^ (r % 8)) * 8
+        return (c // 4) * (ROWS * 32) + r * 32 + ((c % 4) ^ ((r // 2) % 4)) * 8
 
     @_device
     def load(sm, sbase, so, x, g0, r0, n, tid):

@@ -158,7 +158,7 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
             wait_o = tc.wgmma_wait(DA, 4 * (BC // 16), 0)  # P V done: O and P's registers free
         soff_q, q_load_sw = f16_swizzled(BR, D, NT, RB)
         soff_k = f16_swizzled(BC, D, NT, RB)[0]
-        CPT_SW, kv_chunks_sw, kv_load2c_sw = f16_chunks(BC, D, S, NT, SWIZZLE=True, SW=RB)
+        _, kv_chunks_sw, _ = f16_chunks(BC, D, S, NT, SWIZZLE=True, SW=RB)
         PADC = D // 8 if DP != D else 0  # the 16-byte chunk of Q's and K's rows that the copies skip
 
     @tc.device_inline
@@ -175,8 +175,6 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
     q_load, _, q_store, _ = f16_copy(BR, D, S, NT)
     _, kv_load2, _, _ = f16_copy(BC, D, S, NT)
     CPT, kv_chunks, kv_load2c = f16_chunks(BC, D, S, NT)
-    if WG:  # the swizzled tiles' copies (their chunk order and count: _tiles.chunk_plan)
-        CPT, kv_load2c = CPT_SW, kv_load2c_sw
     zero_pad = f16_zero_pad(BR + 4 * BC, D, S, NT)
     _, frags_all = f16_frags(MT, NW, KT, S)
     qk, _ = f16_abt(MT, NW, KT, NS, S, QREG, BF16)
