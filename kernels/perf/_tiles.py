@@ -173,17 +173,10 @@ def f16_chunks(ROWS: int, D: int, S: int, NT: int, SWIZZLE: bool = False, SW: in
     int32: the thread's chunk u is row crow[u], element offset cgof[u] in a tile in memory and
     csof[u] in shared memory (the same in every block); ``load2c(sm, sbase, so1, so2, x1, x2, g0,
     r0, n, crow, cgof, csof, tid)`` is :func:`f16_copy`'s ``load2`` through them.  ``SWIZZLE``: the
-    shared offsets of :func:`f16_swizzled`'s layout with ``SW``-byte rows (S unused); where
-    D % 16 = 8 its copies go through L1 (``tc.cp_async16_ca_a``): a row is then an odd number of
-    16-byte chunks, every other row starts 16 bytes into a 32-byte sector, and the two halves of
-    such a sector land in chunk slots of the swizzled layout that are not one aligned 32-byte pair;
-    L2 then sent each such sector twice (on the H100 at d = 120, fwd_fp16_v5 read 1.48x the L2
-    sectors it read at d = 128, 1.53x the bytes, and ran 1.42x as long), which a copy cached in L1
-    serves the second time from L1."""
+    shared offsets of :func:`f16_swizzled`'s layout with ``SW``-byte rows (S unused)."""
     CH = D // 8
     CPT = -(-ROWS * CH // NT)  # chunks a thread
     ALL = CPT * NT == ROWS * CH  # every thread has CPT chunks: no test
-    cp = tc.cp_async16_ca_a if SWIZZLE and CH % 2 else tc.cp_async16_a
     if SWIZZLE:
         soff = f16_swizzled(ROWS, D, NT, SW)[0]
     else:
@@ -206,8 +199,8 @@ def f16_chunks(ROWS: int, D: int, S: int, NT: int, SWIZZLE: bool = False, SW: in
             if ALL or tid + u * NT < ROWS * CH:
                 ok = r0 + crow[u] < n
                 goff = gr + cgof[u] if ok else g0
-                cp(sm, sbase, so1 + csof[u], x1, goff, 8 if ok else 0)
-                cp(sm, sbase, so2 + csof[u], x2, goff, 8 if ok else 0)
+                tc.cp_async16_a(sm, sbase, so1 + csof[u], x1, goff, 8 if ok else 0)
+                tc.cp_async16_a(sm, sbase, so2 + csof[u], x2, goff, 8 if ok else 0)
 
     return CPT, chunks, load2c
 

@@ -80,13 +80,6 @@ extern "C" __device__ int fs_cp_async16_a(int* ret, unsigned a, const char* gmem
     return 0;
 }
 
-extern "C" __device__ int fs_cp_async16_ca_a(int* ret, unsigned a, const char* gmem, long long gmem_off,
-                                             int src_bytes) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;"
-                 :: "r"(a), "l"(gmem + gmem_off), "r"(src_bytes) : "memory");
-    return 0;
-}
-
 extern "C" __device__ int fs_st_global16_a(int* ret, char* gmem, long long gmem_off, unsigned a) {
     unsigned x, y, z, w;
     asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(x), "=r"(y), "=r"(z), "=r"(w) : "r"(a) : "memory");
@@ -151,7 +144,6 @@ _opaque_raw = cuda.declare_device("fs_opaque_u32", "uint32(uint32)", link=_link)
 _ldsm_a_raw = cuda.declare_device("fs_ldsm_x4_a", "int32(CPointer(uint32), uint32)", link=_link)
 _ldsm_t_a_raw = cuda.declare_device("fs_ldsm_x4_trans_a", "int32(CPointer(uint32), uint32)", link=_link)
 _cp_a_raw = cuda.declare_device("fs_cp_async16_a", "int32(uint32, CPointer(float16), int64, int32)", link=_link)
-_cp_ca_raw = cuda.declare_device("fs_cp_async16_ca_a", "int32(uint32, CPointer(float16), int64, int32)", link=_link)
 _stg_a_raw = cuda.declare_device("fs_st_global16_a", "int32(CPointer(float16), int64, uint32)", link=_link)
 _mma_z_raw = cuda.declare_device("fs_mma16816_z", "int32(CPointer(float32), CPointer(uint32), uint32, uint32)",
                                  link=_link)
@@ -230,11 +222,6 @@ ldsm_x4_trans_b = ldsm_x4_trans
 @cuda.jit(device=True, forceinline=True)
 def cp_async16_a(smem, sbase, soff, gmem, goff, nvalid):
     _cp_a_raw(uint32(sbase + 2 * soff), _ffi.from_buffer(gmem), goff * 2, int32(nvalid * 2))
-
-
-@cuda.jit(device=True, forceinline=True)
-def cp_async16_ca_a(smem, sbase, soff, gmem, goff, nvalid):
-    _cp_ca_raw(uint32(sbase + 2 * soff), _ffi.from_buffer(gmem), goff * 2, int32(nvalid * 2))
 
 
 @cuda.jit(device=True, forceinline=True)

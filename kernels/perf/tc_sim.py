@@ -127,9 +127,6 @@ def cp_async16_a(smem, sbase, soff, gmem, goff, nvalid):
     _cp_async16(smem, soff, gmem, goff, nvalid)
 
 
-cp_async16_ca_a = cp_async16_a  # through L1 on the GPU; the same copy here
-
-
 @cuda.jit(device=True)
 def opaque_u32(x):
     return x
