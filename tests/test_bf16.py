@@ -165,7 +165,9 @@ def test_public_api_and_torch_op_take_bf16():
     assert perf.best("fwd", torch.bfloat16, 96).name == "fwd_fp16_v5"
     assert perf.best("fwd", torch.bfloat16, 40).name == "fwd_fp16_v4"
     assert perf.best("bwd", "bfloat16", 128).name == "bwd_fp16_v3"
-    assert perf.best("bwd", torch.bfloat16, 40).name == "bwd_fp16_v1"
+    assert perf.best("bwd", torch.bfloat16, 40).name == "bwd_fp16_v3"
+    assert perf.best("bwd", torch.bfloat16, 24).name == "bwd_fp16_v1"
+    assert perf.best("bwd", torch.bfloat16, 40, deterministic=True).name == "bwd_fp16_v1"
     assert perf.best("fwd", "bfloat16", 12) is None  # d % 8 != 0: the reference kernel
     (q, k, v, do), (qf, kf, vf, dof) = make(11, 1, 1, 10, 12, 8)
     qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))

@@ -110,9 +110,10 @@ def test_gpu_forward(n, d, cfg):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("d", [40, 72, 96, 160, 192, 200, 256])
+@pytest.mark.parametrize("d", [40, 72, 88, 96, 120, 136, 152, 160, 192, 200, 248, 256])
 def test_gpu_forward_head_dims(d):
-    """The default block of each head dim (and the small grid's), GQA 2:1, a ragged last block."""
+    """The default block of each head dim (and the small grid's), GQA 2:1, a ragged last block
+    (Nk = 993, odd: where d % 16 = 8 every other head's tiles start 16 bytes into a sector)."""
     for n, b in ((1000, 2), (333, 1)):
         q, k, v, _ = make(n + d, b, 4, 2, n, n - 7, d)
         for causal in (False, True):

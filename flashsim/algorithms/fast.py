@@ -24,7 +24,7 @@ Variants (the names the records use) and their launches, in launch order:
   ``kernels.perf._launch.row_dots``), then the dK/dV kernel (Bc = 16·nw·mt keys a block, bq query
   rows a step over every query head of the group), then the dQ kernel (Br = 16·nw·mt query rows,
   bk keys a step): flash2's three launches with these tiles.
-* ``bwd_fp16_v3`` (d = 48 ... 256 in steps of 8 by default; also 16 to 40; d % 16 = 8 as d + 8 in
+* ``bwd_fp16_v3`` (d = 32 ... 256 in steps of 8 by default; also 16 and 24; d % 16 = 8 as d + 8 in
   shared memory), ``bwd_fp32_v1``, ``bwd_fp32_v2``: D, the
   zero fill of the float32 dQ accumulator ``dQacc`` (``zero_fill``: B·H·Nq·d float32 stores), one
   key-block kernel (K_j, V_j once; per step Q_i, dO_i, L_i, D_i; dQ_i by ``red.global.add``
@@ -153,7 +153,7 @@ def default_config(name: str, d: int) -> dict:
         return dict(bq=64, bk=64, nw=4, mt=1, reg=True) if d <= 64 else dict(bq=32, bk=32, nw=4, mt=1, reg=False)
     if name == "bwd_fp16_v3":
         d = cdiv(d, 16) * 16  # d % 16 = 8 runs as d + 8
-        if d in (48, 64, 80):
+        if d in (32, 48, 64, 80):
             return dict(bq=128, bk=128, nw=8, ma=4, mb=2, mc=2, minb=1)
         if d > 128:
             return dict(bq=64, bk=64, nw=8, ma=2, mb=2 if d % 32 == 0 else 1, mc=1, minb=1)
@@ -189,9 +189,9 @@ def supports(name: str, dtype: str, d: int) -> bool:
 #: kernels.perf.BEST: (pass, dtype) -> (variant, smallest d, largest d) in order of preference
 #: (bf16 runs the fp16 kernels, in the fp16 order).
 BEST = {("fwd", "fp16"): (("fwd_fp16_v5", 64, 256), ("fwd_fp16_v4", 1, 1 << 30)),
-        ("bwd", "fp16"): (("bwd_fp16_v3", 48, 256), ("bwd_fp16_v1", 1, 1 << 30)),
+        ("bwd", "fp16"): (("bwd_fp16_v3", 32, 256), ("bwd_fp16_v1", 1, 1 << 30)),
         ("fwd", "bf16"): (("fwd_fp16_v5", 64, 256), ("fwd_fp16_v4", 1, 1 << 30)),
-        ("bwd", "bf16"): (("bwd_fp16_v3", 48, 256), ("bwd_fp16_v1", 1, 1 << 30)),
+        ("bwd", "bf16"): (("bwd_fp16_v3", 32, 256), ("bwd_fp16_v1", 1, 1 << 30)),
         ("fwd", "fp32"): (("fwd_fp32_v2", 32, 128), ("fwd_fp32_v1", 1, 1 << 30)),
         ("bwd", "fp32"): (("bwd_fp32_v2", 32, 128), ("bwd_fp32_v1", 1, 1 << 30))}
 

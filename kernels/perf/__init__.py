@@ -25,11 +25,12 @@ import importlib
 #: and off-grid, in the same run: kernels/data/bench_fwd_v5_20cf9ec; at d = 80-256 1.17-1.70x SDPA
 #: flash where v4 ran 0.72-1.18x: kernels/data/fwd_fp16_v5_wide_h100_1133a8a and the off-grid
 #: bench of d6b06a6), v4 below d = 64 (at d = 40 v4 1.48x flash, v5 1.44x: a tie).  The fp16
-#: backward takes bwd_fp16_v3 at d = 48 to 256 in steps of 8 (d % 16 = 8 as d + 8 in shared memory: d = 72
+#: backward takes bwd_fp16_v3 at d = 32 to 256 in steps of 8 (d % 16 = 8 as d + 8 in shared memory: d = 72
 #: and 200 1.09x and 1.07x SDPA flash where v1 ran 0.79x and 0.61x; 1.4x bwd_fp16_v1 at d = 128 on the H100,
 #: at d = 64 faster since its loop stopped dividing by the block count, at d = 48-112 0.97-1.9x and
-#: at 160-256 1.27-2.55x by their ratios to SDPA flash: NOTES.md; it runs at d = 16 and 32 too, not
-#: timed against v1), v1
+#: at 160-256 1.27-2.55x by their ratios to SDPA flash: NOTES.md; at d = 32 and 40 1.03x and 1.21x
+#: flash where v1 ran 0.75x and 0.91x: kernels/data/hdim_sweep_h100_17772c5; it runs at d = 16 and 24
+#: too, not timed against v1), v1
 #: elsewhere and where the caller asks for a deterministic backward (v3's dQ is summed by
 #: atomics: :data:`ATOMIC`).  The fp32 backward takes bwd_fp32_v2 (3xTF32 on the tensor cores, as
 #: accurate as v1's FFMA) at d = 32, 64 and 128, v1 (any d % 4 == 0) elsewhere; the fp32 forward
@@ -37,9 +38,9 @@ import importlib
 #: at d = 32, 64, 96 and 128, v1 elsewhere.  bf16 runs the fp16 kernels compiled for bf16
 #: (``bf16=True``), in the fp16 order (timed on the H100 beside fp16: kernels/data/bench_h100.csv).
 BEST = {("fwd", "float16"): (("fwd_fp16_v5", 64, 256), ("fwd_fp16_v4", 1, 1 << 30)),
-        ("bwd", "float16"): (("bwd_fp16_v3", 48, 256), ("bwd_fp16_v1", 1, 1 << 30)),
+        ("bwd", "float16"): (("bwd_fp16_v3", 32, 256), ("bwd_fp16_v1", 1, 1 << 30)),
         ("fwd", "bfloat16"): (("fwd_fp16_v5", 64, 256), ("fwd_fp16_v4", 1, 1 << 30)),
-        ("bwd", "bfloat16"): (("bwd_fp16_v3", 48, 256), ("bwd_fp16_v1", 1, 1 << 30)),
+        ("bwd", "bfloat16"): (("bwd_fp16_v3", 32, 256), ("bwd_fp16_v1", 1, 1 << 30)),
         ("fwd", "float32"): (("fwd_fp32_v2", 32, 128), ("fwd_fp32_v1", 1, 1 << 30)),
         ("bwd", "float32"): (("bwd_fp32_v2", 32, 128), ("bwd_fp32_v1", 1, 1 << 30))}
 

@@ -855,14 +855,16 @@ def default_config_v3(d: int) -> dict:
     0.85x, 1.02x at N = 4,096 where it ran 0.94x: kernels/data/bwd_fp16_v3_d64_h100_460c9a6), and
     at d = 48 and 80 (255 registers, 16 and 84 bytes of spills; 1.16x and 1.20x flash at N = 4,096,
     1.13x and 1.17x at 16,384, where 64 x 128 ran 1.05x, 1.14x, 1.01x, 1.13x in the same runs:
-    kernels/data/bwd_fp16_v3_odd_h100_6d0524e); 64 x 128 otherwise (the only one whose shared
-    memory fits at d = 112 and 128; below 128 columns phase C gives each warp one m-tile: 4 warps
+    kernels/data/bwd_fp16_v3_odd_h100_6d0524e), and at d = 32 (1.03x flash at N = 4,096, B·H =
+    64, where 64 x 128 ran 0.92x and bwd_fp16_v1 0.75x: kernels/data/hdim_sweep_h100_17772c5);
+    64 x 128 otherwise (the only one whose shared memory fits at d = 112 and 128; below 128
+    columns phase C gives each warp one m-tile: 4 warps
     along the queries, 2 across d).  At d = 128
     phase B's warps own 4 m-tiles (64 keys x 32 columns: 2 warps along the keys, 4 along d), as
     flash-attention's AtomLayoutNdKV = 2: 0.94x flash at N = 16,384 and 0.98x at N = 4,096 where
     mb = 2 ran 0.90x and 0.90x (the same record, t128)."""
     d = padded_head_dim(d)  # d % 16 = 8 runs as d + 8
-    if d in (48, 64, 80):
+    if d in (32, 48, 64, 80):
         return dict(bq=128, bk=128, nw=8, ma=4, mb=2, mc=2, minb=1)
     if d > 128:  # 64 keys a block (dK, dV: 128 registers a thread at d = 256)
         return _wide_v3(d)
