@@ -205,6 +205,22 @@ def f16_chunks(ROWS: int, D: int, S: int, NT: int, SWIZZLE: bool = False, SW: in
     return CPT, chunks, load2c
 
 
+def swizzled_offset(ROWS: int, SW: int = 128):
+    """``soff(r, c)`` of :func:`f16_swizzled` as plain Python (the kernels compile it as a device
+    function; ``analysis.copy_sectors`` calls it on the host): the element offset of 16-byte chunk
+    c of row r in a tile of ROWS rows of SW-byte (128 or 64) swizzle atoms."""
+    A = SW // 16  # 16-byte chunks a swizzled row
+    if SW not in (64, 128):
+        raise ValueError(f"{SW=}: 64 or 128")
+
+    def soff(r, c):
+        if A == 8:
+            return (c // 8) * (ROWS * 64) + r * 64 + ((c % 8) ^ (r % 8)) * 8
+        return (c // 4) * (ROWS * 32) + r * 32 + ((c % 4) ^ ((r // 2) % 4)) * 8
+
+    return soff
+
+
 def f16_swizzled(ROWS: int, D: int, NT: int, SW: int = 128):
     """(soff, load): the copies of a ROWS x D f16 tile into the swizzled layout that ``wgmma``
     reads (``tc.wgmma_ss``, ``tc.wgmma_rs``), rows of SW = 128 bytes (or 64): column block c // A
@@ -216,15 +232,7 @@ def f16_swizzled(ROWS: int, D: int, NT: int, SW: int = 128):
     element offset; ``load(sm, sbase, so, x, g0, r0, n, tid)`` as :func:`f16_copy`'s (a main loop's
     prefetch: :func:`f16_chunks` with ``SWIZZLE``)."""
     CH = D // 8
-    A = SW // 16  # 16-byte chunks a swizzled row
-    if SW not in (64, 128):
-        raise ValueError(f"{SW=}: 64 or 128")
-
-    @_device
-    def soff(r, c):
-        if A == 8:
-            return (c // 8) * (ROWS * 64) + r * 64 + ((c % 8) ^ (r % 8)) * 8
-        return (c // 4) * (ROWS * 32) + r * 32 + ((c % 4) ^ ((r // 2) % 4)) * 8
+    soff = _device(swizzled_offset(ROWS, SW))
 
     @_device
     def load(sm, sbase, so, x, g0, r0, n, tid):
