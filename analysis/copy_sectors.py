@@ -20,6 +20,8 @@ tile's sectors: some repeats are merged there) and is not modelled here.
 
 from __future__ import annotations
 
+import numpy as np
+
 from kernels.perf._tiles import swizzled_offset
 from kernels.perf.fwd_fp16 import default_config_v5, swizzle_bytes
 
@@ -50,6 +52,12 @@ def v5_forward_sectors(d: int, n: int, bh: int, config: dict | None = None) -> d
     for every key block (the last one partial: rows past n are zero-filled, not read).  Every
     tile must start on a 32-byte boundary in memory (n and Bc even where d % 16 = 8).  Returns
     ``sent``, ``distinct`` (each tile's sectors once) and their ratio."""
+    for name, x in (("d", d), ("n", n), ("bh", bh)):
+        if isinstance(x, bool) or not isinstance(x, int | np.integer) or x < 1:
+            raise ValueError(f"{name}={x!r}: must be a positive integer")
+    d, n, bh = int(d), int(n), int(bh)
+    if d % 8 or d > 256:
+        raise ValueError(f"{d=}: fwd_fp16_v5 takes d % 8 == 0 up to 256")
     cfg = dict(default_config_v5(d), **(config or {}))
     bc, br = cfg["bc"], 16 * cfg["nw"] * cfg["mt"]
     if d % 16 and (n % 2 or bc % 2):

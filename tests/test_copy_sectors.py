@@ -5,6 +5,7 @@ import csv
 import io
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from analysis.copy_sectors import padded_offset, tile_sectors, v5_forward_sectors
@@ -47,3 +48,8 @@ def test_bad_input():
         tile_sectors(4, 12, padded_offset(24))
     with pytest.raises(ValueError, match="n="):
         v5_forward_sectors(120, 4095, 1)
+    for bad in (dict(n=0), dict(bh=None), dict(d=12), dict(d=264), dict(n=True)):
+        args = dict(dict(d=120, n=4096, bh=1), **bad)
+        with pytest.raises(ValueError, match=f"{next(iter(bad))}="):
+            v5_forward_sectors(**args)
+    assert v5_forward_sectors(np.int64(128), np.int32(4096), np.int16(64))["sent"] == 270532608

@@ -28,6 +28,8 @@ ap.add_argument("--causal", action="store_true")
 ap.add_argument("--bf16", action="store_true")
 ap.add_argument("--fwd", action="store_true", help="sdpa_flash: the forward alone")
 a = ap.parse_args()
+if a.fwd and a.variant != "sdpa_flash":
+    ap.error(f"--fwd is for sdpa_flash; {a.variant} runs its own pass")
 fwd = a.fwd or a.variant.startswith("fwd")
 dt = torch.float32 if "fp32" in a.variant else torch.bfloat16 if a.bf16 else torch.float16
 b, h = max(1, a.bh // 16), min(16, a.bh)
