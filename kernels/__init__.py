@@ -26,6 +26,7 @@ from __future__ import annotations
 from . import _sim
 
 _sim.lock_shared_arrays()  # before any kernel runs under the CUDA simulator (a no-op on a GPU)
+_sim.event_barrier()
 
 from . import flash2 as _flash2  # noqa: E402
 from .flash1 import flash1_attention  # noqa: E402

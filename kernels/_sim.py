@@ -1,5 +1,7 @@
-"""A fix for a race in Numba's CUDA simulator, applied when the simulator is on.
+"""Two changes to Numba's CUDA simulator, applied when the simulator is on: a fix for a race, and
+a barrier that does not poll.
 
+**The race.**
 The simulator runs one Python thread per CUDA thread, and ``cuda.shared.array`` returns the
 block's array for the calling source line: it looks the line up in a dict and, if absent,
 creates the array and stores it, with no lock.  Two threads that reach the line together can
@@ -10,6 +12,15 @@ provokes it by switching threads every microsecond: 2 wrong blocks in 240 withou
 with it).  The same lookup done under a lock removes the race.  The simulator twins of the fast
 kernels' helpers (``kernels/perf/tc_sim.py``) had worked around it for their own scratch arrays;
 this covers every kernel.
+
+**The barrier.**  The simulator's block manager finds out that every thread of a block has
+reached ``cuda.syncthreads()`` by polling: its own thread loops over the block's threads without
+pause until all are blocked, and so holds Python's interpreter lock for about half the time the
+block's threads need it.  :func:`event_barrier` replaces the polling with a condition variable
+(the last thread to arrive releases the others; a thread that returns leaves the count, as the
+simulator's ``livethreads`` does; an exception in one thread aborts the others' barriers, as the
+simulator's own abort flag does, and is the one raised).  Same semantics, about twice as fast
+on the tests' kernels.
 """
 
 from __future__ import annotations
@@ -56,6 +67,101 @@ def lock_shared_arrays() -> bool:
 
     cls.array = array
     cls._flashsim_locked = True
+    return True
+
+
+class _Barrier:
+    """One block's ``syncthreads``: ``live`` threads still running, ``waiting`` of them arrived."""
+
+    def __init__(self, live: int):
+        self.cond = threading.Condition(threading.Lock())
+        self.live, self.waiting, self.generation = live, 0, 0
+        self.failed = None  # the thread whose exception aborted the block
+
+    def _release(self) -> None:
+        self.waiting = 0
+        self.generation += 1
+        self.cond.notify_all()
+
+    def wait(self) -> None:
+        with self.cond:
+            if self.failed is not None:
+                raise RuntimeError("abort flag set on syncthreads call")
+            self.waiting += 1
+            if self.waiting == self.live:
+                self._release()
+            else:
+                gen = self.generation
+                while self.generation == gen and self.failed is None:
+                    self.cond.wait()
+            if self.failed is not None:
+                raise RuntimeError("abort flag set on syncthreads clear")
+
+    def leave(self, failed_thread=None) -> None:
+        with self.cond:
+            self.live -= 1
+            if failed_thread is not None and self.failed is None:
+                self.failed = failed_thread
+                self.cond.notify_all()
+            elif self.live and self.waiting == self.live:
+                self._release()
+
+
+def event_barrier() -> bool:
+    """Replace the simulator's polling block manager with :class:`_Barrier` (idempotent).
+    Returns whether the patch is in place (False when the simulator is off or its internals are
+    not as expected)."""
+    from numba import config
+
+    if not config.ENABLE_CUDASIM:
+        return False
+    from numba.cuda.simulator import kernel as simkernel
+
+    manager, thread = getattr(simkernel, "BlockManager", None), getattr(simkernel, "BlockThread", None)
+    if manager is None or thread is None:
+        return False
+    if getattr(manager, "_flashsim_event", False):
+        return True
+    if not all(hasattr(manager, a) for a in ("run", "__init__")) or not hasattr(thread, "syncthreads"):
+        return False
+    polled_sync = thread.syncthreads
+
+    def syncthreads(self):
+        bar = getattr(self, "_flashsim_barrier", None)
+        if bar is None:
+            return polled_sync(self)
+        bar.wait()
+
+    def run(self, grid_point, *args):
+        points = list(np.ndindex(*self._block_dim))
+        bar = _Barrier(len(points))
+        threads = []
+        for block_point in points:
+            holder = []
+
+            def target(holder=holder):
+                try:
+                    self._f(*args)
+                except BaseException:
+                    bar.leave(holder[0])
+                    raise
+                bar.leave()
+
+            t = simkernel.BlockThread(target, self, grid_point, block_point, self._debug)
+            t._flashsim_barrier = bar
+            holder.append(t)
+            threads.append(t)
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        first = bar.failed if bar.failed is not None else next((t for t in threads if t.exception), None)
+        if first is not None and first.exception:
+            raise first.exception[0].with_traceback(first.exception[1])
+
+    thread.syncthreads = syncthreads
+    manager.run = run
+    manager._flashsim_event = True
     return True
 
 
