@@ -173,6 +173,10 @@ _RECORDERS: list = []
 #: Data pointers of device arrays that live as long as the process (a prepared call may pass them
 #: as they are, e.g. the preprocess kernel's unused counters).
 PERSISTENT: set = set()
+#: Data pointers of device arrays made from a call's inputs (the tensor maps of fwd_fp16_v7:
+#: ``kernels.perf.tma``) -> (make, source pointers): ``make(*new source pointers)`` gives the
+#: pointer of the array for a prepared call's new inputs.
+DERIVED: dict = {}
 
 
 class Recorder:

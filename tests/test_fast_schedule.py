@@ -36,7 +36,8 @@ def _perf_supports(v, dtype: str, d: int) -> bool:
 def test_default_configs_and_selection_equal_kernels_perf():
     from kernels import perf
 
-    assert set(fast.VARIANTS) == set(perf.VARIANTS) - {"fwd_fp16_v3"}  # every variant but one BEST left
+    # every variant but one BEST left and v7, whose TMA copies no schedule states yet (not in BEST)
+    assert set(fast.VARIANTS) == set(perf.VARIANTS) - {"fwd_fp16_v3", "fwd_fp16_v7"}
     for name in fast.VARIANTS:
         v = perf.variant(name)
         for dtype in FP:

@@ -1,6 +1,6 @@
-"""fwd_fp16_v5 and v6: the fp16/bf16 forward on Hopper's warpgroup products (``wgmma``), against
+"""fwd_fp16_v5, v6 and v7: the fp16/bf16 forward on Hopper's warpgroup products (``wgmma``), against
 float64 (v6: v5 with the products issued and waited for apart, P·V of the last block in flight
-during the softmax).
+during the softmax; v7: v5 with K and V copied by the TMA unit, waited for on mbarriers).
 
 Under the CUDA simulator the products are :mod:`kernels.perf.tc_sim`'s twins, which read the
 shared tiles through the descriptors the way the PTX ISA's canonical swizzled layouts say the
@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_perf_kernels import SETTINGS, check_forward
 
-from kernels.perf import fwd_fp16_v5, fwd_fp16_v6
+from kernels.perf import fwd_fp16_v5, fwd_fp16_v6, fwd_fp16_v7
 
-WG = {"v5": fwd_fp16_v5, "v6": fwd_fp16_v6}
+WG = {"v5": fwd_fp16_v5, "v6": fwd_fp16_v6, "v7": fwd_fp16_v7}
 
 
 @st.composite
@@ -39,7 +39,8 @@ def test_forward_sim(c):
     check_forward(o, lse, q, k, v, c["causal"], label=str(c))
 
 
-@pytest.mark.parametrize("variant,d,bc", [("v5", 40, 16), ("v6", 72, 32), ("v5", 96, 16), ("v5", 200, 16)])
+@pytest.mark.parametrize("variant,d,bc", [("v5", 40, 16), ("v6", 72, 32), ("v5", 96, 16), ("v5", 200, 16),
+                                           ("v7", 88, 16), ("v7", 96, 32), ("v7", 200, 16)])
 def test_forward_other_head_dims(poisoned, variant, d, bc):
     """Head dims other than 64 and 128, in poisoned shared memory: d = 40, 72, 200 (d % 16 = 8: S =
     Q Kᵀ reads a 16-byte column pad of Q and K that no copy writes, zeroed by the kernel) and the
@@ -122,6 +123,41 @@ def test_gpu_forward_head_dims(d):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 88, 96, 120, 128, 200, 256])
+def test_gpu_forward_v7(d):
+    """v7 (TMA copies of K and V) at the default blocks: GQA 2:1, ragged last blocks (the TMA
+    unit's zeros past N), two grids; then the same K and V at a second call (the tensor maps
+    remembered) and new K and V of the same shape (maps made again)."""
+    for n, b in ((1000, 2), (4096, 1)):
+        q, k, v, _ = make(n + d, b, 4, 2, n, n - 7, d)
+        for causal in (False, True):
+            o, lse = fwd_fp16_v7.forward(q, k, v, causal=causal, return_lse=True)
+            check_forward(o, lse, q, k, v, causal, label=f"gpu v7 n={n} d={d} causal={causal}")
+    o, lse = fwd_fp16_v7.forward(q, k, v, causal=True, return_lse=True)
+    check_forward(o, lse, q, k, v, True, label=f"gpu v7 d={d} again")
+    q, k, v, _ = make(d, b, 4, 2, n, n - 7, d)
+    o, lse = fwd_fp16_v7.forward(q, k, v, causal=True, return_lse=True)
+    check_forward(o, lse, q, k, v, True, label=f"gpu v7 d={d} new inputs")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 120])
+def test_gpu_forward_v7_torch_prepared_calls(d):
+    """Torch tensors: the second call of a shape replays the first's prepared launch (kernels.perf.
+    _launch.with_plan), whose tensor maps are made again from the new tensors' pointers."""
+    torch = pytest.importorskip("torch")
+    outs = []
+    for seed in range(3):
+        q, k, v, _ = make(seed + d, 2, 4, 2, 2048, 2000, d)
+        tq, tk, tv = (torch.from_numpy(x).cuda() for x in (q, k, v))
+        o, lse = fwd_fp16_v7.forward(tq, tk, tv, causal=True, return_lse=True)
+        torch.cuda.synchronize()
+        outs.append((o.cpu().numpy(), lse.cpu().numpy(), q, k, v))
+    for o, lse, q, k, v in outs:
+        check_forward(o, lse, q, k, v, True, label=f"gpu v7 torch d={d}")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("n", [1000, 4096])
 @pytest.mark.parametrize("d", [64, 128])
 def test_gpu_forward_v6(n, d):
@@ -133,7 +169,7 @@ def test_gpu_forward_v6(n, d):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant,d", [("v5", 64), ("v5", 128), ("v6", 64), ("v6", 128), ("v5", 96), ("v5", 200),
-                                       ("v5", 256)])
+                                       ("v5", 256), ("v7", 64), ("v7", 120)])
 def test_gpu_forward_bf16(d, variant):
     torch = pytest.importorskip("torch")
     from test_bf16 import check_forward as check_bf16
@@ -168,3 +204,25 @@ def test_sm90a_ptx_and_sass(d, bc):
     assert spills in ("0", "None")
     if loop_wg != "None":  # SASS read (cuobjdump found): every product in the main loop, no call, no spill
         assert (int(loop_wg), int(loop_call), int(loop_local)) == (d // 16 + bc // 16, 0, 0)
+
+
+def test_v7_sm90a_ptx_and_sass():
+    """v7 at d = 120 (the head dim it was made for) compiled for sm_90a without a GPU: its K and V
+    copies are TMA instructions (UTMALDG in the SASS, 2 an atom a buffer), its mbarrier waits are
+    there, and no cp.async is left but Q's; no spills."""
+    from _ptx import run_without_simulator
+
+    res = run_without_simulator(
+        "from kernels.perf.inspect import lto_ptx, sass_report\n"
+        "import tempfile, os\n"
+        "ptx = lto_ptx('fwd_fp16_v7', 120, 48, 4, 1, 0, 0)\n"
+        "f = tempfile.NamedTemporaryFile(suffix='.sass', delete=False).name\n"
+        "r = sass_report(ptx, f)\n"
+        "sass = open(f).read(); os.unlink(f)\n"
+        "print(ptx.count('cp.async.bulk.tensor.3d'), ptx.count('mbarrier.try_wait.parity'), sass.count('UTMALDG'),\n"
+        "      r.get('spill_store_bytes'), r.get('ptxas_error', '-')[:80].replace(' ', '_'))\n")
+    assert res.returncode == 0, res.stderr[-2000:]
+    tma, waits, utmaldg, spills, err = res.stdout.split()
+    print(f"d=120: cp.async.bulk.tensor {tma}, try_wait {waits}, UTMALDG {utmaldg}, spills {spills}; {err}")
+    assert int(tma) >= 4 and int(waits) >= 1 and err == "-" and spills in ("0", "None")
+    assert utmaldg == "0" or int(utmaldg) >= 4  # 0: no cuobjdump here

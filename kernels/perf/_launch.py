@@ -70,13 +70,14 @@ def _merged_config(cfg: dict, config, who: str) -> dict:
 
 
 def launch_forward(name, kernel, smem_bytes, default_config, supports, q, k, v, *, causal=False, scale=None,
-                   return_lse=False, config=None, stream=None):
+                   return_lse=False, config=None, stream=None, maps=None):
     """Run variant ``name``'s forward kernel on (B, H, N, d) inputs; O (and L) in the query's kind.
 
     ``kernel(d=..., causal=..., **cfg)`` returns (compiled kernel, threads, Br) for the block shape
     ``cfg`` (:func:`default_config` of d, updated by ``config``); the kernel's arguments are
     (q, k, v, o, lse, τ·log2 e, τ) and its dynamic shared memory is ``smem_bytes(dp, Br, Bc)``.
     ``stream`` (also accepted inside ``config``): see :func:`kernels._arrays.launch_stream`.
+    ``maps(k, v, d, bc)``: the kernel's one more argument, the tensor maps of K and V (v7).
     A call on torch tensors that repeats an earlier one's key takes the launch that call
     prepared (:func:`with_plan`).
     """
@@ -85,11 +86,11 @@ def launch_forward(name, kernel, smem_bytes, default_config, supports, q, k, v, 
         opts["stream"] = stream
     return with_plan(plan_key(name, (q, k, v), opts), (q, k, v),
                      lambda: _forward(name, kernel, smem_bytes, default_config, supports, q, k, v, causal=causal,
-                                      scale=scale, return_lse=return_lse, config=config, stream=stream))
+                                      scale=scale, return_lse=return_lse, config=config, stream=stream, maps=maps))
 
 
 def _forward(name, kernel, smem_bytes, default_config, supports, q, k, v, *, causal, scale, return_lse, config,
-             stream):
+             stream, maps=None):
     from .._arrays import check_attention_shapes, to_device
 
     config = dict(config or {})
@@ -116,6 +117,8 @@ def _forward(name, kernel, smem_bytes, default_config, supports, q, k, v, *, cau
     lse = inp.empty((nb, nh, nq), np.float32)
     smem = smem_bytes(dp, br, cfg["bc"])
     args = (*tc_view(inp, a["q"], a["k"], a["v"], o), lse, float32(sc * LOG2E), float32(sc))
+    if maps is not None:
+        args = (*args, maps(args[1], args[2], d, cfg["bc"]))
     raise_smem_limit(kern, args, smem)
     launch(kern, (-(-nq // br), nb * nh), nt, inp.stream, smem, *args)
     if return_lse:
@@ -186,8 +189,9 @@ def _replay(rec, tensors, out):
     the current device, which the key holds), makes its launches (:func:`kernels._direct.prepare`)
     with each array argument's pointer taken from the same input or buffer, and returns the same
     buffers as ``out``; None where that cannot be exact: inputs that share memory, a launch the
-    direct path does not take, an array argument that is neither an input, a buffer nor
-    :data:`kernels._direct.PERSISTENT`, a result that is not one of the buffers."""
+    direct path does not take, an array argument that is neither an input, a buffer,
+    :data:`kernels._direct.PERSISTENT` nor made from inputs (:data:`kernels._direct.DERIVED`, made
+    again from the new inputs' pointers), a result that is not one of the buffers."""
     ins = {}
     for i, t in enumerate(tensors):
         p = t.data_ptr()
@@ -210,6 +214,9 @@ def _replay(rec, tensors, out):
                 srcs.append((1, bufs[p]))
             elif p in _direct.PERSISTENT:
                 srcs.append((2, p))
+            elif p in _direct.DERIVED and all(x in ins for x in _direct.DERIVED[p][1]):
+                make, from_ = _direct.DERIVED[p]
+                srcs.append((3, (make, tuple(ins[x] for x in from_))))
             else:
                 return None
         steps.append((prep, tuple(srcs)))
@@ -230,7 +237,8 @@ def _replay(rec, tensors, out):
         made = [empty(shape, dtype=dt, device=dev) for shape, dt, dev in specs]
         mp = [t.data_ptr() for t in made]
         for prep, srcs in steps:
-            prep(*[ptr[i] if kind == 0 else mp[i] if kind == 1 else i for kind, i in srcs])
+            prep(*[ptr[i] if kind == 0 else mp[i] if kind == 1 else i if kind == 2 else i[0](*[ptr[x] for x in i[1]])
+                   for kind, i in srcs])
         res = tuple(made[j] for j in idx)
         return res[0] if single else res
 

@@ -115,7 +115,7 @@ def smem_bytes_v6(dp: int, br: int, bc: int) -> int:
 
 
 def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: bool = True, BF16: bool = False,
-            WG: bool = False, PIPE: bool = False):
+            WG: bool = False, PIPE: bool = False, TMA: bool = False):
     DP = padded_head_dim(D)
     BR = 16 * NW * MT
     NT = 32 * NW
@@ -129,8 +129,8 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
     QOFF = 0
     KOFF = BR * S  # K buffers 0 and 1
     VOFF = KOFF + 2 * BC * S  # V buffers 0 and 1
-    if PIPE and (not WG or not LAZY):
-        raise ValueError(f"{PIPE=}: a stage of v5 (WG, LAZY)")
+    if (PIPE or TMA) and (not WG or not LAZY) or (PIPE and TMA):
+        raise ValueError(f"{PIPE=}, {TMA=}: a stage of v5 (WG, LAZY), one of the two")
     if WG:  # v5: the products on warpgroups (4 warps, 64 rows each: MT = 1), tiles swizzled
         if MT != 1 or NW % 4 or D % 8 or not 8 <= D <= 256 or BC % 16 or not 16 <= BC <= 256:
             raise ValueError(f"{D=}, {BC=}, {NW=}, {MT=}: v5 takes d % 8 = 0 up to 256, MT = 1, whole warpgroups, "
@@ -160,6 +160,20 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
         soff_k = f16_swizzled(BC, D, NT, RB)[0]
         _, kv_chunks_sw, _ = f16_chunks(BC, D, S, NT, SWIZZLE=True, SW=RB)
         PADC = D // 8 if DP != D else 0  # the 16-byte chunk of Q's and K's rows that the copies skip
+        if TMA:  # v7: K_j, V_j copied by the TMA unit, one box an atom (ATOMC columns x Bc rows)
+            ATOMC = RB // 2
+            NATOM = DA // ATOMC
+            MB = VB + 2 * KSZ  # two mbarriers (16 bytes each; the twin keeps its state there)
+            TXB = 2 * BC * DA * 2  # bytes a K_j, V_j pair brings (zeros past d and past N counted)
+
+            @tc.device_inline
+            def tma_kv(sm, sbase, ab, tm, buf, c0, zk):
+                """Thread 0: K_j, V_j (rows c0.., head zk) into buffer ``buf``, on its mbarrier."""
+                bar = 2 * ab + MB + 16 * buf
+                tc.mbar_expect_tx(sm, sbase, bar, TXB)
+                for a in range(NATOM):
+                    tc.tma_load3(sm, sbase, 2 * ab + KB + buf * KSZ + a * BC * RB, tm, 0, a * ATOMC, c0, zk, bar)
+                    tc.tma_load3(sm, sbase, 2 * ab + VB + buf * KSZ + a * BC * RB, tm, 1, a * ATOMC, c0, zk, bar)
 
     @tc.device_inline
     def _rescale(acc, mt, alpha_0, alpha_1):
@@ -182,7 +196,8 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
     pack = f16_pack(NO, S, BF16)
     PACK = tc.ops(BF16)[2]
 
-    def fwd(q, k, v, o, lse, sl2, scale):
+    @tc.device_inline
+    def body(q, k, v, o, lse, sl2, scale, tm):
         sm = cuda.shared.array(0, types.float16)
         smw = cuda.shared.array(0, uint32)  # the same bytes as 32-bit words
         tid = cuda.threadIdx.x
@@ -202,8 +217,9 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
         if WG:
             ab = ((1024 - sbase % 1024) % 1024) // 2  # element offset of the 1024-aligned base
             sb = sbase + 2 * ab
-            if PADC:  # zeros in Q's and K's column pad (S = Q Kᵀ reads it; no copy writes it)
-                for e in range(tid, BR + 2 * BC, NT):
+            if PADC:  # zeros in Q's and K's column pad (S = Q Kᵀ reads it; no copy writes it; v7's
+                # TMA copies write K's, zeros past d)
+                for e in range(tid, BR if TMA else BR + 2 * BC, NT):
                     if e < BR:
                         so = ab + QB // 2 + soff_q(e, PADC)
                     else:
@@ -211,9 +227,17 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
                     for x in range(4):
                         smw[so // 2 + x] = 0
             q_load_sw(sm, sbase, ab, q, qbase, r0, nq, tid)
-            kv_chunks_sw(crow, cgof, csof, tid)
-            if nblk > 0:
-                kv_load2c(sm, sbase, ab + KB // 2, ab + (VB // 2), k, v, kbase, 0, nk, crow, cgof, csof, tid)
+            zk = b * k.shape[1] + hk
+            if TMA:
+                if tid == 0:
+                    tc.mbar_init(sm, sbase, 2 * ab + MB, 1)
+                    tc.mbar_init(sm, sbase, 2 * ab + MB + 16, 1)
+                    if nblk > 0:
+                        tma_kv(sm, sbase, ab, tm, 0, 0, zk)
+            else:
+                kv_chunks_sw(crow, cgof, csof, tid)
+                if nblk > 0:
+                    kv_load2c(sm, sbase, ab + KB // 2, ab + (VB // 2), k, v, kbase, 0, nk, crow, cgof, csof, tid)
             # warpgroup warp // 4's 64 rows of Q; its first k-step (tc.wgmma_ss adds the others)
             da = tc.wg_desc(sb + QB + (warp // 4) * 64 * RB, 16, 8 * RB, MODE)
         else:
@@ -224,7 +248,9 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
                 kv_load2(sm, sbase, KOFF, VOFF, k, v, kbase, 0, nk, tid)
         tc.cp_async_commit()
         tc.cp_async_wait(0)
-        cuda.syncthreads()  # Q_i, K_0, V_0 and the zeroed padding are in shared memory
+        if TMA:
+            tc.fence_proxy_async()  # Q and its zeroed pad, for wgmma (K, V come by the async proxy)
+        cuda.syncthreads()  # Q_i, K_0, V_0 (v7: the mbarriers) and the zeroed padding are in shared memory
         # Warp w owns m-tiles mt = 0..MT-1: rows 16·(NW·mt + w) + (0..15) of the block.
         qa = cuda.local.array(NQA, uint32)
         if QREG:
@@ -250,7 +276,10 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
             c0 = j * BC
             if j + 1 < nblk:  # K_{j+1}, V_{j+1} into the other buffer
                 nb_ = (j + 1) % 2
-                if PIPE:  # V's third buffer: V_{j-1} is still being read
+                if TMA:
+                    if tid == 0:  # every warp is done with buffer nb_ (the barrier ending block j - 1)
+                        tma_kv(sm, sbase, ab, tm, nb_, c0 + BC, zk)
+                elif PIPE:  # V's third buffer: V_{j-1} is still being read
                     kv_load2c(sm, sbase, ab + (KB + nb_ * KSZ) // 2, ab + (VB + ((j + 1) % 3) * KSZ) // 2, k, v,
                               kbase, c0 + BC, nk, crow, cgof, csof, tid)
                 elif WG:
@@ -259,11 +288,14 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
                 else:
                     kv_load2c(sm, sbase, KOFF + nb_ * BC * S, VOFF + nb_ * BC * S, k, v, kbase, c0 + BC, nk,
                               crow, cgof, csof, tid)
-            tc.cp_async_commit()  # (empty on the last block) so that one wait fits every iteration
-            tc.cp_async_wait(1)  # everything but the newest group, i.e. K_j, V_j, has landed
-            if WG:
-                tc.fence_proxy_async()  # the copies are generic-proxy writes; wgmma reads via the async proxy
-            cuda.syncthreads()  # K_j, V_j have landed for every warp
+            if TMA:  # buffer buf's (j // 2)-th filling has landed
+                tc.mbar_wait(sm, sbase, 2 * ab + MB + 16 * buf, (j // 2) % 2)
+            else:
+                tc.cp_async_commit()  # (empty on the last block) so that one wait fits every iteration
+                tc.cp_async_wait(1)  # everything but the newest group, i.e. K_j, V_j, has landed
+                if WG:
+                    tc.fence_proxy_async()  # the copies are generic-proxy writes; wgmma reads via the async proxy
+                cuda.syncthreads()  # K_j, V_j have landed for every warp
             kofs = KOFF + buf * BC * S
             vofs = VOFF + buf * BC * S
             if PIPE:  # S_j issued, then P_{j-1} V_{j-1} (both in flight); wait for S_j alone.  No
@@ -388,19 +420,33 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
         cuda.syncthreads()  # the whole O tile is in shared memory
         q_store(o, qbase, r0, nq, sm, sbase, ab + QOFF, tid)
 
+    if TMA:  # v7 takes the tensor maps of K and V (kernels.perf.tma.kv_maps)
+        def fwd_tma(q, k, v, o, lse, sl2, scale, tm):
+            body(q, k, v, o, lse, sl2, scale, tm)
+
+        return fwd_tma, NT, BR
+
+    def fwd(q, k, v, o, lse, sl2, scale):
+        body(q, k, v, o, lse, sl2, scale, lse)  # (lse: no tensor map; only v7 reads it)
+
     return fwd, NT, BR
 
 
 @cache
 def kernel(d: int, bc: int, nw: int, mt: int, causal: bool, qreg: bool, lazy: bool = True, bf16: bool = False,
-           wg: bool = False, pipe: bool = False):
-    fn, nt, br = _source(d, bc, nw, mt, causal, qreg, lazy, bf16, wg, pipe)
+           wg: bool = False, pipe: bool = False, tma: bool = False):
+    fn, nt, br = _source(d, bc, nw, mt, causal, qreg, lazy, bf16, wg, pipe, tma)
     return tc.jit_kernel(fn, nt), nt, br
 
 
 def signature():
     a4 = types.Array(types.float16, 4, "C")
     return types.void(a4, a4, a4, a4, types.Array(float32, 3, "C"), float32, float32)
+
+
+def signature_tma():
+    a4 = types.Array(types.float16, 4, "C")
+    return types.void(a4, a4, a4, a4, types.Array(float32, 3, "C"), float32, float32, types.Array(types.uint8, 1, "C"))
 
 
 def default_config_v3(d: int) -> dict:
@@ -475,26 +521,40 @@ def supports_v5(dtype, d: int) -> bool:
     return dtype_name(dtype) in ("float16", "bfloat16") and d % 8 == 0 and 8 <= d <= 256
 
 
-def _version(name: str, lazy: bool, default_config, wg: bool = False, pipe: bool = False):
-    kern = partial(kernel, lazy=lazy, wg=wg, pipe=pipe)
-    sizes, accepts = (smem_bytes_v6 if pipe else smem_bytes_v5, supports_v5) if wg else (smem_bytes, supports)
+def smem_bytes_v7(dp: int, br: int, bc: int) -> int:
+    # v5's, and two mbarriers of 16 bytes
+    return smem_bytes_v5(dp, br, bc) + 32
+
+
+def _tma_maps(k, v, d: int, bc: int):
+    from .tma import kv_maps
+
+    return kv_maps(k, v, swizzle_bytes(d) // 2, bc, swizzle_bytes(d))
+
+
+def _version(name: str, lazy: bool, default_config, wg: bool = False, pipe: bool = False, tma: bool = False):
+    kern = partial(kernel, lazy=lazy, wg=wg, pipe=pipe, tma=tma)
+    sizes, accepts = ((smem_bytes_v6 if pipe else smem_bytes_v7 if tma else smem_bytes_v5, supports_v5) if wg
+                      else (smem_bytes, supports))
 
     def forward(q, k, v, *, causal=False, scale=None, return_lse=False, **config):
         """O (and L) for fp16 or bf16 (B, H, N, d) inputs; ``config`` overrides the version's
         ``default_config``."""
         return launch_forward(name, kern, sizes, default_config, accepts, q, k, v, causal=causal,
-                              scale=scale, return_lse=return_lse, config=config)
+                              scale=scale, return_lse=return_lse, config=config, maps=_tma_maps if tma else None)
 
     # v5's products exist only on sm_90a (numba-cuda compiles for it on a 9.0 GPU by itself;
     # kernels.perf.inspect asks for it by CC)
     return SimpleNamespace(name=name, forward=forward, kernel=kern, default_config=default_config,
-                           supports=accepts, smem_bytes=sizes, signature=signature,
+                           supports=accepts, smem_bytes=sizes, signature=signature_tma if tma else signature,
                            CC=(9, 0, "a") if wg else (9, 0),
-                           SOURCES={"fwd": (partial(_source, LAZY=lazy, WG=wg, PIPE=pipe), signature)})
+                           SOURCES={"fwd": (partial(_source, LAZY=lazy, WG=wg, PIPE=pipe, TMA=tma),
+                                            signature_tma if tma else signature)})
 
 
 #: The versions by the names the records use (:func:`kernels.perf.variant`).
 VERSIONS = {"fwd_fp16_v3": _version("fwd_fp16_v3", False, default_config_v3),
             "fwd_fp16_v4": _version("fwd_fp16_v4", True, default_config_v4),
             "fwd_fp16_v5": _version("fwd_fp16_v5", True, default_config_v5, wg=True),
-            "fwd_fp16_v6": _version("fwd_fp16_v6", True, default_config_v6, wg=True, pipe=True)}
+            "fwd_fp16_v6": _version("fwd_fp16_v6", True, default_config_v6, wg=True, pipe=True),
+            "fwd_fp16_v7": _version("fwd_fp16_v7", True, default_config_v5, wg=True, tma=True)}

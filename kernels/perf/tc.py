@@ -61,6 +61,14 @@ same bytes, rows of 64 halves, chunk c of row r at 16·(c ^ r % 8)) or 64-byte s
 products' reads.  The twins decode the descriptors the way the PTX ISA's canonical layouts say
 the tensor cores do, so a wrong descriptor fails under the simulator too; whether the ISA was
 read right is for the GPU test.
+
+Hopper's TMA copies (fwd_fp16_v7): ``tma_load3(sm, sbase, dst, maps, which, c0, c1, c2, bar)``
+has the TMA unit copy the box at (c0, c1, c2) of tensor map ``which`` of ``maps``
+(:mod:`kernels.perf.tma`) into shared memory at byte ``dst`` of the window, swizzled as the
+wgmma tiles are, and count its bytes on the mbarrier at byte ``bar``; ``mbar_init(sm, sbase,
+bar, count)``, ``mbar_expect_tx(sm, sbase, bar, nbytes)`` (one arrival announcing the bytes of
+the phase's copies) and ``mbar_wait(sm, sbase, bar, parity)`` are the mbarrier's.  ``sm`` is
+read by the twins only (which keep the barrier's state in its 16 bytes of shared memory).
 """
 
 from __future__ import annotations
@@ -121,7 +129,7 @@ HELPERS = ("mma", "mma_z", "pack_f16x2", "mma_bf16", "mma_z_bf16", "pack_bf16x2"
            "cp_async_commit", "cp_async_wait", "quad_max2", "quad_sum2", "red_v2", "red_v2_if", "red_v4",
            "smem_u32_f32", "lds128_f32_a", "sts32_f32_a", "sts32_u32_a", "lds64_f32_a", "cp_async16_f32_a",
            "oct_max", "oct_sum", "tf32_hi", "mma3_tf32", "fence_proxy_async", "wgmma_ss", "wgmma_rs",
-           "wgmma_ss_issue", "wgmma_rs_issue", "wgmma_wait")
+           "wgmma_ss_issue", "wgmma_rs_issue", "wgmma_wait", "mbar_init", "mbar_expect_tx", "mbar_wait", "tma_load3")
 
 _target = importlib.import_module(".tc_sim" if SIM else ".tc_gpu", __package__)
 globals().update({name: getattr(_target, name) for name in HELPERS})  # AttributeError if a target lacks one

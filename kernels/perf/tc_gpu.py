@@ -653,3 +653,77 @@ def wgmma_wait(N: int, NA: int, PENDING: int):
 
     return wait
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensor-memory-accelerator copies (Hopper: ``cp.async.bulk.tensor``, fwd_fp16_v7).  One thread
+# asks the TMA unit for a box of a tensor; the unit writes it into shared memory, swizzled as its
+# tensor map says, and counts the bytes on an mbarrier in shared memory, on which every thread
+# waits.  The tensor map (``CUtensorMap``, 128 bytes, made on the host by
+# ``cuTensorMapEncodeTiled``: :mod:`kernels.perf.tma`) is read from global memory, which the PTX
+# allows besides the ``__grid_constant__`` kernel parameter that CUDA C++ uses and Numba does not
+# declare.  The barrier's phase completes when its one arrival (``mbar_expect_tx``, made by the
+# thread that issues the copies, before them) has come and the bytes it announced have landed.
+
+_CU_TMA = r"""
+extern "C" __device__ int fs_mbar_init(int* ret, unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    return 0;
+}
+
+extern "C" __device__ int fs_mbar_expect_tx(int* ret, unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
+    return 0;
+}
+
+extern "C" __device__ int fs_mbar_wait(int* ret, unsigned bar, unsigned parity) {
+    asm volatile("{\n.reg .pred p;\nWAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra WAIT;\n}\n" :: "r"(bar), "r"(parity) : "memory");
+    return 0;
+}
+
+extern "C" __device__ int fs_tma_load3(int* ret, unsigned dst, const unsigned char* map, int c0, int c1, int c2,
+                                       unsigned bar) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4}], [%5];"
+                 :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
+    return 0;
+}
+"""
+
+_link_tma = cuda.CUSource(_CU_TMA)
+_mbar_init_raw = cuda.declare_device("fs_mbar_init", "int32(uint32, uint32)", link=_link_tma)
+_mbar_tx_raw = cuda.declare_device("fs_mbar_expect_tx", "int32(uint32, uint32)", link=_link_tma)
+_mbar_wait_raw = cuda.declare_device("fs_mbar_wait", "int32(uint32, uint32)", link=_link_tma)
+_tma3_raw = cuda.declare_device("fs_tma_load3", "int32(uint32, CPointer(uint8), int32, int32, int32, uint32)",
+                                link=_link_tma)
+
+
+@cuda.jit(device=True, forceinline=True)
+def mbar_init(sm, sbase, bar, count):
+    """The mbarrier at byte ``bar`` of the shared window (8-byte aligned) expects ``count``
+    arrivals a phase; then a barrier of the block before anyone waits on it."""
+    _mbar_init_raw(uint32(sbase + bar), uint32(count))
+
+
+@cuda.jit(device=True, forceinline=True)
+def mbar_expect_tx(sm, sbase, bar, nbytes):
+    """Arrive on the mbarrier, announcing ``nbytes`` that copies will bring in this phase."""
+    _mbar_tx_raw(uint32(sbase + bar), uint32(nbytes))
+
+
+@cuda.jit(device=True, forceinline=True)
+def mbar_wait(sm, sbase, bar, parity):
+    """Wait until the mbarrier's phase of parity ``parity`` (0, 1, 0, ...) has completed."""
+    _mbar_wait_raw(uint32(sbase + bar), uint32(parity))
+
+
+@cuda.jit(device=True, forceinline=True)
+def tma_load3(sm, sbase, dst, maps, which, c0, c1, c2, bar):
+    """Copy the box at coordinates (c0, c1, c2) (innermost first) of tensor map ``which`` of
+    ``maps`` (128 bytes each) into shared memory at byte ``dst`` of the window, its bytes counted on
+    the mbarrier at byte ``bar``.  Coordinates past the tensor's end are filled with zeros."""
+    _tma3_raw(uint32(sbase + dst), _ffi.from_buffer(maps[128 * which:]), int32(c0), int32(c1), int32(c2),
+              uint32(sbase + bar))

@@ -465,3 +465,72 @@ def wgmma_wait(N, NA, PENDING):
 
     return wait
 
+
+
+# TMA copies and mbarriers (fwd_fp16_v7).  An mbarrier's state lives in the 16 shared-memory
+# bytes at its address, as int32: [completed phases, bytes still to land, arrivals still to come,
+# arrivals a phase].  The copy lands at once, when issued, and counts its bytes; a phase
+# completes when its arrivals have come and its bytes have landed; a waiter polls (other threads
+# run meanwhile) and fails after 60 s instead of hanging.
+_MBAR_LOCK = threading.Lock()
+
+
+def _mbar_words(sm, sbase, bar):
+    a = int(sbase) + int(bar)
+    assert a % 8 == 0, f"mbarrier at byte {a}: not 8-byte aligned"
+    return np.asarray(sm).view(np.int32), a // 4
+
+
+def _mbar_step(w, i, arrivals, nbytes):
+    w[i + 1] += nbytes
+    w[i + 2] -= arrivals
+    if w[i + 2] == 0 and w[i + 1] == 0:
+        w[i] += 1
+        w[i + 2] = w[i + 3]
+
+
+@cuda.jit(device=True)
+def mbar_init(sm, sbase, bar, count):
+    w, i = _mbar_words(sm, sbase, bar)
+    with _MBAR_LOCK:
+        w[i:i + 4] = (0, 0, count, count)
+
+
+@cuda.jit(device=True)
+def mbar_expect_tx(sm, sbase, bar, nbytes):
+    w, i = _mbar_words(sm, sbase, bar)
+    with _MBAR_LOCK:
+        _mbar_step(w, i, 1, int(nbytes))
+
+
+@cuda.jit(device=True)
+def mbar_wait(sm, sbase, bar, parity):
+    import time
+
+    w, i = _mbar_words(sm, sbase, bar)
+    end = time.monotonic() + 60
+    while True:
+        with _MBAR_LOCK:
+            if int(w[i]) % 2 != int(parity):
+                return
+        if time.monotonic() > end:
+            raise RuntimeError(f"mbarrier at byte {int(sbase) + int(bar)}: phase of parity {parity} never completed")
+        time.sleep(1e-5)
+
+
+@cuda.jit(device=True)
+def tma_load3(sm, sbase, dst, maps, which, c0, c1, c2, bar):
+    t = maps.tensors[int(which)]
+    bc, br, rb = maps.box_cols, maps.box_rows, maps.row_bytes
+    dst = int(sbase) + int(dst)
+    assert dst % (8 * rb) == 0, f"TMA box at byte {dst}: not aligned to its swizzle pattern ({8 * rb} bytes)"
+    c0, c1, c2 = int(c0), int(c1), int(c2)
+    box = np.zeros((br, bc), np.uint16)  # past the tensor's end: zeros
+    if 0 <= c2 < t.shape[0]:
+        part = t[c2, c1:c1 + br, c0:c0 + bc].view(np.uint16)
+        box[:part.shape[0], :part.shape[1]] = part
+    byte = dst + np.arange(br)[:, None] * rb + 2 * np.arange(bc)[None, :]
+    np.asarray(sm).view(np.uint16)[_swz(byte, rb) // 2] = box
+    w, i = _mbar_words(sm, sbase, bar)
+    with _MBAR_LOCK:
+        _mbar_step(w, i, 0, -box.nbytes)
