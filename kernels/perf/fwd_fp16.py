@@ -507,6 +507,15 @@ def default_config_v5(d: int) -> dict:
     return dict(bc=64, nw=8, mt=1, qreg=False)
 
 
+def default_config_v7(d: int) -> dict:
+    """Two warpgroups (128 query rows), Bc = 64, at every d: with K and V brought by the TMA unit,
+    v5's one-warpgroup blocks lost to v5 itself at d = 72-88, 104 and 136-168 (H100, N = 4,096,
+    B·H = 64: 0.70-0.99x SDPA flash where v5 ran 0.83-1.27x; kernels/data/fwd_fp16_v7_h100_b2f089f),
+    while two warpgroups ran 1.46x at d = 72 and 1.84x at d = 136 (Bc = 64), where one ran 0.75x
+    and 1.00x (``tune72/``, ``tune136/`` there)."""
+    return dict(bc=64, nw=8, mt=1, qreg=False)
+
+
 def default_config_v6(d: int) -> dict:
     """v5's first default, the block shape v6 was measured with: two warpgroups, Bc = 64 at d = 64,
     128 at d = 128."""
@@ -557,4 +566,4 @@ VERSIONS = {"fwd_fp16_v3": _version("fwd_fp16_v3", False, default_config_v3),
             "fwd_fp16_v4": _version("fwd_fp16_v4", True, default_config_v4),
             "fwd_fp16_v5": _version("fwd_fp16_v5", True, default_config_v5, wg=True),
             "fwd_fp16_v6": _version("fwd_fp16_v6", True, default_config_v6, wg=True, pipe=True),
-            "fwd_fp16_v7": _version("fwd_fp16_v7", True, default_config_v5, wg=True, tma=True)}
+            "fwd_fp16_v7": _version("fwd_fp16_v7", True, default_config_v7, wg=True, tma=True)}
