@@ -508,11 +508,15 @@ def default_config_v5(d: int) -> dict:
 
 
 def default_config_v7(d: int) -> dict:
-    """Two warpgroups (128 query rows), Bc = 64, at every d: with K and V brought by the TMA unit,
-    v5's one-warpgroup blocks lost to v5 itself at d = 72-88, 104 and 136-168 (H100, N = 4,096,
-    B·H = 64: 0.70-0.99x SDPA flash where v5 ran 0.83-1.27x; kernels/data/fwd_fp16_v7_h100_b2f089f),
-    while two warpgroups ran 1.46x at d = 72 and 1.84x at d = 136 (Bc = 64), where one ran 0.75x
-    and 1.00x (``tune72/``, ``tune136/`` there)."""
+    """Two warpgroups (128 query rows), Bc = 64, except at d = 96, 112 and 128: v5's one warpgroup
+    (Bc = 64 at 96, 48 at 112 and 128).  H100, N = 4,096, B·H = 64, ratios to SDPA flash
+    (kernels/data/fwd_fp16_v7_h100_b2f089f): with v5's blocks v7 lost to v5 at d = 72-88, 104 and
+    136-168 (0.70-0.99x where v5 ran 0.83-1.27x, ``sweep_v5blocks.csv``); two warpgroups ran 1.46x
+    at d = 72 and 1.84x at d = 136 where one ran 0.75x and 1.00x (``tune72/``, ``tune136/``), and
+    1.19-2.32x at every d from 64 to 256 (``sweep_2wg.csv``), above v5's blocks everywhere but at
+    d = 96 (1.05x against 1.32-1.35x), 112 (1.45x against 1.51x) and 128 (1.29x against 1.39-1.40x)."""
+    if d in (96, 112, 128):
+        return default_config_v5(d)
     return dict(bc=64, nw=8, mt=1, qreg=False)
 
 
