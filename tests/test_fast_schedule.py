@@ -36,8 +36,7 @@ def _perf_supports(v, dtype: str, d: int) -> bool:
 def test_default_configs_and_selection_equal_kernels_perf():
     from kernels import perf
 
-    # every variant but one BEST left and v7, whose TMA copies no schedule states yet (not in BEST)
-    assert set(fast.VARIANTS) == set(perf.VARIANTS) - {"fwd_fp16_v3", "fwd_fp16_v7"}
+    assert set(fast.VARIANTS) == set(perf.VARIANTS) - {"fwd_fp16_v3"}  # every variant but one BEST left
     for name in fast.VARIANTS:
         v = perf.variant(name)
         for dtype in FP:
@@ -51,8 +50,8 @@ def test_default_configs_and_selection_equal_kernels_perf():
         for d in range(1, 261):
             b = perf.best(pass_, FP[dtype], d)
             assert fast.best(pass_, dtype, d) == (None if b is None else b.name), (pass_, dtype, d)
-    assert fast.best("fwd", "bf16", 64) == "fwd_fp16_v5" and fast.best("fwd", "fp32", 96) == "fwd_fp32_v2"
-    assert fast.best("fwd", "fp16", 96) == "fwd_fp16_v5" and fast.best("fwd", "bf16", 256) == "fwd_fp16_v5"
+    assert fast.best("fwd", "bf16", 64) == "fwd_fp16_v7" and fast.best("fwd", "fp32", 96) == "fwd_fp32_v2"
+    assert fast.best("fwd", "fp16", 96) == "fwd_fp16_v7" and fast.best("fwd", "bf16", 256) == "fwd_fp16_v7"
     assert fast.best("fwd", "fp16", 40) == "fwd_fp16_v4" and fast.best("fwd", "bf16", 56) == "fwd_fp16_v4"
     assert fast.best("fwd", "fp32", 80) == "fwd_fp32_v1"
 
@@ -126,7 +125,7 @@ def test_fwd_fp16_v4_counts_by_hand():
                       ("V", "read"): (32768, 65536, 2048)}
     # Causal: query block 0 (rows 0..127) sees key blocks j·64 <= 127, j = 0, 1 (128 rows); block 1
     # sees all 4 (256 rows): K = (128 + 256)·64 = 24,576.
-    rc = simulate(W(1, 1, 256, 64, causal=True), "fast", "fwd")
+    rc = simulate(W(1, 1, 256, 64, causal=True), "fast", "fwd", kernel="fwd_fp16_v4")
     assert rc.io.breakdown[("K", "read")].elements == 24576 == rc.io.breakdown[("V", "read")].elements
 
 
@@ -134,7 +133,7 @@ def test_fwd_fp16_v5_counts_by_hand():
     # d = 128: one warpgroup, Br = 16·nw = 64, Bc = 48 (the warpgroup forward's default).  B = H = 1,
     # N = 384: Tr = 6, Tc = 8.  Its loads and stores are v4's: the swizzled shared layout moves the
     # same rows.
-    r = simulate(W(1, 1, 384, 128), "fast", "fwd")
+    r = simulate(W(1, 1, 384, 128), "fast", "fwd", kernel="fwd_fp16_v5")
     assert list(r.io.per_launch) == ["fwd_fp16_v5"] and r.agrees
     # Q once: 384·128 = 49,152 halves = 98,304 B = 3,072 sectors; K, V once per query block:
     # 6·49,152; O once; L in requests of 8 rows = 32 B: 48 requests, 48 sectors.
@@ -143,11 +142,27 @@ def test_fwd_fp16_v5_counts_by_hand():
                       ("V", "read"): (294912, 589824, 18432)}
     # Causal: query block i (rows 64i..64i + 63) sees key blocks j with 48j <= 64i + 63:
     # 2 + 3 + 4 + 6 + 7 + 8 = 30 blocks of 48 rows.
-    rc = simulate(W(1, 1, 384, 128, causal=True), "fast", "fwd")
+    rc = simulate(W(1, 1, 384, 128, causal=True), "fast", "fwd", kernel="fwd_fp16_v5")
     assert rc.io.breakdown[("K", "read")].elements == 30 * 48 * 128 == rc.io.breakdown[("V", "read")].elements
     # the first default (two warpgroups, Bc = 128: v6's) as a config: Tr = 3, K and V 3·49,152
-    r2 = simulate(W(1, 1, 384, 128), "fast", "fwd", config={"nw": 8, "bc": 128})
+    r2 = simulate(W(1, 1, 384, 128), "fast", "fwd", kernel="fwd_fp16_v5", config={"nw": 8, "bc": 128})
     assert r2.io.breakdown[("K", "read")].elements == 3 * 49152 and r2.agrees
+
+
+def test_fwd_fp16_v7_counts_by_hand():
+    # BEST's forward at d = 64 to 256.  d = 128: v5's block (one warpgroup, Br = 64, Bc = 48); K and
+    # V come by the TMA unit: the same rows as v5's, class "bulk", none of it an LSU load.
+    r = simulate(W(1, 1, 384, 128), "fast", "fwd")
+    assert list(r.io.per_launch) == ["fwd_fp16_v7"] and r.agrees
+    assert _by(r) == {("K", "bulk_read"): (294912, 589824, 18432), ("L", "write"): (384, 1536, 48),
+                      ("O", "write"): (49152, 98304, 3072), ("Q", "read"): (49152, 98304, 3072),
+                      ("V", "bulk_read"): (294912, 589824, 18432)}
+    lsu = r.io.by_class()
+    print(lsu)
+    assert lsu["load"].bytes == 98304 and lsu["bulk"].bytes == 2 * 589824
+    # d = 64: two warpgroups, Br = 128, Bc = 64; N = 256: Tr = 2, K and V twice each
+    r64 = simulate(W(1, 1, 256, 64), "fast", "fwd")
+    assert r64.io.breakdown[("K", "bulk_read")].elements == 2 * 256 * 64 and r64.agrees
 
 
 def test_fwd_fp32_v1_counts_by_hand():

@@ -11,7 +11,10 @@ Variants (the names the records use) and their launches, in launch order:
   warpgroup products, any d % 8 == 0 up to 256; Br = 16·nw = 128, Bc = 64 at d <= 64 and above
   192, Br = 64, Bc = 64 at 64 < d <= 96, 48 at 96 < d <= 128 and 160 < d <= 192, 32 at
   128 < d <= 160; the
-  same loads and stores as v4's; ``fwd_fp16_v6`` the same with V in three buffers),
+  same loads and stores as v4's; ``fwd_fp16_v6`` the same with V in three buffers;
+  ``fwd_fp16_v7`` v5 with K_j and V_j copied by the TMA unit, traffic class "bulk", not LSU
+  loads, the same rows; Br = 128, Bc = 64 but at d = 96, 112 and 128, where it takes v5's
+  blocks),
   ``fwd_fp32_v1`` (fp32 forward, FFMA; what BEST runs at d not a multiple
   of 32; Br = 4·rm·nw = 64, Bc = 64 at d <= 64, 32 above) and ``fwd_fp32_v2`` (fp32 forward as
   3xTF32 on the tensor cores, d = 32, 64, 96, 128; Br = 16·nw·mt = 128 at d <= 64, 64 above,
@@ -85,7 +88,7 @@ import numpy as np
 from ..blocks import attach
 from ..config import STAT_BYTES, Tiling, Workload, cdiv
 from ..masking import visible_counts
-from ..traffic import Launch, Schedule, TensorLayout, read, reduction, write
+from ..traffic import Launch, Schedule, TensorLayout, bulk_read, read, reduction, write
 from ._common import (
     block_rows,
     classes,
@@ -102,7 +105,8 @@ TILING_TEXT = "Br = {block_m}, Bc = {block_n} (the kernel's block shape)"
 DESCRIPTION = ("the fast kernels of kernels/perf (--kernel VARIANT, default the one impl='auto' runs): "
                "their launches, tiles, re-loads and dQ atomics")
 OPTIONS: dict[str, tuple[object, str]] = {
-    "kernel": (None, "fast kernel variant (fwd_fp16_v4, fwd_fp16_v5, fwd_fp16_v6, fwd_fp32_v1, fwd_fp32_v2, "
+    "kernel": (None, "fast kernel variant (fwd_fp16_v4, fwd_fp16_v5, fwd_fp16_v6, fwd_fp16_v7, fwd_fp32_v1, "
+                     "fwd_fp32_v2, "
                      "bwd_fp16_v1, bwd_fp16_v3, bwd_fp32_v1, bwd_fp32_v2; the fp16 ones also take bf16); "
                      "default: the one kernels.flash_attention(impl='auto') runs for the pass, dtype and d"),
     "config": (None, "block-shape overrides of the kernel's default_config, as the kernels take them "
@@ -114,6 +118,7 @@ OPTIONS: dict[str, tuple[object, str]] = {
 
 #: variant -> (pass, dtype): the first of the workload dtypes it takes (:data:`DTYPES`)
 VARIANTS = {"fwd_fp16_v4": ("fwd", "fp16"), "fwd_fp16_v5": ("fwd", "fp16"), "fwd_fp16_v6": ("fwd", "fp16"),
+            "fwd_fp16_v7": ("fwd", "fp16"),
             "fwd_fp32_v1": ("fwd", "fp32"),
             "fwd_fp32_v2": ("fwd", "fp32"),
             "bwd_fp16_v1": ("bwd", "fp16"), "bwd_fp16_v3": ("bwd", "fp16"),
@@ -145,6 +150,8 @@ def default_config(name: str, d: int) -> dict:
         return dict(bc=32 if 128 < d <= 160 else 64 if d <= 96 else 48, nw=4, mt=1, qreg=False)
     if name == "fwd_fp16_v6":
         return dict(bc=64 if d <= 64 else 128, nw=8, mt=1, qreg=False)
+    if name == "fwd_fp16_v7":
+        return default_config("fwd_fp16_v5", d) if d in (96, 112, 128) else dict(bc=64, nw=8, mt=1, qreg=False)
     if name == "fwd_fp32_v1":
         return dict(bc=64, nw=4, rm=4, unroll=2, minb=2) if d <= 64 else dict(bc=32, nw=4, rm=4, unroll=2, minb=1)
     if name == "fwd_fp32_v2":
@@ -175,7 +182,7 @@ def supports(name: str, dtype: str, d: int) -> bool:
         return False
     if name in ("fwd_fp16_v4", "bwd_fp16_v1"):
         return d % 8 == 0 and 8 <= d <= 256
-    if name in ("fwd_fp16_v5", "fwd_fp16_v6"):
+    if name in ("fwd_fp16_v5", "fwd_fp16_v6", "fwd_fp16_v7"):
         return d % 8 == 0 and 8 <= d <= 256
     if name == "bwd_fp16_v3":
         return d % 8 == 0 and 16 <= d <= 256
@@ -188,9 +195,9 @@ def supports(name: str, dtype: str, d: int) -> bool:
 
 #: kernels.perf.BEST: (pass, dtype) -> (variant, smallest d, largest d) in order of preference
 #: (bf16 runs the fp16 kernels, in the fp16 order).
-BEST = {("fwd", "fp16"): (("fwd_fp16_v5", 64, 256), ("fwd_fp16_v4", 1, 1 << 30)),
+BEST = {("fwd", "fp16"): (("fwd_fp16_v7", 64, 256), ("fwd_fp16_v4", 1, 1 << 30)),
         ("bwd", "fp16"): (("bwd_fp16_v3", 32, 256), ("bwd_fp16_v1", 1, 1 << 30)),
-        ("fwd", "bf16"): (("fwd_fp16_v5", 64, 256), ("fwd_fp16_v4", 1, 1 << 30)),
+        ("fwd", "bf16"): (("fwd_fp16_v7", 64, 256), ("fwd_fp16_v4", 1, 1 << 30)),
         ("bwd", "bf16"): (("bwd_fp16_v3", 32, 256), ("bwd_fp16_v1", 1, 1 << 30)),
         ("fwd", "fp32"): (("fwd_fp32_v2", 32, 128), ("fwd_fp32_v1", 1, 1 << 30)),
         ("bwd", "fp32"): (("bwd_fp32_v2", 32, 128), ("bwd_fp32_v1", 1, 1 << 30))}
@@ -228,7 +235,7 @@ def fit_to_grid(name: str, cfg: dict, given, nq: int, bh: int, num_sms: int, d: 
     ``cfg`` (:func:`default_config` updated by the keys in ``given``), except where a grid of
     128-row blocks would give each SM at most one block: then the fp16/bf16 forwards take 64-row
     blocks (twice the blocks), ``fwd_fp16_v4`` one m-tile a warp (unless ``mt`` is in ``given``),
-    ``fwd_fp16_v5`` one warpgroup (unless ``nw`` is).  On the H100: v4
+    ``fwd_fp16_v5`` and ``fwd_fp16_v7`` one warpgroup (unless ``nw`` is).  On the H100: v4
     (kernels/data/fwd_fp16_v4_small_grid_h100_471379f) at B·H = 4, N = 4,096, d = 64 (128 blocks)
     1.9x faster, B·H = 1, N = 8,192, d = 128 (64 blocks) 1.15x, but with 256 blocks (B·H = 16,
     N = 2,048) 0.70x at d = 128, hence the bound at one block an SM; v5 at d = 64
@@ -245,13 +252,14 @@ def fit_to_grid(name: str, cfg: dict, given, nq: int, bh: int, num_sms: int, d: 
     given = given or ()
     br = 16 * cfg.get("nw", 0) * cfg.get("mt", 0)
     blocks = -(-nq // br) * bh if br else 0
-    if name == "fwd_fp16_v5" and "bc" not in given and cfg.get("bc") == 48 and cfg.get("nw") == 4:
+    wg = name in ("fwd_fp16_v5", "fwd_fp16_v7")  # v7 (v5's loop, TMA copies): v5's rules, not timed apart
+    if wg and "bc" not in given and cfg.get("bc") == 48 and cfg.get("nw") == 4:
         if d > 128:  # Bc = 64 there leaves one block an SM (d = 192: 0.72x Bc = 48)
             return cfg
         return dict(cfg, bc=64) if blocks <= 4 * num_sms else cfg
     if name == "fwd_fp16_v4" and "mt" not in given and cfg.get("mt") == 2:
         small = dict(cfg, mt=1)
-    elif name == "fwd_fp16_v5" and "nw" not in given and cfg.get("nw") == 8:
+    elif wg and "nw" not in given and cfg.get("nw") == 8:
         small = dict(cfg, nw=4)
     else:
         return cfg
@@ -312,7 +320,7 @@ def tiles(name: str, d: int, config=None) -> dict:
     forward's (Br, Bc); the backwards' key-block kernel (query rows a step, keys a block) and
     bwd_fp16_v1's dQ kernel."""
     c = parse_config(name, d, config)
-    if name in ("fwd_fp16_v4", "fwd_fp16_v5", "fwd_fp16_v6"):
+    if name in ("fwd_fp16_v4", "fwd_fp16_v5", "fwd_fp16_v6", "fwd_fp16_v7"):
         return {"fwd": Tiling(16 * c["nw"] * c["mt"], c["bc"])}
     if name == "fwd_fp32_v1":
         return {"fwd": Tiling(4 * c["rm"] * c["nw"], c["bc"])}
@@ -343,11 +351,13 @@ def block_resources(name: str, d: int, config=None) -> dict[str, tuple[int, int]
     if name == "fwd_fp16_v4":
         br, bc = t["fwd"].block_m, t["fwd"].block_n
         return {"fwd": (nt, 2 * (dp + 8) * (br + 4 * bc))}
-    if name in ("fwd_fp16_v5", "fwd_fp16_v6"):  # Q, K twice, V twice (v6: 3 times), unpadded rows of whole
-        # swizzle atoms (32 columns where d % 64 is 1..32, else 64), 1 KiB to align them
+    if name in ("fwd_fp16_v5", "fwd_fp16_v6", "fwd_fp16_v7"):  # Q, K twice, V twice (v6: 3 times), unpadded
+        # rows of whole swizzle atoms (32 columns where d % 64 is 1..32, else 64), 1 KiB to align
+        # them; v7: two mbarriers of 16 bytes
         br, bc = t["fwd"].block_m, t["fwd"].block_n
         aw = 32 if 0 < d % 64 <= 32 else 64
-        return {"fwd": (nt, 2 * cdiv(d, aw) * aw * (br + (5 if name == "fwd_fp16_v6" else 4) * bc) + 1024)}
+        bars = 32 if name == "fwd_fp16_v7" else 0
+        return {"fwd": (nt, 2 * cdiv(d, aw) * aw * (br + (5 if name == "fwd_fp16_v6" else 4) * bc) + 1024 + bars)}
     if name == "fwd_fp32_v1":  # row strides: Q/K dp + 4, V dp rounded up to 32, P̃ Bc + 8 floats
         br, bc = t["fwd"].block_m, t["fwd"].block_n
         return {"fwd": (nt, 4 * (br * (dp + 4) + bc * (dp + 4) + bc * cdiv(dp, 32) * 32 + br * (bc + 8)))}
@@ -440,9 +450,10 @@ def _forward(w: Workload, name: str, config=None) -> Schedule:
             yield from _scalar_pairs(read, "Q", q0, qn, w.d)
         else:
             yield read("Q", qc[0], qc[1], repeat=qc[2])
-        yield read("K", kc[0], kc[1], repeat=kc[2])
-        yield read("V", kc[0], kc[1], repeat=kc[2])
-        if name in ("fwd_fp16_v4", "fwd_fp16_v5", "fwd_fp16_v6"):  # O through shared memory, 16 bytes a thread
+        kv = bulk_read if name == "fwd_fp16_v7" else read  # v7: the TMA unit's copies
+        yield kv("K", kc[0], kc[1], repeat=kc[2])
+        yield kv("V", kc[0], kc[1], repeat=kc[2])
+        if name in ("fwd_fp16_v4", "fwd_fp16_v5", "fwd_fp16_v6", "fwd_fp16_v7"):  # O through shared memory
             yield write("O", qc[0], qc[1], repeat=qc[2])
         elif name == "fwd_fp32_v1":
             yield from _scalar_pairs(write, "O", q0, qn, w.d)
@@ -688,7 +699,8 @@ def closed_form(w: Workload, tiling: Tiling | None, pass_: str, **options) -> di
     if pass_ == "fwd":
         t = tiles(name, d, config)["fwd"]
         kv = bh * _kv_rows_fwd(w, t) * d
-        return {("Q", "read"): bh * nq * d, ("K", "read"): kv, ("V", "read"): kv,
+        how = "bulk_read" if name == "fwd_fp16_v7" else "read"  # v7: the TMA unit's copies
+        return {("Q", "read"): bh * nq * d, ("K", how): kv, ("V", how): kv,
                 ("O", "write"): bh * nq * d, ("L", "write"): bh * nq}
     tl = tiles(name, d, config)
     q_rows = _q_rows_dkdv(w, tl["dkdv"])  # per query head
