@@ -311,7 +311,7 @@ def test_cli_bad_input_is_one_error_line(argv, capsys):
 def test_cli_plan_needs_no_gpu(capsys):
     assert at.main(["--plan", "--dtypes", "bf16", "--ds", "128", "--ns", "2048", "--causal", "yes", "--top", "2"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("fwd-bf16-d128-causal-n2048 fwd_fp16_v5:") and "default ranked" in out[0]
+    assert out[0].startswith("fwd-bf16-d128-causal-n2048 fwd_fp16_v7:") and "default ranked" in out[0]
     assert out[3].startswith("bwd-bf16-d128-causal-n2048 bwd_fp16_v3:") and len(out) == 6
 
 
@@ -363,7 +363,7 @@ def test_cli_run_writes_the_table_the_record_and_the_cache(tmp_path, tune_cache,
     text = capsys.readouterr().out
     assert "model's first choice within 5% of the timed best on 2 of 4 keys" in text
     rows = list(__import__("csv").DictReader(open(out / "autotune.csv")))
-    assert {r["variant"] for r in rows} == {"fwd_fp16_v5", "bwd_fp16_v3"}
+    assert {r["variant"] for r in rows} == {"fwd_fp16_v7", "bwd_fp16_v3"}
     assert all(r["error"] for r in rows if json.loads(r["config"]).get("bq") == 16)
     meta = json.loads((out / "autotune.meta.json").read_text())
     assert meta["summary"].endswith("2 of 4 keys") and len(meta["keys"]) == 4
@@ -373,8 +373,8 @@ def test_cli_run_writes_the_table_the_record_and_the_cache(tmp_path, tune_cache,
     assert all(e["config"].get("bq") != 16 for e in cached.values())
     # kernels.flash_attention now finds the forward's entry for N = 4096 (same GPU name, version)
     at.reset()
-    key = at.cache_key(at.gpu_name(), "fwd_fp16_v5", "fwd", "fp16", 64, False, 3000, 3000)
-    assert at.lookup("fwd", "fwd_fp16_v5", "fp16", 64, False, 3000, 3000) == cached[key]["config"]
+    key = at.cache_key(at.gpu_name(), "fwd_fp16_v7", "fwd", "fp16", 64, False, 3000, 3000)
+    assert at.lookup("fwd", "fwd_fp16_v7", "fp16", 64, False, 3000, 3000) == cached[key]["config"]
     # a second run into the same folder is refused before any timing, unless --force
     before = (out / "autotune.csv").read_text()
     assert at.main(argv) == 2

@@ -86,13 +86,13 @@ def _cfg(**kw):
 
 
 def test_candidates_are_the_peers_and_the_shipped_variants_of_the_pass_and_dtype():
-    assert bench.candidates(_cfg()) == ["naive", "sdpa_flash", "sdpa_mem_eff", "sdpa_cudnn", "ours_fwd_fp16_v5",
+    assert bench.candidates(_cfg()) == ["naive", "sdpa_flash", "sdpa_mem_eff", "sdpa_cudnn", "ours_fwd_fp16_v7",
                                         "ours_fwd_fp16_v4"]
     bwd32 = bench.candidates(_cfg(**{"pass": "bwd", "dtype": "fp32"}))
     assert bwd32[4:] == ["ours_bwd_fp32_v2", "ours_bwd_fp32_v1"]
     # bf16: the fp16 kernels are asked (a bf16 kernel may be one of them taking bf16)
-    assert bench.candidates(_cfg(dtype="bf16"))[4:] == ["ours_fwd_fp16_v5", "ours_fwd_fp16_v4"]
-    assert bench.candidates(_cfg(), ["sdpa_flash", "best"]) == ["sdpa_flash", "ours_fwd_fp16_v5"]
+    assert bench.candidates(_cfg(dtype="bf16"))[4:] == ["ours_fwd_fp16_v7", "ours_fwd_fp16_v4"]
+    assert bench.candidates(_cfg(), ["sdpa_flash", "best"]) == ["sdpa_flash", "ours_fwd_fp16_v7"]
     assert bench.candidates(_cfg(d=40), ["sdpa_flash", "best"]) == ["sdpa_flash", "ours_fwd_fp16_v4"]
     assert bench.candidates(_cfg(**{"pass": "bwd"}), ["best"]) == ["ours_bwd_fp16_v3"]
     assert bench.candidates(_cfg(**{"pass": "bwd"}, d=128), ["best"]) == ["ours_bwd_fp16_v3"]

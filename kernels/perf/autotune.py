@@ -9,7 +9,8 @@ Tuned: the fp16 and bf16 tensor-core variants (:data:`TUNABLE`), forward and bac
 
 **Candidates** (:func:`candidates`) are the knobs each version's kernel takes, nothing else:
 ``fwd_fp16_v3``/``v4`` Bc, warps nw and m-tiles mt (Br = 16·nw·mt) and qreg (Q's fragments in
-registers); ``fwd_fp16_v5`` Bc and nw (whole warpgroups: 4 or 8 warps, 64 rows each; its
+registers); ``fwd_fp16_v5`` and ``fwd_fp16_v7`` Bc and nw (whole warpgroups: 4 or 8 warps, 64 rows
+each; its
 warpgroup products read a tile once for 64 rows, which the shared-memory term below takes as a
 64-row warp tile); ``bwd_fp16_v1`` bq, bk, nw, mt and reg; ``bwd_fp16_v3`` bq, bk, nw, the m-tiles of
 its three phases ma, mb, mc and minb (blocks per SM promised to ptxas).  None of them has a
@@ -85,7 +86,7 @@ from itertools import product
 from pathlib import Path
 
 #: The variants the tuner knows: their knobs (:func:`knob_grid`) and resources (:func:`launches`).
-TUNABLE = ("fwd_fp16_v3", "fwd_fp16_v4", "fwd_fp16_v5", "bwd_fp16_v1", "bwd_fp16_v3")
+TUNABLE = ("fwd_fp16_v3", "fwd_fp16_v4", "fwd_fp16_v5", "fwd_fp16_v7", "bwd_fp16_v1", "bwd_fp16_v3")
 #: dtype as the CLI and the key name it -> numpy/torch name
 DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 PASSES = ("fwd", "bwd")
@@ -309,7 +310,7 @@ def knob_grid(name: str, d: int) -> list[dict]:
     if name in ("fwd_fp16_v3", "fwd_fp16_v4"):
         grid = product((16, 32, 64, 128), (2, 4, 8), (1, 2, 4), (True, False))
         return [dict(bc=bc, nw=nw, mt=mt, qreg=qr) for bc, nw, mt, qr in grid if 16 * nw * mt <= 256]
-    if name == "fwd_fp16_v5":  # whole warpgroups of 64 rows; Q always in shared memory (wgmma reads it)
+    if name in ("fwd_fp16_v5", "fwd_fp16_v7"):  # whole warpgroups of 64 rows; Q in shared memory (wgmma reads it)
         return [dict(bc=bc, nw=nw, mt=1, qreg=False) for bc, nw in product((32, 48, 64, 96, 128, 160, 192), (4, 8))]
     if name == "bwd_fp16_v1":
         grid = product((16, 32, 64, 128), (16, 32, 64, 128), (2, 4, 8), (1, 2), (True, False))
@@ -342,7 +343,7 @@ def launches(name: str, d: int, cfg: dict) -> list[dict]:
         regs = 4 * no * mt + (4 * kt * mt if cfg["qreg"] else 4 * mt) + 4 * mt + 4 * (cfg["bc"] // 8) * mt
         return [dict(launch="fwd", threads=nt, smem=v.smem_bytes(dp, br, cfg["bc"]), regs=regs, cap=_reg_cap(nt, 1),
                      grid=lambda b, h, hk, nq, nk, br=br: -(-nq // br) * b * h, share=1.0)]
-    if name == "fwd_fp16_v5":  # O (whole swizzle atoms: atom_width) and S accumulators, P's fragments, row stats
+    if name in ("fwd_fp16_v5", "fwd_fp16_v7"):  # O (whole swizzle atoms) and S accumulators, P's fragments, stats
         br, bc = 16 * cfg["nw"], cfg["bc"]
         from .fwd_fp16 import atom_width
 
@@ -382,7 +383,7 @@ def products(name: str, d: int, cfg: dict) -> list[tuple[int, int, int, int]]:
     if name in ("fwd_fp16_v3", "fwd_fp16_v4"):
         m = 16 * cfg["mt"]
         return [(m, cfg["bc"], int(not cfg["qreg"]), 1), (m, dp, 0, 1)]  # S = Q Kᵀ, O += P V
-    if name == "fwd_fp16_v5":  # a warpgroup's 64 rows read each operand tile once: Q and K, then V
+    if name in ("fwd_fp16_v5", "fwd_fp16_v7"):  # a warpgroup's 64 rows read each operand tile once: Q and K, then V
         from .fwd_fp16 import atom_width
 
         return [(64, cfg["bc"], 1, 1), (64, atom_width(d), 0, 1)]  # P·V over V's whole atoms

@@ -1,4 +1,4 @@
-"""The fp16 forward on the tensor cores: FlashAttention-2, four versions (``mma.sync`` m16n8k16; v5, v6 ``wgmma``).
+"""The fp16 forward on the tensor cores: FlashAttention-2, five versions (``mma.sync`` m16n8k16; v5-v7 ``wgmma``).
 
 A block of NW warps owns Br = 16·NW·MT query rows (MT m-tiles a warp) and walks the key blocks
 (Bc keys) it can see, K and V double-buffered through cp.async; S = Q Kᵀ, P and O stay in
@@ -55,7 +55,20 @@ tile copies and the products (Q Kᵀ, P V) are :mod:`kernels.perf._tiles`'s.
   0.96-1.04x v5 (kernels/data/fwd_fp16_v5_blocks_h100_532db74): two resident blocks overlap one's
   softmax with the other's products already.  Not shipped.
 
-All four compile for bf16 too (``bf16=True``: the ``.bf16`` mma and ``cvt.rn.bf16x2.f32``; the tiles
+* ``fwd_fp16_v7`` (``TMA`` on; shipped at d = 64 to 256 since 5e1107e): v5 with K_j, V_j copied by
+  the TMA unit (``tc.tma_load3``: one ``cp.async.bulk.tensor`` a swizzle atom, the unit writing
+  the swizzled layout itself, zeros past N and d), announced and waited for on an mbarrier per
+  buffer (``tc.mbar_expect_tx``, ``tc.mbar_wait``) where v5 waited for cp.async groups and a
+  barrier; one thread issues the copies; the tensor maps come from :mod:`kernels.perf.tma`.  Why:
+  v5's 16-byte copies make L2 send the SMs 1.53x the tiles' sectors where d % 16 = 8 (analysis.
+  copy_sectors), and every thread issues them (at d = 120 v5's SASS has 27 LDGSTS and a main
+  loop of 606 instructions, v7's 3 LDGSTS, Q's, and 432: ``kernels.perf.inspect``).
+  H100, N = 4,096, B·H = 64 (kernels/data/fwd_fp16_v7_h100): with its blocks
+  (:func:`default_config_v7`: two warpgroups, but v5's one at d = 96, 112, 128) 1.10-1.69x v5 and
+  1.19-2.32x SDPA flash at every d from 64 to 256 in steps of 8 (d = 88: 1.19x, v5 0.81x); with
+  v5's blocks it lost to v5 at d = 72-88, 104 and 136-168 (0.67-0.97x).
+
+All five compile for bf16 too (``bf16=True``: the ``.bf16`` mma and ``cvt.rn.bf16x2.f32``; the tiles
 are the inputs' bits, moved unchanged), timed on the H100 beside fp16 (NOTES.md, "bf16").
 
 Measurements and the tuning behind the defaults: ``kernels/perf/NOTES.md`` ("fp16 forward").
@@ -510,11 +523,12 @@ def default_config_v5(d: int) -> dict:
 def default_config_v7(d: int) -> dict:
     """Two warpgroups (128 query rows), Bc = 64, except at d = 96, 112 and 128: v5's one warpgroup
     (Bc = 64 at 96, 48 at 112 and 128).  H100, N = 4,096, B·H = 64, ratios to SDPA flash
-    (kernels/data/fwd_fp16_v7_h100_b2f089f): with v5's blocks v7 lost to v5 at d = 72-88, 104 and
-    136-168 (0.70-0.99x where v5 ran 0.83-1.27x, ``sweep_v5blocks.csv``); two warpgroups ran 1.46x
-    at d = 72 and 1.84x at d = 136 where one ran 0.75x and 1.00x (``tune72/``, ``tune136/``), and
-    1.19-2.32x at every d from 64 to 256 (``sweep_2wg.csv``), above v5's blocks everywhere but at
-    d = 96 (1.05x against 1.32-1.35x), 112 (1.45x against 1.51x) and 128 (1.29x against 1.39-1.40x)."""
+    (kernels/data/fwd_fp16_v7_h100): with v5's blocks v7 lost to v5 at d = 72-88, 104 and 136-168
+    (0.67-0.97x v5, ``sweep_v5blocks.csv``); two warpgroups ran 1.46x at d = 72 and 1.84x at
+    d = 136 where one ran 0.75x and 1.00x (``tune72/``, ``tune136/``), and 1.05-2.32x at every d from
+    64 to 256 (``sweep_2wg.csv``), above v5's blocks everywhere but at d = 96 (1.05x against
+    1.32-1.35x), 112 (1.45x against 1.51x) and 128 (1.29x against 1.39-1.40x); with v5's block there,
+    1.04-1.18x v5 on the grid rows, N 1,024-16,384, causal or not (``grid_final.csv``)."""
     if d in (96, 112, 128):
         return default_config_v5(d)
     return dict(bc=64, nw=8, mt=1, qreg=False)
