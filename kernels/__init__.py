@@ -44,13 +44,14 @@ def _dtype_and_dim(q):
         return None, None
 
 
-def _fast(pass_, q, impl, deterministic=False, **fixed):
+def _fast(pass_, q, impl, deterministic=False, arrays=None, **fixed):
     """The fast variant's module to run, or None for the reference kernels.
 
     ``impl="auto"`` takes the fast one when it applies: its dtype and head dim are supported
-    (``deterministic``: it sums nothing by atomics) and nothing asks for the reference kernel's
-    own tiling (block sizes, a block mask) or its traffic counters.  ``impl="fast"`` insists
-    (ValueError if it does not apply)."""
+    (``deterministic``: it sums nothing by atomics), nothing asks for the reference kernel's
+    own tiling (block sizes, a block mask) or its traffic counters, and every device array of
+    ``arrays`` (name -> array) is 16-byte aligned (``_arrays.misaligned``).  ``impl="fast"``
+    insists (ValueError if it does not apply)."""
     if impl not in ("auto", "fast", "reference"):
         raise ValueError(f"impl={impl!r}: must be 'auto', 'fast' or 'reference'")
     if impl == "reference":
@@ -66,8 +67,13 @@ def _fast(pass_, q, impl, deterministic=False, **fixed):
             raise ValueError(f"impl='fast': no fast{what} {pass_} kernel for dtype={dt}, head_dim={d}")
         if given:
             raise ValueError(f"impl='fast': {', '.join(given)} are options of the reference kernel only")
+        from ._arrays import check_fast_alignment
+
+        check_fast_alignment(**(arrays or {}))
         return mod
-    return None if given else mod
+    from ._arrays import misaligned
+
+    return None if given or misaligned(**(arrays or {})) else mod
 
 
 def _torch_deterministic(q) -> bool:
@@ -111,7 +117,9 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_m=None, block_n=
     do not fit 48 KB of static shared memory, an array given as None, a float16/float32 torch tensor
     that requires grad (detach it, or use ``kernels.torch_op.attention``), ``causal`` or
     ``return_lse`` that is not a bool (numpy bools count), a ``scale`` that is not None or a
-    finite real number (numpy scalars count), an unknown ``impl``.  Any finite ``scale`` works,
+    finite real number (numpy scalars count), an unknown ``impl``, and with ``impl="fast"`` a device
+    array whose data pointer is not 16-byte aligned (a tensor sliced at an odd offset: the fast
+    kernels copy 16 bytes at a time; ``impl="auto"`` runs the reference kernel for it).  Any finite ``scale`` works,
     zero and negative included, on the reference and the fast kernels (the fast ones run
     τ <= 0 as Q' = -Q, τ' = -τ, or Q' = 0·Q, τ' = 1: ``kernels.perf._launch.positive_scale``).
     ``stream``: see the module docstring.
@@ -142,7 +150,8 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_m=None, block_n=
     kernel version, dtype, d, causal and N bucket where the cache holds one, else the variant's
     ``default_config``.
     """
-    mod = _fast("fwd", q, impl, block_m=block_m, block_n=block_n, block_mask=block_mask, counters=counters)
+    mod = _fast("fwd", q, impl, arrays=dict(q=q, k=k, v=v), block_m=block_m, block_n=block_n, block_mask=block_mask,
+                counters=counters)
     if mod is not None:
         cfg = _tuned("fwd", mod, q, k, causal)
         return mod.forward(q, k, v, causal=causal, scale=scale, return_lse=return_lse, stream=stream, **cfg)
@@ -181,8 +190,8 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, b
         deterministic = _torch_deterministic(q)
     elif not isinstance(deterministic, (bool, np.bool_)):  # numpy bools count, as for causal
         raise ValueError(f"deterministic={deterministic!r}: must be None or a bool")
-    mod = _fast("bwd", q, impl, deterministic=bool(deterministic), block_m=block_m, block_n=block_n,
-                block_mask=block_mask, counters=counters)
+    mod = _fast("bwd", q, impl, deterministic=bool(deterministic), arrays=dict(q=q, k=k, v=v, o=o, do=do),
+                block_m=block_m, block_n=block_n, block_mask=block_mask, counters=counters)
     if mod is not None:
         cfg = _tuned("bwd", mod, q, k, causal)
         return mod.backward(q, k, v, o, lse, do, causal=causal, scale=scale, stream=stream, **cfg)

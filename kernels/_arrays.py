@@ -18,6 +18,10 @@ Decisions (tested in tests/test_kernel_inputs.py):
   ``stream=`` given, else torch's current stream for torch tensors, else Numba's default stream;
 * a torch tensor that requires grad: ``ValueError`` naming it (these kernels record no autograd:
   ``kernels.torch_op.attention`` does);
+* a device array whose data pointer is not 16-byte aligned: the fast kernels refuse it with a
+  ``ValueError`` naming it (:func:`check_fast_alignment`; they copy 16 bytes at a time, and a
+  misaligned copy is a CUDA error that ends the context), and ``impl="auto"`` gives it to the
+  reference kernels, which read element by element;
 * ``None`` for an array, ``causal``/``return_lse`` that are not bools, a ``scale`` that is not a
   finite real number: ``ValueError`` naming the field (:func:`check_options`).
 """
@@ -331,6 +335,39 @@ def to_device(*, stream=None, causal=False, scale=None, return_lse=False, bf16=F
     if len(kinds) > 1:
         raise ValueError("inputs mix host (numpy) and device arrays: pass all on the host or all on the device")
     return Inputs(arrays, first_kind, dtypes.pop(), st)
+
+
+#: Bytes to which the fast kernels need a device array's data aligned: they copy 16 bytes at a time
+#: (cp.async, and the TMA unit's tensor maps), and a misaligned copy is a CUDA error that ends the
+#: process's context.
+FAST_ALIGN = 16
+
+
+def device_pointer(x) -> int | None:
+    """The data pointer of a device array (a CUDA torch tensor, any ``__cuda_array_interface__``
+    object), None for host arrays (they are copied to fresh, aligned device memory)."""
+    if _is_torch(x):
+        return int(x.data_ptr()) if getattr(x, "is_cuda", False) else None
+    cai = getattr(x, "__cuda_array_interface__", None)
+    return int(cai["data"][0]) if cai else None
+
+
+def misaligned(align: int = FAST_ALIGN, **arrays) -> str | None:
+    """The name of the first of ``arrays`` on the device whose data pointer is not ``align``-byte
+    aligned (a contiguous tensor sliced at an odd offset), else None."""
+    for name, x in arrays.items():
+        p = device_pointer(x)
+        if p is not None and p % align:
+            return name
+    return None
+
+
+def check_fast_alignment(**arrays) -> None:
+    """ValueError naming the first device array the fast kernels cannot copy from (:func:`misaligned`)."""
+    name = misaligned(**arrays)
+    if name is not None:
+        raise ValueError(f"{name}: data pointer {device_pointer(arrays[name]):#x} is not {FAST_ALIGN}-byte aligned "
+                         f"(the fast kernels copy {FAST_ALIGN} bytes at a time); pass a copy, or impl='reference'")
 
 
 def check_attention_shapes(q, k, v, do=None) -> tuple[int, int, int, int, int, int]:

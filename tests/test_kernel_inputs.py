@@ -258,3 +258,28 @@ def test_other_launchers_check_options():
         standard_attention(q, k, v, scale=float("nan"))
     with pytest.raises(ValueError, match="do=None"):
         standard_attention_backward(q, k, v, q, None)
+
+
+class _DeviceStub:
+    """A device array as far as the alignment check sees it: only a data pointer."""
+
+    def __init__(self, ptr):
+        self.__cuda_array_interface__ = {"data": (ptr, False), "shape": (1,), "typestr": "<f2", "version": 3}
+
+
+def test_misaligned_device_inputs_take_the_reference_kernel_or_a_value_error():
+    """The fast kernels copy 16 bytes at a time, and a misaligned copy is a CUDA error that ends the
+    context: a device array whose data pointer is not 16-byte aligned (a tensor sliced at an odd
+    offset) makes impl="auto" run the reference kernel, and impl="fast" raise naming it."""
+    import kernels
+    from kernels._arrays import device_pointer, misaligned
+
+    q = np.zeros((1, 1, 8, 64), np.float16)
+    good, bad = _DeviceStub(0x7F0000001000), _DeviceStub(0x7F0000001002)
+    assert device_pointer(q) is None and device_pointer(bad) == 0x7F0000001002
+    assert misaligned(q=q, k=good, v=good) is None and misaligned(q=good, k=good, v=bad) == "v"
+    assert kernels._fast("fwd", q, "auto", arrays=dict(q=good, k=good, v=good)) is not None
+    assert kernels._fast("fwd", q, "auto", arrays=dict(q=good, k=bad, v=good)) is None
+    with pytest.raises(ValueError, match=r"k: data pointer 0x7f0000001002 is not 16-byte aligned"):
+        kernels._fast("fwd", q, "fast", arrays=dict(q=good, k=bad, v=good))
+    assert kernels._fast("bwd", q, "auto", arrays=dict(q=good, k=good, v=good, o=good, do=bad)) is None

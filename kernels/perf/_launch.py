@@ -91,12 +91,13 @@ def launch_forward(name, kernel, smem_bytes, default_config, supports, q, k, v, 
 
 def _forward(name, kernel, smem_bytes, default_config, supports, q, k, v, *, causal, scale, return_lse, config,
              stream, maps=None):
-    from .._arrays import check_attention_shapes, to_device
+    from .._arrays import check_attention_shapes, check_fast_alignment, to_device
 
     config = dict(config or {})
     stream = config.pop("stream", stream)
     inp = to_device(q=q, k=k, v=v, stream=stream, causal=causal, scale=scale, return_lse=return_lse, bf16=True)
     a = inp.arrays
+    check_fast_alignment(**a)
     nb, nh, nhk, nq, nk, d = check_attention_shapes(a["q"], a["k"], a["v"])
     if not supports(inp.dtype_name, d):
         raise ValueError(f"dtype={inp.dtype_name}, head_dim={d}: not supported by {name.rsplit('.', 1)[-1]}")
@@ -273,12 +274,13 @@ def prepare_backward(requirement, default_config, supports, q, k, v, o, lse, do,
     kernels (> 0: see :func:`positive_scale`; :func:`finish_dq` then fixes dQ)).  ``requirement``
     ends the unsupported-input message ("bwd_fp16_v1 takes float16 with ...").  ``stream`` (also
     accepted inside ``config``): see :func:`kernels._arrays.launch_stream`."""
-    from .._arrays import check_attention_shapes, to_device
+    from .._arrays import check_attention_shapes, check_fast_alignment, to_device
 
     config = dict(config or {})
     stream = config.pop("stream", stream)
     inp = to_device(q=q, k=k, v=v, o=o, do=do, stream=stream, causal=causal, scale=scale, bf16=True)
     a = inp.arrays
+    check_fast_alignment(**a)
     nb, nh, nhk, nq, nk, d = dims = check_attention_shapes(a["q"], a["k"], a["v"], a["do"])
     if not supports(inp.dtype_name, d):
         raise ValueError(f"dtype={inp.dtype_name}, head_dim={d}: {requirement}")
