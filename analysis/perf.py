@@ -129,5 +129,17 @@ def ratio_range(records: list[dict], peer: str, n_min: int = 0, **where) -> tupl
     return (min(xs), max(xs), len(xs)) if xs else (math.nan, math.nan, 0)
 
 
+def by_head_dim(rows: list[dict], variant: str, peer: str = "sdpa_flash", n: int = 4096, causal: bool = False,
+                pass_: str = "fwd", dtype: str = "fp16") -> dict[int, tuple[float, float, float]]:
+    """d -> (median, q1, q3) of ``variant``'s same-run ratio to ``peer`` (``x_<peer>`` and its
+    quartiles) over the rows of one N, mask, pass and dtype: a head-dim sweep's curve."""
+    out = {}
+    for r in rows:
+        if (r["variant"] == variant and r["n"] == n and r["causal"] == causal and r["pass"] == pass_
+                and r["dtype"] == dtype and math.isfinite(r.get(f"x_{peer}", math.nan))):
+            out[r["d"]] = (r[f"x_{peer}"], r.get(f"x_{peer}_q1", math.nan), r.get(f"x_{peer}_q3", math.nan))
+    return dict(sorted(out.items()))
+
+
 __all__ = ["PEERS", "CONFIG_KEYS", "read_bench", "failed", "split_failed", "is_ours", "config_of", "cases",
-           "variants", "series", "ratios", "ratio_range"]
+           "variants", "series", "ratios", "ratio_range", "by_head_dim"]

@@ -42,7 +42,9 @@ from matplotlib.lines import Line2D
 
 from analysis.nb_claims import fmt_ratio, gpt2_summary, ratio_spreads
 from analysis.notebook_data import find, load_csv, load_meta, preset_of
-from analysis.perf import PEERS, cases, config_of, ratio_range, ratios, read_bench, series, split_failed, variants
+from analysis.perf import (PEERS, by_head_dim, cases, config_of, ratio_range, ratios, read_bench, series, split_failed,
+                           variants)
+from flashsim.algorithms import fast as fast_variants
 from flashsim.config import get_gpu
 from flashsim.plot import COLORS
 
@@ -289,3 +291,70 @@ print(gpt2_takeaway)
 # Of the {{len(recs)}} timings of ours, {{len(faster)}} of the {{len(with_naive)}} beside naive
 # attention are faster than it, and {{len(beat_flash)}} of the {{len(with_flash)}} beside SDPA's
 # FlashAttention-2 backend are faster than that.
+
+# %% [markdown]
+# ## The forward at every head dim: v5's copies, then the TMA unit's (v7)
+#
+# The grid above was timed with `fwd_fp16_v5`, whose threads copy K and V 16 bytes at a time.
+# Where d % 16 = 8, every other row of K and V starts 16 bytes into a 32-byte sector and the
+# swizzled tile splits each such sector between two 32-byte units of shared memory, so L2 sends
+# the SMs about 1.5x the tiles' sectors (`analysis.copy_sectors`, measured at d = 88 and 120).
+# `fwd_fp16_v7` has the Tensor Memory Accelerator copy them instead (one bulk copy per swizzle
+# atom, waited for on an mbarrier), and since 5e1107e it is `BEST`'s forward at d = 64 to 256.
+# Three sweeps on the H100 (N = 4,096, B·H = 64, fp16, not causal, 3 rounds, each variant beside
+# SDPA's flash backend in the same run; `kernels/data/fwd_fp16_v7_h100/`): v5 and v7 with v5's
+# blocks, v7 with two warpgroups at every d, and v7 with its own blocks (two warpgroups, v5's one
+# at d = 96, 112 and 128). The bands are the rounds' interquartile ranges.
+
+# %%
+hd = {}
+for name in ("v7_sweep_v5blocks", "v7_sweep", "v7_grid"):
+    path = find(name)
+    assert path is not None, f"{name}: the v7 record is part of the repository"
+    hd[name] = read_bench(path)
+v5 = by_head_dim(hd["v7_sweep_v5blocks"], "ours_fwd_fp16_v5")
+v7_v5blocks = by_head_dim(hd["v7_sweep_v5blocks"], "ours_fwd_fp16_v7")
+# v7 as it ships (default_config_v7): the two-warpgroup sweep, but its grid run at d = 96, 112, 128;
+# each ratio to v5 from v5's timing in the same run
+now_src = {d: ("v7_grid" if d in (96, 112, 128) else "v7_sweep") for d in v7_v5blocks}
+same_run = {n: (by_head_dim(hd[n], "ours_fwd_fp16_v7"), by_head_dim(hd[n], "ours_fwd_fp16_v5")) for n in hd}
+v7_now = {d: same_run[now_src[d]][0][d] for d in v7_v5blocks}
+v7_over_v5 = {d: same_run[now_src[d]][0][d][0] / same_run[now_src[d]][1][d][0] for d in v7_v5blocks}
+
+fig, ax = plt.subplots(figsize=(8, 3.6))
+for label, curve, colour, style in (("fwd_fp16_v5 (cp.async)", v5, "tab:blue", "o-"),
+                                    ("fwd_fp16_v7 with v5's blocks", v7_v5blocks, "tab:grey", "s--"),
+                                    ("fwd_fp16_v7 as shipped", v7_now, "tab:red", "^-")):
+    ds = list(curve)
+    ax.plot(ds, [curve[d][0] for d in ds], style, color=colour, ms=3.5, label=label)
+    ax.fill_between(ds, [curve[d][1] for d in ds], [curve[d][2] for d in ds], color=colour, alpha=0.15)
+ax.axhline(1.0, color="black", lw=0.8)
+ax.axhline(1.3, color="black", lw=0.8, ls=":")
+odd = [d for d in v5 if d % 16 == 8]
+ax.set_xticks(list(range(64, 257, 16)))
+ax.set_xlabel("head dim d (N = 4,096, B·H = 64, fp16, not causal)")
+ax.set_ylabel("× SDPA flash (same run)")
+ax.set_title("H100: the fp16 forward by head dim")
+ax.legend(loc="upper left")
+plt.show()
+
+d5, d7 = min(v5, key=lambda d: v5[d][0]), min(v7_now, key=lambda d: v7_now[d][0])
+lost = [d for d in v7_v5blocks if v7_v5blocks[d][0] < v5[d][0]]
+one_wg = all(fast_variants.default_config("fwd_fp16_v5", d)["nw"] == 4 for d in lost)  # v5's block there
+hd_takeaway = (
+    f"v5 ran {min(x[0] for x in v5.values()):.2f}–{max(x[0] for x in v5.values()):.2f}× SDPA flash over the "
+    f"{len(v5)} head dims, lowest at d = {d5} ({v5[d5][0]:.2f}×), and at d % 16 = 8 (d = {odd[0]}…{odd[-1]}) "
+    f"{min(v5[d][0] for d in odd):.2f}–{max(v5[d][0] for d in odd):.2f}× against "
+    f"{min(v5[d + 8][0] for d in odd):.2f}–{max(v5[d + 8][0] for d in odd):.2f}× at d + 8. "
+    f"v7 with v5's blocks was slower than v5 at {len(lost)} head dims (d = {', '.join(map(str, lost))}), "
+    + ("all of them where v5's block is one warpgroup; " if one_wg else "")
+    + "as shipped it runs "
+    f"{min(x[0] for x in v7_now.values()):.2f}–{max(x[0] for x in v7_now.values()):.2f}× SDPA flash, "
+    f"lowest at d = {d7} ({v7_now[d7][0]:.2f}×), and {min(v7_over_v5.values()):.2f}–"
+    f"{max(v7_over_v5.values()):.2f}× v5 timed in the same run, at every d from {min(v7_now)} to {max(v7_now)}. "
+    "Whether the TMA unit's reads at d % 16 = 8 are the tiles' sectors was not measured: the speed came "
+    "with the block (two warpgroups) as much as with the copies.")
+print(hd_takeaway)
+
+# %% [markdown]
+# **Takeaway:** {{hd_takeaway}}
