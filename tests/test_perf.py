@@ -1,6 +1,7 @@
 """analysis.perf on a tiny benchmark CSV written here: typing, failures, series and ratios."""
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -85,3 +86,17 @@ def test_fastest_only_and_ranges(rows):
     assert ratio_range(best, "sdpa_flash", pass_="fwd", dtype="fp16", n_min=2048) == (0.75, 0.75, 1)
     lo, hi, k = ratio_range(best, "sdpa_mem_eff")
     assert k == 0 and math.isnan(lo) and math.isnan(hi)
+
+
+def test_by_head_dim_reads_the_v7_sweep():
+    """A head-dim sweep's curve from the committed v7 record: one point per d, the median with its
+    quartiles, other N, masks, passes and variants left out."""
+    from analysis.perf import by_head_dim
+
+    rows = read_bench(Path(__file__).resolve().parents[1] / "kernels/data/fwd_fp16_v7_h100/sweep_2wg.csv")
+    v7 = by_head_dim(rows, "ours_fwd_fp16_v7")
+    print({d: round(x[0], 2) for d, x in v7.items()})
+    assert list(v7) == list(range(64, 257, 8))
+    assert all(q1 <= med <= q3 for med, q1, q3 in v7.values())
+    assert round(v7[88][0], 2) == 1.19 and by_head_dim(rows, "ours_fwd_fp16_v7", causal=True) == {}
+    assert by_head_dim(rows, "sdpa_flash")[64][0] == 1.0  # flash against itself
