@@ -168,11 +168,14 @@ def with_plan(key, tensors, full):
     an earlier call prepared, its replay on ``tensors``.  The first call of a key runs ``full``
     under a :class:`kernels._direct.Recorder` and prepares its launches (:func:`_replay`); a call
     inside another call being recorded takes its full path (so that the outer one sees its
-    launches)."""
+    launches), and so does a call with a tensor whose data pointer is not 16-byte aligned (the full
+    path refuses it: :func:`kernels._arrays.check_fast_alignment`)."""
     if key is None or _direct.recording():
         return full()
     plan = _PLANS.get(key)
     if plan is not None:
+        if any(t.data_ptr() % 16 for t in tensors):  # the full path's alignment check refuses it
+            return full()
         return plan(tensors)
     with _direct.Recorder() as rec:
         out = full()
