@@ -17,6 +17,7 @@ import numpy as np
 from numba import config, cuda, float32
 
 from .. import _direct
+from .._arrays import FAST_ALIGN
 from .._bf16 import cvt_bf16, ld_bf16
 from .._direct import launch
 
@@ -168,15 +169,14 @@ def with_plan(key, tensors, full):
     an earlier call prepared, its replay on ``tensors``.  The first call of a key runs ``full``
     under a :class:`kernels._direct.Recorder` and prepares its launches (:func:`_replay`); a call
     inside another call being recorded takes its full path (so that the outer one sees its
-    launches), and so does a call with a tensor whose data pointer is not 16-byte aligned (the full
-    path refuses it: :func:`kernels._arrays.check_fast_alignment`)."""
+    launches), and so does a call the replay declines (a tensor whose data pointer is not 16-byte
+    aligned: the full path refuses it, :func:`kernels._arrays.check_fast_alignment`)."""
     if key is None or _direct.recording():
         return full()
     plan = _PLANS.get(key)
     if plan is not None:
-        if any(t.data_ptr() % 16 for t in tensors):  # the full path's alignment check refuses it
-            return full()
-        return plan(tensors)
+        out = plan(tensors)
+        return full() if out is None else out
     with _direct.Recorder() as rec:
         out = full()
     plan = _replay(rec, tensors, out)
@@ -237,7 +237,10 @@ def _replay(rec, tensors, out):
     empty = torch.empty
 
     def run(tensors):
+        """The replay's outputs, or None for tensors the full path must see (misaligned ones)."""
         ptr = [t.data_ptr() for t in tensors]
+        if any(p % FAST_ALIGN for p in ptr):
+            return None
         made = [empty(shape, dtype=dt, device=dev) for shape, dt, dev in specs]
         mp = [t.data_ptr() for t in made]
         for prep, srcs in steps:

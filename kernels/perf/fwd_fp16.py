@@ -458,8 +458,8 @@ def signature():
 
 
 def signature_tma():
-    a4 = types.Array(types.float16, 4, "C")
-    return types.void(a4, a4, a4, a4, types.Array(float32, 3, "C"), float32, float32, types.Array(types.uint8, 1, "C"))
+    """:func:`signature` and the tensor maps (v7)."""
+    return types.void(*signature().args, types.Array(types.uint8, 1, "C"))
 
 
 def default_config_v3(d: int) -> dict:

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 from numba import config, cuda
 
+from .._arrays import device_pointer
+
 # CUtensorMapDataType, CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
 # CUtensorMapFloatOOBfill (cuda.h)
 _FLOAT16 = 6
@@ -72,10 +74,6 @@ def encode(out: np.ndarray, ptr: int, shape: tuple[int, int, int], box_cols: int
         raise RuntimeError(f"cuTensorMapEncodeTiled: CUresult {rc} for shape {shape}, box ({box_cols}, {box_rows})")
 
 
-def _pointer(a) -> int:
-    return int(a.__cuda_array_interface__["data"][0])
-
-
 def kv_maps(k, v, box_cols: int, box_rows: int, row_bytes: int):
     """The tensor maps of K and V ((B, Hkv, N, d) fp16 device arrays, contiguous), as the
     kernel's ``tm`` argument: a device array of 256 bytes (K's map, then V's), or under the
@@ -85,7 +83,7 @@ def kv_maps(k, v, box_cols: int, box_rows: int, row_bytes: int):
         host = tuple(np.asarray(x.copy_to_host() if hasattr(x, "copy_to_host") else x).reshape(b * h, n, d)
                      for x in (k, v))
         return SimMaps(host, box_cols, box_rows, row_bytes)
-    return maps_at(_pointer(k), _pointer(v), (b * h, n, d), box_cols, box_rows, row_bytes)
+    return maps_at(device_pointer(k), device_pointer(v), (b * h, n, d), box_cols, box_rows, row_bytes)
 
 
 def maps_at(kp: int, vp: int, shape, box_cols: int, box_rows: int, row_bytes: int):
@@ -103,9 +101,9 @@ def maps_at(kp: int, vp: int, shape, box_cols: int, box_rows: int, row_bytes: in
 
         if len(_MAPS) >= 256:
             for old in _MAPS.values():
-                _direct.DERIVED.pop(_pointer(old), None)
+                _direct.DERIVED.pop(device_pointer(old), None)
             _MAPS.clear()
         _MAPS[key] = dev
-        _direct.DERIVED[_pointer(dev)] = (lambda k_, v_: _pointer(
+        _direct.DERIVED[device_pointer(dev)] = (lambda k_, v_: device_pointer(
             maps_at(k_, v_, shape, box_cols, box_rows, row_bytes)), (kp, vp))
     return dev
