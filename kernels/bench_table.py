@@ -245,7 +245,8 @@ def replace_block(text: str, table: str, start: str = START, end: str = END) -> 
 
 def merge(out: str | Path, parts: list[str | Path], force: bool = False) -> None:
     """Write the rows of ``parts`` into ``out`` (and its ``.meta.json``, each part's provenance
-    listed); an existing ``out`` is refused (ValueError) unless ``force``.  A configuration that a
+    listed with the configurations it supplies, a merged part's own parts in its place, a part
+    that supplies none left out); an existing ``out`` is refused (ValueError) unless ``force``.  A configuration that a
     later part holds takes all its rows from that part (its ratios are same-run ones: the rows of
     one configuration never mix runs).  Both files are written to temporary names and renamed."""
     out = Path(out)
@@ -258,10 +259,21 @@ def merge(out: str | Path, parts: list[str | Path], force: bool = False) -> None
         new = load(p)
         again = {r.get("config") for r in new} - {None, ""}
         rows = [r for r in rows if r.get("config") not in again] + new
-        m = p.with_name(p.stem + ".meta.json")
-        metas.append(dict(json.loads(m.read_text()), part=p.name) if m.is_file() else {"part": p.name})
-    first = {k: v for k, v in metas[0].items() if k not in ("part", "date", "git_commit")}
-    write(out, rows, dict(first, parts=[{k: m.get(k) for k in ("part", "date", "git_commit")} for m in metas]))
+        for m in metas:  # what a later part re-ran is no longer this part's
+            m["configs"] -= again
+        mp = p.with_name(p.stem + ".meta.json")
+        meta = json.loads(mp.read_text()) if mp.is_file() else {}
+        if meta.get("parts"):  # a merged record (OUT, extended in place): its own parts
+            for q in meta["parts"]:
+                had = set(q.get("configs") or ()) or set(again)
+                metas.append({**meta, "date": None, "git_commit": None, **q, "configs": had & again, "had": had})
+        else:
+            metas.append(dict(meta, part=p.name, configs=set(again), had=set(again)))
+    # a part whose every configuration a later part re-ran supplies no row: it leaves the list
+    metas = [m for m in metas if m["configs"] or not m["had"]]
+    first = {k: v for k, v in metas[0].items() if k not in ("part", "parts", "date", "git_commit", "configs", "had")}
+    write(out, rows, dict(first, parts=[dict({k: m.get(k) for k in ("part", "date", "git_commit")},
+                                             configs=sorted(m["configs"])) for m in metas]))
 
 
 def main(argv=None) -> int:

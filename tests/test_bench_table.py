@@ -48,6 +48,29 @@ def test_merge_keeps_every_row_and_each_parts_provenance(tmp_path):
     assert meta["gpu"] == "G" and [x["git_commit"] for x in meta["parts"]] == ["1", "2"]
 
 
+def test_merge_into_a_merged_record_keeps_its_parts(tmp_path):
+    a, b, c = tmp_path / "a.csv", tmp_path / "b.csv", tmp_path / "c.csv"
+    for f, n in ((a, "1"), (b, "2"), (c, "3")):
+        f.write_text(f"config,variant,pass,dtype,d,causal,n,tflops\nc{n},naive,bwd,fp16,64,False,4096,1\n")
+        f.with_name(f.stem + ".meta.json").write_text(json.dumps({"gpu": "G", "git_commit": n, "date": "d" + n}))
+    m = tmp_path / "m.csv"
+    bench_table.merge(m, [a, b])
+    bench_table.merge(m, [m, c], force=True)  # extended in place
+    meta = json.loads((tmp_path / "m.meta.json").read_text())
+    print(meta)
+    assert [(x["part"], x["git_commit"], x["date"]) for x in meta["parts"]] == [
+        ("a.csv", "1", "d1"), ("b.csv", "2", "d2"), ("c.csv", "3", "d3")]
+    assert meta["gpu"] == "G" and [x["configs"] for x in meta["parts"]] == [["c1"], ["c2"], ["c3"]]
+    assert len(bench_table.load(m)) == 3
+    # a part whose configurations were all re-ran later supplies nothing and leaves the list
+    d = tmp_path / "d.csv"
+    d.write_text("config,variant,pass,dtype,d,causal,n,tflops\nc2,naive,bwd,fp16,64,False,4096,2\n")
+    bench_table.merge(m, [m, d], force=True)
+    meta = json.loads((tmp_path / "m.meta.json").read_text())
+    assert [(x["part"], x["configs"]) for x in meta["parts"]] == [("a.csv", ["c1"]), ("c.csv", ["c3"]),
+                                                                 ("d.csv", ["c2"])]
+
+
 def test_merge_takes_a_configuration_rerun_from_the_later_part(tmp_path):
     head = "config,variant,pass,dtype,d,causal,n,tflops\n"
     a, b = tmp_path / "a.csv", tmp_path / "b.csv"

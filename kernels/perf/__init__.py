@@ -24,8 +24,9 @@ import importlib
 #: and V copied by the TMA unit) at d = 64 to 256: on the H100 at N = 4,096, B·H = 64 1.10-1.69x
 #: fwd_fp16_v5 in the same runs at every d from 64 to 256 in steps of 8, 1.19-2.32x SDPA flash
 #: (kernels/data/fwd_fp16_v7_h100: ``sweep_2wg.csv``, and ``grid_final.csv`` at d = 96, 112, 128,
-#: where v7 takes v5's blocks), and on the bench grid (N 1,024-16,384, causal or not) 1.07-1.11x
-#: v5 at d = 64 and 1.04-1.18x at d = 96, 112 and 128; v5 had taken it from fwd_fp16_v4 (at
+#: where v7 takes v5's blocks), and on the bench grid (N 1,024-16,384, d = 64 and 128, fp16 and
+#: bf16, causal or not: kernels/data/bench_fwd_v7_2eb1598) 1.02-1.23x v5 and 1.21-1.57x SDPA
+#: flash on all 40 rows; v5 had taken it from fwd_fp16_v4 (at
 #: d = 64 and 128 1.06-1.47x v4 on each of the 49 shapes of the H100 bench:
 #: kernels/data/bench_fwd_v5_20cf9ec).  v4 below d = 64
 #: (at d = 40 v4 1.48x flash, v5 1.44x: a tie; v7 not timed there).  The fp16

@@ -66,7 +66,9 @@ tile copies and the products (Q Kᵀ, P V) are :mod:`kernels.perf._tiles`'s.
   H100, N = 4,096, B·H = 64 (kernels/data/fwd_fp16_v7_h100): with its blocks
   (:func:`default_config_v7`: two warpgroups, but v5's one at d = 96, 112, 128) 1.10-1.69x v5 and
   1.19-2.32x SDPA flash at every d from 64 to 256 in steps of 8 (d = 88: 1.19x, v5 0.81x); with
-  v5's blocks it lost to v5 at d = 72-88, 104 and 136-168 (0.67-0.97x).
+  v5's blocks it lost to v5 at d = 72-88, 104 and 136-168 (0.67-0.97x).  Bench grid at 2eb1598
+  (kernels/data/bench_fwd_v7_2eb1598, 5 rounds, fp16 and bf16): 1.21-1.57x SDPA flash on all 40
+  rows, 1.31-1.57x at N >= 4,096 (the moonshot's 1.3x on all 24), 0.70-0.90x cuDNN, 1.02-1.23x v5.
 
 All five compile for bf16 too (``bf16=True``: the ``.bf16`` mma and ``cvt.rn.bf16x2.f32``; the tiles
 are the inputs' bits, moved unchanged), timed on the H100 beside fp16 (NOTES.md, "bf16").

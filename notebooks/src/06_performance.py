@@ -3,9 +3,9 @@
 #
 # The IO model of notebooks 01–04 says how many bytes a kernel moves; this notebook says how
 # fast the kernels run. `python -m kernels.bench` timed, on one GPU (an H100), the grid's forward
-# and its backward in two runs at two commits with the same kernel code (c964d84 and 7ce5a19,
-# merged into one file by `kernels.bench_table --merge`; each run's date and commit are printed
-# below, and each configuration's variants come from one run, in 5 rounds), our fastest
+# and its backward in several runs (each naming its commit, merged into one file by
+# `kernels.bench_table --merge`; each run's date and commit are printed below, and each
+# configuration's variants come from one run, in 5 rounds), our fastest
 # Numba kernels (variants named `ours_*`, from `kernels/perf`) beside torch's **naive**
 # attention (softmax(QKᵀ/√d)V with S and P in HBM) and the fused backends of
 # `torch.nn.functional.scaled_dot_product_attention`: **sdpa_flash** (FlashAttention-2),
@@ -295,8 +295,8 @@ print(gpt2_takeaway)
 # %% [markdown]
 # ## The forward at every head dim: v5's copies, then the TMA unit's (v7)
 #
-# The grid above was timed with `fwd_fp16_v5`, whose threads copy K and V 16 bytes at a time.
-# Where d % 16 = 8, every other row of K and V starts 16 bytes into a 32-byte sector and the
+# The grid's fp16/bf16 forward above is `fwd_fp16_v7`'s (timed with `fwd_fp16_v5` beside it, at
+# 2eb1598). v5's threads copy K and V 16 bytes at a time. Where d % 16 = 8, every other row of K and V starts 16 bytes into a 32-byte sector and the
 # swizzled tile splits each such sector between two 32-byte units of shared memory, so L2 sends
 # the SMs about 1.5x the tiles' sectors (`analysis.copy_sectors`, measured at d = 88 and 120).
 # `fwd_fp16_v7` has the Tensor Memory Accelerator copy them instead (one bulk copy per swizzle
