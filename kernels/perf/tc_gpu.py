@@ -124,6 +124,14 @@ extern "C" __device__ int fs_red_v2_f32_if(int* ret, float* g, long long off, fl
     return 0;
 }
 
+// The same pair as two 4-byte reductions (REDG.E.ADD.F32, flash-attention's form) where ok != 0.
+extern "C" __device__ int fs_red_2x_f32_if(int* ret, float* g, long long off, float a, float b, int ok) {
+    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.s32 p, %3, 0;\n\t@p red.global.add.f32 [%0], %1;\n\t"
+                 "@p red.global.add.f32 [%0+4], %2;\n\t}"
+                 :: "l"(g + off), "f"(a), "f"(b), "r"(ok));
+    return 0;
+}
+
 extern "C" __device__ int fs_red_v4_f32(int* ret, float* g, long long off, float a, float b, float c, float d) {
     asm volatile("red.global.v4.f32.add [%0], {%1, %2, %3, %4};"
                  :: "l"(g + off), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
@@ -151,6 +159,8 @@ _red2_raw = cuda.declare_device("fs_red_v2_f32", "int32(CPointer(float32), int64
                                 link=_link)
 _red2_if_raw = cuda.declare_device("fs_red_v2_f32_if", "int32(CPointer(float32), int64, float32, float32, int32)",
                                    link=_link)
+_red2x_if_raw = cuda.declare_device("fs_red_2x_f32_if", "int32(CPointer(float32), int64, float32, float32, int32)",
+                                    link=_link)
 _red4_raw = cuda.declare_device("fs_red_v4_f32",
                                 "int32(CPointer(float32), int64, float32, float32, float32, float32)",
                                 link=_link)
@@ -166,6 +176,12 @@ def red_v2(g, off, a, b):
 def red_v2_if(g, off, a, b, ok):
     """:func:`red_v2` where ``ok`` (a predicated PTX instruction; with ``ok`` a constant, no test at all)."""
     _red2_if_raw(_ffi.from_buffer(g), off, a, b, int32(ok))
+
+
+@cuda.jit(device=True, forceinline=True)
+def red_2x_if(g, off, a, b, ok):
+    """:func:`red_v2_if` as two 4-byte reductions (``red.global.add.f32``), not one 8-byte one."""
+    _red2x_if_raw(_ffi.from_buffer(g), off, a, b, int32(ok))
 
 
 @cuda.jit(device=True, forceinline=True)

@@ -222,6 +222,12 @@ def red_v2_if(g, off, a, b, ok):
 
 
 @cuda.jit(device=True)
+def red_2x_if(g, off, a, b, ok):
+    if ok:
+        red_v2(g, off, a, b)
+
+
+@cuda.jit(device=True)
 def red_v4(g, off, a, b, c, d):
     flat = g.reshape(-1)
     with _RED_LOCK:
