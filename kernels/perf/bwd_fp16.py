@@ -506,13 +506,6 @@ def smem_bytes_v3(d: int, bq: int, bk: int) -> int:
     return 2 * (2 * bk * s + 4 * bq * s + 2 * bk * (bq + 8)) + 4 * 4 * bq
 
 
-#: dQ's reductions: "v2" one 8-byte ``red.v2`` a pair of columns; "2x" two 4-byte ``red`` a pair
-#: (flash-attention's REDG.E.ADD.F32); "v4" one 16-byte ``red.v4`` a lane for a fragment's two
-#: pairs, lanes l and l ^ 1 swapping halves by shuffles.  The A/B of NOTES.md ("bwd_fp16_v3's
-#: reductions at d = 192 and 256").
-DQ_RED = "v2"
-
-
 def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAUSAL: bool, BF16: bool = False):
     # D is the rows' length in memory; the tiles in shared memory are DP = D rounded up to 16
     # columns wide (d % 16 = 8: one 16-byte chunk a row that no copy writes, zeroed once, so the
@@ -535,8 +528,6 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
     FULLK = KU * NT == BK * CH
     WHOLE = RPU > 0  # each pass copies whole rows (8 warps: d = 16, 32, 64, 128, 256; not d = 96)
     NS4, NACC, NQACC = 4 * MA * NA, 4 * MB * NB, 4 * MC * NC
-    RED = tc.red_2x_if if DQ_RED == "2x" else tc.red_v2_if  # dQ's reductions: 4 or 8 bytes each
-    V4 = DQ_RED == "v4"
     NFA, NFQ, NFB, NFC = 4 * MA, 2 * NA, 4 * MB, 4 * MC  # fragment registers of phases A, B, C
     KOFF = 0
     VOFF = BK * S
@@ -610,13 +601,9 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
             for nt in range(NC):
                 x = 4 * (mt * NC + nt)
                 col = (not PAD) or c0 + 8 * nt < D
-                if V4:
-                    tc.red_pair_v4_if(dqa, dqo + (16 * mt * D + 8 * nt), dqo + ((16 * mt + 8) * D + 8 * nt),
-                                      acq[x], acq[x + 1], acq[x + 2], acq[x + 3], 16 * mt < lim and col,
-                                      16 * mt + 8 < lim and col)
-                else:
-                    RED(dqa, dqo + (16 * mt * D + 8 * nt), acq[x], acq[x + 1], 16 * mt < lim and col)
-                    RED(dqa, dqo + ((16 * mt + 8) * D + 8 * nt), acq[x + 2], acq[x + 3], 16 * mt + 8 < lim and col)
+                tc.red_v2_if(dqa, dqo + (16 * mt * D + 8 * nt), acq[x], acq[x + 1], 16 * mt < lim and col)
+                tc.red_v2_if(dqa, dqo + ((16 * mt + 8) * D + 8 * nt), acq[x + 2], acq[x + 3],
+                             16 * mt + 8 < lim and col)
 
     def bwd(q, k, v, do, lse, dvec, dqa, dk, dv, sl2, scale):
         sm = cuda.shared.array(0, types.float16)

@@ -46,10 +46,9 @@ Shared memory is addressed by 32-bit addresses in the shared window computed onc
 (``*_f32_a``, ``sts32_u32_a``, ``lds64_f32_a``) take byte addresses directly; ``oct_max``,
 ``oct_sum`` reduce over the 8 lanes 8g..8g+7, ``quad_max2``, ``quad_sum2`` over a quad;
 ``red_v2``, ``red_v4`` add 2 or 4 floats atomically per element (``red_v2_if`` where a flag
-holds, as one predicated PTX instruction; ``red_2x_if`` the same pair as two 4-byte
-reductions; ``red_pair_v4_if`` a C fragment's two pairs as one 16-byte reduction a lane, lanes
-l and l ^ 1 swapping halves); ``mma3_tf32`` and ``tf32_hi`` are the 3xTF32 products of bwd_fp32_v2 (their
-layout is in :mod:`kernels.perf.tc_gpu`).  Under the simulator the shared window starts at 0 and the lane offsets are 0.
+holds, as one predicated PTX instruction); ``mma3_tf32`` and ``tf32_hi``
+are the 3xTF32 products of bwd_fp32_v2 (their layout is in :mod:`kernels.perf.tc_gpu`).  Under
+the simulator the shared window starts at 0 and the lane offsets are 0.
 
 Hopper's warpgroup products (fwd_fp16_v5; sm_90a): ``wgmma_ss(N, KT, ASTEP, BSTEP, BF16, KPA)`` and
 ``wgmma_rs(N, KS, BSTEP, BF16)`` make the device functions of one whole product of a warpgroup
@@ -127,8 +126,7 @@ def ops(bf16: bool):
 HELPERS = ("mma", "mma_z", "pack_f16x2", "mma_bf16", "mma_z_bf16", "pack_bf16x2",
            "ex2", "smem_u32", "lane_offset", "lane_offset_b", "opaque_u32",
            "ldsm_x4", "ldsm_x4_b", "ldsm_x4_trans", "ldsm_x4_trans_b", "cp_async16_a", "st_global16_a",
-           "cp_async_commit", "cp_async_wait", "quad_max2", "quad_sum2", "red_v2", "red_v2_if", "red_2x_if",
-           "red_pair_v4_if", "red_v4",
+           "cp_async_commit", "cp_async_wait", "quad_max2", "quad_sum2", "red_v2", "red_v2_if", "red_v4",
            "smem_u32_f32", "lds128_f32_a", "sts32_f32_a", "sts32_u32_a", "lds64_f32_a", "cp_async16_f32_a",
            "oct_max", "oct_sum", "tf32_hi", "mma3_tf32", "fence_proxy_async", "wgmma_ss", "wgmma_rs",
            "wgmma_ss_issue", "wgmma_rs_issue", "wgmma_wait", "mbar_init", "mbar_expect_tx", "mbar_wait", "tma_load3")

@@ -124,21 +124,6 @@ extern "C" __device__ int fs_red_v2_f32_if(int* ret, float* g, long long off, fl
     return 0;
 }
 
-// The same pair as two 4-byte reductions (REDG.E.ADD.F32, flash-attention's form) where ok != 0.
-extern "C" __device__ int fs_red_2x_f32_if(int* ret, float* g, long long off, float a, float b, int ok) {
-    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.s32 p, %3, 0;\n\t@p red.global.add.f32 [%0], %1;\n\t"
-                 "@p red.global.add.f32 [%0+4], %2;\n\t}"
-                 :: "l"(g + off), "f"(a), "f"(b), "r"(ok));
-    return 0;
-}
-
-extern "C" __device__ int fs_red_v4_f32_if(int* ret, float* g, long long off, float a, float b, float c, float d,
-                                         int ok) {
-    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.s32 p, %5, 0;\n\t@p red.global.v4.f32.add [%0], {%1, %2, %3, %4};\n\t}"
-                 :: "l"(g + off), "f"(a), "f"(b), "f"(c), "f"(d), "r"(ok));
-    return 0;
-}
-
 extern "C" __device__ int fs_red_v4_f32(int* ret, float* g, long long off, float a, float b, float c, float d) {
     asm volatile("red.global.v4.f32.add [%0], {%1, %2, %3, %4};"
                  :: "l"(g + off), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
@@ -166,11 +151,6 @@ _red2_raw = cuda.declare_device("fs_red_v2_f32", "int32(CPointer(float32), int64
                                 link=_link)
 _red2_if_raw = cuda.declare_device("fs_red_v2_f32_if", "int32(CPointer(float32), int64, float32, float32, int32)",
                                    link=_link)
-_red2x_if_raw = cuda.declare_device("fs_red_2x_f32_if", "int32(CPointer(float32), int64, float32, float32, int32)",
-                                    link=_link)
-_red4_if_raw = cuda.declare_device("fs_red_v4_f32_if",
-                                   "int32(CPointer(float32), int64, float32, float32, float32, float32, int32)",
-                                   link=_link)
 _red4_raw = cuda.declare_device("fs_red_v4_f32",
                                 "int32(CPointer(float32), int64, float32, float32, float32, float32)",
                                 link=_link)
@@ -186,26 +166,6 @@ def red_v2(g, off, a, b):
 def red_v2_if(g, off, a, b, ok):
     """:func:`red_v2` where ``ok`` (a predicated PTX instruction; with ``ok`` a constant, no test at all)."""
     _red2_if_raw(_ffi.from_buffer(g), off, a, b, int32(ok))
-
-
-@cuda.jit(device=True, forceinline=True)
-def red_2x_if(g, off, a, b, ok):
-    """:func:`red_v2_if` as two 4-byte reductions (``red.global.add.f32``), not one 8-byte one."""
-    _red2x_if_raw(_ffi.from_buffer(g), off, a, b, int32(ok))
-
-
-@cuda.jit(device=True, forceinline=True)
-def red_pair_v4_if(g, off0, off1, a, b, c, d, ok0, ok1):
-    """g.flat[off0:off0+2] += (a, b) where ``ok0`` and g.flat[off1:off1+2] += (c, d) where ``ok1``,
-    for an ``mma`` C fragment's two rows (r and r + 8, columns 2t, 2t + 1), every lane of the warp
-    calling: lanes l and l ^ 1 (columns 2t and 2t ± 2) swap halves by two shuffles, so that each
-    issues one 16-byte reduction of 4 adjacent columns (the even lane row r, the odd lane row
-    r + 8) where :func:`red_v2_if` twice issues two 8-byte ones.  ``off0`` % 4 == 0 on even lanes."""
-    e = (cuda.laneid & 1) == 0
-    x = cuda.shfl_xor_sync(0xFFFFFFFF, c if e else a, 1)
-    y = cuda.shfl_xor_sync(0xFFFFFFFF, d if e else b, 1)
-    _red4_if_raw(_ffi.from_buffer(g), off0 if e else off1 - 2, a if e else x, b if e else y, x if e else c,
-                 y if e else d, int32(ok0 if e else ok1))
 
 
 @cuda.jit(device=True, forceinline=True)

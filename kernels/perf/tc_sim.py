@@ -222,20 +222,6 @@ def red_v2_if(g, off, a, b, ok):
 
 
 @cuda.jit(device=True)
-def red_2x_if(g, off, a, b, ok):
-    if ok:
-        red_v2(g, off, a, b)
-
-
-@cuda.jit(device=True)
-def red_pair_v4_if(g, off0, off1, a, b, c, d, ok0, ok1):
-    # the same sums as the GPU's exchange of halves between lanes l and l ^ 1 (who issues which
-    # reduction changes, not what is added where)
-    red_v2_if(g, off0, a, b, ok0)
-    red_v2_if(g, off1, c, d, ok1)
-
-
-@cuda.jit(device=True)
 def red_v4(g, off, a, b, c, d):
     flat = g.reshape(-1)
     with _RED_LOCK:
