@@ -499,11 +499,30 @@ def layout_v3(d: int, bq: int, bk: int, nw: int, ma: int, mb: int, mc: int) -> d
     return dict(wak=wak, na=na, wbk=wbk, nb=nb, wcq=wcq, nc=nc, rows=rows)
 
 
-def smem_bytes_v3(d: int, bq: int, bk: int) -> int:
-    """K, V (bk rows); Q, dO double-buffered (bq rows), rows of d rounded up to 16 plus 8; Pᵀ, dSᵀ
-    (bk rows of bq + 8); L·log2e and D, double-buffered, in f32."""
+def _smem_tiles_v3(d: int, bq: int, bk: int) -> int:
     s = padded_head_dim(d) + 8
     return 2 * (2 * bk * s + 4 * bq * s + 2 * bk * (bq + 8)) + 4 * 4 * bq
+
+
+def smem_bytes_v3(d: int, bq: int, bk: int) -> int:
+    """K, V (bk rows); Q, dO double-buffered (bq rows), rows of d rounded up to 16 plus 8; Pᵀ, dSᵀ
+    (bk rows of bq + 8); L·log2e and D, double-buffered, in f32; with :func:`bulk_dq`, dQ's tile
+    (bq rows of d + 8 floats)."""
+    return _smem_tiles_v3(d, bq, bk) + (4 * bq * (d + 8) if bulk_dq(d, bq, bk) else 0)
+
+
+#: dQ's sums through shared memory and the TMA unit (A/B switch, NOTES.md "dQ by bulk reductions"):
+#: phase C stores its tile in a float32 buffer of shared memory, and the next step, after its
+#: first barrier, sends it to the dQ buffer by one ``cp.reduce.async.bulk`` a row where the
+#: ``red.v2`` of every lane had (only where the buffer fits: :func:`bulk_dq`).
+BULK_DQ = False
+SMEM_MAX = 227 * 1024  # sm_90's largest opt-in shared memory a block
+
+
+def bulk_dq(d: int, bq: int, bk: int) -> bool:
+    """Whether v3 sums dQ by bulk reductions at this block: :data:`BULK_DQ`, and the buffer
+    (bq rows of d + 8 floats) fits beside the tiles."""
+    return BULK_DQ and _smem_tiles_v3(d, bq, bk) + 4 * bq * (d + 8) <= SMEM_MAX
 
 
 def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAUSAL: bool, BF16: bool = False):
@@ -536,6 +555,9 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
     POFF = OOFF + 2 * BQ * S  # Pᵀ [key, query]
     DSOFF = POFF + BK * SQ  # dSᵀ [key, query]
     FOFF = (DSOFF + BK * SQ) // 2  # f32 words: L·log2e (2 x BQ), then D (2 x BQ)
+    BULKQ = bulk_dq(D, BQ, BK)
+    SR = D + 8  # f32 words a row of dQ's tile (BULKQ): 32 bytes of padding, two wavefronts a store
+    BOFF = FOFF + 4 * BQ  # f32 words: dQ's tile (BULKQ)
     start = key_block(BK, BQ, CAUSAL)
     pack = f16_pack(NB, S, BF16)
     zero_pad = f16_zero_pad(2 * BK + 4 * BQ, D, S, NT)  # K, V, Q x 2, dO x 2: rows 0.. of stride S
@@ -680,6 +702,8 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
         # at run time and each division by it was a 64-bit division routine in the loop.
         ib = 0
         hb = 0
+        qsum = 0  # BULKQ: the flat dQ offset of the last step's first row, and its rows that exist
+        qrows = 0
         for it in range(total):
             buf = it % 2
             hq = hk * group + hb
@@ -690,6 +714,8 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
             # step's Pᵀ, dSᵀ and buffer, which the code below overwrites.
             tc.cp_async_wait(0)
             cuda.syncthreads()
+            if BULKQ and tid < qrows:  # the last step's dQ tile, a row a thread, by the TMA unit
+                tc.bulk_red_f32(dqa, qsum + tid * D, smf, sbase + 4 * (BOFF + tid * SR), 4 * D)
             if it + 1 < total:
                 nb_ = (it + 1) % 2
                 load_step(sm, sbase, q, do, ((b * nh + hk * group + hb1) * nq) * D,
@@ -754,6 +780,8 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
                                    PACK(p0 * (dp[x] - d0), p1 * (dp[x + 1] - d1)))
                     tc.sts32_u32_a(smw, pbase + 2 * (DSOFF - POFF) + w + 16 * SQ,
                                    PACK(p2 * (dp[x + 2] - d0), p3 * (dp[x + 3] - d1)))
+            if BULKQ and tid < qrows:  # the unit has read the tile: phase C below may rewrite it
+                tc.bulk_wait_read()
             # Barrier 2: Pᵀ and dSᵀ of every warp are in shared memory.
             cuda.syncthreads()
             # Phase B.  dV += Pᵀ dO_i, dK += dSᵀ Q_i: A = Pᵀ, dSᵀ rows of this warp's keys; B = dO_i,
@@ -810,13 +838,28 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
                     tc.ldsm_x4_trans(fb, 0, sm, ak + 2 * (16 * kk * S + 16 * (NC // 2)), S)
                     for mt in range(MC):
                         MMA(acq, 4 * (mt * NC + NC - 1), af, 4 * mt, fb[0], fb[1])
-            dqo = ((b * nh + hq) * nq + r0 + qc0 + g) * D + cc0 + 2 * t  # the lane's first dQ element (flat)
-            if r0 + BQ <= nq:  # every row of the block exists (the same for the whole block)
-                reduce_dq(dqa, dqo, acq, BQ, cc0)
+            if BULKQ:  # the tile into shared memory, for the next step's bulk reductions
+                for mt in range(MC):
+                    for nt in range(NC):
+                        x = 4 * (mt * NC + nt)
+                        if (not PAD) or cc0 + 8 * nt + 2 * t < D:
+                            w = sbase + 4 * (BOFF + (qc0 + g + 16 * mt) * SR + cc0 + 8 * nt + 2 * t)
+                            tc.sts64_f32_a(smf, w, acq[x], acq[x + 1])
+                            tc.sts64_f32_a(smf, w + 4 * 8 * SR, acq[x + 2], acq[x + 3])
+                tc.fence_proxy_async()  # visible to the TMA unit after the next barrier
+                qsum = ((b * nh + hq) * nq + r0) * D
+                qrows = min(BQ, nq - r0)
             else:
-                reduce_dq(dqa, dqo, acq, nq - (r0 + qc0 + g), cc0)
+                dqo = ((b * nh + hq) * nq + r0 + qc0 + g) * D + cc0 + 2 * t  # the lane's first dQ element (flat)
+                if r0 + BQ <= nq:  # every row of the block exists (the same for the whole block)
+                    reduce_dq(dqa, dqo, acq, BQ, cc0)
+                else:
+                    reduce_dq(dqa, dqo, acq, nq - (r0 + qc0 + g), cc0)
         tc.cp_async_wait(0)
         cuda.syncthreads()  # K_j, V_j landed even when no query block was visible; phase C is done with K
+        if BULKQ and tid < qrows:  # the last step's dQ tile; then every bulk group complete
+            tc.bulk_red_f32(dqa, qsum + tid * D, smf, sbase + 4 * (BOFF + tid * SR), 4 * D)
+            tc.bulk_wait()
         # Epilogue: dK·τ and dV packed to f16 into the K and V tiles (phase B's layout), then 16
         # bytes a thread to memory.
         for mt in range(MB):

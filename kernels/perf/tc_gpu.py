@@ -691,9 +691,39 @@ extern "C" __device__ int fs_tma_load3(int* ret, unsigned dst, const unsigned ch
                  :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
     return 0;
 }
+
+// Bulk reductions (sm_90): the TMA unit adds nbytes of f32 at shared byte ``src`` into global memory
+// at g + off, atomically per element, as one bulk group of the issuing thread; that thread waits
+// for the unit to have read its groups' shared bytes (``.read``) or finished them.
+extern "C" __device__ int fs_bulk_red_f32(int* ret, float* g, long long off, unsigned src, unsigned nbytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;"
+                 :: "l"(g + off), "r"(src), "r"(nbytes) : "memory");
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    return 0;
+}
+
+extern "C" __device__ int fs_bulk_wait_read(int* ret) {
+    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+    return 0;
+}
+
+extern "C" __device__ int fs_bulk_wait(int* ret) {
+    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+    return 0;
+}
+
+extern "C" __device__ int fs_sts64_f32(int* ret, unsigned a, float x, float y) {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};" :: "r"(a), "f"(x), "f"(y) : "memory");
+    return 0;
+}
 """
 
 _link_tma = cuda.CUSource(_CU_TMA)
+_bulk_red_raw = cuda.declare_device("fs_bulk_red_f32", "int32(CPointer(float32), int64, uint32, uint32)",
+                                    link=_link_tma)
+_bulk_wait_read_raw = cuda.declare_device("fs_bulk_wait_read", "int32()", link=_link_tma)
+_bulk_wait_raw = cuda.declare_device("fs_bulk_wait", "int32()", link=_link_tma)
+_sts64_f32_raw = cuda.declare_device("fs_sts64_f32", "int32(uint32, float32, float32)", link=_link_tma)
 _mbar_init_raw = cuda.declare_device("fs_mbar_init", "int32(uint32, uint32)", link=_link_tma)
 _mbar_tx_raw = cuda.declare_device("fs_mbar_expect_tx", "int32(uint32, uint32)", link=_link_tma)
 _mbar_wait_raw = cuda.declare_device("fs_mbar_wait", "int32(uint32, uint32)", link=_link_tma)
@@ -727,3 +757,31 @@ def tma_load3(sm, sbase, dst, maps, which, c0, c1, c2, bar):
     the mbarrier at byte ``bar``.  Coordinates past the tensor's end are filled with zeros."""
     _tma3_raw(uint32(sbase + dst), _ffi.from_buffer(maps[128 * which:]), int32(c0), int32(c1), int32(c2),
               uint32(sbase + bar))
+
+
+@cuda.jit(device=True, forceinline=True)
+def sts64_f32_a(smem, a, x, y):
+    """Store floats ``x``, ``y`` at shared byte address ``a`` (8-byte aligned): one STS.64."""
+    _sts64_f32_raw(uint32(a), float32(x), float32(y))
+
+
+@cuda.jit(device=True, forceinline=True)
+def bulk_red_f32(g, off, smem, src, nbytes):
+    """g.flat[off:off + nbytes/4] += the floats at shared byte ``src`` of the window, by the TMA unit
+    (``cp.reduce.async.bulk``: one instruction, atomic per element; ``nbytes`` and both addresses
+    multiples of 16), committed as a bulk group of this thread.  The shared bytes must be visible to
+    the async proxy (``fence_proxy_async`` by their writers, then a barrier) and stay unchanged
+    until this thread's :func:`bulk_wait_read`."""
+    _bulk_red_raw(_ffi.from_buffer(g), off, uint32(src), uint32(nbytes))
+
+
+@cuda.jit(device=True, forceinline=True)
+def bulk_wait_read():
+    """Wait until the TMA unit has read the shared bytes of this thread's bulk groups."""
+    _bulk_wait_read_raw()
+
+
+@cuda.jit(device=True, forceinline=True)
+def bulk_wait():
+    """Wait until this thread's bulk groups are complete (their global writes done)."""
+    _bulk_wait_raw()

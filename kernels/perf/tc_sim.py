@@ -534,3 +534,30 @@ def tma_load3(sm, sbase, dst, maps, which, c0, c1, c2, bar):
     w, i = _mbar_words(sm, sbase, bar)
     with _MBAR_LOCK:
         _mbar_step(w, i, 0, -box.nbytes)
+
+
+@cuda.jit(device=True)
+def sts64_f32_a(smem, a, x, y):
+    smem[a // 4] = x
+    smem[a // 4 + 1] = y
+
+
+@cuda.jit(device=True)
+def bulk_red_f32(g, off, smem, src, nbytes):
+    # the unit's reduction, done at the issue: the shared bytes are final then (a barrier after
+    # their writers' fence), and nothing reads the global sum before the kernel ends
+    n = nbytes // 4
+    flat = g.reshape(-1)
+    with _RED_LOCK:
+        for e in range(n):
+            flat[off + e] += smem[src // 4 + e]
+
+
+@cuda.jit(device=True)
+def bulk_wait_read():
+    pass
+
+
+@cuda.jit(device=True)
+def bulk_wait():
+    pass
