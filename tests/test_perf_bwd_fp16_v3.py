@@ -55,6 +55,21 @@ def test_backward_fp16_v3(c):
     check_backward(grads, q, k, v, do, lse, c["causal"], label=str(c))
 
 
+@pytest.mark.parametrize("c", [GQA_CAUSAL, RAGGED], ids=["gqa_causal", "ragged"])
+def test_backward_fp16_v3_bulk_dq(c, monkeypatch):
+    """The BULK_DQ switch (off in the shipped kernel): dQ's tile through shared memory and one bulk
+    reduction a row, the last step's sent after the loop; ragged rows send only those that exist."""
+    from kernels.perf import bwd_fp16
+
+    monkeypatch.setattr(bwd_fp16, "BULK_DQ", True)
+    assert bwd_fp16.bulk_dq(c["d"], c["cfg"]["bq"], c["cfg"]["bk"])
+    bwd_fp16.kernel_v3.cache_clear()  # compiled with the switch on, and not kept for other tests
+    try:
+        test_backward_fp16_v3.hypothesis.inner_test(c)
+    finally:
+        bwd_fp16.kernel_v3.cache_clear()
+
+
 def test_backward_fp16_v3_head_dim_pad_in_poisoned_shared_memory(poisoned):
     """d = 40 (d % 16 = 8) runs as 48 in shared memory: the column chunk past d of K, V, Q and dO,
     which phase A's k-steps read and no copy writes, must be zeros (the simulator's shared memory
