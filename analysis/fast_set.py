@@ -201,7 +201,7 @@ def ldgsts_patterns(kernel: str, d: int, config=None) -> dict:
         s, nt = 2 * (_ceil(d, 16) + 8), 32 * c["nw"]
         return {kernel: {"Q": (16 * c["nw"] * c["mt"], 2 * d, s, nt), "K": (c["bc"], 2 * d, s, nt),
                          "V": (c["bc"], 2 * d, s, nt)}}
-    if kernel in ("fwd_fp16_v5", "fwd_fp16_v6"):  # 128-byte swizzled rows, unpadded: 4 sectors a group
+    if kernel == "fwd_fp16_v5":  # 128-byte swizzled rows, unpadded: 4 sectors a group
         nt = 32 * c["nw"]
         return {kernel: {"Q": (16 * c["nw"] * c["mt"], 2 * d, 2 * d, nt), "K": (c["bc"], 2 * d, 2 * d, nt),
                          "V": (c["bc"], 2 * d, 2 * d, nt)}}

@@ -679,7 +679,7 @@ def _fast(schedule, w: Workload, config) -> None:
 
     specs = {}
     if name in fast.VARIANTS and fast.VARIANTS[name][0] == "fwd":
-        if name in ("fwd_fp16_v4", "fwd_fp16_v5", "fwd_fp16_v6", "fwd_fp16_v7"):  # K_j, V_j a step ahead
+        if name in ("fwd_fp16_v4", "fwd_fp16_v5", "fwd_fp16_v7"):  # K_j, V_j a step ahead
             grid, fn = query_kernel(tl["fwd"], ("Q",), ("L", "O"), lambda j, i: (j, j))
         else:  # fp32: Q_i, K_0; then V_j and K_{j+1} in steps of their own
             grid, fn = query_kernel(tl["fwd"], ("Q",), ("O", "L"), lambda j, i: (2 * j, 2 * j + 1))

@@ -80,7 +80,7 @@ def test_block_shapes_equal_the_kernels_launches():
         for name in fast.VARIANTS:
             if not fast.supports(name, fast.VARIANTS[name][1], d):
                 continue
-            for config in (None, {"nw": 4} if name in ("fwd_fp16_v5", "fwd_fp16_v6") else {"nw": 2}):  # warpgroups
+            for config in (None, {"nw": 4} if name == "fwd_fp16_v5" else {"nw": 2}):  # warpgroups
                 if name == "bwd_fp32_v2" and config:
                     continue  # its warp grid wants its own shapes
                 c = fast.parse_config(name, d, config)
@@ -89,9 +89,8 @@ def test_block_shapes_equal_the_kernels_launches():
                 dp = padded_head_dim(d)
                 if name == "fwd_fp16_v4":
                     want = {"fwd": (32 * c["nw"], fwd_fp16.smem_bytes(dp, t["fwd"].block_m, c["bc"]))}
-                elif name in ("fwd_fp16_v5", "fwd_fp16_v6", "fwd_fp16_v7"):
-                    size = {"fwd_fp16_v6": fwd_fp16.smem_bytes_v6, "fwd_fp16_v7": fwd_fp16.smem_bytes_v7}.get(
-                        name, fwd_fp16.smem_bytes_v5)
+                elif name in ("fwd_fp16_v5", "fwd_fp16_v7"):
+                    size = fwd_fp16.smem_bytes_v7 if name == "fwd_fp16_v7" else fwd_fp16.smem_bytes_v5
                     want = {"fwd": (32 * c["nw"], size(dp, t["fwd"].block_m, c["bc"]))}
                 elif name == "fwd_fp32_v1":
                     want = {"fwd": (32 * c["nw"], fwd_fp32.smem_bytes(dp, t["fwd"].block_m, c["bc"]))}

@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_perf_kernels import SETTINGS, check_forward
 
-from kernels.perf import fwd_fp16_v5, fwd_fp16_v6, fwd_fp16_v7
+from kernels.perf import fwd_fp16_v5, fwd_fp16_v7
 
-WG = {"v5": fwd_fp16_v5, "v6": fwd_fp16_v6, "v7": fwd_fp16_v7}
+WG = {"v5": fwd_fp16_v5, "v7": fwd_fp16_v7}
 
 
 @st.composite
@@ -39,7 +39,7 @@ def test_forward_sim(c):
     check_forward(o, lse, q, k, v, c["causal"], label=str(c))
 
 
-@pytest.mark.parametrize("variant,d,bc", [("v5", 40, 16), ("v6", 72, 32), ("v5", 96, 16), ("v5", 200, 16),
+@pytest.mark.parametrize("variant,d,bc", [("v5", 40, 16), ("v5", 72, 32), ("v5", 96, 16), ("v5", 200, 16),
                                            ("v7", 88, 16), ("v7", 96, 32), ("v7", 200, 16)])
 def test_forward_other_head_dims(poisoned, variant, d, bc):
     """Head dims other than 64 and 128, in poisoned shared memory: d = 40, 72, 200 (d % 16 = 8: S =
@@ -158,17 +158,7 @@ def test_gpu_forward_v7_torch_prepared_calls(d):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("n", [1000, 4096])
-@pytest.mark.parametrize("d", [64, 128])
-def test_gpu_forward_v6(n, d):
-    q, k, v, _ = make(n + d, 2, 4, 2, n, n - 7, d)
-    for causal in (False, True):
-        o, lse = fwd_fp16_v6.forward(q, k, v, causal=causal, return_lse=True)
-        check_forward(o, lse, q, k, v, causal, label=f"gpu v6 n={n} d={d} causal={causal}")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("variant,d", [("v5", 64), ("v5", 128), ("v6", 64), ("v6", 128), ("v5", 96), ("v5", 200),
+@pytest.mark.parametrize("variant,d", [("v5", 64), ("v5", 128), ("v5", 96), ("v5", 200),
                                        ("v5", 256), ("v7", 64), ("v7", 120)])
 def test_gpu_forward_bf16(d, variant):
     torch = pytest.importorskip("torch")

@@ -11,7 +11,7 @@ Variants (the names the records use) and their launches, in launch order:
   warpgroup products, any d % 8 == 0 up to 256; Br = 16·nw = 128, Bc = 64 at d <= 64 and above
   192, Br = 64, Bc = 64 at 64 < d <= 96, 48 at 96 < d <= 128 and 160 < d <= 192, 32 at
   128 < d <= 160; the
-  same loads and stores as v4's; ``fwd_fp16_v6`` the same with V in three buffers;
+  same loads and stores as v4's;
   ``fwd_fp16_v7`` v5 with K_j and V_j copied by the TMA unit, traffic class "bulk", not LSU
   loads, the same rows; Br = 128, Bc = 64 but at d = 96, 112 and 128, where it takes v5's
   blocks),
@@ -105,7 +105,7 @@ TILING_TEXT = "Br = {block_m}, Bc = {block_n} (the kernel's block shape)"
 DESCRIPTION = ("the fast kernels of kernels/perf (--kernel VARIANT, default the one impl='auto' runs): "
                "their launches, tiles, re-loads and dQ atomics")
 OPTIONS: dict[str, tuple[object, str]] = {
-    "kernel": (None, "fast kernel variant (fwd_fp16_v4, fwd_fp16_v5, fwd_fp16_v6, fwd_fp16_v7, fwd_fp32_v1, "
+    "kernel": (None, "fast kernel variant (fwd_fp16_v4, fwd_fp16_v5, fwd_fp16_v7, fwd_fp32_v1, "
                      "fwd_fp32_v2, "
                      "bwd_fp16_v1, bwd_fp16_v3, bwd_fp32_v1, bwd_fp32_v2; the fp16 ones also take bf16); "
                      "default: the one kernels.flash_attention(impl='auto') runs for the pass, dtype and d"),
@@ -117,8 +117,7 @@ OPTIONS: dict[str, tuple[object, str]] = {
 }
 
 #: variant -> (pass, dtype): the first of the workload dtypes it takes (:data:`DTYPES`)
-VARIANTS = {"fwd_fp16_v4": ("fwd", "fp16"), "fwd_fp16_v5": ("fwd", "fp16"), "fwd_fp16_v6": ("fwd", "fp16"),
-            "fwd_fp16_v7": ("fwd", "fp16"),
+VARIANTS = {"fwd_fp16_v4": ("fwd", "fp16"), "fwd_fp16_v5": ("fwd", "fp16"), "fwd_fp16_v7": ("fwd", "fp16"),
             "fwd_fp32_v1": ("fwd", "fp32"),
             "fwd_fp32_v2": ("fwd", "fp32"),
             "bwd_fp16_v1": ("bwd", "fp16"), "bwd_fp16_v3": ("bwd", "fp16"),
@@ -148,8 +147,6 @@ def default_config(name: str, d: int) -> dict:
         if d <= 64 or d > 192:
             return dict(bc=64, nw=8, mt=1, qreg=False)
         return dict(bc=32 if 128 < d <= 160 else 64 if d <= 96 else 48, nw=4, mt=1, qreg=False)
-    if name == "fwd_fp16_v6":
-        return dict(bc=64 if d <= 64 else 128, nw=8, mt=1, qreg=False)
     if name == "fwd_fp16_v7":
         return default_config("fwd_fp16_v5", d) if d in (96, 112, 128) else dict(bc=64, nw=8, mt=1, qreg=False)
     if name == "fwd_fp32_v1":
@@ -182,7 +179,7 @@ def supports(name: str, dtype: str, d: int) -> bool:
         return False
     if name in ("fwd_fp16_v4", "bwd_fp16_v1"):
         return d % 8 == 0 and 8 <= d <= 256
-    if name in ("fwd_fp16_v5", "fwd_fp16_v6", "fwd_fp16_v7"):
+    if name in ("fwd_fp16_v5", "fwd_fp16_v7"):
         return d % 8 == 0 and 8 <= d <= 256
     if name == "bwd_fp16_v3":
         return d % 8 == 0 and 16 <= d <= 256
@@ -320,7 +317,7 @@ def tiles(name: str, d: int, config=None) -> dict:
     forward's (Br, Bc); the backwards' key-block kernel (query rows a step, keys a block) and
     bwd_fp16_v1's dQ kernel."""
     c = parse_config(name, d, config)
-    if name in ("fwd_fp16_v4", "fwd_fp16_v5", "fwd_fp16_v6", "fwd_fp16_v7"):
+    if name in ("fwd_fp16_v4", "fwd_fp16_v5", "fwd_fp16_v7"):
         return {"fwd": Tiling(16 * c["nw"] * c["mt"], c["bc"])}
     if name == "fwd_fp32_v1":
         return {"fwd": Tiling(4 * c["rm"] * c["nw"], c["bc"])}
@@ -351,13 +348,13 @@ def block_resources(name: str, d: int, config=None) -> dict[str, tuple[int, int]
     if name == "fwd_fp16_v4":
         br, bc = t["fwd"].block_m, t["fwd"].block_n
         return {"fwd": (nt, 2 * (dp + 8) * (br + 4 * bc))}
-    if name in ("fwd_fp16_v5", "fwd_fp16_v6", "fwd_fp16_v7"):  # Q, K twice, V twice (v6: 3 times), unpadded
+    if name in ("fwd_fp16_v5", "fwd_fp16_v7"):  # Q, K twice, V twice, unpadded
         # rows of whole swizzle atoms (32 columns where d % 64 is 1..32, else 64), 1 KiB to align
         # them; v7: two mbarriers of 16 bytes
         br, bc = t["fwd"].block_m, t["fwd"].block_n
         aw = 32 if 0 < d % 64 <= 32 else 64
         bars = 32 if name == "fwd_fp16_v7" else 0
-        return {"fwd": (nt, 2 * cdiv(d, aw) * aw * (br + (5 if name == "fwd_fp16_v6" else 4) * bc) + 1024 + bars)}
+        return {"fwd": (nt, 2 * cdiv(d, aw) * aw * (br + 4 * bc) + 1024 + bars)}
     if name == "fwd_fp32_v1":  # row strides: Q/K dp + 4, V dp rounded up to 32, P̃ Bc + 8 floats
         br, bc = t["fwd"].block_m, t["fwd"].block_n
         return {"fwd": (nt, 4 * (br * (dp + 4) + bc * (dp + 4) + bc * cdiv(dp, 32) * 32 + br * (bc + 8)))}
@@ -453,7 +450,7 @@ def _forward(w: Workload, name: str, config=None) -> Schedule:
         kv = bulk_read if name == "fwd_fp16_v7" else read  # v7: the TMA unit's copies
         yield kv("K", kc[0], kc[1], repeat=kc[2])
         yield kv("V", kc[0], kc[1], repeat=kc[2])
-        if name in ("fwd_fp16_v4", "fwd_fp16_v5", "fwd_fp16_v6", "fwd_fp16_v7"):  # O through shared memory
+        if name in ("fwd_fp16_v4", "fwd_fp16_v5", "fwd_fp16_v7"):  # O through shared memory
             yield write("O", qc[0], qc[1], repeat=qc[2])
         elif name == "fwd_fp32_v1":
             yield from _scalar_pairs(write, "O", q0, qn, w.d)

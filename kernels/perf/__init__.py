@@ -51,7 +51,7 @@ BEST = {("fwd", "float16"): (("fwd_fp16_v7", 64, 256), ("fwd_fp16_v4", 1, 1 << 3
 
 
 #: Every variant in the tree -> the module that holds it.
-VARIANTS = {"fwd_fp16_v3": "fwd_fp16", "fwd_fp16_v4": "fwd_fp16", "fwd_fp16_v5": "fwd_fp16", "fwd_fp16_v6": "fwd_fp16",
+VARIANTS = {"fwd_fp16_v3": "fwd_fp16", "fwd_fp16_v4": "fwd_fp16", "fwd_fp16_v5": "fwd_fp16",
             "fwd_fp16_v7": "fwd_fp16",
             "fwd_fp32_v1": "fwd_fp32",
             "fwd_fp32_v2": "fwd_fp32",

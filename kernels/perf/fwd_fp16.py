@@ -1,4 +1,4 @@
-"""The fp16 forward on the tensor cores: FlashAttention-2, five versions (``mma.sync`` m16n8k16; v5-v7 ``wgmma``).
+"""The fp16 forward on the tensor cores: FlashAttention-2, four versions (``mma.sync`` m16n8k16; v5, v7 ``wgmma``).
 
 A block of NW warps owns Br = 16·NW·MT query rows (MT m-tiles a warp) and walks the key blocks
 (Bc keys) it can see, K and V double-buffered through cp.async; S = Q Kᵀ, P and O stay in
@@ -46,14 +46,12 @@ tile copies and the products (Q Kᵀ, P V) are :mod:`kernels.perf._tiles`'s.
   1.41-1.42x, 256 1.41-1.49x, where v4 ran 1.08x, 0.91x, 1.14-1.18x, 1.04-1.05x, 0.72-0.73x,
   0.83-0.85x.
 
-* ``fwd_fp16_v6`` (``PIPE`` on; not shipped yet): v5 with each product issued and waited for apart
-  (``tc.wgmma_ss_issue``, ``wgmma_rs_issue``, ``wgmma_wait``), P_{j-1} V_{j-1} in flight on the
-  tensor cores while the softmax of block j runs (FlashAttention-3's intra-warpgroup overlap);
-  V in three buffers.  H100, same rounds (kernels/data/fwd_fp16_v6_h100_3f308c8): 1.04-1.05x v5's
-  first block at d = 128 (1.11-1.31x SDPA flash), 0.91-0.97x at d = 64; its GPU tests, racecheck
-  and memcheck pass.  Against v5's one-warpgroup d = 128 block 0.83-1.05x, and with that block
-  0.96-1.04x v5 (kernels/data/fwd_fp16_v5_blocks_h100_532db74): two resident blocks overlap one's
-  softmax with the other's products already.  Not shipped.
+* ``fwd_fp16_v6`` (left the tree; read at cf26650, measured at 3f308c8): v5 with each product
+  issued and waited for apart, P_{j-1} V_{j-1} in flight while the softmax of block j runs
+  (FlashAttention-3's intra-warpgroup overlap), V in three buffers.  H100
+  (kernels/data/fwd_fp16_v6_h100_3f308c8, fwd_fp16_v5_blocks_h100_532db74): 1.04-1.05x v5's first
+  block at d = 128, 0.91-0.97x at d = 64, and against v5's one-warpgroup d = 128 block
+  0.83-1.05x: two resident blocks overlap one's softmax with the other's products already.
 
 * ``fwd_fp16_v7`` (``TMA`` on; shipped at d = 64 to 256 since 5e1107e): v5 with K_j, V_j copied by
   the TMA unit (``tc.tma_load3``: one ``cp.async.bulk.tensor`` a swizzle atom, the unit writing
@@ -70,7 +68,7 @@ tile copies and the products (Q Kᵀ, P V) are :mod:`kernels.perf._tiles`'s.
   (kernels/data/bench_fwd_v7_2eb1598, 5 rounds, fp16 and bf16): 1.21-1.57x SDPA flash on all 40
   rows, 1.31-1.57x at N >= 4,096 (the moonshot's 1.3x on all 24), 0.70-0.90x cuDNN, 1.02-1.23x v5.
 
-All five compile for bf16 too (``bf16=True``: the ``.bf16`` mma and ``cvt.rn.bf16x2.f32``; the tiles
+All four compile for bf16 too (``bf16=True``: the ``.bf16`` mma and ``cvt.rn.bf16x2.f32``; the tiles
 are the inputs' bits, moved unchanged), timed on the H100 beside fp16 (NOTES.md, "bf16").
 
 Measurements and the tuning behind the defaults: ``kernels/perf/NOTES.md`` ("fp16 forward").
@@ -107,13 +105,13 @@ def smem_bytes(dp: int, br: int, bc: int) -> int:
 
 
 def swizzle_bytes(d: int) -> int:
-    """Bytes of a swizzled tile row (v5, v6): 64 where d % 64 is 1..32 (atoms of 32 columns waste
+    """Bytes of a swizzled tile row (v5, v7): 64 where d % 64 is 1..32 (atoms of 32 columns waste
     fewer: d = 96 three of them, not two of 64), else 128."""
     return 64 if 0 < d % 64 <= 32 else 128
 
 
 def atom_width(d: int) -> int:
-    """Columns of a swizzled tile (v5, v6): d rounded up to whole atoms of :func:`swizzle_bytes` / 2
+    """Columns of a swizzled tile (v5, v7): d rounded up to whole atoms of :func:`swizzle_bytes` / 2
     halves."""
     a = swizzle_bytes(d) // 2
     return -(-d // a) * a
@@ -124,13 +122,8 @@ def smem_bytes_v5(dp: int, br: int, bc: int) -> int:
     return 2 * atom_width(dp) * (br + 4 * bc) + 1024
 
 
-def smem_bytes_v6(dp: int, br: int, bc: int) -> int:
-    # v5's, with V in three buffers (its product still runs while K_{j+1}, V_{j+1} land)
-    return 2 * atom_width(dp) * (br + 5 * bc) + 1024
-
-
 def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: bool = True, BF16: bool = False,
-            WG: bool = False, PIPE: bool = False, TMA: bool = False):
+            WG: bool = False, TMA: bool = False):
     DP = padded_head_dim(D)
     BR = 16 * NW * MT
     NT = 32 * NW
@@ -144,8 +137,8 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
     QOFF = 0
     KOFF = BR * S  # K buffers 0 and 1
     VOFF = KOFF + 2 * BC * S  # V buffers 0 and 1
-    if (PIPE or TMA) and (not WG or not LAZY) or (PIPE and TMA):
-        raise ValueError(f"{PIPE=}, {TMA=}: a stage of v5 (WG, LAZY), one of the two")
+    if TMA and not (WG and LAZY):
+        raise ValueError(f"{TMA=}: a stage of v5 (WG, LAZY)")
     if WG:  # v5: the products on warpgroups (4 warps, 64 rows each: MT = 1), tiles swizzled
         if MT != 1 or NW % 4 or D % 8 or not 8 <= D <= 256 or BC % 16 or not 16 <= BC <= 256:
             raise ValueError(f"{D=}, {BC=}, {NW=}, {MT=}: v5 takes d % 8 = 0 up to 256, MT = 1, whole warpgroups, "
@@ -165,12 +158,6 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
         VB = KB + 2 * KSZ
         wg_qk = tc.wgmma_ss(BC, KT, BR * RB // 16, BC * RB // 16, BF16, KPA)
         wg_pv = tc.wgmma_rs(DA, BC // 16, RB, BF16)  # 16 keys a k-step: 16 rows of RB bytes
-        if PIPE:  # v6: the products issued and waited for apart, P·V of block j - 1 in flight while
-            # the softmax of block j runs; V in three buffers (KB, VB: K's two, then V's three)
-            wg_qk_i = tc.wgmma_ss_issue(BC, KT, BR * RB // 16, BC * RB // 16, BF16, KPA)
-            wg_pv_i = tc.wgmma_rs_issue(DA, BC // 16, RB, BF16)
-            wait_s = tc.wgmma_wait(BC, 0, 1)  # S_j done; P_{j-1} V_{j-1} may still run
-            wait_o = tc.wgmma_wait(DA, 4 * (BC // 16), 0)  # P V done: O and P's registers free
         soff_q, q_load_sw = f16_swizzled(BR, D, NT, RB)
         soff_k = f16_swizzled(BC, D, NT, RB)[0]
         _, kv_chunks_sw, _ = f16_chunks(BC, D, S, NT, SWIZZLE=True, SW=RB)
@@ -275,9 +262,6 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
             acc[e] = 0.0
         s = cuda.local.array(NS4, float32)
         pa = cuda.local.array(NPA, uint32)
-        if PIPE:
-            for e in range(NPA):
-                pa[e] = 0
         kb = cuda.local.array(4, uint32)
         m = cuda.local.array(M2, float32)  # running max (raw scores) of rows g, g+8 of each m-tile
         ll = cuda.local.array(M2, float32)  # this lane's part of ℓ for the same rows
@@ -294,9 +278,6 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
                 if TMA:
                     if tid == 0:  # every warp is done with buffer nb_ (the barrier ending block j - 1)
                         tma_kv(sm, sbase, ab, tm, nb_, c0 + BC, zk)
-                elif PIPE:  # V's third buffer: V_{j-1} is still being read
-                    kv_load2c(sm, sbase, ab + (KB + nb_ * KSZ) // 2, ab + (VB + ((j + 1) % 3) * KSZ) // 2, k, v,
-                              kbase, c0 + BC, nk, crow, cgof, csof, tid)
                 elif WG:
                     kv_load2c(sm, sbase, ab + (KB + nb_ * KSZ) // 2, ab + (VB + nb_ * KSZ) // 2, k, v, kbase,
                               c0 + BC, nk, crow, cgof, csof, tid)
@@ -313,17 +294,7 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
                 cuda.syncthreads()  # K_j, V_j have landed for every warp
             kofs = KOFF + buf * BC * S
             vofs = VOFF + buf * BC * S
-            if PIPE:  # S_j issued, then P_{j-1} V_{j-1} (both in flight); wait for S_j alone.  No
-                # branch while a product is in flight (ptxas would serialise them): at j = 0 the
-                # P·V issued is P = 0 (pa's zeros) times V_0, which adds exactly 0.
-                wg_qk_i(s, sm, da, tc.wg_desc(sb + KB + buf * KSZ, 16, 8 * RB, MODE))
-                vprev = (j + 2) % 3 if j > 0 else 0
-                wg_pv_i(acc, pa, sm, tc.wg_desc(sb + VB + vprev * KSZ, BC * RB, 8 * RB, MODE))
-                wait_s(s, pa)
-                resc = False
-                sc_0 = float32(1.0)
-                sc_1 = float32(1.0)
-            elif WG:  # S = Q Kᵀ: one warpgroup product over d
+            if WG:  # S = Q Kᵀ: one warpgroup product over d
                 wg_qk(s, sm, da, tc.wg_desc(sb + KB + buf * KSZ, 16, 8 * RB, MODE))
             else:  # S = Q Kᵀ: every K fragment pair feeds MT m-tiles.
                 qk(s, qa, kb, sm, sbase, loff, loffb, QOFF, kofs, warp)
@@ -357,12 +328,7 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
                         m[2 * mt + 1] = mx_1
                         ll[2 * mt] *= alpha_0
                         ll[2 * mt + 1] *= alpha_1
-                        if PIPE:  # O is P_{j-1} V_{j-1}'s until the wait below
-                            resc = True
-                            sc_0 = alpha_0
-                            sc_1 = alpha_1
-                        else:
-                            _rescale(acc, mt, alpha_0, alpha_1)
+                        _rescale(acc, mt, alpha_0, alpha_1)
                     ms_0 = (m[2 * mt] if m[2 * mt] != NEG_INF else float32(0.0)) * sl2
                     ms_1 = (m[2 * mt + 1] if m[2 * mt + 1] != NEG_INF else float32(0.0)) * sl2
                 else:
@@ -384,15 +350,9 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
                     p3 = tc.ex2(s[x + 3] * sl2 - ms_1)
                     ps_0 += p0 + p1
                     ps_1 += p2 + p3
-                    if PIPE:  # P_{j-1}'s registers are in flight: keep P_j in S's until the wait
-                        s[x] = p0
-                        s[x + 1] = p1
-                        s[x + 2] = p2
-                        s[x + 3] = p3
-                    else:
-                        y = 4 * (mt * KV + nt // 2) + 2 * (nt % 2)
-                        pa[y] = PACK(p0, p1)
-                        pa[y + 1] = PACK(p2, p3)
+                    y = 4 * (mt * KV + nt // 2) + 2 * (nt % 2)
+                    pa[y] = PACK(p0, p1)
+                    pa[y + 1] = PACK(p2, p3)
                 if LAZY:
                     ll[2 * mt] += ps_0
                     ll[2 * mt + 1] += ps_1
@@ -400,24 +360,11 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
                     ll[2 * mt] = ll[2 * mt] * alpha_0 + ps_0
                     ll[2 * mt + 1] = ll[2 * mt + 1] * alpha_1 + ps_1
                     _rescale(acc, mt, alpha_0, alpha_1)
-            if PIPE:  # P_{j-1} V_{j-1} done: rescale O for block j's max, then P_j into A fragments
-                wait_o(acc, pa)
-                if resc:
-                    _rescale(acc, 0, sc_0, sc_1)
-                for nt in range(NS):
-                    x = 4 * nt
-                    y = 4 * (nt // 2) + 2 * (nt % 2)
-                    pa[y] = PACK(s[x], s[x + 1])
-                    pa[y + 1] = PACK(s[x + 2], s[x + 3])
-            elif WG:  # O += P V, P from registers, V (MN-major) 64 of d a swizzle atom of Bc rows
+            if WG:  # O += P V, P from registers, V (MN-major) 64 of d a swizzle atom of Bc rows
                 wg_pv(acc, pa, sm, tc.wg_desc(sb + VB + buf * KSZ, BC * RB, 8 * RB, MODE))
             else:
                 pv(acc, pa, kb, sm, sbase, loff, vofs)  # O += P V
             cuda.syncthreads()  # every warp is done with buffer j % 2 before it is refilled
-        if PIPE and nblk > 0:  # the last block's P V
-            wg_pv_i(acc, pa, sm, tc.wg_desc(sb + VB + ((nblk - 1) % 3) * KSZ, BC * RB, 8 * RB, MODE))
-            wait_o(acc, pa)
-            cuda.syncthreads()  # every warpgroup is done before O is staged over Q and K
         # Epilogue: ℓ over the quad; O = acc/ℓ packed to f16 into the warp's own rows of the Q
         # tile (only this warp read them), then copied out 16 bytes per thread.
         for mt in range(MT):
@@ -449,8 +396,8 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
 
 @cache
 def kernel(d: int, bc: int, nw: int, mt: int, causal: bool, qreg: bool, lazy: bool = True, bf16: bool = False,
-           wg: bool = False, pipe: bool = False, tma: bool = False):
-    fn, nt, br = _source(d, bc, nw, mt, causal, qreg, lazy, bf16, wg, pipe, tma)
+           wg: bool = False, tma: bool = False):
+    fn, nt, br = _source(d, bc, nw, mt, causal, qreg, lazy, bf16, wg, tma)
     return tc.jit_kernel(fn, nt), nt, br
 
 
@@ -536,12 +483,6 @@ def default_config_v7(d: int) -> dict:
     return dict(bc=64, nw=8, mt=1, qreg=False)
 
 
-def default_config_v6(d: int) -> dict:
-    """v5's first default, the block shape v6 was measured with: two warpgroups, Bc = 64 at d = 64,
-    128 at d = 128."""
-    return dict(bc=64 if d <= 64 else 128, nw=8, mt=1, qreg=False)
-
-
 def supports(dtype, d: int) -> bool:
     return dtype_name(dtype) in ("float16", "bfloat16") and d % 8 == 0 and 8 <= d <= 256
 
@@ -561,9 +502,9 @@ def _tma_maps(k, v, d: int, bc: int):
     return kv_maps(k, v, swizzle_bytes(d) // 2, bc, swizzle_bytes(d))
 
 
-def _version(name: str, lazy: bool, default_config, wg: bool = False, pipe: bool = False, tma: bool = False):
-    kern = partial(kernel, lazy=lazy, wg=wg, pipe=pipe, tma=tma)
-    sizes, accepts = ((smem_bytes_v6 if pipe else smem_bytes_v7 if tma else smem_bytes_v5, supports_v5) if wg
+def _version(name: str, lazy: bool, default_config, wg: bool = False, tma: bool = False):
+    kern = partial(kernel, lazy=lazy, wg=wg, tma=tma)
+    sizes, accepts = ((smem_bytes_v7 if tma else smem_bytes_v5, supports_v5) if wg
                       else (smem_bytes, supports))
 
     def forward(q, k, v, *, causal=False, scale=None, return_lse=False, **config):
@@ -577,7 +518,7 @@ def _version(name: str, lazy: bool, default_config, wg: bool = False, pipe: bool
     return SimpleNamespace(name=name, forward=forward, kernel=kern, default_config=default_config,
                            supports=accepts, smem_bytes=sizes, signature=signature_tma if tma else signature,
                            CC=(9, 0, "a") if wg else (9, 0),
-                           SOURCES={"fwd": (partial(_source, LAZY=lazy, WG=wg, PIPE=pipe, TMA=tma),
+                           SOURCES={"fwd": (partial(_source, LAZY=lazy, WG=wg, TMA=tma),
                                             signature_tma if tma else signature)})
 
 
@@ -585,5 +526,4 @@ def _version(name: str, lazy: bool, default_config, wg: bool = False, pipe: bool
 VERSIONS = {"fwd_fp16_v3": _version("fwd_fp16_v3", False, default_config_v3),
             "fwd_fp16_v4": _version("fwd_fp16_v4", True, default_config_v4),
             "fwd_fp16_v5": _version("fwd_fp16_v5", True, default_config_v5, wg=True),
-            "fwd_fp16_v6": _version("fwd_fp16_v6", True, default_config_v6, wg=True, pipe=True),
             "fwd_fp16_v7": _version("fwd_fp16_v7", True, default_config_v7, wg=True, tma=True)}

@@ -129,7 +129,7 @@ HELPERS = ("mma", "mma_z", "pack_f16x2", "mma_bf16", "mma_z_bf16", "pack_bf16x2"
            "cp_async_commit", "cp_async_wait", "quad_max2", "quad_sum2", "red_v2", "red_v2_if", "red_v4",
            "smem_u32_f32", "lds128_f32_a", "sts32_f32_a", "sts32_u32_a", "lds64_f32_a", "cp_async16_f32_a",
            "oct_max", "oct_sum", "tf32_hi", "mma3_tf32", "fence_proxy_async", "wgmma_ss", "wgmma_rs",
-           "wgmma_ss_issue", "wgmma_rs_issue", "wgmma_wait", "mbar_init", "mbar_expect_tx", "mbar_wait", "tma_load3",
+           "mbar_init", "mbar_expect_tx", "mbar_wait", "tma_load3",
            "sts64_f32_a", "bulk_red_f32", "bulk_wait_read", "bulk_wait")
 
 _target = importlib.import_module(".tc_sim" if SIM else ".tc_gpu", __package__)

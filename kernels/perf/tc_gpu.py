@@ -538,7 +538,7 @@ def _wg_operands(n: int) -> tuple[str, str]:
     return "{" + regs + "}", outs
 
 
-def _wg_source_ss(name: str, ty: str, n: int, kt: int, astep: int, bstep: int, wait: bool = True, kpa: int = 4) -> str:
+def _wg_source_ss(name: str, ty: str, n: int, kt: int, astep: int, bstep: int, kpa: int = 4) -> str:
     regs, outs = _wg_operands(n)
     h = n // 2
     return rf"""
@@ -554,13 +554,13 @@ extern "C" __device__ int {name}(int* ret, float* d, unsigned long long da, unsi
                      : {outs} : "l"(a), "l"(b), "r"(ks));
     }}
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-    {_WAIT0 if wait else ""}
+    {_WAIT0}
     return 0;
 }}
 """
 
 
-def _wg_source_rs(name: str, ty: str, n: int, ks_: int, bstep: int, wait: bool = True) -> str:
+def _wg_source_rs(name: str, ty: str, n: int, ks_: int, bstep: int) -> str:
     regs, outs = _wg_operands(n)
     h = n // 2
     return rf"""
@@ -574,25 +574,24 @@ extern "C" __device__ int {name}(int* ret, float* d, const unsigned* a, unsigned
                      : {outs} : "r"(a[4 * kk]), "r"(a[4 * kk + 1]), "r"(a[4 * kk + 2]), "r"(a[4 * kk + 3]), "l"(b));
     }}
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-    {_WAIT0 if wait else ""}
+    {_WAIT0}
     return 0;
 }}
 """
 
 
 @cache
-def wgmma_ss(N: int, KT: int, ASTEP: int, BSTEP: int, BF16: bool = False, KPA: int = 4, WAIT: bool = True):
+def wgmma_ss(N: int, KT: int, ASTEP: int, BSTEP: int, BF16: bool = False, KPA: int = 4):
     """``ss(d, sm, da, db)``: d[0:N/2] = A·Bᵀ over KT k-steps of 16 (the first with the accumulator's
     old value ignored): A the warpgroup's 64 rows and B N rows, both K-major and swizzled in
     shared memory, described by ``da``, ``db`` at k-step 0 (ASTEP, BSTEP: their swizzle atoms'
     stride in 16-byte units; KPA k-steps an atom row: 4 for 128-byte swizzling, 2 for 64-byte).
     d in the C layout of ``mma.sync`` for the warp's 16 rows (warp w % 4 of the warpgroup: rows
-    16(w % 4) + g, + 8; columns 8n + 2t, + 1).  ``sm`` is read by the simulator's twin only.
-    ``WAIT`` off: :func:`wgmma_ss_issue`."""
+    16(w % 4) + g, + 8; columns 8n + 2t, + 1).  ``sm`` is read by the simulator's twin only."""
     ty = "bf16" if BF16 else "f16"
-    name = f"fs_wg_ss{'' if WAIT else 'i'}_{ty}_n{N}_k{KT}_{ASTEP}_{BSTEP}_a{KPA}"
+    name = f"fs_wg_ss_{ty}_n{N}_k{KT}_{ASTEP}_{BSTEP}_a{KPA}"
     raw = cuda.declare_device(name, "int32(CPointer(float32), uint64, uint64)",
-                              link=cuda.CUSource(_wg_source_ss(name, ty, N, KT, ASTEP, BSTEP, WAIT, KPA)))
+                              link=cuda.CUSource(_wg_source_ss(name, ty, N, KT, ASTEP, BSTEP, KPA)))
 
     @cuda.jit(device=True, forceinline=True)
     def ss(d, sm, da, db):
@@ -602,57 +601,21 @@ def wgmma_ss(N: int, KT: int, ASTEP: int, BSTEP: int, BF16: bool = False, KPA: i
 
 
 @cache
-def wgmma_rs(N: int, KS: int, BSTEP: int, BF16: bool = False, WAIT: bool = True):
+def wgmma_rs(N: int, KS: int, BSTEP: int, BF16: bool = False):
     """``rs(d, a, sm, db)``: d[0:N/2] += A·B over KS k-steps of 16: A from registers (a[4kk:4kk+4],
     the A layout of ``mma.sync`` m16n8k16 for the warp's 16 rows), B (16·KS x N) MN-major and
     swizzled in shared memory (the mode is the descriptor's), described by ``db`` at k-step 0,
-    the next k-step BSTEP 16-byte units further.  ``WAIT`` off: :func:`wgmma_rs_issue`."""
+    the next k-step BSTEP 16-byte units further."""
     ty = "bf16" if BF16 else "f16"
-    name = f"fs_wg_rs{'' if WAIT else 'i'}_{ty}_n{N}_k{KS}_{BSTEP}"
+    name = f"fs_wg_rs_{ty}_n{N}_k{KS}_{BSTEP}"
     raw = cuda.declare_device(name, "int32(CPointer(float32), CPointer(uint32), uint64)",
-                              link=cuda.CUSource(_wg_source_rs(name, ty, N, KS, BSTEP, WAIT)))
+                              link=cuda.CUSource(_wg_source_rs(name, ty, N, KS, BSTEP)))
 
     @cuda.jit(device=True, forceinline=True)
     def rs(d, a, sm, db):
         raw(_ffi.from_buffer(d), _ffi.from_buffer(a), db)
 
     return rs
-
-
-# Issue and wait apart (fwd_fp16_v6): ``wgmma_ss_issue`` / ``wgmma_rs_issue`` return with the
-# product in flight (committed as one wgmma group), and ``wgmma_wait`` waits until at most
-# PENDING groups are; its asm takes the product's accumulators (and A fragments) as read-write
-# operands, so the compiler orders every use of them after the wait and keeps an A fragment's
-# registers until then (what CUTLASS's warpgroup_fence_operand does).
-
-
-def wgmma_ss_issue(N: int, KT: int, ASTEP: int, BSTEP: int, BF16: bool = False, KPA: int = 4):
-    """:func:`wgmma_ss` without its wait: ``ss(d, sm, da, db)`` issues the product and commits it."""
-    return wgmma_ss(N, KT, ASTEP, BSTEP, BF16, KPA, WAIT=False)
-
-
-def wgmma_rs_issue(N: int, KS: int, BSTEP: int, BF16: bool = False):
-    """:func:`wgmma_rs` without its wait: ``rs(d, a, sm, db)`` issues the product and commits it."""
-    return wgmma_rs(N, KS, BSTEP, BF16, WAIT=False)
-
-
-@cache
-def wgmma_wait(N: int, NA: int, PENDING: int):
-    """``wait(d, a)``: ``wgmma.wait_group PENDING``, holding d[0:N/2] (the accumulators of the
-    product waited for) and a[0:NA] (its A fragments from registers; NA = 0: none) as operands."""
-    name = f"fs_wg_wait{PENDING}_n{N}_a{NA}"
-    ops = [f'"+f"(d[{i}])' for i in range(N // 2)] + [f'"+r"(a[{i}])' for i in range(NA)]
-    src = (f'extern "C" __device__ int {name}(int* ret, float* d, unsigned* a) {{\n'
-           f'    asm volatile("wgmma.wait_group.sync.aligned {PENDING};" : {", ".join(ops)} :: "memory");\n'
-           "    return 0;\n}\n")
-    raw = cuda.declare_device(name, "int32(CPointer(float32), CPointer(uint32))", link=cuda.CUSource(src))
-
-    @cuda.jit(device=True, forceinline=True)
-    def wait(d, a):
-        raw(_ffi.from_buffer(d), _ffi.from_buffer(a))
-
-    return wait
-
 
 
 # ---------------------------------------------------------------------------------------------

@@ -452,21 +452,6 @@ def fence_proxy_async():
     pass
 
 
-# Issue and wait apart: the twins compute at the issue (the product's value is the same), and the
-# wait has nothing left to do.
-wgmma_ss_issue = wgmma_ss
-wgmma_rs_issue = wgmma_rs
-
-
-def wgmma_wait(N, NA, PENDING):
-    @cuda.jit(device=True)
-    def wait(d, a):
-        pass
-
-    return wait
-
-
-
 # TMA copies and mbarriers (fwd_fp16_v7).  An mbarrier's state lives in the 16 shared-memory
 # bytes at its address, as int32: [completed phases, bytes still to land, arrivals still to come,
 # arrivals a phase].  The copy lands at once, when issued, and counts its bytes; a phase

@@ -53,8 +53,8 @@ def candidates(d: int) -> dict:
          "v5_nw4_bc64": ("fwd_fp16_v5", {"nw": 4, "bc": 64})}
     if d == 128:
         c["v5_bc64"] = ("fwd_fp16_v5", {"bc": 64})
-        c["v6"] = ("fwd_fp16_v6", {})
-        c["v6_nw4_bc64"] = ("fwd_fp16_v6", {"nw": 4, "bc": 64})
+        # (fwd_fp16_v6's candidates "v6", "v6_nw4_bc64" of the 532db74 record: v6 left the tree
+        # after cf26650)
     else:
         c["v5_bc128"] = ("fwd_fp16_v5", {"bc": 128})
     return c
