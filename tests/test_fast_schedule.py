@@ -258,6 +258,24 @@ def test_bwd_fp16_v3_counts_by_hand():
         ("dQacc", "reduction"): (2 * m, 8 * m, m // 4), ("dV", "write"): (m, 2 * m, m // 16)}
 
 
+def test_bwd_fp16_v3_bulkq_moves_dq_to_the_bulk_class():
+    # bulkq: the same rows of dQacc, reduced by the TMA unit (class "bulk", a write): B = 1, H = 2,
+    # Hkv = 1, N = 128, d = 128 as above, 32,768 floats; nothing else changes
+    w = W(1, 2, 128, 128, kv_heads=1)
+    r, rb = simulate(w, "fast", "bwd"), simulate(w, "fast", "bwd", config={"bulkq": True})
+    n = 2 * 128 * 128
+    assert _by(rb, "bwd_fp16_v3")[("dQacc", "bulk_write")] == (n, 4 * n, n // 8)
+    assert ("dQacc", "reduction") not in _by(rb, "bwd_fp16_v3")
+    assert rb.io.by_class()["bulk"].bytes == 4 * n and rb.io.by_class()["reduction"].bytes == 0
+    others = {k: v for k, v in _by(r, "bwd_fp16_v3").items() if k != ("dQacc", "reduction")}
+    assert {k: v for k, v in _by(rb, "bwd_fp16_v3").items() if k != ("dQacc", "bulk_write")} == others
+    from kernels.perf import bwd_fp16  # the launcher's shared memory, restated by flashsim
+
+    with_tile = fast.block_resources("bwd_fp16_v3", 128, {"bulkq": True})["dkdv"][1]
+    assert with_tile == fast.block_resources("bwd_fp16_v3", 128)["dkdv"][1] + 4 * 64 * 136
+    assert with_tile == bwd_fp16.smem_bytes_v3(128, 64, 128, True)
+
+
 def test_bwd_fp16_v1_counts_by_hand():
     # d = 64: dK/dV kernel 16·nw·mt = 64 keys a block, bq = 64 query rows a step; dQ kernel 64 query
     # rows a block, bk = 64 keys a step.  B = H = 1, N = 128: 2 blocks each way.

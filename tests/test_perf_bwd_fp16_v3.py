@@ -56,18 +56,24 @@ def test_backward_fp16_v3(c):
 
 
 @pytest.mark.parametrize("c", [GQA_CAUSAL, RAGGED], ids=["gqa_causal", "ragged"])
-def test_backward_fp16_v3_bulk_dq(c, monkeypatch):
-    """The BULK_DQ switch (off in the shipped kernel): dQ's tile through shared memory and one bulk
-    reduction a row, the last step's sent after the loop; ragged rows send only those that exist."""
+def test_backward_fp16_v3_bulk_dq(c):
+    """``bulkq`` (off by default): dQ's tile through shared memory and one bulk reduction a row,
+    the last step's sent after the loop; ragged rows send only those that exist."""
     from kernels.perf import bwd_fp16
 
-    monkeypatch.setattr(bwd_fp16, "BULK_DQ", True)
-    assert bwd_fp16.bulk_dq(c["d"], c["cfg"]["bq"], c["cfg"]["bk"])
-    bwd_fp16.kernel_v3.cache_clear()  # compiled with the switch on, and not kept for other tests
-    try:
-        test_backward_fp16_v3.hypothesis.inner_test(c)
-    finally:
-        bwd_fp16.kernel_v3.cache_clear()
+    assert bwd_fp16.bulk_fits(c["d"], c["cfg"]["bq"], c["cfg"]["bk"])
+    test_backward_fp16_v3.hypothesis.inner_test(dict(c, cfg=dict(c["cfg"], bulkq=True)))
+
+
+def test_bulkq_refused_where_the_tile_does_not_fit():
+    from kernels.perf import bwd_fp16
+
+    c = bwd_fp16.default_config_v3(256)
+    assert not bwd_fp16.bulk_fits(256, c["bq"], c["bk"]) and bwd_fp16.bulk_fits(192, 64, 64)
+    q, k, v, do = make(1, 1, 1, 1, 16, 16, 256)
+    o, lse = (x.astype(t) for x, t in zip(attention_forward(q, k, v), (np.float16, np.float32)))
+    with pytest.raises(ValueError, match="bulkq=True"):
+        bwd_fp16_v3.backward(q, k, v, o, lse, do, bulkq=True)
 
 
 def test_backward_fp16_v3_head_dim_pad_in_poisoned_shared_memory(poisoned):

@@ -31,7 +31,8 @@ Variants (the names the records use) and their launches, in launch order:
   shared memory), ``bwd_fp32_v1``, ``bwd_fp32_v2``: D, the
   zero fill of the float32 dQ accumulator ``dQacc`` (``zero_fill``: B·H·Nq·d float32 stores), one
   key-block kernel (K_j, V_j once; per step Q_i, dO_i, L_i, D_i; dQ_i by ``red.global.add``
-  into ``dQacc``, traffic class "reduction"; dK_j, dV_j stored once), and for fp16 the
+  into ``dQacc``, traffic class "reduction", or with bwd_fp16_v3's ``bulkq`` by the TMA unit's
+  bulk reductions, the same rows in class "bulk"; dK_j, dV_j stored once), and for fp16 the
   conversion ``dq_to_f16`` (dQacc read, dQ written in fp16).  The fp32 backwards reduce into
   dQ itself (fp32: no conversion launch).
 
@@ -88,7 +89,7 @@ import numpy as np
 from ..blocks import attach
 from ..config import STAT_BYTES, Tiling, Workload, cdiv
 from ..masking import visible_counts
-from ..traffic import Launch, Schedule, TensorLayout, bulk_read, read, reduction, write
+from ..traffic import Launch, Schedule, TensorLayout, bulk_read, bulk_write, read, reduction, write
 from ._common import (
     block_rows,
     classes,
@@ -158,10 +159,11 @@ def default_config(name: str, d: int) -> dict:
     if name == "bwd_fp16_v3":
         d = cdiv(d, 16) * 16  # d % 16 = 8 runs as d + 8
         if d in (32, 48, 64, 80):
-            return dict(bq=128, bk=128, nw=8, ma=4, mb=2, mc=2, minb=1)
+            return dict(bq=128, bk=128, nw=8, ma=4, mb=2, mc=2, minb=1, bulkq=False)
         if d > 128:
-            return dict(bq=64, bk=64, nw=8, ma=2, mb=2 if d % 32 == 0 else 1, mc=1, minb=1)
-        return dict(bq=64, bk=128, nw=8, ma=2, mb=4 if d == 128 else 2, mc=2 if d in (64, 128) else 1, minb=1)
+            return dict(bq=64, bk=64, nw=8, ma=2, mb=2 if d % 32 == 0 else 1, mc=1, minb=1, bulkq=False)
+        return dict(bq=64, bk=128, nw=8, ma=2, mb=4 if d == 128 else 2, mc=2 if d in (64, 128) else 1, minb=1,
+                    bulkq=False)
     if name == "bwd_fp32_v1":
         nw = 4 if d <= 64 or 68 <= d <= 96 else 8
         return dict(bc=64, br=64, nw=nw, unroll=2, minb=1, vred=True)
@@ -368,9 +370,10 @@ def block_resources(name: str, d: int, config=None) -> dict[str, tuple[int, int]
         rows, bk = t["dq"].block_m, t["dq"].block_n
         return {"dkdv": (nt, 2 * s * (2 * keys + 4 * bq) + 16 * bq), "dq": (nt, 2 * s * (2 * rows + 4 * bk) + 8 * rows)}
     bq, bk = t["dkdv"].block_m, t["dkdv"].block_n
-    if name == "bwd_fp16_v3":  # rows of d rounded up to 16, plus 8
+    if name == "bwd_fp16_v3":  # rows of d rounded up to 16, plus 8; bulkq: dQ's tile, rows of d + 8 floats
         s = dp + 8
-        return {"dkdv": (nt, 2 * (2 * bk * s + 4 * bq * s + 2 * bk * (bq + 8)) + 16 * bq)}
+        return {"dkdv": (nt, 2 * (2 * bk * s + 4 * bq * s + 2 * bk * (bq + 8)) + 16 * bq
+                         + (4 * bq * (d + 8) if c["bulkq"] else 0))}
     if name == "bwd_fp32_v1":  # row strides: dp + 4 floats; Pᵀ, dSᵀ Br rounded up to 32, + 4
         ps = cdiv(bq, 32) * 32 + 4
         return {"dkdv": (nt, 4 * (2 * bk * (dp + 4) + 2 * bq * (dp + 4) + 2 * bk * ps + 32))}
@@ -562,7 +565,9 @@ def _key_block(w: Workload, name: str, t: Tiling, slices, dq_red: str | None, co
             yield per_step(read, tensor, gs, gn, rep * sees[gb])
         if dq_red is not None:
             if name == "bwd_fp16_v3":  # red.v2: a row's 32 bytes a lane quad, whole rows in all
-                yield per_step(reduction, dq_red, q0, qn, sees)
+                # (bulkq: the TMA unit's reduction of the same rows, one a row: class "bulk")
+                bulkq = parse_config(name, w.d, config)["bulkq"]
+                yield per_step(bulk_write if bulkq else reduction, dq_red, q0, qn, sees)
             elif name == "bwd_fp32_v1":  # red.v4: a row's 32-column chunk a request (rows 4 apart)
                 rs = np.arange(w.nq, dtype=np.int64)  # the blocks cover rows 0 .. Nq-1 in order
                 rw = sees[rs // t.block_m]

@@ -293,8 +293,8 @@ def tuned_config(pass_: str, mod, q, k, causal) -> dict:
         nb, nh, nq, d = (int(x) for x in q.shape)
         nhk, nk = int(k.shape[1]), int(k.shape[2])
         cfg = lookup(pass_, mod.name, dt, d, causal, nq, nk, nhk != nh)
-        if cfg is None or set(cfg) != set(mod.default_config(d)):
-            return {}
+        if cfg is None or not cfg or not set(cfg) <= set(mod.default_config(d)):
+            return {}  # (a knob the entry leaves out keeps the variant's default)
         return cfg
     except Exception as e:  # noqa: BLE001 - the tuner must never break an attention call
         warnings.warn(f"flashsim tune cache: lookup failed ({e!r}); default config", stacklevel=2)
@@ -317,7 +317,9 @@ def knob_grid(name: str, d: int) -> list[dict]:
         return [dict(bq=bq, bk=bk, nw=nw, mt=mt, reg=r) for bq, bk, nw, mt, r in grid if 16 * nw * mt <= 128]
     if name == "bwd_fp16_v3":
         grid = product((32, 64, 128), (64, 128), (4, 8), (1, 2, 4), (1, 2, 4), (1, 2, 4), (1, 2))
-        return [dict(bq=bq, bk=bk, nw=nw, ma=ma, mb=mb, mc=mc, minb=mi) for bq, bk, nw, ma, mb, mc, mi in grid]
+        # bulkq stays off (dQ by bulk reductions: one A/B so far, not shipped)
+        return [dict(bq=bq, bk=bk, nw=nw, ma=ma, mb=mb, mc=mc, minb=mi, bulkq=False)
+                for bq, bk, nw, ma, mb, mc, mi in grid]
     raise ValueError(f"variant={name!r}: one of {', '.join(TUNABLE)}")
 
 
@@ -368,7 +370,7 @@ def launches(name: str, d: int, cfg: dict) -> list[dict]:
         phase_c = 4 * mc + 4 * mc * lay["nc"]
         regs = 2 * 4 * mb * lay["nb"] + max(phase_a, phase_b, phase_c)
         bk = cfg["bk"]
-        return [dict(launch="bwd", threads=nt, smem=v.smem_bytes(d, cfg["bq"], bk), regs=regs,
+        return [dict(launch="bwd", threads=nt, smem=v.smem_bytes(d, cfg["bq"], bk, cfg.get("bulkq", False)), regs=regs,
                      cap=_reg_cap(nt, cfg["minb"]), grid=lambda b, h, hk, nq, nk: -(-nk // bk) * b * hk, share=1.0)]
     raise ValueError(f"variant={name!r}: one of {', '.join(TUNABLE)}")
 

@@ -504,28 +504,26 @@ def _smem_tiles_v3(d: int, bq: int, bk: int) -> int:
     return 2 * (2 * bk * s + 4 * bq * s + 2 * bk * (bq + 8)) + 4 * 4 * bq
 
 
-def smem_bytes_v3(d: int, bq: int, bk: int) -> int:
+def smem_bytes_v3(d: int, bq: int, bk: int, bulkq: bool = False) -> int:
     """K, V (bk rows); Q, dO double-buffered (bq rows), rows of d rounded up to 16 plus 8; Pᵀ, dSᵀ
-    (bk rows of bq + 8); L·log2e and D, double-buffered, in f32; with :func:`bulk_dq`, dQ's tile
-    (bq rows of d + 8 floats)."""
-    return _smem_tiles_v3(d, bq, bk) + (4 * bq * (d + 8) if bulk_dq(d, bq, bk) else 0)
+    (bk rows of bq + 8); L·log2e and D, double-buffered, in f32; with ``bulkq``, dQ's tile (bq rows
+    of d + 8 floats: :func:`bulk_fits`)."""
+    return _smem_tiles_v3(d, bq, bk) + (4 * bq * (d + 8) if bulkq else 0)
 
 
-#: dQ's sums through shared memory and the TMA unit (A/B switch, NOTES.md "dQ by bulk reductions"):
-#: phase C stores its tile in a float32 buffer of shared memory, and the next step, after its
-#: first barrier, sends it to the dQ buffer by one ``cp.reduce.async.bulk`` a row where the
-#: ``red.v2`` of every lane had (only where the buffer fits: :func:`bulk_dq`).
-BULK_DQ = False
 SMEM_MAX = 227 * 1024  # sm_90's largest opt-in shared memory a block
 
 
-def bulk_dq(d: int, bq: int, bk: int) -> bool:
-    """Whether v3 sums dQ by bulk reductions at this block: :data:`BULK_DQ`, and the buffer
-    (bq rows of d + 8 floats) fits beside the tiles."""
-    return BULK_DQ and _smem_tiles_v3(d, bq, bk) + 4 * bq * (d + 8) <= SMEM_MAX
+def bulk_fits(d: int, bq: int, bk: int) -> bool:
+    """Whether dQ's tile for ``bulkq`` (bq rows of d + 8 floats) fits in shared memory beside the
+    tiles.  ``bulkq`` (config knob, off by default; NOTES.md "dQ by bulk reductions"): phase C
+    stores its tile in shared memory, and the next step, after its first barrier, sends it to the
+    dQ buffer by one ``cp.reduce.async.bulk`` a row, where every lane's ``red.v2`` had."""
+    return _smem_tiles_v3(d, bq, bk) + 4 * bq * (d + 8) <= SMEM_MAX
 
 
-def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAUSAL: bool, BF16: bool = False):
+def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAUSAL: bool, BF16: bool = False,
+               BULKQ: bool = False):
     # D is the rows' length in memory; the tiles in shared memory are DP = D rounded up to 16
     # columns wide (d % 16 = 8: one 16-byte chunk a row that no copy writes, zeroed once, so the
     # products run over DP columns as at d + 8; the column n-tile past D is never stored).
@@ -555,7 +553,9 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
     POFF = OOFF + 2 * BQ * S  # Pᵀ [key, query]
     DSOFF = POFF + BK * SQ  # dSᵀ [key, query]
     FOFF = (DSOFF + BK * SQ) // 2  # f32 words: L·log2e (2 x BQ), then D (2 x BQ)
-    BULKQ = bulk_dq(D, BQ, BK)
+    if BULKQ and not bulk_fits(D, BQ, BK):
+        raise ValueError(f"bulkq=True: dQ's tile ({BQ} rows of {D + 8} floats) does not fit beside the tiles at "
+                         f"d={D}, bq={BQ}, bk={BK}")
     SR = D + 8  # f32 words a row of dQ's tile (BULKQ): 32 bytes of padding, two wavefronts a store
     BOFF = FOFF + 4 * BQ  # f32 words: dQ's tile (BULKQ)
     start = key_block(BK, BQ, CAUSAL)
@@ -878,10 +878,10 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
 
 @cache
 def kernel_v3(d: int, causal: bool, bq: int, bk: int, nw: int, ma: int, mb: int, mc: int, minb: int = 1,
-              bf16: bool = False):
+              bulkq: bool = False, bf16: bool = False):
     """The compiled kernel and its threads per block (``minb`` blocks per SM promised to ptxas;
-    ``bf16``: for bf16 inputs)."""
-    fn, nt, _ = _source_v3(d, bq, bk, nw, ma, mb, mc, causal, bf16)
+    ``bulkq``: dQ by bulk reductions, :func:`bulk_fits`; ``bf16``: for bf16 inputs)."""
+    fn, nt, _ = _source_v3(d, bq, bk, nw, ma, mb, mc, causal, bf16, bulkq)
     return tc.jit_kernel(fn, nt, minb), nt
 
 
@@ -892,26 +892,27 @@ def signature_v3():
 
 
 def default_config_v3(d: int) -> dict:
-    """bq queries per step, bk keys per block, nw warps; ma, mb, mc: m-tiles a warp owns in phases
-    A (keys), B (keys) and C (queries).  flash-attention's shapes: 128 x 128 at d = 64 (254
-    registers, 182 KB, no spills; on the H100 0.92x SDPA flash at N = 16,384 where 64 x 128 ran
-    0.85x, 1.02x at N = 4,096 where it ran 0.94x: kernels/data/bwd_fp16_v3_d64_h100_460c9a6), and
-    at d = 48 and 80 (255 registers, 16 and 84 bytes of spills; 1.16x and 1.20x flash at N = 4,096,
-    1.13x and 1.17x at 16,384, where 64 x 128 ran 1.05x, 1.14x, 1.01x, 1.13x in the same runs:
-    kernels/data/bwd_fp16_v3_odd_h100_6d0524e), and at d = 32 (1.03x flash at N = 4,096, B·H =
-    64, where 64 x 128 ran 0.92x and bwd_fp16_v1 0.75x: kernels/data/hdim_sweep_h100_17772c5);
-    64 x 128 otherwise (the only one whose shared memory fits at d = 112 and 128; below 128
-    columns phase C gives each warp one m-tile: 4 warps
-    along the queries, 2 across d).  At d = 128
-    phase B's warps own 4 m-tiles (64 keys x 32 columns: 2 warps along the keys, 4 along d), as
-    flash-attention's AtomLayoutNdKV = 2: 0.94x flash at N = 16,384 and 0.98x at N = 4,096 where
-    mb = 2 ran 0.90x and 0.90x (the same record, t128)."""
+    """bq queries per step, bk keys per block, nw warps; ma, mb, mc: m-tiles a warp owns in phases A
+    (keys), B (keys) and C (queries); minb blocks an SM promised to ptxas; bulkq off (dQ by every
+    lane's ``red.v2``; on: by bulk reductions, :func:`bulk_fits`, not shipped). flash-attention's
+    shapes: 128 x 128 at d = 64 (254 registers, 182 KB, no spills; on the H100 0.92x SDPA flash at N
+    = 16,384 where 64 x 128 ran 0.85x, 1.02x at N = 4,096 where it ran 0.94x:
+    kernels/data/bwd_fp16_v3_d64_h100_460c9a6), and at d = 48 and 80 (255 registers, 16 and 84 bytes
+    of spills; 1.16x and 1.20x flash at N = 4,096, 1.13x and 1.17x at 16,384, where 64 x 128 ran
+    1.05x, 1.14x, 1.01x, 1.13x in the same runs: kernels/data/bwd_fp16_v3_odd_h100_6d0524e), and at
+    d = 32 (1.03x flash at N = 4,096, B·H = 64, where 64 x 128 ran 0.92x and bwd_fp16_v1 0.75x:
+    kernels/data/hdim_sweep_h100_17772c5); 64 x 128 otherwise (the only one whose shared memory fits
+    at d = 112 and 128; below 128 columns phase C gives each warp one m-tile: 4 warps along the
+    queries, 2 across d). At d = 128 phase B's warps own 4 m-tiles (64 keys x 32 columns: 2 warps
+    along the keys, 4 along d), as flash-attention's AtomLayoutNdKV = 2: 0.94x flash at N = 16,384
+    and 0.98x at N = 4,096 where mb = 2 ran 0.90x and 0.90x (the same record, t128)."""
     d = padded_head_dim(d)  # d % 16 = 8 runs as d + 8
     if d in (32, 48, 64, 80):
-        return dict(bq=128, bk=128, nw=8, ma=4, mb=2, mc=2, minb=1)
+        return dict(bq=128, bk=128, nw=8, ma=4, mb=2, mc=2, minb=1, bulkq=False)
     if d > 128:  # 64 keys a block (dK, dV: 128 registers a thread at d = 256)
         return _wide_v3(d)
-    return dict(bq=64, bk=128, nw=8, ma=2, mb=4 if d == 128 else 2, mc=2 if d in (64, 128) else 1, minb=1)
+    return dict(bq=64, bk=128, nw=8, ma=2, mb=4 if d == 128 else 2, mc=2 if d in (64, 128) else 1, minb=1,
+                bulkq=False)
 
 
 def _wide_v3(d: int) -> dict:
@@ -923,7 +924,7 @@ def _wide_v3(d: int) -> dict:
     d = 160, 192, 256 and N = 4,096 (0.97x, 0.81x, 0.79x at 16,384) where 32 queries a step ran
     0.95x, 0.81x, 0.78x (0.88x, 0.71x, 0.72x) and bwd_fp16_v1 0.84x, 0.55x, 0.34x (0.75x, 0.50x,
     0.31x).  ptxas: 255 registers, no spills at d = 160 and 192, 68 bytes at 256."""
-    return dict(bq=64, bk=64, nw=8, ma=2, mb=2 if d % 32 == 0 else 1, mc=1, minb=1)
+    return dict(bq=64, bk=64, nw=8, ma=2, mb=2 if d % 32 == 0 else 1, mc=1, minb=1, bulkq=False)
 
 
 def _accepts_v3(dtype, d: int) -> bool:
@@ -962,7 +963,7 @@ def backward_v3(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
     dv = inp.empty((nb, nhk, nk, d), inp.dtype)
     qh, kh, vh, doh, dkh, dvh = tc_view(inp, a["q"], a["k"], a["v"], a["do"], dk, dv)
     args = (qh, kh, vh, doh, lse_d, dvec, dqa, dkh, dvh, float32(sc * LOG2E), float32(sc))
-    smem = smem_bytes_v3(d, cfg["bq"], cfg["bk"])
+    smem = smem_bytes_v3(d, cfg["bq"], cfg["bk"], cfg["bulkq"])
     raise_smem_limit(kern, args, smem)
     launch(kern, (-(-nk // cfg["bk"]), nb * nhk), nt, inp.stream, smem, *args)
     return dq_to_f16(inp, flat, (nb, nh, nq, d), sc), inp.out(dk), inp.out(dv)
