@@ -10,9 +10,11 @@
 # every part in fp16, bf16 and fp32, 5 rounds of 5 timed calls per variant.  It stops starting
 # configurations after BUDGET_S seconds (default 480; the .meta.json lists what was not run,
 # for a later `--only`), and is killed at BUDGET_S + 60.  Writes $OUT/bench_<part>.csv,
-# .meta.json and .log.  Then, here: `python -m kernels.bench_table --force --merge
-# kernels/data/bench_h100.csv bench_grid.csv` (or the grid's two parts) and `--force --merge
-# kernels/data/bench_offgrid_h100.csv bench_offgrid-fwd.csv bench_offgrid-bwd.csv`, and
+# .meta.json and .log.  Then, here, each record extended in place (the record itself the first
+# part, so that its other parts stay): `python -m kernels.bench_table --force --merge
+# kernels/data/bench_h100.csv kernels/data/bench_h100.csv bench_grid.csv` (or the grid's two
+# parts) and the same for kernels/data/bench_offgrid_h100.csv with bench_offgrid-fwd.csv and
+# bench_offgrid-bwd.csv, and
 # `python -m kernels.bench_table kernels/data/bench_h100.csv kernels/data/bench_offgrid_h100.csv
 # --readme README.md`.
 #   usage: FLASHSIM_GIT_COMMIT=<sha> bash scripts/device/bench_record.sh PART [BUDGET_S]
