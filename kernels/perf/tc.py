@@ -69,6 +69,10 @@ wgmma tiles are, and count its bytes on the mbarrier at byte ``bar``; ``mbar_ini
 bar, count)``, ``mbar_expect_tx(sm, sbase, bar, nbytes)`` (one arrival announcing the bytes of
 the phase's copies) and ``mbar_wait(sm, sbase, bar, parity)`` are the mbarrier's.  ``sm`` is
 read by the twins only (which keep the barrier's state in its 16 bytes of shared memory).
+Bulk reductions (bwd_fp16_v3's ``bulkq``): ``bulk_red_f32(g, off, smem, src, nbytes)`` has the
+unit add ``nbytes`` of floats at shared byte ``src`` into ``g`` from element ``off`` (one bulk
+group of the issuing thread), ``bulk_wait_read()`` waits until it has read them and
+``bulk_wait()`` until it is done; the twin adds at the issue.
 """
 
 from __future__ import annotations
@@ -127,10 +131,11 @@ HELPERS = ("mma", "mma_z", "pack_f16x2", "mma_bf16", "mma_z_bf16", "pack_bf16x2"
            "ex2", "smem_u32", "lane_offset", "lane_offset_b", "opaque_u32",
            "ldsm_x4", "ldsm_x4_b", "ldsm_x4_trans", "ldsm_x4_trans_b", "cp_async16_a", "st_global16_a",
            "cp_async_commit", "cp_async_wait", "quad_max2", "quad_sum2", "red_v2", "red_v2_if", "red_v4",
-           "smem_u32_f32", "lds128_f32_a", "sts32_f32_a", "sts32_u32_a", "lds64_f32_a", "cp_async16_f32_a",
+           "smem_u32_f32", "lds128_f32_a", "sts32_f32_a", "sts64_f32_a", "sts32_u32_a", "lds64_f32_a",
+           "cp_async16_f32_a",
            "oct_max", "oct_sum", "tf32_hi", "mma3_tf32", "fence_proxy_async", "wgmma_ss", "wgmma_rs",
            "mbar_init", "mbar_expect_tx", "mbar_wait", "tma_load3",
-           "sts64_f32_a", "bulk_red_f32", "bulk_wait_read", "bulk_wait")
+           "bulk_red_f32", "bulk_wait_read", "bulk_wait")
 
 _target = importlib.import_module(".tc_sim" if SIM else ".tc_gpu", __package__)
 globals().update({name: getattr(_target, name) for name in HELPERS})  # AttributeError if a target lacks one

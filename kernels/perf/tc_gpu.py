@@ -352,6 +352,11 @@ extern "C" __device__ int fs_sts32_f32(int* ret, unsigned a, float x) {
     return 0;
 }
 
+extern "C" __device__ int fs_sts64_f32(int* ret, unsigned a, float x, float y) {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};" :: "r"(a), "f"(x), "f"(y) : "memory");
+    return 0;
+}
+
 extern "C" __device__ int fs_sts32_u32(int* ret, unsigned a, unsigned x) {
     asm volatile("st.shared.u32 [%0], %1;" :: "r"(a), "r"(x) : "memory");
     return 0;
@@ -374,6 +379,7 @@ _link_f32 = cuda.CUSource(_CU_F32)
 _smem_u32_f32_raw = cuda.declare_device("fs_smem_u32_f32", "uint32(CPointer(float32))", link=_link_f32)
 _lds128_f32_raw = cuda.declare_device("fs_lds128_f32", "int32(CPointer(float32), uint32)", link=_link_f32)
 _sts32_f32_raw = cuda.declare_device("fs_sts32_f32", "int32(uint32, float32)", link=_link_f32)
+_sts64_f32_raw = cuda.declare_device("fs_sts64_f32", "int32(uint32, float32, float32)", link=_link_f32)
 _sts32_u32_raw = cuda.declare_device("fs_sts32_u32", "int32(uint32, uint32)", link=_link_f32)
 _lds64_f32_raw = cuda.declare_device("fs_lds64_f32", "int32(CPointer(float32), uint32)", link=_link_f32)
 _cp_f32_raw = cuda.declare_device("fs_cp_async16_f32", "int32(uint32, CPointer(float32), int64, int32)",
@@ -398,6 +404,12 @@ def lds128_f32_a(r, ri, smem, a, off):
 def sts32_f32_a(smem, a, off, x):
     """Store float ``x`` at shared byte address ``a`` + 4·``off``."""
     _sts32_f32_raw(uint32(a + 4 * off), float32(x))
+
+
+@cuda.jit(device=True, forceinline=True)
+def sts64_f32_a(smem, a, x, y):
+    """Store floats ``x``, ``y`` at shared byte address ``a`` (8-byte aligned): one STS.64."""
+    _sts64_f32_raw(uint32(a), float32(x), float32(y))
 
 
 @cuda.jit(device=True, forceinline=True)
@@ -674,11 +686,6 @@ extern "C" __device__ int fs_bulk_wait(int* ret) {
     asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
     return 0;
 }
-
-extern "C" __device__ int fs_sts64_f32(int* ret, unsigned a, float x, float y) {
-    asm volatile("st.shared.v2.f32 [%0], {%1, %2};" :: "r"(a), "f"(x), "f"(y) : "memory");
-    return 0;
-}
 """
 
 _link_tma = cuda.CUSource(_CU_TMA)
@@ -686,7 +693,6 @@ _bulk_red_raw = cuda.declare_device("fs_bulk_red_f32", "int32(CPointer(float32),
                                     link=_link_tma)
 _bulk_wait_read_raw = cuda.declare_device("fs_bulk_wait_read", "int32()", link=_link_tma)
 _bulk_wait_raw = cuda.declare_device("fs_bulk_wait", "int32()", link=_link_tma)
-_sts64_f32_raw = cuda.declare_device("fs_sts64_f32", "int32(uint32, float32, float32)", link=_link_tma)
 _mbar_init_raw = cuda.declare_device("fs_mbar_init", "int32(uint32, uint32)", link=_link_tma)
 _mbar_tx_raw = cuda.declare_device("fs_mbar_expect_tx", "int32(uint32, uint32)", link=_link_tma)
 _mbar_wait_raw = cuda.declare_device("fs_mbar_wait", "int32(uint32, uint32)", link=_link_tma)
@@ -720,12 +726,6 @@ def tma_load3(sm, sbase, dst, maps, which, c0, c1, c2, bar):
     the mbarrier at byte ``bar``.  Coordinates past the tensor's end are filled with zeros."""
     _tma3_raw(uint32(sbase + dst), _ffi.from_buffer(maps[128 * which:]), int32(c0), int32(c1), int32(c2),
               uint32(sbase + bar))
-
-
-@cuda.jit(device=True, forceinline=True)
-def sts64_f32_a(smem, a, x, y):
-    """Store floats ``x``, ``y`` at shared byte address ``a`` (8-byte aligned): one STS.64."""
-    _sts64_f32_raw(uint32(a), float32(x), float32(y))
 
 
 @cuda.jit(device=True, forceinline=True)

@@ -259,6 +259,12 @@ def sts32_f32_a(smem, a, off, x):
 
 
 @cuda.jit(device=True)
+def sts64_f32_a(smem, a, x, y):
+    smem[a // 4] = x
+    smem[a // 4 + 1] = y
+
+
+@cuda.jit(device=True)
 def sts32_u32_a(smem, a, x):
     smem[a // 4] = x
 
@@ -519,12 +525,6 @@ def tma_load3(sm, sbase, dst, maps, which, c0, c1, c2, bar):
     w, i = _mbar_words(sm, sbase, bar)
     with _MBAR_LOCK:
         _mbar_step(w, i, 0, -box.nbytes)
-
-
-@cuda.jit(device=True)
-def sts64_f32_a(smem, a, x, y):
-    smem[a // 4] = x
-    smem[a // 4 + 1] = y
 
 
 @cuda.jit(device=True)
