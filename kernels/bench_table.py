@@ -246,9 +246,10 @@ def replace_block(text: str, table: str, start: str = START, end: str = END) -> 
 def merge(out: str | Path, parts: list[str | Path], force: bool = False) -> None:
     """Write the rows of ``parts`` into ``out`` (and its ``.meta.json``, each part's provenance
     listed with the configurations it supplies, a merged part's own parts in its place, a part
-    that supplies none left out); an existing ``out`` is refused (ValueError) unless ``force``.  A configuration that a
-    later part holds takes all its rows from that part (its ratios are same-run ones: the rows of
-    one configuration never mix runs).  Both files are written to temporary names and renamed."""
+    that supplies none left out); an existing ``out`` is refused (ValueError) unless ``force``.  A
+    configuration that a later part holds takes all its rows from that part (its ratios are
+    same-run ones: the rows of one configuration never mix runs).  Both files are written to
+    temporary names and renamed."""
     out = Path(out)
     meta_out = out.with_name(out.stem + ".meta.json")
     if not force and (out.exists() or meta_out.exists()):
@@ -264,6 +265,8 @@ def merge(out: str | Path, parts: list[str | Path], force: bool = False) -> None
         mp = p.with_name(p.stem + ".meta.json")
         meta = json.loads(mp.read_text()) if mp.is_file() else {}
         if meta.get("parts"):  # a merged record (OUT, extended in place): its own parts
+            if not isinstance(meta["parts"], list) or not all(isinstance(q, dict) for q in meta["parts"]):
+                raise ValueError(f"{str(mp)!r}: 'parts' must be a list of objects")
             for q in meta["parts"]:
                 had = set(q.get("configs") or ()) or set(again)
                 metas.append({**meta, "date": None, "git_commit": None, **q, "configs": had & again, "had": had})

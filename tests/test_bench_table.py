@@ -69,6 +69,10 @@ def test_merge_into_a_merged_record_keeps_its_parts(tmp_path):
     meta = json.loads((tmp_path / "m.meta.json").read_text())
     assert [(x["part"], x["configs"]) for x in meta["parts"]] == [("a.csv", ["c1"]), ("c.csv", ["c3"]),
                                                                  ("d.csv", ["c2"])]
+    # a merged record whose meta.json was damaged by hand: one error naming it
+    (tmp_path / "m.meta.json").write_text(json.dumps(dict(meta, parts="a.csv")))
+    with pytest.raises(ValueError, match="'parts' must be a list"):
+        bench_table.merge(m, [m, d], force=True)
 
 
 def test_merge_takes_a_configuration_rerun_from_the_later_part(tmp_path):
