@@ -68,6 +68,13 @@ def test_backward_fp16_v3_bulk_dq(c):
 def test_bulkq_refused_where_the_tile_does_not_fit():
     from kernels.perf import bwd_fp16
 
+    # the default above d = 128: bulk reductions where the tile fits (d <= 192, rounded up to
+    # 16), phase C on two m-tiles where d rounded up to 16 is a multiple of 32
+    on = [d for d in range(136, 257, 8) if bwd_fp16.default_config_v3(d)["bulkq"]]
+    assert on == list(range(136, 193, 8)) and not bwd_fp16.default_config_v3(128)["bulkq"]
+    two = [d for d in range(136, 257, 8) if bwd_fp16.default_config_v3(d)["mc"] == 2]
+    assert two == [152, 160, 184, 192, 216, 224, 248, 256]
+
     c = bwd_fp16.default_config_v3(256)
     assert not bwd_fp16.bulk_fits(256, c["bq"], c["bk"]) and bwd_fp16.bulk_fits(192, 64, 64)
     q, k, v, do = make(1, 1, 1, 1, 16, 16, 256)
@@ -110,11 +117,12 @@ def test_layout_rejects_what_the_warps_cannot_split():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("d", [16, 32, 48, 80, 96, 112, 144, 160, 176, 192, 224, 256, 40, 72, 200])
+@pytest.mark.parametrize("d", [16, 32, 48, 80, 96, 112, 144, 160, 176, 192, 224, 256, 40, 72, 200, 136, 184])
 def test_gpu_backward_head_dims(d):
     """The default block (8 warps; 128 x 128 at d = 32, 48 and 80, 64 keys above d = 128, 64 x 128
     else) at head dims whose copy passes cross rows, end in a partial pass or whose phases B and
-    C end in an odd n-tile, and above d = 128: GQA 4:2, ragged N with Nq > Nk, causal and not."""
+    C end in an odd n-tile, and above d = 128 (dQ by bulk reductions up to d = 192, 136 and 184
+    with rows of d + 8 in shared memory): GQA 4:2, ragged N with Nq > Nk, causal and not."""
     q, k, v, do = make(d, 2, 4, 2, 1000, 777, d)
     for causal in (False, True):
         o, lse = bwd_fp16_v3.saved_forward(q, k, v, causal=causal)

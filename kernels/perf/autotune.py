@@ -317,8 +317,10 @@ def knob_grid(name: str, d: int) -> list[dict]:
         return [dict(bq=bq, bk=bk, nw=nw, mt=mt, reg=r) for bq, bk, nw, mt, r in grid if 16 * nw * mt <= 128]
     if name == "bwd_fp16_v3":
         grid = product((32, 64, 128), (64, 128), (4, 8), (1, 2, 4), (1, 2, 4), (1, 2, 4), (1, 2))
-        # bulkq stays off (dQ by bulk reductions: one A/B so far, not shipped)
-        return [dict(bq=bq, bk=bk, nw=nw, ma=ma, mb=mb, mc=mc, minb=mi, bulkq=False)
+        from .bwd_fp16 import bulk_fits
+
+        # bulkq as the default takes it: on above d = 128 where dQ's tile fits beside the block's
+        return [dict(bq=bq, bk=bk, nw=nw, ma=ma, mb=mb, mc=mc, minb=mi, bulkq=d > 128 and bulk_fits(d, bq, bk))
                 for bq, bk, nw, ma, mb, mc, mi in grid]
     raise ValueError(f"variant={name!r}: one of {', '.join(TUNABLE)}")
 

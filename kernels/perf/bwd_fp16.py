@@ -894,10 +894,11 @@ def signature_v3():
 
 def default_config_v3(d: int) -> dict:
     """bq queries per step, bk keys per block, nw warps; ma, mb, mc: m-tiles a warp owns in phases A
-    (keys), B (keys) and C (queries); minb blocks an SM promised to ptxas; bulkq off (dQ by every
-    lane's ``red.v2``; on: by bulk reductions, :func:`bulk_fits`, not shipped). flash-attention's
-    shapes: 128 x 128 at d = 64 (254 registers, 182 KB, no spills; on the H100 0.92x SDPA flash at N
-    = 16,384 where 64 x 128 ran 0.85x, 1.02x at N = 4,096 where it ran 0.94x:
+    (keys), B (keys) and C (queries); minb blocks an SM promised to ptxas; bulkq: dQ by every
+    lane's ``red.v2`` (off) or by bulk reductions (on, :func:`bulk_fits`: above d = 128, where it
+    fits, :func:`_wide_v3`). flash-attention's shapes: 128 x 128 at d = 64 (254 registers, 182 KB,
+    no spills; on the H100 0.92x SDPA flash at N = 16,384 where 64 x 128 ran 0.85x, 1.02x at
+    N = 4,096 where it ran 0.94x:
     kernels/data/bwd_fp16_v3_d64_h100_460c9a6), and at d = 48 and 80 (255 registers, 16 and 84 bytes
     of spills; 1.16x and 1.20x flash at N = 4,096, 1.13x and 1.17x at 16,384, where 64 x 128 ran
     1.05x, 1.14x, 1.01x, 1.13x in the same runs: kernels/data/bwd_fp16_v3_odd_h100_6d0524e), and at
@@ -918,14 +919,21 @@ def default_config_v3(d: int) -> dict:
 
 def _wide_v3(d: int) -> dict:
     """The block above d = 128: 64 x 64 (dK and dV keep 2·d·64 / 256 = d / 2 f32 registers a
-    thread), 8 warps: phase A 2 x 4 warps (keys x queries); phase B 2 m-tiles a warp, 2 warps
-    along the keys and 4 across d where d % 32 == 0, else 1 m-tile and 4 x 2 (the only split into
-    whole n-tiles); phase C one m-tile, 4 warps along the queries, 2 across d.  On the H100
-    (B·H = 16, kernels/data/bwd_fp16_v3_wide_h100_c1d781c) 1.07x, 0.91x, 0.83x SDPA flash at
-    d = 160, 192, 256 and N = 4,096 (0.97x, 0.81x, 0.79x at 16,384) where 32 queries a step ran
+    thread), 8 warps: phase A 2 x 4 warps (keys x queries); phases B and C 2 m-tiles a warp, 2
+    warps along the keys (B) or the queries (C) and 4 across d, where d % 32 == 0, else 1 m-tile
+    and 4 x 2 (the only split into whole n-tiles); dQ by bulk reductions (``bulkq``) where its
+    tile fits, d <= 192.  On the H100 (B·H = 16, kernels/data/bwd_fp16_v3_wide_h100_c1d781c)
+    the block with one m-tile in phase C and dQ by ``red.v2`` ran 1.07x, 0.91x, 0.83x SDPA flash
+    at d = 160, 192, 256 and N = 4,096 (0.97x, 0.81x, 0.79x at 16,384) where 32 queries a step ran
     0.95x, 0.81x, 0.78x (0.88x, 0.71x, 0.72x) and bwd_fp16_v1 0.84x, 0.55x, 0.34x (0.75x, 0.50x,
-    0.31x).  ptxas: 255 registers, no spills at d = 160 and 192, 68 bytes at 256."""
-    return dict(bq=64, bk=64, nw=8, ma=2, mb=2 if d % 32 == 0 else 1, mc=1, minb=1, bulkq=False)
+    0.31x).  On an H200 (kernels/data/bwd_fp16_v3_wide_h200_c9c5d82, B·H = 64, N = 4,096, three
+    rounds, the same run) phase C's two m-tiles with ``bulkq`` took 0.92-0.94x the old block's
+    time at d = 160, 192 and 176 causal (``bulkq`` alone there), two m-tiles alone 0.98-0.99x at
+    d = 224 and 256.  ptxas (old block): 255 registers, no spills at d = 160 and 192, 68 bytes at
+    256."""
+    two = d % 32 == 0
+    return dict(bq=64, bk=64, nw=8, ma=2, mb=2 if two else 1, mc=2 if two else 1, minb=1,
+                bulkq=bulk_fits(d, 64, 64))
 
 
 def _accepts_v3(dtype, d: int) -> bool:
