@@ -129,6 +129,8 @@ def _typed(path: Path, line: int, r: dict) -> dict:
             except ValueError:
                 raise _bad(path, f"line {line}: {k}={r[k]!r} is not an integer") from None
     r["causal"] = r.get("causal") in ("True", "true", "1")
+    if "longest_first" in r:  # the fast set's bwd_fp16_v3 key-block order (empty: not recorded)
+        r["longest_first"] = r["longest_first"] in ("True", "true", "1") if r["longest_first"].strip() else None
     try:
         r["time_ns"] = float(r["time_ns"])
     except ValueError:

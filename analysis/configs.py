@@ -26,6 +26,9 @@ KERNELS = ("flash2", "flash1", "standard", "decode", *FAST_KERNELS,  # fast: ana
 #: Configuration fields of the decode set beyond :data:`analysis.measure.CONFIG_FIELDS`
 #: (``num_splits``; ``page_size``, 0 for a contiguous cache), recorded when a set has them.
 DECODE_FIELDS = ("num_splits", "page_size")
+#: Configuration fields of the fast set beyond :data:`analysis.measure.CONFIG_FIELDS`
+#: (``longest_first``: bwd_fp16_v3's causal key-block order), recorded when a set has them.
+FAST_FIELDS = ("longest_first",)
 
 
 def workload_of(cfg: dict) -> Workload:

@@ -51,9 +51,12 @@ def _cfg(kernel: str, n: int, d: int, causal: bool = False, batch: int = 1, head
     t = fast.tiles(kernel, d, fast.fit_to_grid(kernel, fast.default_config(kernel, d), {}, n, batch * heads, SET_SMS,
                                                      d=d))
     t = t.get("fwd", t.get("dkdv"))
-    return {"kernel": kernel, "pass": pass_, "batch": batch, "heads": heads, "kv_heads": kv_heads or heads,
-            "seq_len_q": n, "seq_len_k": n, "head_dim": d, "dtype": dtype, "causal": causal,
-            "block_m": t.block_m, "block_n": t.block_n}
+    cfg = {"kernel": kernel, "pass": pass_, "batch": batch, "heads": heads, "kv_heads": kv_heads or heads,
+           "seq_len_q": n, "seq_len_k": n, "head_dim": d, "dtype": dtype, "causal": causal,
+           "block_m": t.block_m, "block_n": t.block_n}
+    if kernel == "bwd_fp16_v3" and causal:  # the key-block order the kernel runs (a column of the record)
+        cfg["longest_first"] = fast.default_config(kernel, d)["longest_first"]
+    return cfg
 
 
 def _best(pass_: str, dtype: str, d: int) -> str:
@@ -153,7 +156,17 @@ def sim_options(cfg: dict) -> dict:
     today (a record measured before a default changed keeps its own tiles: fwd_fp16_v4 at d = 128
     ran Bc = 32 until the tuner's Bc = 16; fwd_fp16_v5 at d = 128 two warpgroups, 128 x 128, until
     532db74's record gave it one, 64 x 64; a small grid's narrowed block, :func:`fast.fit_to_grid`).
-    ValueError where no block-shape override of the variant gives the record's tiles."""
+    ValueError where no block-shape override of the variant gives the record's tiles.  bwd_fp16_v3
+    causal: the key-block order of the record's ``longest_first`` column, grid order without it."""
+    opts = _block_options(cfg)
+    if cfg["kernel"] == "bwd_fp16_v3" and cfg.get("causal") and not cfg.get("longest_first"):
+        # a causal record without the column (every record made before bwd_fp16_v3's knob
+        # longest_first) ran its key blocks in grid order: the L2 model issues them so
+        opts["config"] = {**opts.get("config", {}), "longest_first": False}
+    return opts
+
+
+def _block_options(cfg: dict) -> dict:
     name, d = cfg["kernel"], cfg["head_dim"]
     want = (cfg.get("block_m"), cfg.get("block_n"))
     if None in want:

@@ -32,7 +32,7 @@ from pathlib import Path
 from flashsim.output import check_overwrite, staged
 from flashsim.provenance import git_state
 
-from .configs import DECODE_FIELDS
+from .configs import DECODE_FIELDS, FAST_FIELDS
 from .ncu import METRICS, OPTIONAL_METRICS, available_metrics, ncu_command, parse_raw_csv, split_by_marker
 
 CONFIG_FIELDS = ("kernel", "pass", "batch", "heads", "kv_heads", "seq_len_q", "seq_len_k", "head_dim", "dtype",
@@ -151,8 +151,9 @@ def measure(configs: list[dict], out_dir: str | Path, name: str, cache_control: 
             raise MeasureError(f"{len(groups)} launch groups for {len(manifest)} configurations; nothing written "
                                f"({out_dir} unchanged)")
         rows = []
-        # the decode set's own fields (splits, page size) as extra columns, only in records that have them
-        extra = [f for f in DECODE_FIELDS if any(f in e["config"] for e in manifest)]
+        # the decode and fast sets' own fields (splits, page size; bwd_fp16_v3's key-block order) as
+        # extra columns, only in records that have them
+        extra = [f for f in (*DECODE_FIELDS, *FAST_FIELDS) if any(f in e["config"] for e in manifest)]
         for entry, group in zip(manifest, groups):
             for k, rec in enumerate(group):
                 row = {"config_id": entry["id"], "launch_index": k}

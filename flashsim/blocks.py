@@ -28,7 +28,9 @@ kernels/standard.py, kernels/perf) and PyTorch's vendored FlashAttention-2 launc
   group), then one step per further visible key block (K_j, V_j, copied a step ahead), then L_i
   and O_i; the fp32 forwards: step Q_i, K_0, then V_j and K_{j+1} in steps of their own, then
   O_i, L_i.  Backwards: the preprocess (flash2's, Br = 64); the key-block kernel, grid (Tc,
-  B·Hkv): step K_j, V_j with the first Q_i, dO_i; the copies of step n + 1 issued in step n;
+  B·Hkv) (bwd_fp16_v3 causal with ``longest_first``: the l-th block issued takes key block
+  l // (B·Hkv) of kv head l % (B·Hkv)): step K_j, V_j with the first Q_i, dO_i; the copies of
+  step n + 1 issued in step n;
   L_i, D_i with them (bwd_fp16_v1), a step ahead of them (bwd_fp16_v3) or in the step that
   uses them, once per key warp (fp32); the reduction of dQ_i (into dQacc, fp32: dQ) after the
   next step's copies; step dK_j, dV_j.  bwd_fp16_v1's dQ kernel is a query-block kernel like
@@ -282,8 +284,11 @@ def _query_block_tiles(w: Workload, cols, q0, qn, k0, kn, vis_of, reads, writes,
     return tiles
 
 
-def _key_block_tiles(w: Workload, cols, q0, qn, k0, kn, vis_of, q_lead, stat_lead, stat_reads=1, red=None):
-    """``tiles(lo, hi)`` of a key-block kernel: grid (Tc, B·Hkv), block (j, p): K_j and V_j at step
+def _key_block_tiles(w: Workload, cols, q0, qn, k0, kn, vis_of, q_lead, stat_lead, stat_reads=1, red=None,
+                     heads_first=False):
+    """``tiles(lo, hi)`` of a key-block kernel: grid (Tc, B·Hkv), block (j, p) (with
+    ``heads_first``, the block issued l-th takes j = l // (B·Hkv), p = l % (B·Hkv): every head's
+    first key block before any head's second, bwd_fp16_v3's ``longest_first``): K_j and V_j at step
     0, then the block's steps n = 0, 1, ... over (query head g of the group, visible query
     block i), g slowest: Q_i, dO_i at step n + ``q_lead``, L_i and D_i (each ``stat_reads``
     times) at step max(0, n + ``stat_lead``), and with ``red`` the reduction of dQ_i into that
@@ -295,6 +300,9 @@ def _key_block_tiles(w: Workload, cols, q0, qn, k0, kn, vis_of, q_lead, stat_lea
     def tiles(lo, hi):
         P = _Parts(lo, hi, cols)
         b, j, pk, _ = _grid_index(lo, hi, tc)
+        if heads_first:
+            nbh = w.batch * w.hkv
+            j, pk = b // nbh, b % nbh
         P.add("K", False, b, 0, pk, k0[j], kn[j])
         P.add("V", False, b, 0, pk, k0[j], kn[j])
         vt = vis_of().T  # (Tc, Tr): key block j seen by query block i
@@ -697,7 +705,9 @@ def _fast(schedule, w: Workload, config) -> None:
             qgrid, qfn = query_kernel(tl["dq"], ("Q", "dO", "L", "D"), ("dQ",), lambda j, i: (j, j))
             specs[f"{name}_dq"] = BlockSpec(qgrid, *res["dq"], qfn)
         elif name == "bwd_fp16_v3":  # L, D of a step read a step before its Q, dO copies
-            fn = _key_block_tiles(w, cols, q0, qn, k0, kn, vis_of, q_lead=0, stat_lead=-1, red="dQacc")
+            first = bool(w.causal) and fast.parse_config(name, w.d, config)["longest_first"]
+            fn = _key_block_tiles(w, cols, q0, qn, k0, kn, vis_of, q_lead=0, stat_lead=-1, red="dQacc",
+                                  heads_first=first)
             specs[name] = BlockSpec(grid, *res["dkdv"], fn)
             specs["zero_fill"] = _elementwise_spec(w, schedule, (), ("dQacc",))
             specs["dq_to_f16"] = _elementwise_spec(w, schedule, ("dQacc",), ("dQ",))

@@ -184,6 +184,23 @@ def test_bwd_fp16_v3_blocks_by_hand():
     assert _steps(conv, 25) == [[("dQacc", "r", 1, 0, 8), ("dQ", "w", 1, 0, 8)]]
 
 
+def test_bwd_fp16_v3_causal_key_blocks_longest_first():
+    """Causal, B = 1, H = 2, N = 200, bq = 64, bk = 128: key-block grid (2, 2).  With
+    ``longest_first`` (the default) block l takes key block l // 2 of head l % 2, so blocks 0
+    and 1 are both heads' keys 0..127 (4 query blocks each) and blocks 2, 3 keys 128..199 (the
+    last two query blocks); in grid order (the records before the knob) block 1 is head 0's
+    keys 128..199.  The same tiles either way, in another block order."""
+    cfg = dict(bq=64, bk=128, nw=8, ma=2, mb=2, mc=1)
+    first, grid = (build_schedule(W(1, 2, 200, 32, causal=True), "fast", "bwd", None, kernel="bwd_fp16_v3",
+                                  config=dict(cfg, longest_first=lf)).launches[2].blocks for lf in (True, False))
+    assert first.grid == grid.grid == (2, 2, 1)
+    assert [_steps(first, b)[0][0][2:] for b in range(4)] == [(0, 0, 128), (1, 0, 128), (0, 128, 72), (1, 128, 72)]
+    assert [_steps(grid, b)[0][0][2:] for b in range(4)] == [(0, 0, 128), (0, 128, 72), (1, 0, 128), (1, 128, 72)]
+    assert [len(_steps(first, b)) for b in range(4)] == [6, 6, 4, 4]
+    assert sorted(map(str, (_steps(first, b) for b in range(4)))) == sorted(map(str, (_steps(grid, b)
+                                                                                      for b in range(4))))
+
+
 def test_bwd_fp16_v3_d64_block_by_hand():
     """d = 64, the default since f014f0c: flash-attention's 128 x 128 block (bq = bk = 128, 8
     warps).  B = H = 1, N = 300: key-block grid (3, 1, 1), shared memory 2·(2·128·72 + 4·128·72

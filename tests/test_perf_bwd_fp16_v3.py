@@ -33,6 +33,10 @@ GQA_CAUSAL = dict(seed=3, h=2, hkv=1, nq=37, nk=30, d=32, causal=True, cfg=dict(
 # one m-tile a warp, the two warps along the keys (phases A, B) and the queries (phase C); two
 # query blocks and two key blocks, the last of each partial
 RAGGED = dict(seed=5, h=1, hkv=1, nq=45, nk=40, d=32, causal=False, cfg=dict(bq=32, bk=32, nw=2, ma=1, mb=1, mc=1))
+# causal with two kv heads and two key blocks: longest_first's order (the l-th block issued takes
+# key block l // 2 of kv head l % 2) covers every (key block, head) once
+HEADS_FIRST = dict(seed=13, h=2, hkv=2, nq=45, nk=40, d=32, causal=True,
+                   cfg=dict(bq=32, bk=32, nw=2, ma=1, mb=1, mc=1))
 # d = 96 with two warps: 64 threads do not copy whole rows of 12 chunks a pass, so each pass's
 # chunks cross rows (the copies' general path, which d = 96 takes with 8 warps too); ragged, GQA
 WIDE = dict(seed=9, h=2, hkv=1, nq=21, nk=40, d=96, causal=True, cfg=dict(bq=32, bk=32, nw=2, ma=1, mb=1, mc=1))
@@ -46,6 +50,7 @@ ODD = dict(seed=11, h=2, hkv=1, nq=40, nk=37, d=80, causal=False, cfg=dict(bq=32
 @given(cases())
 @example(GQA_CAUSAL)
 @example(RAGGED)
+@example(HEADS_FIRST)
 @example(WIDE)
 @example(ODD)
 def test_backward_fp16_v3(c):

@@ -159,14 +159,15 @@ def default_config(name: str, d: int) -> dict:
     if name == "bwd_fp16_v3":
         d = cdiv(d, 16) * 16  # d % 16 = 8 runs as d + 8
         if d in (32, 48, 64, 80):
-            return dict(bq=128, bk=128, nw=8, ma=4, mb=2, mc=2, minb=1, bulkq=False)
+            return dict(bq=128, bk=128, nw=8, ma=4, mb=2, mc=2, minb=1, bulkq=False, longest_first=True)
         if d > 128:
             # phases B and C on two m-tiles where d % 32 == 0; dQ by bulk reductions where dQ's
             # tile (64 rows of d + 8 floats) fits beside the tiles in 227 KB: d <= 192
             two = d % 32 == 0
-            return dict(bq=64, bk=64, nw=8, ma=2, mb=2 if two else 1, mc=2 if two else 1, minb=1, bulkq=d <= 192)
+            return dict(bq=64, bk=64, nw=8, ma=2, mb=2 if two else 1, mc=2 if two else 1, minb=1, bulkq=d <= 192,
+                        longest_first=True)
         return dict(bq=64, bk=128, nw=8, ma=2, mb=4 if d == 128 else 2, mc=2 if d in (64, 128) else 1, minb=1,
-                    bulkq=False)
+                    bulkq=False, longest_first=True)
     if name == "bwd_fp32_v1":
         nw = 4 if d <= 64 or 68 <= d <= 96 else 8
         return dict(bc=64, br=64, nw=nw, unroll=2, minb=1, vred=True)

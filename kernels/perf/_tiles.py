@@ -73,16 +73,29 @@ def query_block(BR: int, BC: int, CAUSAL: bool):
     return start
 
 
-def key_block(BK: int, BQ: int, CAUSAL: bool):
+def key_block(BK: int, BQ: int, CAUSAL: bool, LONGEST_FIRST: bool = False):
     """``start(q, k)`` for a block of BK keys (grid (Tc, B·Hkv)): (b, hk, nh, group, nq, nk, shift,
     c0, i0, nblk, total): batch, kv head, query heads and heads a kv head, lengths, Nk - Nq, the
     first key, the first query block that sees it (causal rows r see keys <= r + shift, so the
     first is the one holding row c0 - shift), the query blocks a head has from there, and the
-    steps of the walk (every query head of the group, each over its nblk blocks)."""
+    steps of the walk (every query head of the group, each over its nblk blocks).
+
+    Block (x, y) takes key block x of kv head y; with ``LONGEST_FIRST`` (causal only) the block
+    that the hardware issues l-th (l = x + y·Tc, x fastest) takes key block l // (B·Hkv) of kv
+    head l % (B·Hkv): every head's first key block, which sees the most query blocks, before any
+    head's second, so that the longest blocks start in the first wave, not the last."""
+    HEADS_FIRST = CAUSAL and LONGEST_FIRST
 
     @_device
     def start(q, k):
-        bk = cuda.blockIdx.y
+        if HEADS_FIRST:
+            nbh = cuda.gridDim.y
+            lin = cuda.blockIdx.x + cuda.blockIdx.y * cuda.gridDim.x
+            kb = lin // nbh
+            bk = lin - kb * nbh
+        else:
+            kb = cuda.blockIdx.x
+            bk = cuda.blockIdx.y
         nhk = k.shape[1]
         b = bk // nhk
         hk = bk % nhk
@@ -91,7 +104,7 @@ def key_block(BK: int, BQ: int, CAUSAL: bool):
         nq = q.shape[2]
         nk = k.shape[2]
         shift = nk - nq
-        c0 = cuda.blockIdx.x * BK
+        c0 = kb * BK
         tr = (nq + BQ - 1) // BQ
         i0 = 0
         if CAUSAL:

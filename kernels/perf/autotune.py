@@ -319,9 +319,10 @@ def knob_grid(name: str, d: int) -> list[dict]:
         grid = product((32, 64, 128), (64, 128), (4, 8), (1, 2, 4), (1, 2, 4), (1, 2, 4), (1, 2))
         from .bwd_fp16 import bulk_fits
 
-        # bulkq as the default takes it: on above d = 128 where dQ's tile fits beside the block's
-        return [dict(bq=bq, bk=bk, nw=nw, ma=ma, mb=mb, mc=mc, minb=mi, bulkq=d > 128 and bulk_fits(d, bq, bk))
-                for bq, bk, nw, ma, mb, mc, mi in grid]
+        # bulkq as the default takes it (on above d = 128 where dQ's tile fits beside the block's);
+        # causal key blocks longest first, as the default
+        return [dict(bq=bq, bk=bk, nw=nw, ma=ma, mb=mb, mc=mc, minb=mi, bulkq=d > 128 and bulk_fits(d, bq, bk),
+                     longest_first=True) for bq, bk, nw, ma, mb, mc, mi in grid]
     raise ValueError(f"variant={name!r}: one of {', '.join(TUNABLE)}")
 
 

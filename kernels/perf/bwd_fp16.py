@@ -524,7 +524,7 @@ def bulk_fits(d: int, bq: int, bk: int) -> bool:
 
 
 def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAUSAL: bool, BF16: bool = False,
-               BULKQ: bool = False):
+               BULKQ: bool = False, LONGEST_FIRST: bool = False):
     # D is the rows' length in memory; the tiles in shared memory are DP = D rounded up to 16
     # columns wide (d % 16 = 8: one 16-byte chunk a row that no copy writes, zeroed once, so the
     # products run over DP columns as at d + 8; the column n-tile past D is never stored).
@@ -559,7 +559,7 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
                          f"d={D}, bq={BQ}, bk={BK}")
     SR = D + 8  # f32 words a row of dQ's tile (BULKQ): 32 bytes of padding, two wavefronts a store
     BOFF = FOFF + 4 * BQ  # f32 words: dQ's tile (BULKQ)
-    start = key_block(BK, BQ, CAUSAL)
+    start = key_block(BK, BQ, CAUSAL, LONGEST_FIRST)
     pack = f16_pack(NB, S, BF16)
     zero_pad = f16_zero_pad(2 * BK + 4 * BQ, D, S, NT)  # K, V, Q x 2, dO x 2: rows 0.. of stride S
     MMA, MMA_Z, PACK = tc.ops(BF16)
@@ -879,10 +879,11 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
 
 @cache
 def kernel_v3(d: int, causal: bool, bq: int, bk: int, nw: int, ma: int, mb: int, mc: int, minb: int = 1,
-              bulkq: bool = False, bf16: bool = False):
+              bulkq: bool = False, longest_first: bool = False, bf16: bool = False):
     """The compiled kernel and its threads per block (``minb`` blocks per SM promised to ptxas;
-    ``bulkq``: dQ by bulk reductions, :func:`bulk_fits`; ``bf16``: for bf16 inputs)."""
-    fn, nt, _ = _source_v3(d, bq, bk, nw, ma, mb, mc, causal, bf16, bulkq)
+    ``bulkq``: dQ by bulk reductions, :func:`bulk_fits`; ``longest_first``: causal key blocks in
+    the order of their work, :func:`kernels.perf._tiles.key_block`; ``bf16``: for bf16 inputs)."""
+    fn, nt, _ = _source_v3(d, bq, bk, nw, ma, mb, mc, causal, bf16, bulkq, longest_first and causal)
     return tc.jit_kernel(fn, nt, minb), nt
 
 
@@ -896,7 +897,9 @@ def default_config_v3(d: int) -> dict:
     """bq queries per step, bk keys per block, nw warps; ma, mb, mc: m-tiles a warp owns in phases A
     (keys), B (keys) and C (queries); minb blocks an SM promised to ptxas; bulkq: dQ by every
     lane's ``red.v2`` (off) or by bulk reductions (on, :func:`bulk_fits`: above d = 128, where it
-    fits, :func:`_wide_v3`). flash-attention's shapes: 128 x 128 at d = 64 (254 registers, 182 KB,
+    fits, :func:`_wide_v3`); longest_first: causal key blocks issued every kv head's first before
+    any head's second (:func:`kernels.perf._tiles.key_block`; no effect when not causal).
+    flash-attention's shapes: 128 x 128 at d = 64 (254 registers, 182 KB,
     no spills; on the H100 0.92x SDPA flash at N = 16,384 where 64 x 128 ran 0.85x, 1.02x at
     N = 4,096 where it ran 0.94x:
     kernels/data/bwd_fp16_v3_d64_h100_460c9a6), and at d = 48 and 80 (255 registers, 16 and 84 bytes
@@ -910,11 +913,11 @@ def default_config_v3(d: int) -> dict:
     and 0.98x at N = 4,096 where mb = 2 ran 0.90x and 0.90x (the same record, t128)."""
     d = padded_head_dim(d)  # d % 16 = 8 runs as d + 8
     if d in (32, 48, 64, 80):
-        return dict(bq=128, bk=128, nw=8, ma=4, mb=2, mc=2, minb=1, bulkq=False)
+        return dict(bq=128, bk=128, nw=8, ma=4, mb=2, mc=2, minb=1, bulkq=False, longest_first=True)
     if d > 128:  # 64 keys a block (dK, dV: 128 registers a thread at d = 256)
         return _wide_v3(d)
     return dict(bq=64, bk=128, nw=8, ma=2, mb=4 if d == 128 else 2, mc=2 if d in (64, 128) else 1, minb=1,
-                bulkq=False)
+                bulkq=False, longest_first=True)
 
 
 def _wide_v3(d: int) -> dict:
@@ -927,13 +930,13 @@ def _wide_v3(d: int) -> dict:
     at d = 160, 192, 256 and N = 4,096 (0.97x, 0.81x, 0.79x at 16,384) where 32 queries a step ran
     0.95x, 0.81x, 0.78x (0.88x, 0.71x, 0.72x) and bwd_fp16_v1 0.84x, 0.55x, 0.34x (0.75x, 0.50x,
     0.31x).  On an H200 (kernels/data/bwd_fp16_v3_wide_h200_c9c5d82, B·H = 64, N = 4,096, three
-    rounds, the same run) phase C's two m-tiles with ``bulkq`` took 0.92-0.94x the old block's
+    rounds, the same run) phase C's two m-tiles with ``bulkq`` took 0.92-0.96x the old block's
     time at d = 160, 192 and 176 causal (``bulkq`` alone there), two m-tiles alone 0.98-0.99x at
     d = 224 and 256.  ptxas (old block): 255 registers, no spills at d = 160 and 192, 68 bytes at
     256."""
     two = d % 32 == 0
     return dict(bq=64, bk=64, nw=8, ma=2, mb=2 if two else 1, mc=2 if two else 1, minb=1,
-                bulkq=bulk_fits(d, 64, 64))
+                bulkq=bulk_fits(d, 64, 64), longest_first=True)
 
 
 def _accepts_v3(dtype, d: int) -> bool:
