@@ -1,7 +1,7 @@
 """Block-shape sweep of one numbered variant, beside torch's naive attention and SDPA.
 
     python -m kernels.perf.tune fwd_fp16_v4 --d 64 --n 4096 16384 \
-        --configs '{"bc": 64, "mt": 2}' '{"bc": 32, "mt": 2}' [--causal] [--out DIR]
+        --configs '{"bc": 64, "mt": 2}' '{"bc": 32, "mt": 2}' [--causal] [--hkv H] [--out DIR]
 
 Each configuration is checked against the float64 reference first (the same checks as
 ``kernels.bench``: the forward on sampled rows, a backward variant's gradients on the first head
@@ -32,6 +32,7 @@ def main(argv=None) -> int:
     ap.add_argument("--d", type=int, nargs="+", default=[64])
     ap.add_argument("--n", type=int, nargs="+", default=[4096])
     ap.add_argument("--bh", type=int, default=16, help="batch*heads (batch = bh // 16, heads = 16)")
+    ap.add_argument("--hkv", type=int, default=None, help="kv heads (grouped-query; default: the query heads)")
     ap.add_argument("--dtype", default="fp16", choices=["fp16", "fp32"])
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--configs", nargs="*", default=["{}"], help="JSON objects overriding default_config(d)")
@@ -51,7 +52,11 @@ def main(argv=None) -> int:
     for d in args.d:
         for n in args.n:
             b, h = max(1, args.bh // 16), min(16, args.bh)
-            inputs = [tuple(torch.randn(b, h, n, d, device="cuda", dtype=tdt) for _ in range(3)) for _ in range(3)]
+            hkv = args.hkv or h
+            if h % hkv:
+                ap.error(f"hkv={hkv}: must divide the {h} query heads")
+            inputs = [tuple(torch.randn(b, x, n, d, device="cuda", dtype=tdt) for x in (h, hkv, hkv))
+                      for _ in range(3)]
             bwd = hasattr(mod, "backward")
             fl = flops(b, h, n, d, args.causal, "bwd" if bwd else "fwd")
             base = {}
@@ -70,7 +75,7 @@ def main(argv=None) -> int:
                 print(f"{p:24s} d={d:<4d} N={n:<6d} {ms:8.3f} ms {fl / ms / 1e9:7.1f} TFLOP/s", flush=True)
             for cj in args.configs:
                 cfg = json.loads(cj)
-                rec = {"variant": args.variant, "d": d, "n": n, "bh": b * h, "causal": args.causal, **cfg}
+                rec = {"variant": args.variant, "d": d, "n": n, "bh": b * h, "hkv": hkv, "causal": args.causal, **cfg}
                 try:
                     if bwd:
                         sets = []
