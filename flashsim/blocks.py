@@ -28,11 +28,11 @@ kernels/standard.py, kernels/perf) and PyTorch's vendored FlashAttention-2 launc
   group), then one step per further visible key block (K_j, V_j, copied a step ahead), then L_i
   and O_i; the fp32 forwards: step Q_i, K_0, then V_j and K_{j+1} in steps of their own, then
   O_i, L_i.  Backwards: the preprocess (flash2's, Br = 64); the key-block kernel, grid (Tc,
-  B·Hkv) (bwd_fp16_v3 causal with ``longest_first``: the l-th block issued takes key block
-  l // (B·Hkv) of kv head l % (B·Hkv)): step K_j, V_j with the first Q_i, dO_i; the copies of
-  step n + 1 issued in step n;
-  L_i, D_i with them (bwd_fp16_v1), a step ahead of them (bwd_fp16_v3) or in the step that
-  uses them, once per key warp (fp32); the reduction of dQ_i (into dQacc, fp32: dQ) after the
+  B·Hkv) (bwd_fp16_v3 causal with ``longest_first``, where ``fast.longest_first_runs``: the
+  l-th block issued takes key block l // (B·Hkv) of kv head l % (B·Hkv)): step K_j, V_j with
+  the first Q_i, dO_i; the copies of step n + 1 issued in step n; L_i, D_i with them
+  (bwd_fp16_v1), a step ahead of them (bwd_fp16_v3) or in the step that uses them, once per key
+  warp (fp32); the reduction of dQ_i (into dQacc, fp32: dQ) after the
   next step's copies; step dK_j, dV_j.  bwd_fp16_v1's dQ kernel is a query-block kernel like
   the forward (Q_i, dO_i, L_i, D_i, then K_j, V_j a step ahead, then dQ_i).  The zero fill and
   the fp32 -> fp16 conversion: min(1024, ⌈B·H·Nq·d / 256⌉) blocks of 256 threads, a grid-stride
@@ -705,7 +705,8 @@ def _fast(schedule, w: Workload, config) -> None:
             qgrid, qfn = query_kernel(tl["dq"], ("Q", "dO", "L", "D"), ("dQ",), lambda j, i: (j, j))
             specs[f"{name}_dq"] = BlockSpec(qgrid, *res["dq"], qfn)
         elif name == "bwd_fp16_v3":  # L, D of a step read a step before its Q, dO copies
-            first = bool(w.causal) and fast.parse_config(name, w.d, config)["longest_first"]
+            c = fast.parse_config(name, w.d, config)
+            first = bool(w.causal) and c["longest_first"] and fast.longest_first_runs(c["bk"], w.batch * w.hkv)
             fn = _key_block_tiles(w, cols, q0, qn, k0, kn, vis_of, q_lead=0, stat_lead=-1, red="dQacc",
                                   heads_first=first)
             specs[name] = BlockSpec(grid, *res["dkdv"], fn)

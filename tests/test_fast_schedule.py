@@ -56,6 +56,15 @@ def test_default_configs_and_selection_equal_kernels_perf():
     assert fast.best("fwd", "fp32", 80) == "fwd_fp32_v1"
 
 
+def test_longest_first_rule_equals_the_kernels():
+    from kernels.perf import bwd_fp16
+
+    for bk in (32, 64, 128):
+        for kv_blocks in range(1, 300):
+            assert fast.longest_first_runs(bk, kv_blocks) == bwd_fp16.longest_first_runs(bk, kv_blocks)
+    assert fast.longest_first_runs(64, 32) and not fast.longest_first_runs(64, 33) and fast.longest_first_runs(128, 256)
+
+
 def test_key_warps_equal_the_kernels_warp_grids():
     """flashsim restates bwd_fp32's warp grid (which warps read L and D): equal for every block
     shape the kernels accept over a grid of them."""

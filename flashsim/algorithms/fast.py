@@ -291,6 +291,13 @@ def _config_dict(config) -> dict:
     return config
 
 
+def longest_first_runs(bk: int, kv_blocks: int) -> bool:
+    """bwd_fp16_v3's rule (``kernels.perf.bwd_fp16.longest_first_runs``, the measurements there):
+    a causal launch with ``longest_first`` issues its key blocks longest first where a block has
+    128 keys or batch x kv heads (``kv_blocks``) is at most 32, else in grid order."""
+    return bk >= 128 or kv_blocks <= 32
+
+
 def check_config_values(defaults: dict, config: dict) -> None:
     """ValueError naming the first key of ``config`` whose value is not of its default's kind: true
     or false (numpy bools too) for a flag, a positive integer (numpy integers too, not a bool)

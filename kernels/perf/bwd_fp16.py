@@ -898,7 +898,8 @@ def default_config_v3(d: int) -> dict:
     (keys), B (keys) and C (queries); minb blocks an SM promised to ptxas; bulkq: dQ by every
     lane's ``red.v2`` (off) or by bulk reductions (on, :func:`bulk_fits`: above d = 128, where it
     fits, :func:`_wide_v3`); longest_first: causal key blocks issued every kv head's first before
-    any head's second (:func:`kernels.perf._tiles.key_block`; no effect when not causal).
+    any head's second (:func:`kernels.perf._tiles.key_block`; no effect when not causal), where
+    :func:`longest_first_runs` says it pays.
     flash-attention's shapes: 128 x 128 at d = 64 (254 registers, 182 KB,
     no spills; on the H100 0.92x SDPA flash at N = 16,384 where 64 x 128 ran 0.85x, 1.02x at
     N = 4,096 where it ran 0.94x:
@@ -939,6 +940,21 @@ def _wide_v3(d: int) -> dict:
                 bulkq=bulk_fits(d, 64, 64), longest_first=True)
 
 
+def longest_first_runs(bk: int, kv_blocks: int) -> bool:
+    """Whether a causal launch with ``longest_first`` takes that order (else grid order): with
+    128 keys a block, or at most 32 kv heads x batch (``kv_blocks``).  In grid order the blocks
+    in flight share their head's Q and dO through the L2; in longest-first order each streams its
+    own, which a block of 64 keys (2.5·64 FLOPs a byte of Q and dO, under the H200's ridge of about
+    200) cannot hide when many heads fill the machine, while with few heads grid order starts the
+    longest blocks of the last heads in the last wave.  On an H200 (the same runs,
+    kernels/data/bwd_fp16_v3_causal_order_h200_949102e, two rounds each) longest first took
+    0.72-0.85x grid order's time at 12-16 kv blocks of 64 keys (d = 176, 192, 200), 0.90-0.97x at
+    32-256 kv blocks of 128 keys (d = 64, 96, 128, N = 512-8,192; 0.97-1.02x at N = 1,024, d =
+    64 and 128, and at 16,384), and 1.06-1.11x at 112-120 kv blocks of 64 keys (d = 224, N = 576
+    and 1,088)."""
+    return bk >= 128 or kv_blocks <= 32
+
+
 def _accepts_v3(dtype, d: int) -> bool:
     """fp16 or bf16, d % 8 == 0, 16 <= d <= 256 (d % 16 = 8 runs as d + 8 in shared memory; dK and
     dV take 2·d·bk / (32·nw) f32 registers a thread: 128 at d = 128 with 128 keys a block, and at
@@ -968,7 +984,8 @@ def backward_v3(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
         q, k, v, o, lse, do, scale=scale, config=config, causal=causal)
     # ValueError if the warps cannot split the block
     layout_v3(padded_head_dim(d), cfg["bq"], cfg["bk"], cfg["nw"], cfg["ma"], cfg["mb"], cfg["mc"])
-    kern, nt = kernel_v3(d, bool(causal), **cfg, bf16=inp.bf16)
+    first = cfg["longest_first"] and longest_first_runs(cfg["bk"], nb * nhk)
+    kern, nt = kernel_v3(d, bool(causal), **dict(cfg, longest_first=first), bf16=inp.bf16)
     dvec = row_dots(inp, a, causal)
     dqa, flat = zeroed_dq(inp, (nb, nh, nq, d))
     dk = inp.empty((nb, nhk, nk, d), inp.dtype)
