@@ -13,7 +13,8 @@ registers); ``fwd_fp16_v5`` and ``fwd_fp16_v7`` Bc and nw (whole warpgroups: 4 o
 each; its
 warpgroup products read a tile once for 64 rows, which the shared-memory term below takes as a
 64-row warp tile); ``bwd_fp16_v1`` bq, bk, nw, mt and reg; ``bwd_fp16_v3`` bq, bk, nw, the m-tiles of
-its three phases ma, mb, mc and minb (blocks per SM promised to ptxas).  None of them has a
+its three phases ma, mb, mc and minb (blocks per SM promised to ptxas), with ``bulkq`` and
+``longest_first`` as its default takes them.  None of them has a
 pipeline-depth knob: K/V (forward) and Q/dO (backward) are double-buffered by construction.  A
 candidate is dropped when its dynamic shared memory exceeds the GPU's opt-in limit per block (the
 kernels raise their limit past 48 KB: ``_launch.raise_smem_limit``), when ``bwd_fp16_v3``'s

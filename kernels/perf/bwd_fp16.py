@@ -443,8 +443,9 @@ def backward_v1(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
 #     phase B   dV += Pᵀ dO_i, dK += dSᵀ Q_i: 16·mb keys x d·16·mb/bk columns (d = 128: 64 x 32
 #               with mb = 4, f014f0c's default; 32 x 64 with mb = 2): 6 loads for 16 mma per product
 #     phase C   dQ_i += dS K_j: 16·mc queries x its columns (32 x 32): 4 loads for 8 mma, then
-#               ``red.global.add.v2.f32`` into a float32 dQ buffer (``bulkq``, off by default:
-#               through shared memory and one ``cp.reduce.async.bulk`` a row, a step later)
+#               ``red.global.add.v2.f32`` into a float32 dQ buffer (``bulkq``, on above d = 128
+#               where it fits: through shared memory and one ``cp.reduce.async.bulk`` a row, a
+#               step later)
 #
 # The element-wise step keeps its L and D in registers loaded as pairs (``ld.shared.v2``) after
 # the products and stores Pᵀ and dSᵀ as packed f16 pairs through 32-bit shared addresses
@@ -517,9 +518,10 @@ SMEM_MAX = 227 * 1024  # sm_90's largest opt-in shared memory a block
 
 def bulk_fits(d: int, bq: int, bk: int) -> bool:
     """Whether dQ's tile for ``bulkq`` (bq rows of d + 8 floats) fits in shared memory beside the
-    tiles.  ``bulkq`` (config knob, off by default; NOTES.md "dQ by bulk reductions"): phase C
-    stores its tile in shared memory, and the next step, after its first barrier, sends it to the
-    dQ buffer by one ``cp.reduce.async.bulk`` a row, where every lane's ``red.v2`` had."""
+    tiles.  ``bulkq`` (config knob, the default above d = 128 where it fits; NOTES.md "dQ by bulk
+    reductions"): phase C stores its tile in shared memory, and the next step, after its first
+    barrier, sends it to the dQ buffer by one ``cp.reduce.async.bulk`` a row, where every lane's
+    ``red.v2`` had."""
     return _smem_tiles_v3(d, bq, bk) + 4 * bq * (d + 8) <= SMEM_MAX
 
 
