@@ -276,3 +276,16 @@ def test_a_record_keeps_its_own_block_shape_when_the_default_moves():
         "kernel": "bwd_fp16_v3"}
     with pytest.raises(ValueError, match="block_m=96, block_n=32"):
         fast_set.sim_options(dict(row, block_m=96))
+
+
+def test_a_causal_bwd_fp16_v3_record_keeps_its_key_block_order():
+    """Records made before bwd_fp16_v3's longest_first have no such column: the L2 model issues
+    their causal key blocks in grid order.  The fast set now records the knob, and a record that
+    names it keeps the default order."""
+    row = {"kernel": "bwd_fp16_v3", "head_dim": 128, "block_m": 64, "block_n": 128, "causal": True}
+    assert fast_set.sim_options(row) == {"kernel": "bwd_fp16_v3", "config": {"longest_first": False}}
+    assert fast_set.sim_options(dict(row, longest_first=True)) == {"kernel": "bwd_fp16_v3"}
+    assert fast_set.sim_options(dict(row, causal=False)) == {"kernel": "bwd_fp16_v3"}
+    sets = [c for c in fast_set.fast_set() if c["kernel"] == "bwd_fp16_v3"]
+    assert any(c["causal"] for c in sets)
+    assert all(c.get("longest_first") is (True if c["causal"] else None) for c in sets)
