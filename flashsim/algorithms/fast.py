@@ -292,9 +292,18 @@ def _config_dict(config) -> dict:
 
 
 def longest_first_runs(bk: int, kv_blocks: int) -> bool:
-    """bwd_fp16_v3's rule (``kernels.perf.bwd_fp16.longest_first_runs``, the measurements there):
-    a causal launch with ``longest_first`` issues its key blocks longest first where a block has
-    128 keys or batch x kv heads (``kv_blocks``) is at most 32, else in grid order."""
+    """Whether a causal launch of bwd_fp16_v3 with ``longest_first`` takes that order (else grid
+    order; the kernels' launcher and this package's thread blocks both call this rule): with
+    128 keys a block, or at most 32 kv heads x batch (``kv_blocks``).  In grid order the blocks
+    in flight share their head's Q and dO through the L2; in longest-first order each streams its
+    own, which a block of 64 keys (2.5·64 FLOPs a byte of Q and dO, under the H200's ridge of about
+    200) cannot hide when many heads fill the machine, while with few heads grid order starts the
+    longest blocks of the last heads in the last wave.  On an H200 (the same runs,
+    kernels/data/bwd_fp16_v3_causal_order_h200_949102e, two rounds each) longest first took
+    0.72-0.85x grid order's time at 12-16 kv blocks of 64 keys (d = 176, 192, 200), 0.90-0.97x at
+    32-256 kv blocks of 128 keys (d = 64, 96, 128, N = 512-8,192; 0.97-1.02x at N = 1,024, d =
+    64 and 128, and at 16,384), and 1.06-1.11x at 112-120 kv blocks of 64 keys (d = 224, N = 576
+    and 1,088)."""
     return bk >= 128 or kv_blocks <= 32
 
 

@@ -36,6 +36,8 @@ from types import SimpleNamespace
 
 from numba import cuda, float32, int32, types, uint32
 
+from flashsim.algorithms.fast import longest_first_runs  # the key-block order's rule, one for both layers
+
 from .._arrays import dtype_name
 from .._direct import launch
 from ..flash2 import padded_head_dim
@@ -940,21 +942,6 @@ def _wide_v3(d: int) -> dict:
     two = d % 32 == 0
     return dict(bq=64, bk=64, nw=8, ma=2, mb=2 if two else 1, mc=2 if two else 1, minb=1,
                 bulkq=bulk_fits(d, 64, 64), longest_first=True)
-
-
-def longest_first_runs(bk: int, kv_blocks: int) -> bool:
-    """Whether a causal launch with ``longest_first`` takes that order (else grid order): with
-    128 keys a block, or at most 32 kv heads x batch (``kv_blocks``).  In grid order the blocks
-    in flight share their head's Q and dO through the L2; in longest-first order each streams its
-    own, which a block of 64 keys (2.5·64 FLOPs a byte of Q and dO, under the H200's ridge of about
-    200) cannot hide when many heads fill the machine, while with few heads grid order starts the
-    longest blocks of the last heads in the last wave.  On an H200 (the same runs,
-    kernels/data/bwd_fp16_v3_causal_order_h200_949102e, two rounds each) longest first took
-    0.72-0.85x grid order's time at 12-16 kv blocks of 64 keys (d = 176, 192, 200), 0.90-0.97x at
-    32-256 kv blocks of 128 keys (d = 64, 96, 128, N = 512-8,192; 0.97-1.02x at N = 1,024, d =
-    64 and 128, and at 16,384), and 1.06-1.11x at 112-120 kv blocks of 64 keys (d = 224, N = 576
-    and 1,088)."""
-    return bk >= 128 or kv_blocks <= 32
 
 
 def _accepts_v3(dtype, d: int) -> bool:
