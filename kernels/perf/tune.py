@@ -40,6 +40,11 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    if args.bh < 1:
+        ap.error(f"bh={args.bh}: must be >= 1")
+    h = min(16, args.bh)
+    if args.hkv is not None and (args.hkv < 1 or h % args.hkv):
+        ap.error(f"hkv={args.hkv}: must divide the {h} query heads")
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -53,8 +58,6 @@ def main(argv=None) -> int:
         for n in args.n:
             b, h = max(1, args.bh // 16), min(16, args.bh)
             hkv = args.hkv or h
-            if h % hkv:
-                ap.error(f"hkv={hkv}: must divide the {h} query heads")
             inputs = [tuple(torch.randn(b, x, n, d, device="cuda", dtype=tdt) for x in (h, hkv, hkv))
                       for _ in range(3)]
             bwd = hasattr(mod, "backward")
