@@ -324,7 +324,6 @@ def _source_v2(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, AK: int = 1, QSP
     copy_v = f32_copier(BC, NT, D, VS)
     QCH = D // 4  # 4-float chunks of a Q row
     QCP = -(-BR * QCH // NT)  # Q chunks a thread splits (QSPLIT)
-    QX = 4 * QCP  # their floats, loaded before any is split
 
     @tc.device_inline
     def split(x, hi, lo, i):
@@ -339,24 +338,15 @@ def _source_v2(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, AK: int = 1, QSP
         each in S's k-loop, already in the registers' order); rows past Nq are 0.  Element (r, c)
         of the block: m-tile r // 16, k-step c // 8, lane 4·(r % 8) + (c % 8) // 2, register
         (r % 16) // 8 + 2·(c % 2) (S's k permutation: dims 2t, 2t + 1 are k = t, t + 4)."""
-        # All of the thread's loads first, then the splits and stores: one loop of load, split,
-        # store waited a global-memory latency per chunk (the stores are asm the loads cannot pass).
-        xs = cuda.local.array(QX, float32)
-        for u in range(QCP):
-            e = tid + u * NT
-            r = e // QCH
-            c = (e % QCH) * 4
-            ok = (QCP * NT == BR * QCH or e < BR * QCH) and r0 + r < nq
-            for f in range(4):
-                xs[4 * u + f] = q[b, h, r0 + r, c + f] if ok else float32(0.0)
         for u in range(QCP):
             e = tid + u * NT
             if QCP * NT == BR * QCH or e < BR * QCH:
                 r = e // QCH
                 c = (e % QCH) * 4
+                ok = r0 + r < nq
                 base = (((r >> 4) * KS + (c >> 3)) * 32 + 4 * (r & 7) + ((c & 7) >> 1)) * 4 + ((r & 15) >> 3)
                 for f in range(4):
-                    x = xs[4 * u + f]
+                    x = q[b, h, r0 + r, c + f] if ok else float32(0.0)
                     hx = tc.tf32_hi(x)
                     tc.sts32_f32_a(sm, sbase + 4 * QOFF, base + 4 * (f >> 1) + 2 * (f & 1), hx)
                     tc.sts32_f32_a(sm, sbase + 4 * QLOFF, base + 4 * (f >> 1) + 2 * (f & 1), x - hx)
@@ -446,12 +436,12 @@ def _source_v2(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, AK: int = 1, QSP
         va = sbase + 4 * (VOFF + 2 * t * VS + 4 * g)  # V[2t, 4g]
         # Q_i (split into its fragment tiles by plain loads and stores, or copied) and K_0 (one
         # cp.async group); rows past N are zero.
-        if nblk > 0:  # K_0 first: its copy lands while Q is read and split
-            copy_k(sm, sbase + 4 * KOFF, k, kbase, nk, tid)
         if QSPLIT:  # (visible after the first key block's barrier)
             split_q(sm, sbase, q, b, h, r0, nq, tid)
         else:
             copy_q(sm, sbase + 4 * QOFF, q, qbase + r0 * D, nq - r0, tid)
+        if nblk > 0:
+            copy_k(sm, sbase + 4 * KOFF, k, kbase, nk, tid)
         tc.cp_async_commit()
         acc = cuda.local.array(NO, float32)
         for x in range(NO):
