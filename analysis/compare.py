@@ -524,6 +524,9 @@ def run(data: str | Path, out_dir: str | Path | None = None, gpu: str | None = N
         print(f"PyTorch's launches: LSU level, to the byte (loads, LDGSTS included, stores, reductions apart): "
               f"{s['torch_lsu_exact']}/{s['torch_lsu_launches']}; L2 level (TMA launches) within 2%: "
               f"{s['torch_l2_within']}/{s['torch_l2_launches']}")
+        if s.get("torch_l2_xbar_launches"):
+            print(f"  TMA launches' reads as the SMs receive them (xbar_read_sectors, every CTA's own tiles): "
+                  f"within 2%: {s['torch_l2_xbar_within']}/{s['torch_l2_xbar_launches']}")
     if "lsu_ld_exact" in s:
         n = s["launches"]
         what = ("the LSU's count (cp.async tiles by their shared destination: analysis.fast_set.ldgsts_sectors)"

@@ -72,6 +72,13 @@ OPTIONAL_METRICS = {
     "l1tex__t_sectors_pipe_lsu_mem_global_op_ldgsts_cache_bypass.sum": "lsu_ldgsts_bypass_sectors",
     "lts__t_sectors_srcunit_tex_op_red.sum": "l2_red_sectors",
     "lts__t_sectors_srcunit_tex_op_atom.sum": "l2_atom_sectors",
+    # the sectors L2 sends to the SMs (through the crossbar into L1TEX's M stage: loads, cp.async
+    # and TMA loads, one per receiving SM), and those of TMA loads alone.  L2's own read count
+    # above (lts__t_sectors_srcunit_tex_op_read) is taken after Hopper's L2 request coalescer, which
+    # merges reads of one sector by several SMs arriving together: fewer, by a share that depends
+    # on timing (scripts/device/tma_l2_probe.sh)
+    "l1tex__m_xbar2l1tex_read_sectors.sum": "xbar_read_sectors",
+    "l1tex__m_xbar2l1tex_read_sectors_mem_global_op_tma_ld.sum": "xbar_tma_read_sectors",
     **EXTRA_METRICS,
 }
 

@@ -301,8 +301,14 @@ def records(cid: str, launches: list[dict], gpu: str = "h100") -> list[dict]:
         sched = schedule_of(cfg, **options)
     io = walk(sched)
     dram = _dram(sched, launches, gpu)
+    # What the SMs receive (xbar_read_sectors): every CTA's own tiles, a multicast band once per
+    # receiving CTA, so the schedule without clusters
+    if any(c != "1x1" for c in options.get("gemm_clusters", "1x1").split(",")):
+        per_cta = walk(schedule_of(cfg, **{**options, "gemm_clusters": "1x1"})).per_launch.values()
+    else:
+        per_cta = io.per_launch.values()
     out = []
-    for r, (name, c), dr in zip(launches, io.per_launch.items(), dram):
+    for r, (name, c), dr, pc in zip(launches, io.per_launch.items(), dram, per_cta):
         cls = c.by_class()
         bulk = cls["bulk"].elements > 0
         bulk_rd = sum(t.sectors for (_, k), t in c.breakdown.items() if k == "bulk_read")
@@ -332,6 +338,10 @@ def records(cid: str, launches: list[dict], gpu: str = "h100") -> list[dict]:
                              rec["sim_l2_read_sectors"] + rec["sim_l2_write_sectors"])
         rec["l2_read_err"] = _rel(r["l2_read_sectors"], rec["sim_l2_read_sectors"])
         rec["l2_write_err"] = _rel(r["l2_write_sectors"], rec["sim_l2_write_sectors"])
+        rec["sim_xbar_read_sectors"] = (pc.read_sectors or 0) + sum(
+            t.sectors for (_, k), t in pc.breakdown.items() if k == "bulk_read")
+        xbar = _opt(r, "xbar_read_sectors")
+        rec["xbar_read_err"] = math.nan if xbar is None else _rel(xbar, rec["sim_xbar_read_sectors"])
         if bulk:  # compared at the L2 level
             meas = (r["l2_read_sectors"] + r["l2_write_sectors"]) * SECTOR_BYTES
             sim = (rec["sim_l2_read_sectors"] + rec["sim_l2_write_sectors"]) * SECTOR_BYTES
@@ -367,7 +377,10 @@ def summary(records: list[dict]) -> dict:
             "torch_lsu_exact": sum(r["lsu_ld_residual_bytes"] == 0 and r["lsu_st_residual_bytes"] == 0 and red_ok(r)
                                    for r in lsu),
             "torch_l2_launches": len(l2),
-            "torch_l2_within": sum(abs(r["l2_err"]) <= L2_TOLERANCE for r in l2)}
+            "torch_l2_within": sum(abs(r["l2_err"]) <= L2_TOLERANCE for r in l2),
+            # reads as the SMs receive them, where the record has them (xbar_read_sectors)
+            "torch_l2_xbar_launches": sum(math.isfinite(r.get("xbar_read_err", math.nan)) for r in l2),
+            "torch_l2_xbar_within": sum(abs(r.get("xbar_read_err", math.nan)) <= L2_TOLERANCE for r in l2)}
 
 
 def family_table(records: list[dict]) -> str:
@@ -402,7 +415,8 @@ def family_table(records: list[dict]) -> str:
             errs = [("ld", worst(rs, "lsu_ld_err")), ("st", worst(rs, "lsu_st_err")), ("red", worst(rs, "lsu_red_err"))]
         else:
             ok = sum(abs(num(r["l2_err"])) <= L2_TOLERANCE for r in rs)
-            errs = [("L2", worst(rs, "l2_err")), ("rd", worst(rs, "l2_read_err")), ("wr", worst(rs, "l2_write_err"))]
+            errs = [("L2", worst(rs, "l2_err")), ("rd", worst(rs, "l2_read_err")), ("wr", worst(rs, "l2_write_err")),
+                    ("SM rd", worst(rs, "xbar_read_err"))]
         reds = any((num(r["sim_lsu_red_bytes"]) or 0) > 0 for r in rs)
         txt = ", ".join(f"{k} {100 * v:+.2f}%" for k, v in errs if v is not None and (reds or k != "red"))
         out.append(f"| {kernel} | {pass_} | {launch} | {level.upper()} | {len(rs)} | {ok} | {meas / 1e6:,.2f} | "
