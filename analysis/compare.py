@@ -522,11 +522,12 @@ def run(data: str | Path, out_dir: str | Path | None = None, gpu: str | None = N
           f"{100 * LSU_TOLERANCE:.0f}% (max |err| {100 * s['lsu_max_abs_err']:.3f}%)")
     if "torch_lsu_launches" in s:
         print(f"PyTorch's launches: LSU level, to the byte (loads, LDGSTS included, stores, reductions apart): "
-              f"{s['torch_lsu_exact']}/{s['torch_lsu_launches']}; L2 level (TMA launches) within 2%: "
+              f"{s['torch_lsu_exact']}/{s['torch_lsu_launches']}; L2 level (TMA launches), L2's own read count "
+              f"(lts__t_sectors, after its request coalescer) within 2%: "
               f"{s['torch_l2_within']}/{s['torch_l2_launches']}")
         if s.get("torch_l2_xbar_launches"):
-            print(f"  TMA launches' reads as the SMs receive them (xbar_read_sectors, every CTA's own tiles): "
-                  f"within 2%: {s['torch_l2_xbar_within']}/{s['torch_l2_xbar_launches']}")
+            print(f"  TMA launches, reads as the SMs receive them (xbar_read_sectors, against every CTA's own tiles) "
+                  f"and L2 writes within 2%: {s['torch_l2_xbar_within']}/{s['torch_l2_xbar_launches']}")
     if "lsu_ld_exact" in s:
         n = s["launches"]
         what = ("the LSU's count (cp.async tiles by their shared destination: analysis.fast_set.ldgsts_sectors)"
