@@ -241,6 +241,17 @@ def match_launches(cid: str, measured: list[dict], sched, patterns: list[str]) -
                          f"(kernel-name patterns {patterns})")
 
 
+def _bulk_sectors(counts, kind: str) -> int:
+    """The sectors of a launch's TMA traffic of ``kind`` ("bulk_read" or "bulk_write")."""
+    return sum(t.sectors for (_, k), t in counts.breakdown.items() if k == kind)
+
+
+def _tma_agrees(read_err: float, write_err: float) -> bool:
+    """A TMA launch's reads as the SMs receive them and its L2 writes, both within
+    :data:`L2_TOLERANCE` (False where the reads were not recorded: NaN)."""
+    return abs(read_err) <= L2_TOLERANCE and abs(write_err) <= L2_TOLERANCE
+
+
 def _opt(r: dict, key: str) -> int | None:
     v = r.get(key)
     if v is None or v == "" or v == "None":
@@ -311,8 +322,7 @@ def records(cid: str, launches: list[dict], gpu: str = "h100") -> list[dict]:
     for r, (name, c), dr, pc in zip(launches, io.per_launch.items(), dram, per_cta):
         cls = c.by_class()
         bulk = cls["bulk"].elements > 0
-        bulk_rd = sum(t.sectors for (_, k), t in c.breakdown.items() if k == "bulk_read")
-        bulk_wr = sum(t.sectors for (_, k), t in c.breakdown.items() if k == "bulk_write")
+        bulk_rd, bulk_wr = _bulk_sectors(c, "bulk_read"), _bulk_sectors(c, "bulk_write")
         rec = dict(r)
         ldgsts = [_opt(r, k) for k in ("lsu_ldgsts_access_sectors", "lsu_ldgsts_bypass_sectors")]
         red = _opt(r, "lsu_red_sectors")
@@ -338,8 +348,7 @@ def records(cid: str, launches: list[dict], gpu: str = "h100") -> list[dict]:
                              rec["sim_l2_read_sectors"] + rec["sim_l2_write_sectors"])
         rec["l2_read_err"] = _rel(r["l2_read_sectors"], rec["sim_l2_read_sectors"])
         rec["l2_write_err"] = _rel(r["l2_write_sectors"], rec["sim_l2_write_sectors"])
-        rec["sim_xbar_read_sectors"] = (pc.read_sectors or 0) + sum(
-            t.sectors for (_, k), t in pc.breakdown.items() if k == "bulk_read")
+        rec["sim_xbar_read_sectors"] = (pc.read_sectors or 0) + _bulk_sectors(pc, "bulk_read")
         xbar = _opt(r, "xbar_read_sectors")
         rec["xbar_read_err"] = math.nan if xbar is None else _rel(xbar, rec["sim_xbar_read_sectors"])
         if bulk and xbar is not None:  # compared at the L2 level: reads as the SMs receive them
@@ -383,8 +392,7 @@ def summary(records: list[dict]) -> dict:
             "torch_l2_within": sum(abs(r["l2_err"]) <= L2_TOLERANCE for r in l2),
             # reads as the SMs receive them, where the record has them (xbar_read_sectors)
             "torch_l2_xbar_launches": sum(math.isfinite(r.get("xbar_read_err", math.nan)) for r in l2),
-            "torch_l2_xbar_within": sum(abs(r.get("xbar_read_err", math.nan)) <= L2_TOLERANCE
-                                        and abs(r["l2_write_err"]) <= L2_TOLERANCE for r in l2)}
+            "torch_l2_xbar_within": sum(_tma_agrees(r.get("xbar_read_err", math.nan), r["l2_write_err"]) for r in l2)}
 
 
 def family_table(records: list[dict]) -> str:
@@ -420,9 +428,8 @@ def family_table(records: list[dict]) -> str:
             errs = [("ld", worst(rs, "lsu_ld_err")), ("st", worst(rs, "lsu_st_err")), ("red", worst(rs, "lsu_red_err"))]
         else:
             sm = [num(r.get("xbar_read_err")) for r in rs]  # the SMs' reads where recorded, else L2's count
-            ok = sum(abs(num(r["l2_write_err"])) <= L2_TOLERANCE and abs(x) <= L2_TOLERANCE
-                     if x is not None and math.isfinite(x) else abs(num(r["l2_err"])) <= L2_TOLERANCE
-                     for r, x in zip(rs, sm))
+            ok = sum(_tma_agrees(x, num(r["l2_write_err"])) if x is not None and math.isfinite(x)
+                     else abs(num(r["l2_err"])) <= L2_TOLERANCE for r, x in zip(rs, sm))
             errs = [("L2", worst(rs, "l2_err")), ("rd", worst(rs, "l2_read_err")), ("wr", worst(rs, "l2_write_err")),
                     ("SM rd", worst(rs, "xbar_read_err"))]
         reds = any((num(r["sim_lsu_red_bytes"]) or 0) > 0 for r in rs)

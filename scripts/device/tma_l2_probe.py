@@ -20,6 +20,9 @@ ap.add_argument("n", type=int)
 ap.add_argument("bh", type=int)
 ap.add_argument("--d", type=int, default=64)
 a = ap.parse_args()
+for name in ("n", "bh", "d"):
+    if getattr(a, name) < 1:
+        ap.error(f"{name}={getattr(a, name)}: must be a positive integer")
 b, h = max(1, a.bh // 16), min(16, a.bh)
 q, k, v = (torch.randn(b, h, a.n, a.d, device="cuda", dtype=torch.float16) for _ in range(3))
 for _ in range(2):
