@@ -16,7 +16,7 @@ from flashsim.config import DTYPE_BYTES, Tiling, Workload
 from .fast_set import FAST_KERNELS, fast_set, fast_smoke_set
 from .fast_set import metrics as fast_metrics
 from .fast_set import sim_options as fast_options
-from .torch_set import TORCH_KERNELS, torch_set, torch_tma_set
+from .torch_set import TORCH_KERNELS, torch_edge_set, torch_set, torch_tma_set
 
 #: The kernels a configuration may name (the worker runs them, the simulator models them);
 #: "decode" is the reference decode kernel (``kernels/decode.py``), whose schedule is
@@ -182,7 +182,8 @@ def decode_set() -> list[dict]:
 #: Named sets.  The data file is named after the set, so "h100" and "h200" name the same
 #: configurations measured on each GPU.
 SETS = {"main": main_set, "h100": main_set, "h200": main_set, "smoke": smoke_set, "decode": decode_set,
-        "fast": fast_set, "fast_smoke": fast_smoke_set, "torch": torch_set, "torch_tma": torch_tma_set}
+        "fast": fast_set, "fast_smoke": fast_smoke_set, "torch": torch_set, "torch_tma": torch_tma_set,
+        "torch_edge": torch_edge_set}
 #: Sets measured with metrics chosen by the set (default: analysis.ncu.METRICS and the optional
 #: ones the installed ncu knows): set -> a function giving the metrics.
 SET_METRICS = {"fast": fast_metrics, "fast_smoke": fast_metrics}

@@ -38,6 +38,7 @@ import math
 import re
 import sys
 
+from flashsim.algorithms.torch_naive import received_read_sectors
 from flashsim.api import build_schedule
 from flashsim.traffic import SECTOR_BYTES, walk
 
@@ -105,6 +106,19 @@ def torch_tma_set() -> list[dict]:
             out.append(_cfg(kernel, "fwd", 1024, 64, heads=bh))
             if bh > 1:
                 out.append(_cfg(kernel, "fwd", 1024, 64, batch=bh, heads=1))
+    return out
+
+
+def torch_edge_set() -> list[dict]:
+    """Eager naive attention where cuBLAS's tiles do not divide the matrices (``flashsim measure
+    --set torch_edge``): N = 1,000 and 2,000 (no tile of 16 rows or more divides them), d = 80
+    (a 64-column tile leaves 16), 1 to 12 heads (partial clusters), fp16 and bf16, forward and
+    backward.  It tests the TMA GEMMs' box rule (:func:`flashsim.algorithms.torch_naive.received_read_sectors`),
+    stated from the four P·V GEMMs of ``torch_tma`` before these were measured."""
+    out = [_cfg("torch_naive", "fwd", 1000, 64, heads=h) for h in (1, 3, 8)]
+    out += [_cfg("torch_naive", "fwd", 1024, 64, heads=h) for h in (6, 12)]
+    out += [_cfg("torch_naive", "fwd", 1536, 80, heads=3), _cfg("torch_naive", "fwd", 2000, 128, "bf16", heads=2),
+            _cfg("torch_naive", "bwd", 1000, 64, heads=3), _cfg("torch_naive", "bwd", 1536, 80, heads=2)]
     return out
 
 
@@ -313,11 +327,13 @@ def records(cid: str, launches: list[dict], gpu: str = "h100") -> list[dict]:
     io = walk(sched)
     dram = _dram(sched, launches, gpu)
     # What the SMs receive (xbar_read_sectors): every CTA's own tiles, a multicast band once per
-    # receiving CTA, so the schedule without clusters
-    if any(c != "1x1" for c in options.get("gemm_clusters", "1x1").split(",")):
-        per_cta = walk(schedule_of(cfg, **{**options, "gemm_clusters": "1x1"})).per_launch.values()
-    else:
-        per_cta = io.per_launch.values()
+    # receiving CTA; the TMA GEMMs' whole boxes on a cluster-padded grid (torch_naive's rule)
+    per_cta = [(c.read_sectors or 0) + _bulk_sectors(c, "bulk_read") for c in io.per_launch.values()]
+    if cfg["kernel"] == "torch_naive":
+        from .configs import workload_of
+
+        boxes = received_read_sectors(workload_of(cfg), cfg["pass"], **options)
+        per_cta = [x if b is None else b for x, b in zip(per_cta, boxes)]
     out = []
     for r, (name, c), dr, pc in zip(launches, io.per_launch.items(), dram, per_cta):
         cls = c.by_class()
@@ -348,7 +364,7 @@ def records(cid: str, launches: list[dict], gpu: str = "h100") -> list[dict]:
                              rec["sim_l2_read_sectors"] + rec["sim_l2_write_sectors"])
         rec["l2_read_err"] = _rel(r["l2_read_sectors"], rec["sim_l2_read_sectors"])
         rec["l2_write_err"] = _rel(r["l2_write_sectors"], rec["sim_l2_write_sectors"])
-        rec["sim_xbar_read_sectors"] = (pc.read_sectors or 0) + _bulk_sectors(pc, "bulk_read")
+        rec["sim_xbar_read_sectors"] = pc
         xbar = _opt(r, "xbar_read_sectors")
         rec["xbar_read_err"] = math.nan if xbar is None else _rel(xbar, rec["sim_xbar_read_sectors"])
         if bulk and xbar is not None:  # compared at the L2 level: reads as the SMs receive them
@@ -463,7 +479,8 @@ def main(argv=None) -> int:
     return 0
 
 
-__all__ = ["TORCH_KERNELS", "summary", "torch_set", "torch_tma_set", "make_call", "records", "match_launches",
+__all__ = ["TORCH_KERNELS", "summary", "torch_set", "torch_tma_set", "torch_edge_set", "make_call", "records",
+           "match_launches",
            "schedule_of", "gemm_tile", "gemm_shape", "naive", "family_table"]
 
 

@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flashsim import Workload
+from flashsim.algorithms.torch_naive import received_read_sectors
 from flashsim.api import build_schedule, closed_form_elements, simulate
 from flashsim.traffic import Traffic, walk
 
@@ -218,6 +219,38 @@ def test_naive_gemm_clusters_by_hand():
     assert io.per_launch["gemm_qk"].breakdown[("Qs", "bulk_read")].elements == 2 * 64 * 64
     with pytest.raises(ValueError, match="gemm_clusters"):
         build_schedule(wl(256, 64), "torch_naive", "fwd", gemm_clusters="2")
+
+
+def test_naive_received_boxes_by_hand():
+    # O = P V at N = 1,024, d = 64, fp16, B·H = 2, nvjet 64x24 in 1x4 clusters (H200 torch_tma):
+    # 43 row tiles of 24 (the last 16 rows), padded to 44 CTAs a head (11 clusters of 4); each
+    # receives a whole box of P (24 rows x 2,048 bytes: 1,536 sectors) and V's band (1,024 rows x
+    # 128 bytes: 4,096): 2 x 44 x 5,632 = 495,616, the measured count; the multicast model reads
+    # V once a cluster, the per-CTA walker counts the edge tile's 16 rows and no padding CTA
+    w = wl(1024, 64, heads=2)
+    got = received_read_sectors(w, "fwd", gemm_tiles="128x128,64x24", gemm_clusters="2x1,1x4")
+    assert got[0] is None and got[2] is None and got[3] == 2 * 44 * (24 * 64 + 1024 * 4) == 495_616
+    per_cta = walk(build_schedule(w, "torch_naive", "fwd", gemm_tiles="128x128,64x24")).per_launch["gemm_pv"]
+    reads = sum(t.sectors for (_, k), t in per_cta.breakdown.items() if k == "bulk_read")
+    assert reads == 495_616 - 2 * (8 * 64 + 24 * 64 + 1024 * 4) == 483_328
+    assert received_read_sectors(wl(1024, 64, dtype="fp32"), "fwd")[1] is None  # fp32: LSU, no boxes
+
+
+@pytest.mark.parametrize("n", [256, 512])
+@pytest.mark.parametrize("pass_", ["fwd", "bwd"])
+@pytest.mark.parametrize("clusters", ["1x1", "2x1", "1x2", "2x2"])
+def test_naive_received_boxes_equal_the_per_cta_walker_where_tiles_divide(n, pass_, clusters):
+    # 64 x 64 tiles on matrices of 128 and n rows and columns, clusters of 1 or 2 tiles a side:
+    # no edge rows, no padding CTAs, so the boxes are the tiles every CTA reads (the walker
+    # without multicast)
+    w = wl(n, 128, heads=2)
+    got = received_read_sectors(w, pass_, gemm_tiles="64x64", gemm_clusters=clusters)
+    io = walk(build_schedule(w, "torch_naive", pass_, gemm_tiles="64x64"))
+    print(n, pass_, clusters, got)
+    assert sum(x is not None for x in got) == (2 if pass_ == "fwd" else 4)
+    for x, c in zip(got, io.per_launch.values()):
+        if x is not None:
+            assert x == sum(t.sectors for (_, k), t in c.breakdown.items() if k == "bulk_read")
 
 
 @settings(max_examples=25, deadline=None)

@@ -62,6 +62,16 @@ def test_tma_probe_set():
         make_call(dict(c, seq_len_q=128, seq_len_k=128), device="meta")()
 
 
+def test_edge_set():
+    cfgs = SETS["torch_edge"]()
+    ids = [config_id(c) for c in cfgs]
+    assert len(ids) == len(set(ids)) == 9 and {c["kernel"] for c in cfgs} == {"torch_naive"}
+    assert {c["pass"] for c in cfgs} == {"fwd", "bwd"} and {c["dtype"] for c in cfgs} == {"fp16", "bf16"}
+    for c in cfgs:
+        assert schedule_of(c).launches
+        make_call(dict(c, seq_len_q=128, seq_len_k=128), device="meta")()
+
+
 def test_worker_calls_on_meta_device():
     for c in SETS["torch"]():
         small = dict(c, seq_len_q=128, seq_len_k=128)
@@ -205,3 +215,19 @@ def test_h200_record_tma_launches_by_what_the_sms_receive():
     # their bands per CTA, where the multicast model reads them once a cluster
     pv = [r for r in tma if r["sim_launch"] == "gemm_pv" and "1x2" in r["kernel_name"]]
     assert pv and all(int(r["xbar_read_sectors"]) == r["sim_xbar_read_sectors"] > r["sim_l2_read_sectors"] for r in pv)
+
+
+def test_h200_probe_record_gemms_receive_whole_boxes():
+    # the H200 torch_tma record: the P·V GEMMs with 24- and 48-row tiles in 1 x 4 clusters receive
+    # whole boxes on a cluster-padded grid (torch_naive.received_read_sectors): every TMA launch
+    # within 2%, the GEMMs to the sector
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "analysis" / "data" / "h200" / "torch_tma" / "torch_tma.csv"
+    measured, _ = read_measured(path)
+    recs = compare(measured, "h200")
+    s = summarize(recs)
+    print({k: v for k, v in s.items() if k.startswith("torch")})
+    assert (s["torch_l2_xbar_within"], s["torch_l2_xbar_launches"]) == (21, 21)
+    pv = [r for r in recs if r["sim_launch"] == "gemm_pv"]
+    assert len(pv) == 7 and all(int(r["xbar_read_sectors"]) == r["sim_xbar_read_sectors"] for r in pv)

@@ -180,7 +180,7 @@ class _Gemm:
         self.m, self.n, self.k, self.a, self.b, self.c, self.bulk = m, n, k, a, b, c, bulk
         self.r0, self.rn = block_rows(m, tm)
         self.c0, self.cn = block_rows(n, tn)
-        self.cr, self.cc = cr, cc
+        self.tm, self.tn, self.cr, self.cc = tm, tn, cr, cc
 
     def _band(self, spec, starts, sizes, rows_of_k, weight):
         t, how = spec
@@ -211,6 +211,19 @@ class _Gemm:
                 if i % self.cr == 0:
                     yield self._band(self.b, self.c0[j], self.cn[j], self.k, 1)
                 yield wr(self.c, self.r0[i], self.rn[i], self.c0[j], self.cn[j])
+
+    def received_sectors(self, eb: int) -> int:
+        """Sectors of A and B the SMs receive for one program when the operands come by TMA
+        (``bulk``): whole boxes.  The grid is padded to whole clusters (⌈row tiles / cr⌉·cr x
+        ⌈column tiles / cc⌉·cc CTAs), and every CTA, including those past the matrix's edge,
+        receives a full tm-row box of A and a full tn-column box of B over all of K (an edge
+        tile's rows past M too); a multicast band counts once per receiving CTA.  Box rows start
+        on 32-byte boundaries (row pitches and tile widths of 16-bit elements in multiples of 16)."""
+        ctas = cdiv(len(self.r0), self.cr) * self.cr * cdiv(len(self.c0), self.cc) * self.cc
+
+        def box(spec, width):  # sectors of a box `width` rows (or columns) of A or B by K
+            return width * cdiv(self.k * eb, 32) if spec[1] == "rows" else self.k * cdiv(width * eb, 32)
+        return ctas * (box(self.a, self.tm) + box(self.b, self.tn))
 
     def elements(self) -> dict[tuple[str, str], int]:
         """The same counts by formula: A read ⌈(N/tn)/cc⌉ times, B ⌈(M/tm)/cr⌉ times, C once."""
@@ -379,6 +392,20 @@ def closed_form(w: Workload, tiling: Tiling | None, pass_: str, **options) -> di
     return out
 
 
+def received_read_sectors(w: Workload, pass_: str, **options) -> list[int | None]:
+    """Per launch of the pass: the read sectors its SMs receive from L2 (what Nsight Compute
+    counts as ``l1tex__m_xbar2l1tex_read_sectors``) for the TMA GEMMs (:meth:`_Gemm.received_sectors`:
+    whole boxes on a cluster-padded grid, a multicast band once per receiving CTA), None for the
+    other launches (their SMs receive what the schedule loads, without multicast)."""
+    tiles, clusters, _ = _options(options)
+    _check(w)
+    if pass_ not in PASSES:
+        raise ValueError(f"pass_={pass_!r}: not modelled")
+    _, parts = _parts(w, pass_, tiles, clusters)
+    return [w.bh * p.received_sectors(w.elem_bytes) if kind == "gemm" and p.bulk else None
+            for _, kind, p in parts]
+
+
 def plan(w: Workload, sram_elems: int | None = None, tiling: Tiling | None = None, **options):
     if tiling is not None:
         raise ValueError("tiling: torch_naive has no tiles of its own (cuBLAS tiles: the gemm_tiles option)")
@@ -389,5 +416,6 @@ def blocks(w: Workload, tiling: Tiling | None, **options) -> tuple[None, None]:
     return None, None
 
 
-__all__ = ["schedule", "closed_form", "plan", "blocks", "PASSES", "NEEDS_TILING", "TILING_TEXT", "DESCRIPTION",
+__all__ = ["schedule", "closed_form", "received_read_sectors", "plan", "blocks",
+           "PASSES", "NEEDS_TILING", "TILING_TEXT", "DESCRIPTION",
            "OPTIONS", "KERNEL_NAMES", "GEMMS", "parse_tiles", "cdiv", "fill_block", "fill_kept", "tril_active"]
