@@ -113,8 +113,10 @@ def torch_edge_set() -> list[dict]:
     """Eager naive attention where cuBLAS's tiles do not divide the matrices (``flashsim measure
     --set torch_edge``): N = 1,000 and 2,000 (no tile of 16 rows or more divides them), d = 80
     (a 64-column tile leaves 16), 1 to 12 heads (partial clusters), fp16 and bf16, forward and
-    backward.  It tests the TMA GEMMs' box rule (:func:`flashsim.algorithms.torch_naive.received_read_sectors`),
-    stated from the four P·V GEMMs of ``torch_tma`` before these were measured."""
+    backward.  It tested the TMA GEMMs' box rule
+    (:func:`flashsim.algorithms.torch_naive.received_read_sectors`), stated from the four P·V
+    GEMMs of ``torch_tma`` before these were measured (at 5fe40f2); its K steps and sector spans
+    were settled on it (README, "L2 level (TMA launches)")."""
     out = [_cfg("torch_naive", "fwd", 1000, 64, heads=h) for h in (1, 3, 8)]
     out += [_cfg("torch_naive", "fwd", 1024, 64, heads=h) for h in (6, 12)]
     out += [_cfg("torch_naive", "fwd", 1536, 80, heads=3), _cfg("torch_naive", "fwd", 2000, 128, "bf16", heads=2),
@@ -236,6 +238,19 @@ def _options_from_names(cfg: dict, sched, measured: list[dict]) -> dict:
     return {"gemm_tiles": ",".join(t for t, _ in shapes), "gemm_clusters": ",".join(c for _, c in shapes)}
 
 
+#: nvjet's K step in its name: ``nvjet_sm90_hsh_64x8_64x16_`` (tile 64 x 8, K step 64 in 16 stages)
+NVJET_KSTEP = re.compile(r"nvjet_sm\d+_[a-z]+_\d+x\d+_(\d+)x\d+_")
+
+
+def _ksteps(sched, measured: list[dict]) -> str:
+    """The K step of each GEMM launch, from nvjet's names (64 where a name gives none)."""
+    from flashsim.algorithms.torch_naive import GEMMS
+
+    steps = [NVJET_KSTEP.search(str(r.get("kernel_name", ""))) for r, ln in zip(measured, sched.launches)
+             if ln.name in GEMMS]
+    return ",".join(m.group(1) if m else "64" for m in steps)
+
+
 def kernel_patterns(cfg: dict, sched) -> list[str]:
     """The kernel-name pattern of each launch of ``sched`` (its algorithm module's KERNEL_NAMES)."""
     from flashsim.algorithms import get_algorithm
@@ -332,7 +347,7 @@ def records(cid: str, launches: list[dict], gpu: str = "h100") -> list[dict]:
     if cfg["kernel"] == "torch_naive":
         from .configs import workload_of
 
-        boxes = received_read_sectors(workload_of(cfg), cfg["pass"], **options)
+        boxes = received_read_sectors(workload_of(cfg), cfg["pass"], ksteps=_ksteps(sched, launches), **options)
         per_cta = [x if b is None else b for x, b in zip(per_cta, boxes)]
     out = []
     for r, (name, c), dr, pc in zip(launches, io.per_launch.items(), dram, per_cta):

@@ -234,6 +234,17 @@ def test_naive_received_boxes_by_hand():
     reads = sum(t.sectors for (_, k), t in per_cta.breakdown.items() if k == "bulk_read")
     assert reads == 495_616 - 2 * (8 * 64 + 24 * 64 + 1024 * 4) == 483_328
     assert received_read_sectors(wl(1024, 64, dtype="fp32"), "fwd")[1] is None  # fp32: LSU, no boxes
+    # N = 1,000 (H200 torch_edge), nvjet 64x8, K step 64, 1x2 clusters: 125 row tiles of 8 padded
+    # to 126 CTAs; K = 1,000 in 16 whole boxes of 64 columns (1,024); P's rows are 2,000 bytes, so
+    # each box row of 128 bytes spans 4 sectors on even rows and 5 on odd ones (16 bytes in):
+    # 4 x 64 + 4 x 80 of P, and 1,024 rows of V's 128 bytes (4 sectors) = 4,672 a CTA; measured
+    # 589,108 (+0.07%)
+    got = received_read_sectors(wl(1000, 64), "fwd", gemm_tiles="256x40,64x8", gemm_clusters="4x2,1x2")
+    assert got[3] == 126 * (4 * 64 + 4 * 80 + 1024 * 4) == 588_672
+    assert received_read_sectors(wl(1000, 64), "fwd", ksteps="32,128", gemm_tiles="256x40,64x8",
+                                 gemm_clusters="4x2,1x2")[3] == 126 * (4 * 64 + 4 * 72 + 1024 * 4)  # boxes of 256 B
+    with pytest.raises(ValueError, match="ksteps"):
+        received_read_sectors(wl(1000, 64), "fwd", ksteps="64,64,64")
 
 
 @pytest.mark.parametrize("n", [256, 512])

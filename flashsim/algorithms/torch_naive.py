@@ -212,18 +212,40 @@ class _Gemm:
                     yield self._band(self.b, self.c0[j], self.cn[j], self.k, 1)
                 yield wr(self.c, self.r0[i], self.rn[i], self.c0[j], self.cn[j])
 
-    def received_sectors(self, eb: int) -> int:
-        """Sectors of A and B the SMs receive for one program when the operands come by TMA
-        (``bulk``): whole boxes.  The grid is padded to whole clusters (⌈row tiles / cr⌉·cr x
-        ⌈column tiles / cc⌉·cc CTAs), and every CTA, including those past the matrix's edge,
-        receives a full tm-row box of A and a full tn-column box of B over all of K (an edge
-        tile's rows past M too); a multicast band counts once per receiving CTA.  Box rows start
-        on 32-byte boundaries (row pitches and tile widths of 16-bit elements in multiples of 16)."""
-        ctas = cdiv(len(self.r0), self.cr) * self.cr * cdiv(len(self.c0), self.cc) * self.cc
+    def received_sectors(self, eb: int, slices: int, kstep: int = 64) -> int:
+        """Sectors of A and B the SMs receive over ``slices`` programs when the operands come by
+        TMA (``bulk``): whole boxes.  The grid is padded to whole clusters (⌈row tiles / cr⌉·cr x
+        ⌈column tiles / cc⌉·cc CTAs), and every CTA, those past the matrix's edge included,
+        receives for each K step (``kstep`` elements) a box of A tm rows by kstep columns and one
+        of B tn by kstep: rows past M or N and columns past K too, as if the tensor went on.  Each
+        box row counts the 32-byte sectors its bytes span where they lie (a row of 2,000 bytes
+        makes every other box row span one sector more); a multicast band counts once per
+        receiving CTA (measured on an H200: analysis/data/h200/torch_tma, torch_edge)."""
+        kp = cdiv(self.k, kstep) * kstep
+        prt = cdiv(len(self.r0), self.cr) * self.cr
+        pct = cdiv(len(self.c0), self.cc) * self.cc
 
-        def box(spec, width):  # sectors of a box `width` rows (or columns) of A or B by K
-            return width * cdiv(self.k * eb, 32) if spec[1] == "rows" else self.k * cdiv(width * eb, 32)
-        return ctas * (box(self.a, self.tm) + box(self.b, self.tn))
+        def boxes(spec, width, tiles, extent):
+            """Sectors of one slice's ``tiles`` boxes of an operand, summed over the slices: its
+            tensor is extent x K ("rows": a box is width rows by kp columns) or K x extent ("cols":
+            kp rows by width columns), slices back to back."""
+            if spec[1] == "rows":
+                pitch = self.k * eb
+                start = (np.arange(tiles * width, dtype=np.int64)[:, None] * pitch
+                         + np.arange(0, kp, kstep, dtype=np.int64)[None, :] * eb)
+                nbytes = kstep * eb
+            else:
+                pitch = extent * eb
+                start = (np.arange(kp, dtype=np.int64)[:, None] * pitch
+                         + np.arange(tiles, dtype=np.int64)[None, :] * (width * eb))
+                nbytes = width * eb
+            base = np.arange(slices, dtype=np.int64) * (extent * self.k * eb) % 32  # a slice's first byte
+            total = 0
+            for b0, count in zip(*np.unique(base, return_counts=True)):
+                st = start + b0
+                total += int(count) * int(((st + nbytes - 1) // 32 - st // 32 + 1).sum())
+            return total
+        return pct * boxes(self.a, self.tm, prt, self.m) + prt * boxes(self.b, self.tn, pct, self.n)
 
     def elements(self) -> dict[tuple[str, str], int]:
         """The same counts by formula: A read ⌈(N/tn)/cc⌉ times, B ⌈(M/tm)/cr⌉ times, C once."""
@@ -392,17 +414,25 @@ def closed_form(w: Workload, tiling: Tiling | None, pass_: str, **options) -> di
     return out
 
 
-def received_read_sectors(w: Workload, pass_: str, **options) -> list[int | None]:
+def received_read_sectors(w: Workload, pass_: str, ksteps="64", **options) -> list[int | None]:
     """Per launch of the pass: the read sectors its SMs receive from L2 (what Nsight Compute
     counts as ``l1tex__m_xbar2l1tex_read_sectors``) for the TMA GEMMs (:meth:`_Gemm.received_sectors`:
-    whole boxes on a cluster-padded grid, a multicast band once per receiving CTA), None for the
-    other launches (their SMs receive what the schedule loads, without multicast)."""
+    whole boxes on a cluster-padded grid, K in steps of ``ksteps`` elements, one for all GEMMs or
+    a comma-separated list, one per GEMM launch, as nvjet's names give them:
+    ``nvjet_sm90_hsh_64x8_64x16_``, K step 64), None for the other launches (their SMs receive
+    what the schedule loads, without multicast)."""
     tiles, clusters, _ = _options(options)
     _check(w)
     if pass_ not in PASSES:
         raise ValueError(f"pass_={pass_!r}: not modelled")
     _, parts = _parts(w, pass_, tiles, clusters)
-    return [w.bh * p.received_sectors(w.elem_bytes) if kind == "gemm" and p.bulk else None
+    gemms = [p for _, kind, p in parts if kind == "gemm"]
+    ks = str(ksteps).split(",")
+    if not all(k.strip().isdigit() and int(k) > 0 for k in ks) or len(ks) not in (1, len(gemms)):
+        raise ValueError(f"ksteps={ksteps!r}: one positive integer or {len(gemms)} (one per GEMM launch)")
+    ks = [int(k) for k in ks] * (len(gemms) if len(ks) == 1 else 1)
+    step = dict(zip(map(id, gemms), ks))
+    return [p.received_sectors(w.elem_bytes, w.bh, step[id(p)]) if kind == "gemm" and p.bulk else None
             for _, kind, p in parts]
 
 
