@@ -925,7 +925,7 @@ def _naive_gemm(P: _Parts, g, b, key, p, t_r, t_c, base) -> None:
 
 
 def _torch_naive(schedule, w: Workload, parts, sms: int) -> None:
-    from .algorithms.torch_naive import fill_block, fill_kept, tril_active
+    from .algorithms.torch_naive import fill_block, fill_kept, tril_active, warp_softmax
 
     cols = _cols(schedule)
     lay = schedule.tensors
@@ -944,8 +944,8 @@ def _torch_naive(schedule, w: Workload, parts, sms: int) -> None:
         return tiles
 
     def softmax(reads, writes, bwd):  # host_softmax: warp softmax (rows per block) or one row a block
-        nk, eb = w.nk, w.elem_bytes
-        if nk <= (1024 if bwd else 2048) and nk * eb <= (4096 if bwd else 8192):
+        nk = w.nk
+        if warp_softmax(w, bwd):
             p2 = 1 << max(0, (nk - 1).bit_length())
             warp = min(p2, 32)
             rows, threads = (ATEN_THREADS // warp) * (2 if p2 <= 128 else 1), ATEN_THREADS

@@ -247,6 +247,23 @@ def test_naive_received_boxes_by_hand():
         received_read_sectors(wl(1000, 64), "fwd", ksteps="64,64,64")
 
 
+def test_naive_warp_softmax_pieces_by_hand():
+    # the warp softmax (Nk <= 2,048 forward, <= 1,024 backward) loads and stores one element a
+    # lane, 32 consecutive columns a warp instruction: at N = 1,000, fp16, rows of 2,000 bytes,
+    # even rows start on a sector (31 pieces of 64 bytes, 2 sectors each, and 16 bytes: 63),
+    # odd rows 16 bytes in (3 sectors each, and 1: 94), 78.5 a row where the rows span 62.5
+    # (measured on the H200, torch_edge: 78.5); at N = 1,024 the pieces tile the rows (64)
+    for n, per_row in ((1000, 78.5), (1024, 64.0)):
+        io = walk(build_schedule(wl(n, 64, heads=2), "torch_naive", "fwd"))
+        assert io.per_launch["softmax"].breakdown[("S", "read")].sectors == 2 * n * per_row
+        assert io.per_launch["softmax"].breakdown[("P", "write")].sectors == 2 * n * per_row
+    io = walk(build_schedule(wl(1000, 64), "torch_naive", "bwd"))
+    assert io.per_launch["softmax_bwd"].breakdown[("T", "read")].sectors == 78_500
+    # past the warp softmax's limits, a block a row: whole rows (N = 1,536 backward, 3,000 forward)
+    io = walk(build_schedule(wl(1520, 64), "torch_naive", "bwd"))
+    assert io.per_launch["softmax_bwd"].breakdown[("T", "read")].sectors == 1520 * 1520 * 2 // 32
+
+
 @pytest.mark.parametrize("n", [256, 512])
 @pytest.mark.parametrize("pass_", ["fwd", "bwd"])
 @pytest.mark.parametrize("clusters", ["1x1", "2x1", "1x2", "2x2"])

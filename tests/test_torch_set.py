@@ -238,7 +238,8 @@ def test_h200_edge_record_boxes_where_rows_are_whole_sectors():
     # after the box rule was stated from torch_tma: the GEMMs' SMs receive whole boxes (rows past
     # M and N, K in whole steps) to within 0.34% on every GEMM whose operands' rows are 128-byte
     # multiples or 2,000 bytes (15 of 22); with rows of 160 bytes (d = 80) and P's 4,000-byte
-    # rows (bf16, N = 2,000) they receive 6-13% more, not modelled
+    # rows (bf16, N = 2,000) they receive 6-13% more, not modelled; the LSU launches to the byte,
+    # the warp softmax at N = 1,000 by its 32-element pieces (torch_naive.warp_pieces)
     from pathlib import Path
 
     path = Path(__file__).resolve().parent.parent / "analysis" / "data" / "h200" / "torch_edge" / "torch_edge.csv"
@@ -250,3 +251,5 @@ def test_h200_edge_record_boxes_where_rows_are_whole_sectors():
     assert len(recs) == 22 and len(odd) == 6 + 1
     assert all(abs(r["xbar_read_err"]) < 0.0035 for r in recs if r not in odd)
     assert all(0.06 < r["xbar_read_err"] < 0.14 for r in odd)
+    s = summarize(compare(measured, "h200"))
+    assert (s["torch_lsu_exact"], s["torch_lsu_launches"]) == (20, 20)

@@ -37,7 +37,10 @@ The softmax kernels read each row once: ``host_softmax`` runs the persistent war
 9 values a thread) or ``cunn_SoftMaxForwardSmem`` (the row in shared memory); the backward's
 ``softmax_warp_backward`` (N = 1,024 here) and ``cunn_SoftMaxBackwardSmem`` read T and P once
 each (the multi-pass ``cunn_SoftMaxForward``/``Backward`` and the ``Gmem`` kernels, for rows
-too long for these, are not modelled); elementwise kernels read and
+too long for these, are not modelled).  The warp softmax (forward up to 2,048 columns, backward
+up to 1,024: :func:`warp_softmax`) loads and stores one element a lane, so each warp instruction
+moves 32 consecutive columns of a row, whose sectors the LSU counts apart (:func:`warp_pieces`:
+rows of 2,000 bytes cost 78.5 sectors where they span 62.5).  Elementwise kernels read and
 write whole tensors; the mask kernels move 1-byte booleans.  ``masked_fill_`` (``gpu_kernel`` with
 ``if (mask) return value; return self;``, ``elementwise_kernel<128, vt>``: thread t of block b
 takes elements b·128·vt + t + 128·i, i < vt; vt = 4 for 2-byte elements, 2 for 4-byte ones) reads
@@ -163,6 +166,24 @@ def fill_kept(w: Workload) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     n = np.clip(r + w.nk - w.nq + 1 - c0, 0, 128)
     r, c0 = np.broadcast_arrays(r, c0)
     return r.ravel(), c0.ravel(), n.ravel()
+
+
+def warp_softmax(w: Workload, bwd: bool) -> bool:
+    """Whether ATen's ``host_softmax`` (``host_softmax_backward``) runs the warp softmax of
+    PersistentSoftmax.cuh for rows of Nk elements: up to 2,048 of them and 8,192 bytes forward,
+    1,024 and 4,096 bytes backward; a block a row (``cunn_SoftMax*``) beyond."""
+    return w.nk <= (1024 if bwd else 2048) and w.nk * w.elem_bytes <= (4096 if bwd else 8192)
+
+
+def warp_pieces(nk: int) -> tuple[np.ndarray, np.ndarray]:
+    """The warp softmax's loads and stores of a row, one element a lane (``elements[i][it] =
+    src[... + it * WARP_SIZE]``, the lanes past the row idle): pieces of 32 consecutive columns,
+    the last ragged, as (first column, columns).  Each is one warp instruction, whose sectors
+    the LSU counts apart: a row starting 16 bytes into a sector (rows of 2,000 bytes) makes
+    every 64-byte piece span 3 sectors (H200 torch_edge: 78.5 sectors a row at N = 1,000, fp16,
+    where the row spans 62.5)."""
+    c0 = np.arange(0, nk, 32, dtype=np.int64)
+    return c0, np.minimum(32, nk - c0)
 
 
 class _Gemm:
@@ -349,6 +370,14 @@ def schedule(w: Workload, tiling: Tiling | None, pass_: str, **options) -> Sched
     for name, kind, p in parts:
         if kind == "gemm":
             launches.append(Launch(name, w.bh, slices, p.accesses, p.counts))
+        elif kind == "ew" and name in ("softmax", "softmax_bwd") and warp_softmax(w, name == "softmax_bwd"):
+            def acc(p=p):  # the warp softmax: each load and store a warp's 32 consecutive elements
+                c0, cn = warp_pieces(w.nk)
+                for r in p[0]:
+                    yield read(r, 0, w.nq, c0, cn)
+                for wt in p[1]:
+                    yield write(wt, 0, w.nq, c0, cn)
+            launches.append(Launch(name, w.bh, slices, acc))
         elif kind == "ew":
             def acc(p=p):
                 for r in p[0]:
@@ -448,4 +477,5 @@ def blocks(w: Workload, tiling: Tiling | None, **options) -> tuple[None, None]:
 
 __all__ = ["schedule", "closed_form", "received_read_sectors", "plan", "blocks",
            "PASSES", "NEEDS_TILING", "TILING_TEXT", "DESCRIPTION",
-           "OPTIONS", "KERNEL_NAMES", "GEMMS", "parse_tiles", "cdiv", "fill_block", "fill_kept", "tril_active"]
+           "OPTIONS", "KERNEL_NAMES", "GEMMS", "parse_tiles", "cdiv", "fill_block", "fill_kept", "tril_active",
+           "warp_softmax", "warp_pieces"]
