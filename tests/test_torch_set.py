@@ -194,17 +194,23 @@ def test_family_table_command_refuses_bad_files(tmp_path, capsys):
         assert err.startswith("flashsim: error:") and err.count("\n") == 1
 
 
-def test_h200_record_tma_launches_by_what_the_sms_receive():
-    # the H200 record (analysis/data/h200/torch/, with xbar_read_sectors): L2's own read count of
-    # the TMA launches is taken after its request coalescer (12 of 21 within 2%, cuDNN 18-48%
-    # under); the sectors the SMs receive equal every CTA's own tiles (no multicast) within 0.07%
+def _h200_record(name: str) -> tuple[list[dict], dict]:
+    """The comparison records of the committed H200 torch record ``name`` and their summary."""
     from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "analysis" / "data" / "h200" / "torch" / "torch.csv"
+    path = Path(__file__).resolve().parent.parent / "analysis" / "data" / "h200" / name / f"{name}.csv"
     measured, _ = read_measured(path)
     recs = compare(measured, "h200")
     s = summarize(recs)
     print({k: v for k, v in s.items() if k.startswith("torch")})
+    return recs, s
+
+
+def test_h200_record_tma_launches_by_what_the_sms_receive():
+    # the H200 record (analysis/data/h200/torch/, with xbar_read_sectors): L2's own read count of
+    # the TMA launches is taken after its request coalescer (12 of 21 within 2%, cuDNN 18-48%
+    # under); the sectors the SMs receive equal every CTA's own tiles (no multicast) within 0.07%
+    recs, s = _h200_record("torch")
     assert (s["torch_lsu_exact"], s["torch_lsu_launches"]) == (83, 83)
     assert (s["torch_l2_within"], s["torch_l2_launches"]) == (12, 21)
     assert (s["torch_l2_xbar_within"], s["torch_l2_xbar_launches"]) == (21, 21)
@@ -221,13 +227,7 @@ def test_h200_probe_record_gemms_receive_whole_boxes():
     # the H200 torch_tma record: the P·V GEMMs with 24- and 48-row tiles in 1 x 4 clusters receive
     # whole boxes on a cluster-padded grid (torch_naive.received_read_sectors): every TMA launch
     # within 2%, the GEMMs to the sector
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "analysis" / "data" / "h200" / "torch_tma" / "torch_tma.csv"
-    measured, _ = read_measured(path)
-    recs = compare(measured, "h200")
-    s = summarize(recs)
-    print({k: v for k, v in s.items() if k.startswith("torch")})
+    recs, s = _h200_record("torch_tma")
     assert (s["torch_l2_xbar_within"], s["torch_l2_xbar_launches"]) == (21, 21)
     pv = [r for r in recs if r["sim_launch"] == "gemm_pv"]
     assert len(pv) == 7 and all(int(r["xbar_read_sectors"]) == r["sim_xbar_read_sectors"] for r in pv)
@@ -240,16 +240,12 @@ def test_h200_edge_record_boxes_where_rows_are_whole_sectors():
     # multiples or 2,000 bytes (15 of 22); with rows of 160 bytes (d = 80) and P's 4,000-byte
     # rows (bf16, N = 2,000) they receive 6-13% more, not modelled; the LSU launches to the byte,
     # the warp softmax at N = 1,000 by its 32-element pieces (torch_naive.warp_pieces)
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "analysis" / "data" / "h200" / "torch_edge" / "torch_edge.csv"
-    measured, _ = read_measured(path)
-    recs = [r for r in compare(measured, "h200") if r["level"] == "l2"]
+    every, s = _h200_record("torch_edge")
+    assert (s["torch_lsu_exact"], s["torch_lsu_launches"]) == (20, 20)
+    recs = [r for r in every if r["level"] == "l2"]
     for r in recs:
         print(r["config_id"], r["sim_launch"], f"{r['xbar_read_err']:+.4f}")
     odd = [r for r in recs if r["head_dim"] == 80 or (r["seq_len_q"] == 2000 and r["sim_launch"] == "gemm_pv")]
     assert len(recs) == 22 and len(odd) == 6 + 1
     assert all(abs(r["xbar_read_err"]) < 0.0035 for r in recs if r not in odd)
     assert all(0.06 < r["xbar_read_err"] < 0.14 for r in odd)
-    s = summarize(compare(measured, "h200"))
-    assert (s["torch_lsu_exact"], s["torch_lsu_launches"]) == (20, 20)
