@@ -61,6 +61,9 @@ The model, piece by piece:
 What it is not: no timing (the H100 writes to DRAM at about 19 MB/s while any kernel runs,
 whatever it stored: 9.7 MB for 8 MiB stored and the kernel kept alive 512 ms; long launches
 show it as megabytes of writes the model does not predict; analysis.compare reports it apart),
+no early write-back under a read stream (a launch's dirty lines leave for DRAM once it also
+reads about 28 MiB of other data on the H200, where this cache, sized by the re-reads, starts at
+48 MiB: analysis/data/l2calib/h200_l2_readwrite.csv),
 no partitions (one SM sees about half the capacity the
 whole grid sees, and a launch reading back what other blocks wrote misses about half of it:
 both measured, neither modelled), no read-modify-write of partly written sectors, no local

@@ -26,8 +26,10 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -143,7 +145,8 @@ def main(argv=None) -> int:
               f"LSU st {r['lsu_st_bytes'] / MIB:7.2f} MiB  {r['time_ns'] / 1e3:8.1f} us")
     tmp = out / ".l2_readwrite.meta.json.tmp"
     tmp.write_text(json.dumps({"gpu": smi, "command": " ".join(cmd), "blocks_per_sm": BLOCKS_PER_SM,
-                               "threads": THREADS}, indent=1))
+                               "threads": THREADS, "git_commit": os.environ.get("FLASHSIM_GIT_COMMIT"),
+                               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=1))
     tmp.replace(out / "l2_readwrite.meta.json")
     return 0
 
