@@ -3,15 +3,19 @@
 # tests (FLASHSIM_GPU=1 pytest -m gpu: exactness at N up to 16,384, d 64 and 128, fp32 and fp16,
 # reference and fast kernels; counters; N = 131,072) with their printed errors, and a JSON
 # summary with the GPU's provenance, written under $OUT.
-#   usage: FLASHSIM_GIT_COMMIT=<sha> bash scripts/device/pytest_gpu.sh
+# The 243 GPU tests take longer than one device call (10 minutes) run one at a time: they run
+# on JOBS processes (default 14, by file: pytest-xdist), and PATHS (default tests/) picks a part,
+# e.g. the first half of the files in one call and the rest in the next.
+#   usage: FLASHSIM_GIT_COMMIT=<sha> [JOBS=14] bash scripts/device/pytest_gpu.sh [PATHS...]
 set -u
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($2)}')
 start=$(date +%s)
 # test_notebooks needs the notebook tools, which the GPU image lacks; nothing there is GPU-marked.
+paths=("$@"); [ ${#paths[@]} -eq 0 ] && paths=(tests/)
 FLASHSIM_GPU=1 python3 -m pytest -m gpu -p no:cacheprovider -s -rA --ignore=tests/test_notebooks.py \
-    --junitxml="$OUT/junit.xml" tests/ > "$OUT/${gpu}_pytest_gpu.log" 2>&1
+    -n "${JOBS:-14}" --dist loadfile --junitxml="$OUT/junit.xml" "${paths[@]}" > "$OUT/${gpu}_pytest_gpu.log" 2>&1
 rc=$?
 echo "pytest -m gpu: exit $rc in $(( $(date +%s) - start )) s"
 tail -3 "$OUT/${gpu}_pytest_gpu.log"
