@@ -576,6 +576,80 @@ def fit_random_share(policy_rows: list[dict], capacity: float, dirty: float | No
     return round(best[0], 2), float(np.sqrt(best[1] / len(pts)))
 
 
+def reread_rms(rows: list[dict], capacity: float, dirty: float | None, fetch: int, policy: str = "nru",
+               random_share: float = 0.0, scale: int = 16) -> float:
+    """The rms, over the grid's 2-pass re-reads of an ``l2`` record (``reread``, 4-byte stride), of
+    the model's miss fraction (:func:`model_case`) less the measured one."""
+    pts = _reread_points(rows)
+    case = {r["window_bytes"]: r for r in _sel(rows, "reread", 4, 2, "read")}
+    e = 0.0
+    for w, f in pts:
+        rd, _ = model_case(case[w], capacity, dirty, fetch, policy, scale=scale, random_share=random_share)
+        e += (rd / w - 1 - f) ** 2
+    return float(np.sqrt(e / len(pts))) if pts else float("nan")
+
+
+#: scripts/device/l2_readwrite.py's grid-width step in bytes on an H100 or H200 (4 blocks of 256
+#: threads on each of 132 SMs, one float32 a thread)
+READWRITE_STEP = 4 * 132 * 256 * 4
+
+
+def model_readwrite(row: dict, capacity: float, dirty: float | None, fetch: int, policy: str = "nru",
+                    random_share: float = 0.0, scale: int = 8, step: int = READWRITE_STEP) -> float:
+    """DRAM write bytes that flashsim.l2's cache predicts for one probe of
+    ``scripts/device/l2_readwrite.py`` (a row of its CSV): R MiB read and W MiB stored, each
+    rounded down to whole grid-width steps as the probe does, in its order (``interleaved``: a
+    step of the read buffer, and one of the stored buffer every R/W steps; ``read_write``;
+    ``write_read``), from an empty L2, the dirty lines left at the end not counted.  ``scale`` > 1
+    shrinks buffers, capacity and dirty limit by that factor."""
+    from flashsim.l2 import L2
+
+    probe = row["probe"]
+    if probe not in ("interleaved", "read_write", "write_read"):
+        raise ValueError(f"probe={probe!r}: one of interleaved, read_write, write_read")
+    cache = L2(int(capacity / scale), 128, 32, 16, policy=policy,
+               dirty_limit=None if dirty is None else int(dirty / scale), fetch_bytes=fetch, random_share=random_share)
+    ctr = np.zeros(4, dtype=np.int64)
+    w = step // scale
+    nr = int(row["read_mib"]) * MiB // step * w
+    nw = int(row["write_mib"]) * MiB // step * w
+    wbase = 1 << 40  # the stored buffer, far from the read one
+
+    def reads(lo, hi):
+        for a in range(lo, hi, w):
+            cache.access(a, w, False, ctr)
+
+    def writes(lo, hi):
+        for a in range(lo, hi, w):
+            cache.access(wbase + a, w, True, ctr)
+
+    if probe == "read_write":
+        reads(0, nr)
+        writes(0, nw)
+    elif probe == "write_read":
+        writes(0, nw)
+        reads(0, nr)
+    elif nr == 0:
+        writes(0, nw)
+    else:
+        ratio = max(1, nr // max(nw, 1))
+        for i in range(nr // w):
+            reads(i * w, (i + 1) * w)
+            if i % ratio == 0 and (i // ratio) * w < nw:
+                writes((i // ratio) * w, (i // ratio + 1) * w)
+    return float(ctr[3] * 32 * scale)
+
+
+def readwrite_table(rows: list[dict], capacity: float, dirty: float | None, fetch: int, policy: str = "nru",
+                    random_share: float = 0.0, scale: int = 8) -> tuple[list[tuple[dict, float, float]], float]:
+    """([(row, measured DRAM write bytes, model's)], rms of their difference in bytes) over the
+    probes of a ``scripts/device/l2_readwrite.py`` record (rows as csv.DictReader gives them)."""
+    out = [(r, float(r["dram_write_bytes"]), model_readwrite(r, capacity, dirty, fetch, policy, random_share, scale))
+           for r in rows]
+    rms = float(np.sqrt(np.mean([(m - p) ** 2 for _, m, p in out]))) if out else float("nan")
+    return out, rms
+
+
 def l2_model_parameters(rows: list[dict], l2_bytes: int, policy: str = "nru", scale: int = 16,
                         random_share: float = 0.0) -> dict:
     """The L2 model's parameters (flashsim.l2) from an ``l2`` record, for a GPU whose L2 holds
@@ -603,14 +677,9 @@ def l2_model_parameters(rows: list[dict], l2_bytes: int, policy: str = "nru", sc
         raise ValueError("rows: no write case at least 1.25 x the dirty bytes left; the dirty limit is not measured")
     dirty = float(np.median(plateau))
     g, _ = fetch_granularity(rows)
-    case = {r["window_bytes"]: r for r in _sel(rows, "reread", 4, 2, "read")}
 
     def err(c):
-        e = 0.0
-        for w, f in pts:
-            rd, _ = model_case(case[w], c, dirty, g or 32, policy, scale=scale, random_share=random_share)
-            e += (rd / w - 1 - f) ** 2
-        return e
+        return len(pts) * reread_rms(rows, c, dirty, g or 32, policy, random_share, scale) ** 2
 
     lo, hi = 8.0 * MiB, 128.0 * MiB
     phi = (5 ** 0.5 - 1) / 2
@@ -830,6 +899,11 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("manifest")
     s = sub.add_parser("l2-summary", help="summarize an l2 record (CPU)")
     s.add_argument("csv")
+    r = sub.add_parser("l2-readwrite", help="a scripts/device/l2_readwrite.py record against the L2 model (CPU)")
+    r.add_argument("csv")
+    r.add_argument("--gpu", default="h200", help="the preset whose L2 model predicts (default h200)")
+    r.add_argument("--capacity-mib", type=float, default=None, help="the model's capacity instead of the preset's")
+    r.add_argument("--calib", default=None, help="an l2 record (NAME.csv) whose re-reads the same cache is held to")
     args = ap.parse_args(argv)
     if args.cmd == "l2":
         if not args.name or "/" in args.name:
@@ -841,12 +915,46 @@ def main(argv: list[str] | None = None) -> int:
         return run_l2(Path(args.out), args.name, args.force, args.quick, not args.no_bandwidth, args.timeout)
     if args.cmd == "l2-worker":
         return l2_worker(args.plan, args.manifest)
+    if args.cmd == "l2-readwrite":
+        return _readwrite_cli(args)
     try:
         rows = read_l2_csv(args.csv)
         print(format_summary(summarize(rows), rows))
     except (OSError, ValueError) as e:
         print(f"flashsim: error: {e}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _readwrite_cli(args) -> int:
+    from flashsim.config import get_gpu
+
+    try:
+        gpu = get_gpu(args.gpu)
+        if args.capacity_mib is not None and not args.capacity_mib > 0:
+            raise ValueError(f"--capacity-mib {args.capacity_mib}: must be positive")
+        with open(args.csv, newline="") as f:
+            rows = list(csv.DictReader(f))
+        if not rows or "probe" not in rows[0]:
+            raise ValueError(f"{args.csv}: not a scripts/device/l2_readwrite.py record (no probe column)")
+        cal = read_l2_csv(args.calib) if args.calib else None
+    except (OSError, ValueError) as e:
+        print(f"flashsim: error: {e}", file=sys.stderr)
+        return 2
+    cap = gpu.l2_effective_bytes if args.capacity_mib is None else args.capacity_mib * MiB
+    dirty = None if gpu.l2_dirty_fraction is None else gpu.l2_dirty_fraction * gpu.l2_bytes
+    kw = dict(policy=gpu.l2_replacement, random_share=gpu.l2_random_share)
+    table, rms = readwrite_table(rows, cap, dirty, gpu.l2_fetch_bytes, **kw)
+    print(f"{args.gpu} L2 model, capacity {cap / MiB:.1f} MiB, dirty limit "
+          f"{'none' if dirty is None else f'{dirty / MiB:.1f} MiB'}, {gpu.l2_replacement} "
+          f"(random share {gpu.l2_random_share}), at 1/8 size")
+    for r, m, p in table:
+        print(f"{r['probe']:<12} R {int(r['read_mib']):3d} W {int(r['write_mib']):3d} MiB  DRAM writes measured "
+              f"{m / MiB:6.2f}  model {p / MiB:6.2f} MiB")
+    print(f"rms of the writes' difference: {rms / MiB:.2f} MiB over {len(table)} probes")
+    if cal is not None:
+        print(f"the same cache on {args.calib}'s re-reads: rms of the miss fraction "
+              f"{reread_rms(cal, cap, dirty, gpu.l2_fetch_bytes, scale=8, **kw):.3f}")
     return 0
 
 
