@@ -70,6 +70,15 @@ def test_backward_fp16_v3_bulk_dq(c):
     test_backward_fp16_v3.hypothesis.inner_test(dict(c, cfg=dict(c["cfg"], bulkq=True)))
 
 
+@pytest.mark.parametrize("c", [GQA_CAUSAL, RAGGED], ids=["gqa_causal", "ragged"])
+@pytest.mark.parametrize("bulkq", [False, True])
+def test_backward_fp16_v3_one_q_buffer(c, bulkq):
+    """``qbuf`` = 1: one buffer of Q and dO, the next step's copied after phase B behind a third
+    barrier (room for ``bulkq``'s tile at d = 200-256); ragged and causal GQA, dQ by ``red.v2``
+    and by bulk reductions."""
+    test_backward_fp16_v3.hypothesis.inner_test(dict(c, cfg=dict(c["cfg"], qbuf=1, bulkq=bulkq)))
+
+
 def test_bulkq_refused_where_the_tile_does_not_fit():
     from kernels.perf import bwd_fp16
 
@@ -82,10 +91,13 @@ def test_bulkq_refused_where_the_tile_does_not_fit():
 
     c = bwd_fp16.default_config_v3(256)
     assert not bwd_fp16.bulk_fits(256, c["bq"], c["bk"]) and bwd_fp16.bulk_fits(192, 64, 64)
+    assert bwd_fp16.bulk_fits(256, 64, 64, qbuf=1)  # one Q and dO buffer makes room for the tile
     q, k, v, do = make(1, 1, 1, 1, 16, 16, 256)
     o, lse = (x.astype(t) for x, t in zip(attention_forward(q, k, v), (np.float16, np.float32)))
     with pytest.raises(ValueError, match="bulkq=True"):
         bwd_fp16_v3.backward(q, k, v, o, lse, do, bulkq=True)
+    with pytest.raises(ValueError, match="qbuf=3"):
+        bwd_fp16_v3.backward(q, k, v, o, lse, do, qbuf=3)
 
 
 def test_backward_fp16_v3_head_dim_pad_in_poisoned_shared_memory(poisoned):

@@ -159,15 +159,15 @@ def default_config(name: str, d: int) -> dict:
     if name == "bwd_fp16_v3":
         d = cdiv(d, 16) * 16  # d % 16 = 8 runs as d + 8
         if d in (32, 48, 64, 80):
-            return dict(bq=128, bk=128, nw=8, ma=4, mb=2, mc=2, minb=1, bulkq=False, longest_first=True)
+            return dict(bq=128, bk=128, nw=8, ma=4, mb=2, mc=2, minb=1, bulkq=False, longest_first=True, qbuf=2)
         if d > 128:
             # phases B and C on two m-tiles where d % 32 == 0; dQ by bulk reductions where dQ's
             # tile (64 rows of d + 8 floats) fits beside the tiles in 227 KB: d <= 192
             two = d % 32 == 0
             return dict(bq=64, bk=64, nw=8, ma=2, mb=2 if two else 1, mc=2 if two else 1, minb=1, bulkq=d <= 192,
-                        longest_first=True)
+                        longest_first=True, qbuf=2)
         return dict(bq=64, bk=128, nw=8, ma=2, mb=4 if d == 128 else 2, mc=2 if d in (64, 128) else 1, minb=1,
-                    bulkq=False, longest_first=True)
+                    bulkq=False, longest_first=True, qbuf=2)
     if name == "bwd_fp32_v1":
         nw = 4 if d <= 64 or 68 <= d <= 96 else 8
         return dict(bc=64, br=64, nw=nw, unroll=2, minb=1, vred=True)
@@ -390,9 +390,9 @@ def block_resources(name: str, d: int, config=None) -> dict[str, tuple[int, int]
         rows, bk = t["dq"].block_m, t["dq"].block_n
         return {"dkdv": (nt, 2 * s * (2 * keys + 4 * bq) + 16 * bq), "dq": (nt, 2 * s * (2 * rows + 4 * bk) + 8 * rows)}
     bq, bk = t["dkdv"].block_m, t["dkdv"].block_n
-    if name == "bwd_fp16_v3":  # rows of d rounded up to 16, plus 8; bulkq: dQ's tile, rows of d + 8 floats
-        s = dp + 8
-        return {"dkdv": (nt, 2 * (2 * bk * s + 4 * bq * s + 2 * bk * (bq + 8)) + 16 * bq
+    if name == "bwd_fp16_v3":  # rows of d rounded up to 16, plus 8; Q and dO in qbuf buffers each;
+        s = dp + 8            # bulkq: dQ's tile, rows of d + 8 floats
+        return {"dkdv": (nt, 2 * (2 * bk * s + 2 * c["qbuf"] * bq * s + 2 * bk * (bq + 8)) + 16 * bq
                          + (4 * bq * (d + 8) if c["bulkq"] else 0))}
     if name == "bwd_fp32_v1":  # row strides: dp + 4 floats; Pᵀ, dSᵀ Br rounded up to 32, + 4
         ps = cdiv(bq, 32) * 32 + 4

@@ -321,9 +321,9 @@ def knob_grid(name: str, d: int) -> list[dict]:
         from .bwd_fp16 import bulk_fits
 
         # bulkq as the default takes it (on above d = 128 where dQ's tile fits beside the block's);
-        # causal key blocks longest first, as the default
+        # causal key blocks longest first and two Q/dO buffers, as the default (one buffer is untimed)
         return [dict(bq=bq, bk=bk, nw=nw, ma=ma, mb=mb, mc=mc, minb=mi, bulkq=d > 128 and bulk_fits(d, bq, bk),
-                     longest_first=True) for bq, bk, nw, ma, mb, mc, mi in grid]
+                     longest_first=True, qbuf=2) for bq, bk, nw, ma, mb, mc, mi in grid]
     raise ValueError(f"variant={name!r}: one of {', '.join(TUNABLE)}")
 
 
@@ -374,7 +374,8 @@ def launches(name: str, d: int, cfg: dict) -> list[dict]:
         phase_c = 4 * mc + 4 * mc * lay["nc"]
         regs = 2 * 4 * mb * lay["nb"] + max(phase_a, phase_b, phase_c)
         bk = cfg["bk"]
-        return [dict(launch="bwd", threads=nt, smem=v.smem_bytes(d, cfg["bq"], bk, cfg.get("bulkq", False)), regs=regs,
+        return [dict(launch="bwd", threads=nt, smem=v.smem_bytes(d, cfg["bq"], bk, cfg.get("bulkq", False),
+                                                                 cfg.get("qbuf", 2)), regs=regs,
                      cap=_reg_cap(nt, cfg["minb"]), grid=lambda b, h, hk, nq, nk: -(-nk // bk) * b * hk, share=1.0)]
     raise ValueError(f"variant={name!r}: one of {', '.join(TUNABLE)}")
 

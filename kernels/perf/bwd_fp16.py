@@ -503,32 +503,32 @@ def layout_v3(d: int, bq: int, bk: int, nw: int, ma: int, mb: int, mc: int) -> d
     return dict(wak=wak, na=na, wbk=wbk, nb=nb, wcq=wcq, nc=nc, rows=rows)
 
 
-def _smem_tiles_v3(d: int, bq: int, bk: int) -> int:
+def _smem_tiles_v3(d: int, bq: int, bk: int, qbuf: int = 2) -> int:
     s = padded_head_dim(d) + 8
-    return 2 * (2 * bk * s + 4 * bq * s + 2 * bk * (bq + 8)) + 4 * 4 * bq
+    return 2 * (2 * bk * s + 2 * qbuf * bq * s + 2 * bk * (bq + 8)) + 4 * 4 * bq
 
 
-def smem_bytes_v3(d: int, bq: int, bk: int, bulkq: bool = False) -> int:
-    """K, V (bk rows); Q, dO double-buffered (bq rows), rows of d rounded up to 16 plus 8; Pᵀ, dSᵀ
-    (bk rows of bq + 8); L·log2e and D, double-buffered, in f32; with ``bulkq``, dQ's tile (bq rows
-    of d + 8 floats: :func:`bulk_fits`)."""
-    return _smem_tiles_v3(d, bq, bk) + (4 * bq * (d + 8) if bulkq else 0)
+def smem_bytes_v3(d: int, bq: int, bk: int, bulkq: bool = False, qbuf: int = 2) -> int:
+    """K, V (bk rows); Q, dO in ``qbuf`` buffers each (bq rows), rows of d rounded up to 16 plus 8;
+    Pᵀ, dSᵀ (bk rows of bq + 8); L·log2e and D, double-buffered, in f32; with ``bulkq``, dQ's tile
+    (bq rows of d + 8 floats: :func:`bulk_fits`)."""
+    return _smem_tiles_v3(d, bq, bk, qbuf) + (4 * bq * (d + 8) if bulkq else 0)
 
 
 SMEM_MAX = 227 * 1024  # sm_90's largest opt-in shared memory a block
 
 
-def bulk_fits(d: int, bq: int, bk: int) -> bool:
+def bulk_fits(d: int, bq: int, bk: int, qbuf: int = 2) -> bool:
     """Whether dQ's tile for ``bulkq`` (bq rows of d + 8 floats) fits in shared memory beside the
     tiles.  ``bulkq`` (config knob, the default above d = 128 where it fits; NOTES.md "dQ by bulk
     reductions"): phase C stores its tile in shared memory, and the next step, after its first
     barrier, sends it to the dQ buffer by one ``cp.reduce.async.bulk`` a row, where every lane's
-    ``red.v2`` had."""
-    return _smem_tiles_v3(d, bq, bk) + 4 * bq * (d + 8) <= SMEM_MAX
+    ``red.v2`` had.  With one Q and dO buffer (``qbuf`` = 1) it fits up to d = 256."""
+    return _smem_tiles_v3(d, bq, bk, qbuf) + 4 * bq * (d + 8) <= SMEM_MAX
 
 
 def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAUSAL: bool, BF16: bool = False,
-               BULKQ: bool = False, LONGEST_FIRST: bool = False):
+               BULKQ: bool = False, LONGEST_FIRST: bool = False, QBUF: int = 2):
     # D is the rows' length in memory; the tiles in shared memory are DP = D rounded up to 16
     # columns wide (d % 16 = 8: one 16-byte chunk a row that no copy writes, zeroed once, so the
     # products run over DP columns as at d + 8; the column n-tile past D is never stored).
@@ -554,18 +554,20 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
     KOFF = 0
     VOFF = BK * S
     QOFF = 2 * BK * S  # Q buffers 0, 1
-    OOFF = QOFF + 2 * BQ * S  # dO buffers 0, 1
-    POFF = OOFF + 2 * BQ * S  # Pᵀ [key, query]
+    if QBUF not in (1, 2):
+        raise ValueError(f"qbuf={QBUF}: 1 or 2 buffers of Q and dO")
+    OOFF = QOFF + QBUF * BQ * S  # dO buffers 0 (, 1)
+    POFF = OOFF + QBUF * BQ * S  # Pᵀ [key, query]
     DSOFF = POFF + BK * SQ  # dSᵀ [key, query]
     FOFF = (DSOFF + BK * SQ) // 2  # f32 words: L·log2e (2 x BQ), then D (2 x BQ)
-    if BULKQ and not bulk_fits(D, BQ, BK):
+    if BULKQ and not bulk_fits(D, BQ, BK, QBUF):
         raise ValueError(f"bulkq=True: dQ's tile ({BQ} rows of {D + 8} floats) does not fit beside the tiles at "
                          f"d={D}, bq={BQ}, bk={BK}")
     SR = D + 8  # f32 words a row of dQ's tile (BULKQ): 32 bytes of padding, two wavefronts a store
     BOFF = FOFF + 4 * BQ  # f32 words: dQ's tile (BULKQ)
     start = key_block(BK, BQ, CAUSAL, LONGEST_FIRST)
     pack = f16_pack(NB, S, BF16)
-    zero_pad = f16_zero_pad(2 * BK + 4 * BQ, D, S, NT)  # K, V, Q x 2, dO x 2: rows 0.. of stride S
+    zero_pad = f16_zero_pad(2 * BK + 2 * QBUF * BQ, D, S, NT)  # K, V, Q and dO buffers: rows 0.. of stride S
     MMA, MMA_Z, PACK = tc.ops(BF16)
 
     @tc.device_inline
@@ -723,8 +725,9 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
                 tc.bulk_red_f32(dqa, qsum + tid * D, smf, sbase + 4 * (BOFF + tid * SR), 4 * D)
             if it + 1 < total:
                 nb_ = (it + 1) % 2
-                load_step(sm, sbase, q, do, ((b * nh + hk * group + hb1) * nq) * D,
-                          (i0 + ib1) * BQ, nq, nb_, lrow, lcol, tid)
+                if QBUF == 2:  # the next step's Q and dO into the other buffer, beside this step
+                    load_step(sm, sbase, q, do, ((b * nh + hk * group + hb1) * nq) * D,
+                              (i0 + ib1) * BQ, nq, nb_, lrow, lcol, tid)
                 if tid < BQ:
                     smf[FOFF + nb_ * BQ + tid] = lnext * float32(LOG2E) if lnext != NEG_INF else POS_INF
                     smf[FOFF + 2 * BQ + nb_ * BQ + tid] = dnext
@@ -739,8 +742,8 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
             ib = ib1
             hb = hb1
             tc.cp_async_commit()
-            qofs = QOFF + buf * BQ * S
-            oofs = OOFF + buf * BQ * S
+            qofs = QOFF + (buf if QBUF == 2 else 0) * BQ * S
+            oofs = OOFF + (buf if QBUF == 2 else 0) * BQ * S
             # Phase A.  Sᵀ = K Q_iᵀ and dPᵀ = V dO_iᵀ (A = K or V rows, B = Q or dO rows: all stored
             # [row, d]); the first k-step starts from zero (no branch inside the loops).
             # (Each phase takes its shared addresses through tc.opaque_u32, so they are one
@@ -813,6 +816,13 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
                     tc.ldsm_x4_trans(fb, 0, sm, ao - 2 * (OOFF - QOFF) + 2 * (16 * kk * S + 16 * (NB // 2)), S)
                     for mt in range(MB):
                         MMA(acck, 4 * (mt * NB + NB - 1), sf, 4 * mt, fb[0], fb[1])
+            if QBUF == 1 and it + 1 < total:
+                # Barrier 3 (one buffer): every warp is done with Q_i and dO_i; the next step's
+                # come into the same buffer while phase C runs (ib, hb are the next step's now).
+                cuda.syncthreads()
+                load_step(sm, sbase, q, do, ((b * nh + hk * group + hb) * nq) * D,
+                          (i0 + ib) * BQ, nq, 0, lrow, lcol, tid)
+                tc.cp_async_commit()
             # Phase C.  dQ_i += dS K_j: A = dS, read transposed from dSᵀ [key, query]; B = K_j
             # stored [key, d] (transposed loads).  Then into the float32 dQ buffer, 8 bytes a
             # reduction.
@@ -883,11 +893,14 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
 
 @cache
 def kernel_v3(d: int, causal: bool, bq: int, bk: int, nw: int, ma: int, mb: int, mc: int, minb: int = 1,
-              bulkq: bool = False, longest_first: bool = False, bf16: bool = False):
+              bulkq: bool = False, longest_first: bool = False, qbuf: int = 2, bf16: bool = False):
     """The compiled kernel and its threads per block (``minb`` blocks per SM promised to ptxas;
     ``bulkq``: dQ by bulk reductions, :func:`bulk_fits`; ``longest_first``: causal key blocks in
-    the order of their work, :func:`kernels.perf._tiles.key_block`; ``bf16``: for bf16 inputs)."""
-    fn, nt, _ = _source_v3(d, bq, bk, nw, ma, mb, mc, causal, bf16, bulkq, longest_first and causal)
+    the order of their work, :func:`kernels.perf._tiles.key_block`; ``qbuf``: buffers of Q and dO,
+    2 (the next step's copied beside this one's products) or 1 (copied after phase B, beside
+    phase C, behind one more barrier: room for ``bulkq``'s tile up to d = 256); ``bf16``: for bf16
+    inputs)."""
+    fn, nt, _ = _source_v3(d, bq, bk, nw, ma, mb, mc, causal, bf16, bulkq, longest_first and causal, qbuf)
     return tc.jit_kernel(fn, nt, minb), nt
 
 
@@ -903,7 +916,8 @@ def default_config_v3(d: int) -> dict:
     lane's ``red.v2`` (off) or by bulk reductions (on, :func:`bulk_fits`: above d = 128, where it
     fits, :func:`_wide_v3`); longest_first: causal key blocks issued every kv head's first before
     any head's second (:func:`kernels.perf._tiles.key_block`; no effect when not causal), where
-    :func:`longest_first_runs` says it pays.
+    :func:`longest_first_runs` says it pays; qbuf: buffers of Q and dO (2; 1 makes room for
+    ``bulkq``'s tile at d = 200-256, not timed yet: :func:`kernel_v3`).
     flash-attention's shapes: 128 x 128 at d = 64 (254 registers, 182 KB,
     no spills; on the H100 0.92x SDPA flash at N = 16,384 where 64 x 128 ran 0.85x, 1.02x at
     N = 4,096 where it ran 0.94x:
@@ -918,11 +932,11 @@ def default_config_v3(d: int) -> dict:
     and 0.98x at N = 4,096 where mb = 2 ran 0.90x and 0.90x (the same record, t128)."""
     d = padded_head_dim(d)  # d % 16 = 8 runs as d + 8
     if d in (32, 48, 64, 80):
-        return dict(bq=128, bk=128, nw=8, ma=4, mb=2, mc=2, minb=1, bulkq=False, longest_first=True)
+        return dict(bq=128, bk=128, nw=8, ma=4, mb=2, mc=2, minb=1, bulkq=False, longest_first=True, qbuf=2)
     if d > 128:  # 64 keys a block (dK, dV: 128 registers a thread at d = 256)
         return _wide_v3(d)
     return dict(bq=64, bk=128, nw=8, ma=2, mb=4 if d == 128 else 2, mc=2 if d in (64, 128) else 1, minb=1,
-                bulkq=False, longest_first=True)
+                bulkq=False, longest_first=True, qbuf=2)
 
 
 def _wide_v3(d: int) -> dict:
@@ -941,7 +955,7 @@ def _wide_v3(d: int) -> dict:
     256."""
     two = d % 32 == 0
     return dict(bq=64, bk=64, nw=8, ma=2, mb=2 if two else 1, mc=2 if two else 1, minb=1,
-                bulkq=bulk_fits(d, 64, 64), longest_first=True)
+                bulkq=bulk_fits(d, 64, 64), longest_first=True, qbuf=2)
 
 
 def _accepts_v3(dtype, d: int) -> bool:
@@ -981,7 +995,7 @@ def backward_v3(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
     dv = inp.empty((nb, nhk, nk, d), inp.dtype)
     qh, kh, vh, doh, dkh, dvh = tc_view(inp, a["q"], a["k"], a["v"], a["do"], dk, dv)
     args = (qh, kh, vh, doh, lse_d, dvec, dqa, dkh, dvh, float32(sc * LOG2E), float32(sc))
-    smem = smem_bytes_v3(d, cfg["bq"], cfg["bk"], cfg["bulkq"])
+    smem = smem_bytes_v3(d, cfg["bq"], cfg["bk"], cfg["bulkq"], cfg["qbuf"])
     raise_smem_limit(kern, args, smem)
     launch(kern, (-(-nk // cfg["bk"]), nb * nhk), nt, inp.stream, smem, *args)
     return dq_to_f16(inp, flat, (nb, nh, nq, d), sc), inp.out(dk), inp.out(dv)
