@@ -4,6 +4,7 @@ L2 that one kernel effectively gets.
     ncu --profile-from-start off ... python -m analysis.calibrate       # copy and gather8
     python -m analysis.calibrate l2 --out DIR [--name NAME] [--force]  # the L2 microbenchmarks
     python -m analysis.calibrate l2-summary DIR/NAME.csv               # their summary (CPU only)
+    python -m analysis.calibrate l2-readwrite CSV [--calib NAME.csv]  # scripts/device/l2_readwrite.py vs the model
 
 * ``copy``: n float32 values read and written once, coalesced: LSU load and store bytes are both
   exactly 4n, in 4n/32 sectors.
