@@ -36,7 +36,6 @@ and ``sleep`` wrote in every mode: ``analysis/data/l2calib/h100_l2_background.cs
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
@@ -47,6 +46,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _l2probe import args, gpu_name  # noqa: E402
 from numba import cuda, uint32  # noqa: E402
 
 MIB = 1 << 20
@@ -105,10 +105,7 @@ def _table(text: str) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    a = ap.parse_args(argv)
+    a = args(__doc__, argv)
     if a.worker:
         return worker()
     from analysis.ncu import METRICS
@@ -119,8 +116,7 @@ def main(argv=None) -> int:
              "dram": (DRAM_METRICS, ["--cache-control", "all"]),
              "app": (METRICS, ["--cache-control", "all", "--replay-mode", "application"]),
              "nocache": (METRICS, ["--cache-control", "none"])}
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip()
+    smi = gpu_name()
     ver = subprocess.run(["ncu", "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1:]
     rows = []
     for mode, (metrics, flags) in modes.items():

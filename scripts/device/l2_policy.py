@@ -32,7 +32,6 @@ DRAM writes above the global stores' bytes come from somewhere the model does no
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import subprocess
@@ -41,6 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from _l2probe import MEASURED, args, gpu_name, profile, write_csv, write_json  # noqa: E402
 from numba import cuda, float32, uint32  # noqa: E402
 
 MIB = 1 << 20
@@ -144,48 +144,24 @@ def worker() -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    a = ap.parse_args(argv)
+    a = args(__doc__, argv)
     if a.worker:
         return worker()
-    from analysis.ncu import ncu_command, parse_raw_csv
-
     out = Path(a.out or ".")
     out.mkdir(parents=True, exist_ok=True)
-    raw = out / "l2_policy.ncu-raw.csv"
-    cmd = ncu_command([sys.executable, str(Path(__file__).resolve()), "--worker"], export=str(raw),
-                      cache_control="all", profile_from_start=False)
-    print("running:", " ".join(cmd), flush=True)
-    if subprocess.run(cmd).returncode != 0:
-        print("l2_policy: ncu failed", file=sys.stderr)
+    got = profile(__file__, "l2_policy", out, probes())
+    if got is None:
         return 1
-    launches = parse_raw_csv(raw.read_text())
-    ps = probes()
-    if len(launches) != len(ps):
-        print(f"l2_policy: {len(launches)} launches for {len(ps)} probes", file=sys.stderr)
-        return 1
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip()
+    pairs, cmd = got
+    smi = gpu_name()
     keys = ("probe", "mib", "hot_mib", "mode", "ms", "passes", "blocks")
-    rows = []
-    for p, ln in zip(ps, launches):
-        rows.append({**{k: p.get(k, "") for k in keys},
-                     "dram_read_bytes": ln["dram_read_bytes"], "dram_write_bytes": ln["dram_write_bytes"],
-                     "lsu_ld_bytes": ln["lsu_ld_bytes"], "lsu_st_bytes": ln["lsu_st_bytes"], "time_ns": ln["time_ns"],
-                     "gpu": smi})
-    tmp = out / ".l2_policy.csv.tmp"
-    with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    tmp.replace(out / "l2_policy.csv")
+    rows = [{**{k: p.get(k, "") for k in keys}, **{k: ln[k] for k in MEASURED}, "gpu": smi} for p, ln in pairs]
+    write_csv(out / "l2_policy.csv", rows)
     for r in rows:
         what = " ".join(f"{k}={r[k]}" for k in keys[1:] if r[k] != "")
         print(f"{r['probe']:<11} {what:<40} DRAM read {r['dram_read_bytes'] / MIB:9.2f} MiB  "
               f"write {r['dram_write_bytes'] / MIB:9.2f} MiB  {r['time_ns'] / 1e6:9.3f} ms")
-    (out / "l2_policy.meta.json").write_text(json.dumps({"gpu": smi, "command": " ".join(cmd)}, indent=1))
+    write_json(out / "l2_policy.meta.json", {"gpu": smi, "command": cmd})
     return kernels(out, smi)
 
 

@@ -23,17 +23,14 @@ writes ``$OUT/l2_readwrite.csv`` (probe, R, W, DRAM bytes read and written, LSU 
 
 from __future__ import annotations
 
-import argparse
-import csv
-import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from _l2probe import MEASURED, args, gpu_name, profile, write_csv, write_json  # noqa: E402
 from numba import cuda, float32  # noqa: E402
 
 MIB = 1 << 20
@@ -106,48 +103,26 @@ def worker() -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    a = ap.parse_args(argv)
+    a = args(__doc__, argv)
     if a.worker:
         return worker()
-    from analysis.ncu import ncu_command, parse_raw_csv
-
     out = Path(a.out or ".")
     out.mkdir(parents=True, exist_ok=True)
-    raw = out / "l2_readwrite.ncu-raw.csv"
-    cmd = ncu_command([sys.executable, str(Path(__file__).resolve()), "--worker"], export=str(raw),
-                      cache_control="all", profile_from_start=False)
-    print("running:", " ".join(cmd), flush=True)
-    if subprocess.run(cmd).returncode != 0:
-        print("l2_readwrite: ncu failed", file=sys.stderr)
+    got = profile(__file__, "l2_readwrite", out, probes())
+    if got is None:
         return 1
-    launches = parse_raw_csv(raw.read_text())
-    ps = probes()
-    if len(launches) != len(ps):
-        print(f"l2_readwrite: {len(launches)} launches for {len(ps)} probes", file=sys.stderr)
-        return 1
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip()
-    rows = [{**p, "dram_read_bytes": ln["dram_read_bytes"], "dram_write_bytes": ln["dram_write_bytes"],
-             "lsu_ld_bytes": ln["lsu_ld_bytes"], "lsu_st_bytes": ln["lsu_st_bytes"], "time_ns": ln["time_ns"],
-             "gpu": smi} for p, ln in zip(ps, launches)]
-    tmp = out / ".l2_readwrite.csv.tmp"
-    with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    tmp.replace(out / "l2_readwrite.csv")
+    pairs, cmd = got
+    smi = gpu_name()
+    rows = [{**p, **{k: ln[k] for k in MEASURED}, "gpu": smi} for p, ln in pairs]
+    write_csv(out / "l2_readwrite.csv", rows)
     for r in rows:
         print(f"{r['probe']:<12} R {r['read_mib']:3d} W {r['write_mib']:3d} MiB  DRAM read "
               f"{r['dram_read_bytes'] / MIB:8.2f} write {r['dram_write_bytes'] / MIB:7.2f} MiB  "
               f"LSU st {r['lsu_st_bytes'] / MIB:7.2f} MiB  {r['time_ns'] / 1e3:8.1f} us")
-    tmp = out / ".l2_readwrite.meta.json.tmp"
-    tmp.write_text(json.dumps({"gpu": smi, "command": " ".join(cmd), "blocks_per_sm": BLOCKS_PER_SM,
-                               "threads": THREADS, "git_commit": os.environ.get("FLASHSIM_GIT_COMMIT"),
-                               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=1))
-    tmp.replace(out / "l2_readwrite.meta.json")
+    write_json(out / "l2_readwrite.meta.json", {
+        "gpu": smi, "command": cmd, "blocks_per_sm": BLOCKS_PER_SM, "threads": THREADS,
+        "git_commit": os.environ.get("FLASHSIM_GIT_COMMIT"),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     return 0
 
 

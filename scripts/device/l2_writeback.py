@@ -23,15 +23,12 @@ written, time) and ``$OUT/l2_writeback.ncu-raw.csv``, and prints the table.  The
 
 from __future__ import annotations
 
-import argparse
-import csv
-import json
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from _l2probe import MEASURED, args, gpu_name, profile, write_csv, write_json  # noqa: E402
 from numba import cuda, float32, uint32  # noqa: E402
 
 MIB = 1 << 20
@@ -120,45 +117,24 @@ def worker() -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    a = ap.parse_args(argv)
+    a = args(__doc__, argv)
     if a.worker:
         return worker()
-    from analysis.ncu import ncu_command, parse_raw_csv
-
     out = Path(a.out or ".")
     out.mkdir(parents=True, exist_ok=True)
-    raw = out / "l2_writeback.ncu-raw.csv"
-    cmd = ncu_command([sys.executable, str(Path(__file__).resolve()), "--worker"], export=str(raw),
-                      cache_control="all", profile_from_start=False)
-    print("running:", " ".join(cmd), flush=True)
-    if subprocess.run(cmd).returncode != 0:
-        print("l2_writeback: ncu failed", file=sys.stderr)
+    got = profile(__file__, "l2_writeback", out, probes())
+    if got is None:
         return 1
-    launches = parse_raw_csv(raw.read_text())
-    ps = probes()
-    if len(launches) != len(ps):
-        print(f"l2_writeback: {len(launches)} launches for {len(ps)} probes", file=sys.stderr)
-        return 1
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip()
-    rows = []
-    for p, ln in zip(ps, launches):
-        rows.append({**{"probe": p["probe"], "mib": p["mib"], "ms": p.get("ms", ""), "passes": p.get("passes", "")},
-                     "dram_read_bytes": ln["dram_read_bytes"], "dram_write_bytes": ln["dram_write_bytes"],
-                     "lsu_ld_bytes": ln["lsu_ld_bytes"], "lsu_st_bytes": ln["lsu_st_bytes"], "time_ns": ln["time_ns"],
-                     "gpu": smi})
-    with open(out / "l2_writeback.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    pairs, cmd = got
+    smi = gpu_name()
+    rows = [{"probe": p["probe"], "mib": p["mib"], "ms": p.get("ms", ""), "passes": p.get("passes", ""),
+             **{k: ln[k] for k in MEASURED}, "gpu": smi} for p, ln in pairs]
+    write_csv(out / "l2_writeback.csv", rows)
     for r in rows:
         print(f"{r['probe']:<10} {r['mib']:>4} MiB ms={r['ms']!s:<3} passes={r['passes']!s:<3} "
               f"DRAM read {r['dram_read_bytes'] / MIB:9.2f} MiB  write {r['dram_write_bytes'] / MIB:9.2f} MiB  "
               f"{r['time_ns'] / 1e6:9.3f} ms")
-    (out / "l2_writeback.meta.json").write_text(json.dumps({"gpu": smi, "command": " ".join(cmd)}, indent=1))
+    write_json(out / "l2_writeback.meta.json", {"gpu": smi, "command": cmd})
     return 0
 
 

@@ -1,0 +1,63 @@
+"""What the L2 probe scripts (l2_policy.py, l2_writeback.py, l2_readwrite.py, l2_background.py)
+share: their command line (``--out DIR``; ``--worker``, the program Nsight Compute profiles), the
+GPU's name and driver, the worker run under ``ncu --cache-control all`` with its launches paired
+with the probes, and records written under a temporary name first, then renamed."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+#: the columns every probe row takes from its launch (analysis.ncu.parse_raw_csv's names)
+MEASURED = ("dram_read_bytes", "dram_write_bytes", "lsu_ld_bytes", "lsu_st_bytes", "time_ns")
+
+
+def args(doc: str, argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+def gpu_name() -> str:
+    """nvidia-smi's "name, driver version" of the GPU."""
+    return subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                          capture_output=True, text=True).stdout.strip()
+
+
+def profile(script: str, stem: str, out: Path, probes: list[dict]) -> tuple[list[tuple[dict, dict]], str] | None:
+    """Run ``script --worker`` under ncu (every launch cold), its raw export ``out/STEM.ncu-raw.csv``:
+    ([(probe, measured launch)], the command), or None after one line on stderr."""
+    from analysis.ncu import ncu_command, parse_raw_csv
+
+    raw = out / f"{stem}.ncu-raw.csv"
+    cmd = ncu_command([sys.executable, str(Path(script).resolve()), "--worker"], export=str(raw),
+                      cache_control="all", profile_from_start=False)
+    print("running:", " ".join(cmd), flush=True)
+    if subprocess.run(cmd).returncode != 0:
+        print(f"{stem}: ncu failed", file=sys.stderr)
+        return None
+    launches = parse_raw_csv(raw.read_text())
+    if len(launches) != len(probes):
+        print(f"{stem}: {len(launches)} launches for {len(probes)} probes", file=sys.stderr)
+        return None
+    return list(zip(probes, launches)), " ".join(cmd)
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    tmp.replace(path)
+
+
+def write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    tmp.replace(path)
