@@ -595,49 +595,46 @@ def reread_rms(rows: list[dict], capacity: float, dirty: float | None, fetch: in
 READWRITE_STEP = 4 * 132 * 256 * 4
 
 
+def readwrite_steps(probe: str, nr: int, nw: int, w: int):
+    """The order of a ``scripts/device/l2_readwrite.py`` probe's accesses, a grid-width step (``w``
+    units) at a time, over ``nr`` units read and ``nw`` stored (whole steps): (stores?, the step's
+    first unit in its buffer).  ``interleaved``: a step of the read buffer, and one of the stored
+    buffer every nr/nw steps (the stores alone when nothing is read); ``read_write``: the reads,
+    then the stores; ``write_read``: the stores, then the reads."""
+    if probe not in ("interleaved", "read_write", "write_read"):
+        raise ValueError(f"probe={probe!r}: one of interleaved, read_write, write_read")
+    reads = [(False, a) for a in range(0, nr, w)]
+    stores = [(True, a) for a in range(0, nw, w)]
+    if probe == "read_write":
+        return reads + stores
+    if probe == "write_read" or nr == 0:
+        return stores + reads
+    ratio = max(1, nr // max(nw, 1))
+    out = []
+    for i, r in enumerate(reads):
+        out.append(r)
+        if i % ratio == 0 and (i // ratio) * w < nw:
+            out.append((True, (i // ratio) * w))
+    return out
+
+
 def model_readwrite(row: dict, capacity: float, dirty: float | None, fetch: int, policy: str = "nru",
                     random_share: float = 0.0, scale: int = 8, step: int = READWRITE_STEP) -> float:
     """DRAM write bytes that flashsim.l2's cache predicts for one probe of
     ``scripts/device/l2_readwrite.py`` (a row of its CSV): R MiB read and W MiB stored, each
-    rounded down to whole grid-width steps as the probe does, in its order (``interleaved``: a
-    step of the read buffer, and one of the stored buffer every R/W steps; ``read_write``;
-    ``write_read``), from an empty L2, the dirty lines left at the end not counted.  ``scale`` > 1
+    rounded down to whole grid-width steps as the probe does, in its order
+    (:func:`readwrite_steps`), from an empty L2, the dirty lines left at the end not counted.  ``scale`` > 1
     shrinks buffers, capacity and dirty limit by that factor."""
     from flashsim.l2 import L2
 
-    probe = row["probe"]
-    if probe not in ("interleaved", "read_write", "write_read"):
-        raise ValueError(f"probe={probe!r}: one of interleaved, read_write, write_read")
     cache = L2(int(capacity / scale), 128, 32, 16, policy=policy,
                dirty_limit=None if dirty is None else int(dirty / scale), fetch_bytes=fetch, random_share=random_share)
     ctr = np.zeros(4, dtype=np.int64)
     w = step // scale
-    nr = int(row["read_mib"]) * MiB // step * w
-    nw = int(row["write_mib"]) * MiB // step * w
     wbase = 1 << 40  # the stored buffer, far from the read one
-
-    def reads(lo, hi):
-        for a in range(lo, hi, w):
-            cache.access(a, w, False, ctr)
-
-    def writes(lo, hi):
-        for a in range(lo, hi, w):
-            cache.access(wbase + a, w, True, ctr)
-
-    if probe == "read_write":
-        reads(0, nr)
-        writes(0, nw)
-    elif probe == "write_read":
-        writes(0, nw)
-        reads(0, nr)
-    elif nr == 0:
-        writes(0, nw)
-    else:
-        ratio = max(1, nr // max(nw, 1))
-        for i in range(nr // w):
-            reads(i * w, (i + 1) * w)
-            if i % ratio == 0 and (i // ratio) * w < nw:
-                writes((i // ratio) * w, (i // ratio + 1) * w)
+    for store, a in readwrite_steps(row["probe"], int(row["read_mib"]) * MiB // step * w,
+                                    int(row["write_mib"]) * MiB // step * w, w):
+        cache.access(wbase + a if store else a, w, store, ctr)
     return float(ctr[3] * 32 * scale)
 
 

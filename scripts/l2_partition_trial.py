@@ -35,7 +35,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from analysis.calibrate import READWRITE_STEP, MiB, read_l2_csv  # noqa: E402
+from analysis.calibrate import READWRITE_STEP, MiB, read_l2_csv, readwrite_steps  # noqa: E402
 from flashsim.l2 import L2  # noqa: E402
 
 SCALE = 8
@@ -119,29 +119,9 @@ def readwrite_case(row: dict, cap: float, share: float, mapping: str) -> float:
     nr = int(row["read_mib"]) * MiB // READWRITE_STEP * w
     nw = int(row["write_mib"]) * MiB // READWRITE_STEP * w
     wbase = 1 << 34
-
-    def rd(lo, hi):
-        for k in range(lo, hi):
-            m.read(k, part_of(k % BLOCKS, mapping))
-
-    def wr(lo, hi):
-        for k in range(lo, hi):
-            m.write(wbase + k, part_of(k % BLOCKS, mapping))
-
-    if row["probe"] == "read_write":
-        rd(0, nr)
-        wr(0, nw)
-    elif row["probe"] == "write_read":
-        wr(0, nw)
-        rd(0, nr)
-    elif nr == 0:
-        wr(0, nw)
-    else:
-        ratio = max(1, nr // max(nw, 1))
-        for i in range(nr // w):
-            rd(i * w, (i + 1) * w)
-            if i % ratio == 0 and (i // ratio) * w < nw:
-                wr((i // ratio) * w, (i // ratio + 1) * w)
+    for store, lo in readwrite_steps(row["probe"], nr, nw, w):  # a block's chunk is one line here
+        for k in range(lo, lo + w):
+            (m.write if store else m.read)(wbase + k if store else k, part_of(k % BLOCKS, mapping))
     return m.dram()[1]
 
 
