@@ -61,3 +61,17 @@ def write_json(path: Path, obj: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(obj, indent=1))
     tmp.replace(path)
+
+
+def measure(doc: str, script: str, stem: str, probes, worker, argv=None):
+    """A probe script's main up to its records: the worker's exit status when run as ``--worker``,
+    1 when ncu fails; else (the output folder, [(probe, launch)], the ncu command, the GPU)."""
+    a = args(doc, argv)
+    if a.worker:
+        return worker()
+    out = Path(a.out or ".")
+    out.mkdir(parents=True, exist_ok=True)
+    got = profile(script, stem, out, probes())
+    if got is None:
+        return 1
+    return (out, *got, gpu_name())

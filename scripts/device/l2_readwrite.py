@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from _l2probe import MEASURED, args, gpu_name, profile, write_csv, write_json  # noqa: E402
+from _l2probe import MEASURED, measure, write_csv, write_json  # noqa: E402
 from numba import cuda, float32  # noqa: E402
 
 MIB = 1 << 20
@@ -103,16 +103,10 @@ def worker() -> int:
 
 
 def main(argv=None) -> int:
-    a = args(__doc__, argv)
-    if a.worker:
-        return worker()
-    out = Path(a.out or ".")
-    out.mkdir(parents=True, exist_ok=True)
-    got = profile(__file__, "l2_readwrite", out, probes())
-    if got is None:
-        return 1
-    pairs, cmd = got
-    smi = gpu_name()
+    got = measure(__doc__, __file__, "l2_readwrite", probes, worker, argv)
+    if isinstance(got, int):
+        return got
+    out, pairs, cmd, smi = got
     rows = [{**p, **{k: ln[k] for k in MEASURED}, "gpu": smi} for p, ln in pairs]
     write_csv(out / "l2_readwrite.csv", rows)
     for r in rows:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from _l2probe import MEASURED, args, gpu_name, profile, write_csv, write_json  # noqa: E402
+from _l2probe import MEASURED, measure, write_csv, write_json  # noqa: E402
 from numba import cuda, float32, uint32  # noqa: E402
 
 MIB = 1 << 20
@@ -117,16 +117,10 @@ def worker() -> int:
 
 
 def main(argv=None) -> int:
-    a = args(__doc__, argv)
-    if a.worker:
-        return worker()
-    out = Path(a.out or ".")
-    out.mkdir(parents=True, exist_ok=True)
-    got = profile(__file__, "l2_writeback", out, probes())
-    if got is None:
-        return 1
-    pairs, cmd = got
-    smi = gpu_name()
+    got = measure(__doc__, __file__, "l2_writeback", probes, worker, argv)
+    if isinstance(got, int):
+        return got
+    out, pairs, cmd, smi = got
     rows = [{"probe": p["probe"], "mib": p["mib"], "ms": p.get("ms", ""), "passes": p.get("passes", ""),
              **{k: ln[k] for k in MEASURED}, "gpu": smi} for p, ln in pairs]
     write_csv(out / "l2_writeback.csv", rows)
