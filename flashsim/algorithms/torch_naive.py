@@ -335,6 +335,16 @@ def _parts(w: Workload, pass_: str, tiles: str, clusters: str = "1x1"):
     return {k: v for k, v in t.items() if k in used}, parts
 
 
+def _pass_parts(w: Workload, pass_: str, options: dict):
+    """(tensors, parts, (gemm_tiles, gemm_clusters, sms)) of a pass after the checks every entry
+    point makes: the options, the workload, the pass."""
+    opts = _options(options)
+    _check(w)
+    if pass_ not in PASSES:
+        raise ValueError(f"pass_={pass_!r}: not modelled")
+    return (*_parts(w, pass_, opts[0], opts[1]), opts)
+
+
 def tril_active(w: Workload) -> np.ndarray:
     """Chunks of 8 entries ``tril(nk - nq)`` loads in each row r: those starting at a kept column,
     8c <= r + Nk - Nq, so min(Nk/8, ⌊(r + Nk - Nq)/8⌋ + 1), or none when r + Nk - Nq < 0."""
@@ -358,32 +368,24 @@ def _warp_pieces(w: Workload, chunks: np.ndarray) -> tuple[np.ndarray, np.ndarra
 
 
 def schedule(w: Workload, tiling: Tiling | None, pass_: str, **options) -> Schedule:
-    tiles, clusters, sms = _options(options)
-    _check(w)
-    if pass_ not in PASSES:
-        raise ValueError(f"pass_={pass_!r}: not modelled")
+    tensors, parts, (tiles, clusters, sms) = _pass_parts(w, pass_, options)
     check_programs(w.bh, "batch*heads")
-    tensors, parts = _parts(w, pass_, tiles, clusters)
     slices = {n: (np.zeros(w.bh, dtype=np.int64) if tensors[n].slices == 1 else np.arange(w.bh, dtype=np.int64))
               for n in tensors}
     launches = []
     for name, kind, p in parts:
         if kind == "gemm":
             launches.append(Launch(name, w.bh, slices, p.accesses, p.counts))
-        elif kind == "ew" and name in ("softmax", "softmax_bwd") and warp_softmax(w, name == "softmax_bwd"):
-            def acc(p=p):  # the warp softmax: each load and store a warp's 32 consecutive elements
-                c0, cn = warp_pieces(w.nk)
-                for r in p[0]:
-                    yield read(r, 0, w.nq, c0, cn)
-                for wt in p[1]:
-                    yield write(wt, 0, w.nq, c0, cn)
-            launches.append(Launch(name, w.bh, slices, acc))
         elif kind == "ew":
-            def acc(p=p):
+            # whole rows; the warp softmax's loads and stores a warp's 32 consecutive columns each
+            warp = name in ("softmax", "softmax_bwd") and warp_softmax(w, name == "softmax_bwd")
+            cols = warp_pieces(w.nk) if warp else (0, None)
+
+            def acc(p=p, cols=cols):
                 for r in p[0]:
-                    yield read(r, 0, tensors[r].rows)
+                    yield read(r, 0, tensors[r].rows, *cols)
                 for wt in p[1]:
-                    yield write(wt, 0, tensors[wt].rows)
+                    yield write(wt, 0, tensors[wt].rows, *cols)
             programs = 1 if all(tensors[n].slices == 1 for n in p[0] + p[1]) else w.bh
             launches.append(Launch(name, programs, {n: s[:programs] for n, s in slices.items()}, acc))
         elif kind == "fill":  # masked_fill_(mask) in place: the input's loads of the last iteration kept only
@@ -411,11 +413,7 @@ def schedule(w: Workload, tiling: Tiling | None, pass_: str, **options) -> Sched
 
 
 def closed_form(w: Workload, tiling: Tiling | None, pass_: str, **options) -> dict[tuple[str, str], int]:
-    tiles, clusters, _ = _options(options)
-    _check(w)
-    if pass_ not in PASSES:
-        raise ValueError(f"pass_={pass_!r}: not modelled")
-    tensors, parts = _parts(w, pass_, tiles, clusters)
+    tensors, parts, _ = _pass_parts(w, pass_, options)
     out: dict[tuple[str, str], int] = {}
 
     def add(k, n):
@@ -450,19 +448,17 @@ def received_read_sectors(w: Workload, pass_: str, ksteps="64", **options) -> li
     a comma-separated list, one per GEMM launch, as nvjet's names give them:
     ``nvjet_sm90_hsh_64x8_64x16_``, K step 64), None for the other launches (their SMs receive
     what the schedule loads, without multicast)."""
-    tiles, clusters, _ = _options(options)
-    _check(w)
-    if pass_ not in PASSES:
-        raise ValueError(f"pass_={pass_!r}: not modelled")
-    _, parts = _parts(w, pass_, tiles, clusters)
-    gemms = [p for _, kind, p in parts if kind == "gemm"]
+    _, parts, _ = _pass_parts(w, pass_, options)
+    gemms = sum(kind == "gemm" for _, kind, _ in parts)
     ks = str(ksteps).split(",")
-    if not all(k.strip().isdigit() and int(k) > 0 for k in ks) or len(ks) not in (1, len(gemms)):
-        raise ValueError(f"ksteps={ksteps!r}: one positive integer or {len(gemms)} (one per GEMM launch)")
-    ks = [int(k) for k in ks] * (len(gemms) if len(ks) == 1 else 1)
-    step = dict(zip(map(id, gemms), ks))
-    return [p.received_sectors(w.elem_bytes, w.bh, step[id(p)]) if kind == "gemm" and p.bulk else None
-            for _, kind, p in parts]
+    if not all(k.strip().isdigit() and int(k) > 0 for k in ks) or len(ks) not in (1, gemms):
+        raise ValueError(f"ksteps={ksteps!r}: one positive integer or {gemms} (one per GEMM launch)")
+    step = iter([int(k) for k in ks] * (gemms if len(ks) == 1 else 1))  # the GEMMs' K steps in launch order
+    out = []
+    for _, kind, p in parts:
+        k = next(step) if kind == "gemm" else None
+        out.append(p.received_sectors(w.elem_bytes, w.bh, k) if kind == "gemm" and p.bulk else None)
+    return out
 
 
 def plan(w: Workload, sram_elems: int | None = None, tiling: Tiling | None = None, **options):
