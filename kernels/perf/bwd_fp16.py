@@ -742,8 +742,9 @@ def _source_v3(D: int, BQ: int, BK: int, NW: int, MA: int, MB: int, MC: int, CAU
             ib = ib1
             hb = hb1
             tc.cp_async_commit()
-            qofs = QOFF + (buf if QBUF == 2 else 0) * BQ * S
-            oofs = OOFF + (buf if QBUF == 2 else 0) * BQ * S
+            qb = buf if QBUF == 2 else 0  # this step's Q and dO buffer
+            qofs = QOFF + qb * BQ * S
+            oofs = OOFF + qb * BQ * S
             # Phase A.  Sᵀ = K Q_iᵀ and dPᵀ = V dO_iᵀ (A = K or V rows, B = Q or dO rows: all stored
             # [row, d]); the first k-step starts from zero (no branch inside the loops).
             # (Each phase takes its shared addresses through tc.opaque_u32, so they are one
