@@ -929,8 +929,8 @@ def _readwrite_cli(args) -> int:
 
     try:
         gpu = get_gpu(args.gpu)
-        if args.capacity_mib is not None and not args.capacity_mib > 0:
-            raise ValueError(f"--capacity-mib {args.capacity_mib}: must be positive")
+        if args.capacity_mib is not None and not 0 < args.capacity_mib <= 1024:
+            raise ValueError(f"--capacity-mib {args.capacity_mib}: must be above 0 and at most 1024")
         with open(args.csv, newline="") as f:
             rows = list(csv.DictReader(f))
         if not rows or "probe" not in rows[0]:

@@ -465,7 +465,9 @@ def test_dirty_lines_leave_under_a_read_stream_sooner_than_the_model_says(capsys
         print(out)
         assert f"rms of the writes' difference: {rms} MiB over 30 probes" in out
         assert f"rms of the miss fraction {reread}" in out
-    for bad in (["/nonexistent.csv"], [str(path), "--capacity-mib", "0"], [str(calib)]):
+    for bad in (["/nonexistent.csv"], [str(path), "--capacity-mib", "0"], [str(path), "--capacity-mib", "1e12"],
+                [str(path), "--capacity-mib", "nan"], [str(calib)], [str(path), "--gpu", "h999"],
+                [str(path), "--calib", str(path)]):
         assert cal.main(["l2-readwrite", *bad]) == 2
         err = capsys.readouterr().err
         assert err.startswith("flashsim: error:") and err.count("\n") == 1

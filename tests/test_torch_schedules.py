@@ -1,6 +1,7 @@
 """Schedules of PyTorch's attention kernels (issue 15): hand-derived counts for small cases, the
 walker against the closed form, the grouped counts against the loop-order stream."""
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -243,8 +244,11 @@ def test_naive_received_boxes_by_hand():
     assert got[3] == 126 * (4 * 64 + 4 * 80 + 1024 * 4) == 588_672
     assert received_read_sectors(wl(1000, 64), "fwd", ksteps="32,128", gemm_tiles="256x40,64x8",
                                  gemm_clusters="4x2,1x2")[3] == 126 * (4 * 64 + 4 * 72 + 1024 * 4)  # boxes of 256 B
-    with pytest.raises(ValueError, match="ksteps"):
-        received_read_sectors(wl(1000, 64), "fwd", ksteps="64,64,64")
+    for bad in ("64,64,64", None, "0", "1000000000", "x"):
+        with pytest.raises(ValueError, match="ksteps"):
+            received_read_sectors(wl(1000, 64), "fwd", ksteps=bad)
+    assert received_read_sectors(wl(1000, 64), "fwd", ksteps=np.int64(64), gemm_tiles="256x40,64x8",
+                                 gemm_clusters="4x2,1x2")[3] == 588_672
 
 
 def test_naive_warp_softmax_pieces_by_hand():

@@ -451,8 +451,9 @@ def received_read_sectors(w: Workload, pass_: str, ksteps="64", **options) -> li
     _, parts, _ = _pass_parts(w, pass_, options)
     gemms = sum(kind == "gemm" for _, kind, _ in parts)
     ks = str(ksteps).split(",")
-    if not all(k.strip().isdigit() and int(k) > 0 for k in ks) or len(ks) not in (1, gemms):
-        raise ValueError(f"ksteps={ksteps!r}: one positive integer or {gemms} (one per GEMM launch)")
+    if not all(k.strip().isdigit() and 0 < int(k) <= 256 for k in ks) or len(ks) not in (1, gemms):
+        raise ValueError(f"ksteps={ksteps!r}: one integer from 1 to 256 (a TMA box's side) or {gemms} "
+                         "(one per GEMM launch)")
     step = iter([int(k) for k in ks] * (gemms if len(ks) == 1 else 1))  # the GEMMs' K steps in launch order
     out = []
     for _, kind, p in parts:
