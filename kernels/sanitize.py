@@ -15,10 +15,12 @@ import numpy as np
 from numba import cuda
 
 
-def only(name: str, d: int = 64) -> None:
+def only(name: str, d: int = 64, config: dict | None = None) -> None:
     """One fast variant (``kernels.perf.variant(name)``, head dim ``d``; fp32 for an *_fp32_*
     variant, else fp16) at the ragged size, causal and not, with grouped-query heads: a forward
-    variant's forward, a backward variant's saved forward and backward."""
+    variant's forward, a backward variant's saved forward and backward; ``config`` overrides the
+    variant's default block (the forward's or the backward's, whichever the variant is)."""
+    config = config or {}
     from kernels import perf
 
     mod = perf.variant(name)
@@ -29,12 +31,12 @@ def only(name: str, d: int = 64) -> None:
         k, v = (rng.standard_normal((1, 2, 130, d)).astype(dt) for _ in range(2))
         do = rng.standard_normal(q.shape).astype(dt)
         if hasattr(mod, "forward"):
-            mod.forward(q, k, v, causal=causal, return_lse=True)
+            mod.forward(q, k, v, causal=causal, return_lse=True, **config)
         else:
             o, lse = mod.saved_forward(q, k, v, causal=causal)
-            mod.backward(q, k, v, o, lse, do, causal=causal)
+            mod.backward(q, k, v, o, lse, do, causal=causal, **config)
         cuda.synchronize()
-        print(f"ran {name}: d={d} causal={causal}", flush=True)
+        print(f"ran {name}: d={d} causal={causal} {config or ''}", flush=True)
 
 
 def decode() -> None:
@@ -123,7 +125,19 @@ def main(argv=None) -> int:
                     "or 'wide': the fp16 forward above d = 128")
     ap.add_argument("--d", type=int, nargs="+", default=[64],
                     help="with a variant in --only: its head dims, each run in turn (default 64)")
+    ap.add_argument("--config", default=None, metavar="JSON",
+                    help='with a variant in --only: a JSON object overriding its default block, e.g. \'{"qbuf": 1}\'')
     args = ap.parse_args(argv)
+    config = None
+    if args.config is not None:
+        import json
+
+        try:
+            config = json.loads(args.config)
+        except json.JSONDecodeError as e:
+            ap.exit(2, f"{ap.prog}: error: --config: {e}\n")
+        if not isinstance(config, dict) or not args.only:
+            ap.exit(2, f"{ap.prog}: error: --config must be a JSON object and needs --only VARIANT\n")
     if args.only == "decode":
         decode()
         return 0
@@ -136,8 +150,8 @@ def main(argv=None) -> int:
     if args.only:
         try:
             for d in args.d:
-                only(args.only, d)
-        except ValueError as e:  # an unknown variant, or a head dim it does not take
+                only(args.only, d, config)
+        except (ValueError, TypeError) as e:  # an unknown variant, a head dim or a config it does not take
             ap.exit(2, f"{ap.prog}: error: {e}\n")
         return 0
     rng = np.random.default_rng(7)

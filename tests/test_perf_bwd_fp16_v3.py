@@ -145,3 +145,16 @@ def test_gpu_backward_head_dims(d):
         o, lse = bwd_fp16_v3.saved_forward(q, k, v, causal=causal)
         grads = bwd_fp16_v3.backward(q, k, v, o, lse, do, causal=causal)
         check_backward(grads, q, k, v, do, lse, causal, label=f"gpu d={d} causal={causal}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [200, 224, 256])
+@pytest.mark.parametrize("bulkq", [False, True])
+def test_gpu_backward_one_q_buffer(d, bulkq):
+    """``qbuf`` = 1 at the head dims it is for (the default block above d = 192, dQ by ``red.v2``
+    or, in the room it makes, by bulk reductions): GQA 4:2, ragged N with Nq > Nk, causal and not."""
+    q, k, v, do = make(d, 2, 4, 2, 1000, 777, d)
+    for causal in (False, True):
+        o, lse = bwd_fp16_v3.saved_forward(q, k, v, causal=causal)
+        grads = bwd_fp16_v3.backward(q, k, v, o, lse, do, causal=causal, qbuf=1, bulkq=bulkq)
+        check_backward(grads, q, k, v, do, lse, causal, label=f"gpu d={d} qbuf=1 bulkq={bulkq} causal={causal}")

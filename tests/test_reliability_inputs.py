@@ -168,3 +168,22 @@ def test_walker_counts_wide_tensors_exactly():
     w = Workload(batch=1, heads=1, seq_len_q=2**31 - 1, head_dim=8, dtype="fp32")
     with pytest.raises(ValueError, match="walker"):
         walk(build_schedule(w, "standard", gemm_block=2**31 - 1))
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--only", "bwd_fp16_v3", "--config", "{qbuf: 1}"], ["--config"]),
+    (["--only", "bwd_fp16_v3", "--config", "[1]"], ["JSON object"]),
+    (["--config", '{"qbuf": 1}'], ["needs --only"]),
+])
+def test_sanitize_refuses_a_bad_config(argv, words, capsys):
+    """kernels.sanitize's --config (a JSON object overriding one variant's block): one error line,
+    exit 2, before any kernel runs."""
+    from kernels.sanitize import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    print(err)
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    for word in words:
+        assert word in err

@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, nargs="+", default=[4096])
     ap.add_argument("--bh", type=int, default=16, help="batch*heads (batch = bh // 16, heads = 16)")
     ap.add_argument("--hkv", type=int, default=None, help="kv heads (grouped-query; default: the query heads)")
-    ap.add_argument("--dtype", default="fp16", choices=["fp16", "fp32"])
+    ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16", "fp32"])
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--configs", nargs="*", default=["{}"], help="JSON objects overriding default_config(d)")
     ap.add_argument("--peers", nargs="*", default=["naive", "sdpa_flash"])
@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     peers = _torch_fns(torch)
     flush = torch.empty(256 * 2**20 // 4, dtype=torch.float32, device="cuda")
     rng = np.random.default_rng(0)
-    tdt = torch.float16 if args.dtype == "fp16" else torch.float32
+    tdt = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     rows = []
     for d in args.d:
         for n in args.n:
