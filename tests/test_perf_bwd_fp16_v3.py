@@ -82,10 +82,13 @@ def test_backward_fp16_v3_one_q_buffer(c, bulkq):
 def test_bulkq_refused_where_the_tile_does_not_fit():
     from kernels.perf import bwd_fp16
 
-    # the default above d = 128: bulk reductions where the tile fits (d <= 192, rounded up to
-    # 16), phase C on two m-tiles where d rounded up to 16 is a multiple of 32
+    # the default above d = 128: one Q/dO buffer and bulk reductions (two buffers leave room for
+    # the tile up to d = 192, rounded up to 16), phase C on two m-tiles where d rounded up to 16
+    # is a multiple of 32
     on = [d for d in range(136, 257, 8) if bwd_fp16.default_config_v3(d)["bulkq"]]
-    assert on == list(range(136, 193, 8)) and not bwd_fp16.default_config_v3(128)["bulkq"]
+    assert on == list(range(136, 257, 8)) and not bwd_fp16.default_config_v3(128)["bulkq"]
+    assert {bwd_fp16.default_config_v3(d)["qbuf"] for d in range(136, 257, 8)} == {1}
+    assert [d for d in range(136, 257, 8) if bwd_fp16.bulk_fits(d, 64, 64)] == list(range(136, 193, 8))
     two = [d for d in range(136, 257, 8) if bwd_fp16.default_config_v3(d)["mc"] == 2]
     assert two == [152, 160, 184, 192, 216, 224, 248, 256]
 
@@ -95,7 +98,7 @@ def test_bulkq_refused_where_the_tile_does_not_fit():
     q, k, v, do = make(1, 1, 1, 1, 16, 16, 256)
     o, lse = (x.astype(t) for x, t in zip(attention_forward(q, k, v), (np.float16, np.float32)))
     with pytest.raises(ValueError, match="bulkq=True"):
-        bwd_fp16_v3.backward(q, k, v, o, lse, do, bulkq=True)
+        bwd_fp16_v3.backward(q, k, v, o, lse, do, bulkq=True, qbuf=2)
     with pytest.raises(ValueError, match="qbuf=3"):
         bwd_fp16_v3.backward(q, k, v, o, lse, do, qbuf=3)
 

@@ -161,11 +161,11 @@ def default_config(name: str, d: int) -> dict:
         if d in (32, 48, 64, 80):
             return dict(bq=128, bk=128, nw=8, ma=4, mb=2, mc=2, minb=1, bulkq=False, longest_first=True, qbuf=2)
         if d > 128:
-            # phases B and C on two m-tiles where d % 32 == 0; dQ by bulk reductions where dQ's
-            # tile (64 rows of d + 8 floats) fits beside the tiles in 227 KB: d <= 192
+            # phases B and C on two m-tiles where d % 32 == 0; one Q and dO buffer, which makes
+            # room for dQ's tile (64 rows of d + 8 floats) in 227 KB: dQ by bulk reductions
             two = d % 32 == 0
-            return dict(bq=64, bk=64, nw=8, ma=2, mb=2 if two else 1, mc=2 if two else 1, minb=1, bulkq=d <= 192,
-                        longest_first=True, qbuf=2)
+            return dict(bq=64, bk=64, nw=8, ma=2, mb=2 if two else 1, mc=2 if two else 1, minb=1, bulkq=True,
+                        longest_first=True, qbuf=1)
         return dict(bq=64, bk=128, nw=8, ma=2, mb=4 if d == 128 else 2, mc=2 if d in (64, 128) else 1, minb=1,
                     bulkq=False, longest_first=True, qbuf=2)
     if name == "bwd_fp32_v1":

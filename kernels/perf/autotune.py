@@ -320,10 +320,11 @@ def knob_grid(name: str, d: int) -> list[dict]:
         grid = product((32, 64, 128), (64, 128), (4, 8), (1, 2, 4), (1, 2, 4), (1, 2, 4), (1, 2))
         from .bwd_fp16 import bulk_fits
 
-        # bulkq as the default takes it (on above d = 128 where dQ's tile fits beside the block's);
-        # causal key blocks longest first and two Q/dO buffers, as the default (one buffer is untimed)
-        return [dict(bq=bq, bk=bk, nw=nw, ma=ma, mb=mb, mc=mc, minb=mi, bulkq=d > 128 and bulk_fits(d, bq, bk),
-                     longest_first=True, qbuf=2) for bq, bk, nw, ma, mb, mc, mi in grid]
+        # as the default: above d = 128 one Q/dO buffer and dQ by bulk reductions where its tile
+        # fits beside the block's; causal key blocks longest first
+        q1 = 1 if d > 128 else 2
+        return [dict(bq=bq, bk=bk, nw=nw, ma=ma, mb=mb, mc=mc, minb=mi, bulkq=d > 128 and bulk_fits(d, bq, bk, q1),
+                     longest_first=True, qbuf=q1) for bq, bk, nw, ma, mb, mc, mi in grid]
     raise ValueError(f"variant={name!r}: one of {', '.join(TUNABLE)}")
 
 

@@ -520,7 +520,7 @@ SMEM_MAX = 227 * 1024  # sm_90's largest opt-in shared memory a block
 
 def bulk_fits(d: int, bq: int, bk: int, qbuf: int = 2) -> bool:
     """Whether dQ's tile for ``bulkq`` (bq rows of d + 8 floats) fits in shared memory beside the
-    tiles.  ``bulkq`` (config knob, the default above d = 128 where it fits; NOTES.md "dQ by bulk
+    tiles.  ``bulkq`` (config knob, the default above d = 128; NOTES.md "dQ by bulk
     reductions"): phase C stores its tile in shared memory, and the next step, after its first
     barrier, sends it to the dQ buffer by one ``cp.reduce.async.bulk`` a row, where every lane's
     ``red.v2`` had.  With one Q and dO buffer (``qbuf`` = 1) it fits up to d = 256."""
@@ -914,11 +914,11 @@ def signature_v3():
 def default_config_v3(d: int) -> dict:
     """bq queries per step, bk keys per block, nw warps; ma, mb, mc: m-tiles a warp owns in phases A
     (keys), B (keys) and C (queries); minb blocks an SM promised to ptxas; bulkq: dQ by every
-    lane's ``red.v2`` (off) or by bulk reductions (on, :func:`bulk_fits`: above d = 128, where it
-    fits, :func:`_wide_v3`); longest_first: causal key blocks issued every kv head's first before
+    lane's ``red.v2`` (off) or by bulk reductions (on above d = 128, :func:`bulk_fits`,
+    :func:`_wide_v3`); longest_first: causal key blocks issued every kv head's first before
     any head's second (:func:`kernels.perf._tiles.key_block`; no effect when not causal), where
-    :func:`longest_first_runs` says it pays; qbuf: buffers of Q and dO (2; 1 makes room for
-    ``bulkq``'s tile at d = 200-256, not timed yet: :func:`kernel_v3`).
+    :func:`longest_first_runs` says it pays; qbuf: buffers of Q and dO (2 up to d = 128; 1 above,
+    where it makes room for ``bulkq``'s tile up to d = 256: :func:`_wide_v3`, :func:`kernel_v3`).
     flash-attention's shapes: 128 x 128 at d = 64 (254 registers, 182 KB,
     no spills; on the H100 0.92x SDPA flash at N = 16,384 where 64 x 128 ran 0.85x, 1.02x at
     N = 4,096 where it ran 0.94x:
@@ -953,10 +953,17 @@ def _wide_v3(d: int) -> dict:
     rounds, the same run) phase C's two m-tiles with ``bulkq`` took 0.92-0.96x the old block's
     time at d = 160, 192 and 176 causal (``bulkq`` alone there), two m-tiles alone 0.98-0.99x at
     d = 224 and 256.  ptxas (old block): 255 registers, no spills at d = 160 and 192, 68 bytes at
-    256."""
+    256.
+    One Q and dO buffer (``qbuf`` = 1) makes room for dQ's tile up to d = 256, and dQ by bulk
+    reductions everywhere above d = 128: on an H200 (B·H = 16, one run of 10 calls a shape,
+    kernels/data/bwd_fp16_v3_qbuf_h200_5479d36) fp16 1.12x, 1.25x, 1.10x SDPA flash at d = 192,
+    224, 256 and N = 4,096 (0.97x, 1.24x, 1.02x at 16,384) where two buffers ran 0.97x, 1.00x,
+    0.85x (0.83x, 0.99x, 0.80x); bf16 at d = 224 and 256 1.32x and 1.08x (1.26x, 1.03x) where two
+    ran 1.06x, 0.84x (0.99x, 0.79x); causal d = 256 1.33x (0.96x) where two ran 1.10x (0.84x).
+    ptxas at d = 256: spills 52 / 68 bytes (stores / loads) to 16 / 16, no ``red`` in the loop."""
     two = d % 32 == 0
     return dict(bq=64, bk=64, nw=8, ma=2, mb=2 if two else 1, mc=2 if two else 1, minb=1,
-                bulkq=bulk_fits(d, 64, 64), longest_first=True, qbuf=2)
+                bulkq=bulk_fits(d, 64, 64, qbuf=1), longest_first=True, qbuf=1)
 
 
 def _accepts_v3(dtype, d: int) -> bool:
