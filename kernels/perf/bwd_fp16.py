@@ -944,8 +944,9 @@ def _wide_v3(d: int) -> dict:
     """The block above d = 128: 64 x 64 (dK and dV keep 2·d·64 / 256 = d / 2 f32 registers a
     thread), 8 warps: phase A 2 x 4 warps (keys x queries); phases B and C 2 m-tiles a warp, 2
     warps along the keys (B) or the queries (C) and 4 across d, where d % 32 == 0, else 1 m-tile
-    and 4 x 2 (the only split into whole n-tiles); dQ by bulk reductions (``bulkq``) where its
-    tile fits, d <= 192.  On the H100 (B·H = 16, kernels/data/bwd_fp16_v3_wide_h100_c1d781c)
+    and 4 x 2 (the only split into whole n-tiles); dQ by bulk reductions (``bulkq``), whose tile
+    fits beside one Q and dO buffer (``qbuf`` = 1) up to d = 256, beside two up to d = 192.  On
+    the H100 (B·H = 16, kernels/data/bwd_fp16_v3_wide_h100_c1d781c)
     the block with one m-tile in phase C and dQ by ``red.v2`` ran 1.07x, 0.91x, 0.83x SDPA flash
     at d = 160, 192, 256 and N = 4,096 (0.97x, 0.81x, 0.79x at 16,384) where 32 queries a step ran
     0.95x, 0.81x, 0.78x (0.88x, 0.71x, 0.72x) and bwd_fp16_v1 0.84x, 0.55x, 0.34x (0.75x, 0.50x,
