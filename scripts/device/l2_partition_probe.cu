@@ -8,11 +8,13 @@
 //   set 0: LINES consecutive 128-byte lines (the partition hash at fine grain)
 //   set 1: LINES lines STRIDE bytes apart (its high address bits)
 //
-// the cycles (clock64) of one ld.global.cg (L2, not L1) of the line's first word, three times in
-// a row: pass 0, 1, 2.  Every line was read once by the first block before any turn (so it is
-// in the L2 and its first miss is not timed); each load's address depends on the previous load's
-// value (zero), and the value is stored to shared memory before the clock is read again, so the
-// load has completed when the cycles are taken.
+// the cycles (clock64) of HOPS = 16 dependent ld.global.cg (L2, not L1) of the line's first
+// word, divided by 16, three times in a row: pass 0, 1, 2.  Every line was read once by the
+// first block before any turn (so it is in the L2 and its first miss is not timed).  Each load's
+// address adds the previous load's value (zero), and the clocks are read outside the loop of
+// loads (ptxas moves a clock read across straight-line code, not across a loop: one load timed
+// between two clock reads measured 2-13 cycles).  The first hop's effect (a near copy made by
+// it) is 1/16 of pass 0's figure.
 //
 // If a line's latency depends on the SM (near, far) the SMs split into the partitions' two
 // groups and the lines into their homes.  If a far line's pass 1 is as fast as a near one's, a
@@ -31,6 +33,7 @@
 #define LINES 2048
 #define LINE 128
 #define PASSES 3
+#define HOPS 16
 
 __device__ __forceinline__ uint64_t clk() {
     uint64_t t;
@@ -60,16 +63,21 @@ __global__ void probe(const unsigned* __restrict__ buf, long long stride_words, 
         __nanosleep(2000);  // the waiting blocks' polls kept rare: they reach the L2 too
     }
     __threadfence();
+#pragma unroll 1
     for (int s = 0; s < 2; s++) {
+#pragma unroll 1
         for (int p = 0; p < PASSES; p++) {
+#pragma unroll 1
             for (int i = 0; i < LINES; i++) {
-                const unsigned* a = buf + (s ? (long long)i * stride_words : (long long)i * (LINE / 4)) + carry;
+                const unsigned* a = buf + (s ? (long long)i * stride_words : (long long)i * (LINE / 4));
+                unsigned v = carry;
                 uint64_t t0 = clk();
-                unsigned v = ldcg(a);
-                sink[i & 3] = v;
+#pragma unroll 1
+                for (int k = 0; k < HOPS; k++) v = ldcg(a + v);  // each load's address waits for the last
                 uint64_t t1 = clk();
-                carry = v;  // zero: the next address depends on this load
-                uint64_t c = t1 - t0;
+                sink[i & 3] = v;
+                carry = v;  // zero
+                uint64_t c = (t1 - t0) / HOPS;
                 cycles[((size_t)rank * 2 * PASSES + s * PASSES + p) * LINES + i] = c > 65535 ? 65535 : (unsigned short)c;
             }
         }
