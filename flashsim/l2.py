@@ -64,9 +64,10 @@ show it as megabytes of writes the model does not predict; analysis.compare repo
 no early write-back under a read stream (a launch's dirty lines leave for DRAM once it also
 reads about 28 MiB of other data on the H200, where this cache, sized by the re-reads, starts at
 48 MiB: analysis/data/l2calib/h200_l2_readwrite.csv),
-no partitions (one SM sees about half the capacity the
-whole grid sees, and a launch reading back what other blocks wrote misses about half of it:
-both measured, neither modelled), no read-modify-write of partly written sectors, no local
+no partitions (one SM's re-read of 32-48 MiB misses half its lines where the whole grid's
+misses few, and a launch reading back what other blocks wrote misses about half of it: both
+measured, neither modelled; an SM's hits reach both halves, with no near copy of far lines:
+analysis.l2_partition), no read-modify-write of partly written sectors, no local
 memory (the reference kernels measured have none), no register-limited occupancy where the
 kernel's register count is not given, no per-SM placement of blocks.  The A100 presets have no
 calibration: they assume the H100's fractions.

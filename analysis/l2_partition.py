@@ -1,0 +1,170 @@
+"""Which half of the L2 each SM is near, and which half each line lives in: the record of
+``scripts/device/l2_partition_probe.cu`` (per block, the cycles of an L2 hit on each of two line
+sets, three passes; one SM probing at a time).
+
+    python -m analysis.l2_partition analysis/data/l2calib/h200_l2_partition/*.bin.gz
+
+The latencies of a pass form a (blocks x lines) matrix.  With two partitions it is, up to noise,
+the sum of a block's and a line's mean plus a near/far term of rank one: + delta where the block's
+SM and the line are on different sides, - delta where on the same.  :func:`split` takes that term
+as the first singular vectors of the matrix with the row and column means removed, and the sides
+as their signs; :func:`summary` gives the sides' sizes, the mean cycles near and far, how far the
+two classes overlap, whether the line sides are an XOR of address bits (:func:`xor_of_bits`), and
+whether a second or third pass is faster on far lines than the first (a near copy made by a
+read from the far side).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+from pathlib import Path
+
+import numpy as np
+
+MAGIC = b"L2PP"
+PASSES = 3
+SETS = 2
+
+
+def read(path) -> dict:
+    """The probe's binary record (gzip-compressed where the name ends in .gz): ``smid`` (blocks),
+    ``cycles`` (blocks x sets x passes x lines, float), ``lines``, ``stride`` (bytes between set
+    1's lines; set 0's are 128 bytes apart), ``sms``, ``clock_khz``.  ValueError if it is not one."""
+    p = Path(path)
+    raw = (gzip.open if p.name.endswith(".gz") else open)(p, "rb").read()
+    if raw[:4] != MAGIC or len(raw) < 28:
+        raise ValueError(f"path={str(p)!r}: not an l2_partition_probe record (magic {raw[:4]!r})")
+    version, blocks, lines, stride, sms, khz = (int(x) for x in np.frombuffer(raw[4:28], "<u4"))
+    if version != 1:
+        raise ValueError(f"path={str(p)!r}: version={version}, this reader takes 1")
+    per = 8 + 2 * SETS * PASSES * lines
+    if len(raw) != 28 + blocks * per:
+        raise ValueError(f"path={str(p)!r}: {len(raw)} bytes, {28 + blocks * per} expected for {blocks} blocks "
+                         f"of {lines} lines")
+    rec = np.frombuffer(raw[28:], np.uint8).reshape(blocks, per)
+    smid = rec[:, :4].copy().view("<u4")[:, 0].astype(int)
+    cycles = rec[:, 8:].copy().view("<u2").reshape(blocks, SETS, PASSES, lines).astype(float)
+    return dict(smid=smid, cycles=cycles, lines=lines, stride=stride, sms=sms, clock_khz=khz)
+
+
+def write(path, smid, cycles, stride: int, sms: int, clock_khz: int = 0) -> None:
+    """A record in the probe's format (for tests: ``cycles`` blocks x sets x passes x lines)."""
+    cycles = np.asarray(cycles)
+    blocks, _, _, lines = cycles.shape
+    out = [MAGIC, np.array([1, blocks, lines, stride, sms, clock_khz], "<u4").tobytes()]
+    for b in range(blocks):
+        out.append(np.array([smid[b], b], "<u4").tobytes())
+        out.append(np.minimum(cycles[b], 65535).astype("<u2").tobytes())
+    data = b"".join(out)
+    p = Path(path)
+    (gzip.open if p.name.endswith(".gz") else open)(p, "wb").write(data)
+
+
+def split(m: np.ndarray, smid=None) -> tuple[np.ndarray, np.ndarray, float]:
+    """(block sides, line sides, share of the centred matrix's energy in the first singular
+    value) of a blocks x lines latency matrix: booleans, a line near the blocks of its own side
+    (the centred term is s·u·v, positive, i.e. slower, where u and v have one sign: those cells
+    are far).  Oriented so that the block of the smallest ``smid`` (default: block 0) is on side
+    False."""
+    c = m - m.mean(0) - m.mean(1)[:, None] + m.mean()
+    u, s, vt = np.linalg.svd(c, full_matrices=False)
+    bs, ls = u[:, 0] > 0, ~(vt[0] > 0)
+    first = 0 if smid is None else int(np.argmin(smid))
+    if bs[first]:
+        bs, ls = ~bs, ~ls
+    return bs, ls, float(s[0] ** 2 / max((s ** 2).sum(), 1e-300))
+
+
+def xor_of_bits(addr: np.ndarray, side: np.ndarray, lo: int = 7, hi: int = 40):
+    """The address bits lo..hi-1 whose XOR (with a constant) gives ``side`` at every address, or
+    None when no such set exists (Gaussian elimination over GF(2))."""
+    bits = [(addr >> k) & 1 for k in range(lo, hi)]
+    a = np.array(bits + [np.ones_like(addr)], np.uint8).T
+    b = side.astype(np.uint8)
+    r, piv = 0, []
+    for col in range(a.shape[1]):
+        rows = np.nonzero(a[r:, col])[0]
+        if not len(rows):
+            continue
+        p = r + rows[0]
+        a[[r, p]], b[[r, p]] = a[[p, r]], b[[p, r]]
+        hit = np.nonzero(a[:, col])[0]
+        hit = hit[hit != r]
+        a[hit] ^= a[r]
+        b[hit] ^= b[r]
+        piv.append(col)
+        r += 1
+        if r == a.shape[0]:
+            break
+    if b[r:].any():
+        return None
+    x = np.zeros(a.shape[1], np.uint8)
+    for i, col in enumerate(piv):
+        x[col] = b[i]
+    return [lo + k for k in range(hi - lo) if x[k]]
+
+
+def summary(rec: dict, pass_: int = 1) -> dict:
+    """Per line set: the sides (from pass ``pass_``), their sizes, mean cycles near and far, the
+    near class's 99th and the far class's 1st percentile, the smallest gap between a line's mean
+    cycles from the two sides' blocks (``line_gap_min``), the XOR rule if any, and the far lines'
+    mean cycles in each pass; and the SMs' sides (by smid; None where blocks of one SM disagree)."""
+    cyc, smid = rec["cycles"], rec["smid"]
+    out = {"sets": [], "sm_side": None}
+    for s in range(SETS):
+        m = cyc[:, s, pass_]
+        bs, ls, energy = split(m, smid)
+        far = bs[:, None] != ls[None, :]
+        addr = np.arange(rec["lines"], dtype=np.int64) * (128 if s == 0 else rec["stride"])
+        out["sets"].append(dict(
+            set=s, spacing=128 if s == 0 else rec["stride"], lines_false=int((~ls).sum()), lines_true=int(ls.sum()),
+            blocks_false=int((~bs).sum()), blocks_true=int(bs.sum()), energy=energy,
+            near=float(m[~far].mean()), far=float(m[far].mean()),
+            line_gap_min=float(np.abs(m[bs].mean(0) - m[~bs].mean(0)).min()),
+            near_p99=float(np.percentile(m[~far], 99)), far_p1=float(np.percentile(m[far], 1)),
+            xor=xor_of_bits(addr, ls), far_by_pass=[float(cyc[:, s, p][far].mean()) for p in range(PASSES)],
+            near_by_pass=[float(cyc[:, s, p][~far].mean()) for p in range(PASSES)]))
+        if s == 0:
+            sides = {}
+            for b, sm in enumerate(smid):
+                sides.setdefault(int(sm), set()).add(bool(bs[b]))
+            out["sm_side"] = {sm: (v.pop() if len(v) == 1 else None) for sm, v in sorted(sides.items())}
+    return out
+
+
+def format_summary(path, rec: dict, s: dict) -> str:
+    lines = [f"{path}: {len(rec['smid'])} blocks on {len(s['sm_side'])} of {rec['sms']} SMs, "
+             f"{rec['lines']} lines a set"]
+    for t in s["sets"]:
+        rule = ("not an XOR of address bits 7-39" if t["xor"] is None
+                else f"XOR of address bits {t['xor']}")
+        lines.append(
+            f"  set {t['set']} (lines {t['spacing']} B apart): lines {t['lines_false']} / {t['lines_true']}, "
+            f"blocks {t['blocks_false']} / {t['blocks_true']}; near {t['near']:.1f} cycles, far {t['far']:.1f} "
+            f"(near 99th pct {t['near_p99']:.0f}, far 1st pct {t['far_p1']:.0f}; a line's two sides at least "
+            f"{t['line_gap_min']:.1f} apart; rank-1 share "
+            f"{t['energy']:.2f}); line side {rule}; far by pass "
+            + ", ".join(f"{x:.1f}" for x in t["far_by_pass"]))
+    sides = s["sm_side"]
+    lines.append("  SM sides by smid: " + "".join("?" if v is None else str(int(v)) for v in sides.values()))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m analysis.l2_partition", description=__doc__.splitlines()[0])
+    ap.add_argument("records", nargs="+", help="l2_partition_probe records (.bin or .bin.gz)")
+    ap.add_argument("--pass", dest="pass_", type=int, default=1, choices=range(PASSES),
+                    help="the pass whose latencies give the sides (default 1)")
+    args = ap.parse_args(argv)
+    for path in args.records:
+        try:
+            rec = read(path)
+        except (OSError, EOFError, ValueError) as e:
+            ap.exit(2, f"flashsim: error: {e}\n")
+        print(format_summary(path, rec, summary(rec, args.pass_)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,86 @@
+"""analysis.l2_partition on records written in the probe's format: the SM and line sides of a
+rank-one near/far term recovered exactly under noise, an XOR rule of address bits found where
+there is one, and bad records refused with the field named."""
+
+import gzip
+
+import numpy as np
+import pytest
+
+from analysis import l2_partition as lp
+
+
+def _record(tmp_path, line_side_fn, name="r.bin.gz", seed=0, noise=4.0):
+    rng = np.random.default_rng(seed)
+    sms, per_sm, lines, stride = 8, 2, 64, 4096
+    smid = np.repeat(np.arange(sms), per_sm)
+    rng.shuffle(smid)
+    sm_side = (smid // 2) % 2 == 1  # SMs 0, 1 on side False (the smallest smid orients the sides)
+    cyc = np.empty((len(smid), 2, 3, lines))
+    sides = []
+    for s, spacing in enumerate((128, stride)):
+        ls = line_side_fn(np.arange(lines) * spacing)
+        sides.append(ls)
+        far = sm_side[:, None] != ls[None, :]
+        base = 266 + 30 * far + rng.normal(0, noise, far.shape) + rng.normal(0, 3, (len(smid), 1))
+        cyc[:, s] = np.round(base)[:, None, :]
+    path = tmp_path / name
+    lp.write(path, smid, cyc, stride, sms, 1980000)
+    return path, smid, sm_side, sides
+
+
+def test_sides_recovered_and_an_xor_rule_found(tmp_path):
+    path, smid, sm_side, sides = _record(tmp_path, lambda a: ((a >> 8) ^ (a >> 12) ^ (a >> 13)) & 1 == 1)
+    rec = lp.read(path)
+    assert (rec["smid"] == smid).all() and rec["stride"] == 4096 and rec["sms"] == 8
+    s = lp.summary(rec)
+    print(lp.format_summary(path, rec, s))
+    assert s["sm_side"] == {i: bool((i // 2) % 2) for i in range(8)}
+    for t, ls in zip(s["sets"], sides):
+        bs, got, _ = lp.split(rec["cycles"][:, t["set"], 1], rec["smid"])
+        assert (bs == sm_side).all() and (got == ls).all()
+        assert abs(t["near"] - 266) < 2 and abs(t["far"] - 296) < 2
+    assert s["sets"][0]["xor"] == [8, 12]  # set 0: 64 lines 128 B apart, bits 7-12 vary (13 is 0)
+    assert s["sets"][1]["xor"] == [12, 13]     # set 1: 4 KiB apart, bit 8 never set
+
+
+def test_a_side_that_no_xor_gives(tmp_path):
+    path, *_ = _record(tmp_path, lambda a: (a // 128) % 3 == 0, name="r.bin")
+    s = lp.summary(lp.read(path))
+    assert s["sets"][0]["xor"] is None and s["sets"][0]["lines_true"] == 22
+
+
+@pytest.mark.parametrize("data, words", [
+    (b"NOPE" + bytes(40), ["not an l2_partition_probe record"]),
+    (b"L2PP" + np.array([2, 1, 4, 4096, 1, 0], "<u4").tobytes(), ["version=2"]),
+    (b"L2PP" + np.array([1, 2, 4, 4096, 1, 0], "<u4").tobytes() + bytes(10), ["bytes", "2 blocks"]),
+])
+def test_bad_records_are_refused(tmp_path, data, words, capsys):
+    path = tmp_path / "bad.bin.gz"
+    with gzip.open(path, "wb") as f:
+        f.write(data)
+    with pytest.raises(ValueError) as e:
+        lp.read(path)
+    print(e.value)
+    for w in words:
+        assert w in str(e.value)
+    with pytest.raises(SystemExit) as x:
+        lp.main([str(path)])
+    err = capsys.readouterr().err
+    assert x.value.code == 2 and err.startswith("flashsim: error:") and len(err.strip().splitlines()) == 1
+
+
+def test_the_committed_h200_record():
+    """analysis/data/l2calib/h200_l2_partition: 66 SMs a side, every line in one latency class
+    (near about 266 cycles, far about 296), far lines as slow in the third pass as in the first."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "analysis/data/l2calib/h200_l2_partition/l2pp_s4k.bin.gz"
+    rec = lp.read(path)
+    s = lp.summary(rec)
+    print(lp.format_summary(path, rec, s))
+    assert sum(1 for v in s["sm_side"].values() if v) == 66 and None not in s["sm_side"].values()
+    for t in s["sets"]:
+        # single cells overlap (near 99th percentile 285, far 1st 274), each line's two sides do not
+        assert 264 < t["near"] < 268 and 294 < t["far"] < 298 and t["line_gap_min"] > 20
+        assert t["xor"] is None and abs(t["far_by_pass"][2] - t["far_by_pass"][0]) < 1
