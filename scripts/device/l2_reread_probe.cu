@@ -1,0 +1,105 @@
+// Which lines one SM's re-read misses (issue 14): a block of 1,024 threads, so one SM, reads W
+// MiB once (16-byte ld.global.cg a thread, coalesced), then its thread 0 times every 16th line
+// of the W MiB twice: 16 dependent ld.global.cg of the line's first word (the first of them a
+// DRAM access if the line was lost), then 16 more (L2 hits).  The second total divided by 16 is
+// the line's hit latency, which says its side from this SM (near about 266 cycles on the H200,
+// far about 296: analysis/l2_partition.py); the first total less 15/16 of the second is the
+// first load's cycles, a hit's or a miss's.  The question: at W = 32-48 MiB, where the
+// calibration's one-SM re-read misses half its lines, are the lost lines the far ones?
+//
+// Before each W, a 512 MiB memset of another buffer pushes the last W out of the L2.
+// Output: CSV to stdout, one row per timed line: w_mib,smid,line,first,second (cycles, totals
+// of 16 loads).
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cuda_runtime.h>
+
+#define HOPS 16
+#define EVERY 16  // time every 16th line
+
+__device__ __forceinline__ uint64_t clk() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%clock64;" : "=l"(t)::"memory");
+    return t;
+}
+
+__device__ __forceinline__ unsigned ldcg(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__global__ void reread(const unsigned* __restrict__ buf, long long lines, unsigned* out, unsigned* smid_out) {
+    unsigned acc = 0;
+    const uint4* b4 = reinterpret_cast<const uint4*>(buf);
+    long long n4 = lines * 8;  // 16-byte chunks
+    for (long long i = threadIdx.x; i < n4; i += blockDim.x) {
+        uint4 v;
+        asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(b4 + i) : "memory");
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    __syncthreads();
+    if (threadIdx.x != 0) {
+        if (acc == 0x5a5a5a5au) out[0] = acc;  // never (the buffer is zero): keeps the loads
+        return;
+    }
+    unsigned smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    *smid_out = smid;
+    unsigned carry = acc;  // zero
+#pragma unroll 1
+    for (long long s = 0; s * EVERY < lines; s++) {
+        const unsigned* a = buf + s * EVERY * 32;
+        unsigned v = carry;
+        uint64_t t0 = clk();
+#pragma unroll 1
+        for (int k = 0; k < HOPS; k++) v = ldcg(a + v);
+        uint64_t t1 = clk();
+#pragma unroll 1
+        for (int k = 0; k < HOPS; k++) v = ldcg(a + v);
+        uint64_t t2 = clk();
+        carry = v;
+        out[2 * s] = (unsigned)(t1 - t0);
+        out[2 * s + 1] = (unsigned)(t2 - t1);
+    }
+}
+
+int main(int argc, char** argv) {
+    int ws[16], nw = 0;
+    for (int i = 1; i < argc && nw < 16; i++) ws[nw++] = atoi(argv[i]);
+    if (nw == 0) {
+        fprintf(stderr, "usage: l2_reread_probe W_MIB...\n");
+        return 2;
+    }
+    size_t flush_bytes = (size_t)512 << 20;
+    void* flush;
+    if (cudaMalloc(&flush, flush_bytes)) return 1;
+    printf("w_mib,smid,line,first,second\n");
+    for (int j = 0; j < nw; j++) {
+        long long lines = ((long long)ws[j] << 20) / 128;
+        long long samples = (lines + EVERY - 1) / EVERY;
+        unsigned *buf, *out, *smid;
+        if (cudaMalloc(&buf, lines * 128) || cudaMalloc(&out, 8 * samples) || cudaMalloc(&smid, 4)) return 1;
+        cudaMemset(buf, 0, lines * 128);
+        cudaMemset(flush, j + 1, flush_bytes);
+        reread<<<1, 1024>>>(buf, lines, out, smid);
+        cudaError_t e = cudaDeviceSynchronize();
+        if (e != cudaSuccess) {
+            fprintf(stderr, "l2_reread_probe: %s\n", cudaGetErrorString(e));
+            return 1;
+        }
+        unsigned* h = (unsigned*)malloc(8 * samples);
+        unsigned hs;
+        cudaMemcpy(h, out, 8 * samples, cudaMemcpyDeviceToHost);
+        cudaMemcpy(&hs, smid, 4, cudaMemcpyDeviceToHost);
+        for (long long s = 0; s < samples; s++)
+            printf("%d,%u,%lld,%u,%u\n", ws[j], hs, s * EVERY, h[2 * s], h[2 * s + 1]);
+        free(h);
+        cudaFree(buf);
+        cudaFree(out);
+        cudaFree(smid);
+    }
+    return 0;
+}
