@@ -7,6 +7,10 @@
 // first load's cycles, a hit's or a miss's.  The question: at W = 32-48 MiB, where the
 // calibration's one-SM re-read misses half its lines, are the lost lines the far ones?
 //
+// NOT RUN YET: written when the session's device time had run out (2026-11-28); neither compiled
+// nor run.  Run: nvcc -O2 -arch=sm_90 -o /tmp/l2rr scripts/device/l2_reread_probe.cu &&
+// /tmp/l2rr 16 24 28 32 40 48 64 > reread.csv (about 1 s a W).
+//
 // Before each W, a 512 MiB memset of another buffer pushes the last W out of the L2.
 // Output: CSV to stdout, one row per timed line: w_mib,smid,line,first,second (cycles, totals
 // of 16 loads).
