@@ -30,22 +30,13 @@
 #include <cstdlib>
 #include <cuda_runtime.h>
 
+#include "l2_timing.cuh"
+
 #define LINES 2048
 #define LINE 128
 #define PASSES 3
 #define HOPS 16
 
-__device__ __forceinline__ uint64_t clk() {
-    uint64_t t;
-    asm volatile("mov.u64 %0, %%clock64;" : "=l"(t)::"memory");
-    return t;
-}
-
-__device__ __forceinline__ unsigned ldcg(const unsigned* p) {
-    unsigned v;
-    asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
 
 __global__ void probe(const unsigned* __restrict__ buf, long long stride_words, unsigned* tickets,
                       volatile unsigned* turn, unsigned* smids, unsigned short* cycles) {

@@ -7,8 +7,8 @@
 // first load's cycles, a hit's or a miss's.  The question: at W = 32-48 MiB, where the
 // calibration's one-SM re-read misses half its lines, are the lost lines the far ones?
 //
-// NOT RUN YET: written when the session's device time had run out (2026-11-28); neither compiled
-// nor run.  Run: nvcc -O2 -arch=sm_90 -o /tmp/l2rr scripts/device/l2_reread_probe.cu &&
+// NOT RUN YET: written when the session's device time had run out (2026-11-28); compiled (nvcc
+// 13.0, sm_90, on a machine without a GPU), never run.  Run: nvcc -O2 -arch=sm_90 -o /tmp/l2rr scripts/device/l2_reread_probe.cu &&
 // /tmp/l2rr 16 24 28 32 40 48 64 > reread.csv (about 1 s a W).
 //
 // Before each W, a 512 MiB memset of another buffer pushes the last W out of the L2.
@@ -19,20 +19,11 @@
 #include <cstdlib>
 #include <cuda_runtime.h>
 
+#include "l2_timing.cuh"
+
 #define HOPS 16
 #define EVERY 16  // time every 16th line
 
-__device__ __forceinline__ uint64_t clk() {
-    uint64_t t;
-    asm volatile("mov.u64 %0, %%clock64;" : "=l"(t)::"memory");
-    return t;
-}
-
-__device__ __forceinline__ unsigned ldcg(const unsigned* p) {
-    unsigned v;
-    asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
 
 __global__ void reread(const unsigned* __restrict__ buf, long long lines, unsigned* out, unsigned* smid_out) {
     unsigned acc = 0;
