@@ -128,9 +128,10 @@ for name, rec in cal.items():
 # the attention records below. What it is not: it has **no timing**, so the H100's background
 # DRAM writes while any kernel runs (about 19 MB/s, whatever it stored) are not predicted —
 # `compare` reports them apart as `sim_dram_write_timed_bytes`, a diagnosis from the launch's
-# measured duration; the L2's **two partitions are not modelled** (one SM sees about half the
-# capacity the whole grid sees; a launch reading back what other blocks wrote misses about half
-# of it: both measured, neither modelled); no read-modify-write of partly written sectors, no
+# measured duration; the L2's **two partitions are not modelled** (one SM's re-read of 32 to 48
+# MiB misses half its lines where the whole grid's misses few; a launch reading back what other
+# blocks wrote misses about half of it: both measured, neither modelled; an SM's hits reach both
+# halves, with no near copy of far lines: `python -m analysis.l2_partition`); no read-modify-write of partly written sectors, no
 # per-SM placement of blocks. Comparisons simulate one set in {{DRAM_SET_SAMPLE}} and scale the counts.
 
 # %%
