@@ -3,6 +3,11 @@
 sets, three passes; one SM probing at a time).
 
     python -m analysis.l2_partition analysis/data/l2calib/h200_l2_partition/*.bin.gz
+    python -m analysis.l2_partition --reread RERUN.csv.gz      # scripts/device/l2_reread_probe.cu's
+
+The second form reads the re-read probe's CSV (one SM reads W MiB, then times every 16th line
+twice: its first load, a hit or a miss, then hits) and prints, per W, how many of the lines on
+each side (near or far from that SM, by their hit latency) the re-read lost: :func:`reread_table`.
 
 The latencies of a pass form a (blocks x lines) matrix.  With two partitions it is, up to noise,
 the sum of a block's and a line's mean plus a near/far term of rank one: + delta where the block's
@@ -151,13 +156,83 @@ def format_summary(path, rec: dict, s: dict) -> str:
     return "\n".join(lines)
 
 
+def two_means(x: np.ndarray, iters: int = 50) -> float:
+    """The threshold between the two groups of 1-D values ``x`` (Lloyd's 2-means from the 10th
+    and 90th percentiles): the midpoint of the two means."""
+    lo, hi = np.percentile(x, [10, 90])
+    for _ in range(iters):
+        cut = (lo + hi) / 2
+        a, b = x[x <= cut], x[x > cut]
+        if not len(a) or not len(b):
+            break
+        lo, hi = a.mean(), b.mean()
+    return float((lo + hi) / 2)
+
+
+def read_reread(path) -> list[dict]:
+    """The re-read probe's rows (columns w_mib, smid, line, first, second; gzip where the name
+    ends in .gz) as ints; ValueError naming what is missing or not an integer."""
+    import csv
+    import io
+
+    p = Path(path)
+    text = (gzip.open(p, "rt") if p.name.endswith(".gz") else open(p)).read()
+    rows = list(csv.DictReader(io.StringIO(text)))
+    need = ("w_mib", "smid", "line", "first", "second")
+    if not rows or any(k not in rows[0] for k in need):
+        raise ValueError(f"path={str(p)!r}: not a re-read probe record (columns {', '.join(need)})")
+    out = []
+    for i, r in enumerate(rows):
+        try:
+            out.append({k: int(r[k]) for k in need})
+        except (TypeError, ValueError):
+            raise ValueError(f"path={str(p)!r}: row {i + 2}: {r} is not all integers") from None
+    return out
+
+
+def reread_table(rows: list[dict], hops: int = 16, miss_margin: float = 150.0) -> list[dict]:
+    """Per (W, smid): the timed lines on each side and the share the re-read lost.  A line's hit
+    latency is its second total / ``hops``; the near side is the lower group of those latencies
+    (:func:`two_means` over the whole record); its first load took first - (hops - 1) / hops x
+    second cycles, a miss where that exceeds the hit latency by ``miss_margin``."""
+    hit = np.array([r["second"] / hops for r in rows])
+    cut = two_means(hit)
+    groups: dict = {}
+    for r, h in zip(rows, hit):
+        first = r["first"] - (hops - 1) * h
+        g = groups.setdefault((r["w_mib"], r["smid"]), {"near": 0, "far": 0, "near_lost": 0, "far_lost": 0,
+                                                         "near_hit": [], "far_hit": []})
+        side = "near" if h <= cut else "far"
+        g[side] += 1
+        g[side + "_lost"] += first > h + miss_margin
+        g[side + "_hit"].append(h)
+    return [dict(w_mib=w, smid=sm, near=g["near"], far=g["far"],
+                 near_lost=g["near_lost"] / max(g["near"], 1), far_lost=g["far_lost"] / max(g["far"], 1),
+                 near_cycles=float(np.mean(g["near_hit"])) if g["near_hit"] else float("nan"),
+                 far_cycles=float(np.mean(g["far_hit"])) if g["far_hit"] else float("nan"), cut=cut)
+            for (w, sm), g in sorted(groups.items())]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m analysis.l2_partition", description=__doc__.splitlines()[0])
-    ap.add_argument("records", nargs="+", help="l2_partition_probe records (.bin or .bin.gz)")
+    ap.add_argument("records", nargs="+", help="l2_partition_probe records (.bin or .bin.gz), or with --reread "
+                    "l2_reread_probe CSVs (.csv or .csv.gz)")
+    ap.add_argument("--reread", action="store_true", help="the records are the re-read probe's CSVs")
     ap.add_argument("--pass", dest="pass_", type=int, default=1, choices=range(PASSES),
                     help="the pass whose latencies give the sides (default 1)")
     args = ap.parse_args(argv)
     for path in args.records:
+        if args.reread:
+            try:
+                table = reread_table(read_reread(path))
+            except (OSError, EOFError, ValueError) as e:
+                ap.exit(2, f"flashsim: error: {e}\n")
+            print(f"{path}: near/far by hit latency (cut {table[0]['cut']:.0f} cycles)" if table else path)
+            for t in table:
+                print(f"  W {t['w_mib']:4d} MiB, SM {t['smid']:3d}: near {t['near']:6d} lines ({t['near_cycles']:.0f} "
+                      f"cycles) lost {t['near_lost']:.3f}; far {t['far']:6d} ({t['far_cycles']:.0f}) lost "
+                      f"{t['far_lost']:.3f}")
+            continue
         try:
             rec = read(path)
         except (OSError, EOFError, ValueError) as e:

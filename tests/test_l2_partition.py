@@ -84,3 +84,31 @@ def test_the_committed_h200_record():
         # single cells overlap (near 99th percentile 285, far 1st 274), each line's two sides do not
         assert 264 < t["near"] < 268 and 294 < t["far"] < 298 and t["line_gap_min"] > 20
         assert t["xor"] is None and abs(t["far_by_pass"][2] - t["far_by_pass"][0]) < 1
+
+
+def test_reread_table_counts_the_lost_lines_by_side(tmp_path):
+    """A re-read record in the probe's CSV form: near lines (266-cycle hits) all kept, far ones
+    (296) lost every other one at W = 32; nothing lost at W = 16; bad files refused."""
+    rows = ["w_mib,smid,line,first,second"]
+    for w in (16, 32):
+        for i in range(200):
+            hit = 266 if i % 2 else 296
+            lost = w == 32 and hit == 296 and i % 4 == 0
+            first = 15 * hit + (900 if lost else hit)
+            rows.append(f"{w},7,{16 * i},{first},{16 * hit}")
+    path = tmp_path / "rr.csv.gz"
+    with gzip.open(path, "wt") as f:
+        f.write("\n".join(rows) + "\n")
+    table = lp.reread_table(lp.read_reread(path))
+    print(table)
+    assert [(t["w_mib"], t["near"], t["far"]) for t in table] == [(16, 100, 100), (32, 100, 100)]
+    assert table[0]["near_lost"] == table[0]["far_lost"] == 0 == table[1]["near_lost"]
+    assert table[1]["far_lost"] == 0.5 and 280 < table[1]["cut"] < 282
+    assert lp.main(["--reread", str(path)]) == 0
+    bad = tmp_path / "bad.csv"
+    bad.write_text("w_mib,smid,line,first\n1,2,3,4\n")
+    with pytest.raises(ValueError, match="columns"):
+        lp.read_reread(bad)
+    bad.write_text("w_mib,smid,line,first,second\n1,2,3,x,5\n")
+    with pytest.raises(ValueError, match="row 2"):
+        lp.read_reread(bad)

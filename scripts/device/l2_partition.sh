@@ -2,21 +2,32 @@
 # On the GPU machine (the device tool), from the repository root: build and run
 # scripts/device/l2_partition_probe.cu (which half of the L2 each SM is near, which half each line
 # lives in) twice with 64 KiB between set 1's lines and two blocks an SM, once with 4 KiB and one
-# block an SM, and write the records gzip-compressed under $OUT/<gpu>_l2_partition/ with a
-# meta.json (GPU, driver, nvcc, date, commit), then print analysis.l2_partition's summary.
-# Here: copy that folder to analysis/data/l2calib/.
-#   usage: FLASHSIM_GIT_COMMIT=<sha> [FLASHSIM_GIT_DIRTY=0] bash scripts/device/l2_partition.sh
+# block an SM ("partition"); then scripts/device/l2_reread_probe.cu (which lines one SM's
+# re-read of W = 16-64 MiB loses, near or far ones) twice ("reread"); the records
+# gzip-compressed under $OUT/<gpu>_l2_partition/ with a meta.json (GPU, driver, nvcc, date,
+# commit), then analysis.l2_partition's summaries.  Here: copy that folder to analysis/data/l2calib/.
+#   usage: FLASHSIM_GIT_COMMIT=<sha> [FLASHSIM_GIT_DIRTY=0] [PARTS="partition reread"] bash scripts/device/l2_partition.sh
 set -u
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($2)}')
 dir="$OUT/${gpu}_l2_partition"
 mkdir -p "$dir"
-nvcc -O2 -arch=sm_90 -o /tmp/l2_partition_probe scripts/device/l2_partition_probe.cu || exit 1
-for run in "l2pp_1 2 65536" "l2pp_2 2 65536" "l2pp_s4k 1 4096"; do
-  set -- $run
-  timeout 120 /tmp/l2_partition_probe "$dir/$1.bin" "$2" "$3" || exit 1
-  gzip -9 -f "$dir/$1.bin"
-done
-python3 - "$dir/meta.json" <<'PY'
+parts=${PARTS:-partition reread}
+if [[ $parts == *partition* ]]; then
+  nvcc -O2 -arch=sm_90 -o /tmp/l2_partition_probe scripts/device/l2_partition_probe.cu || exit 1
+  for run in "l2pp_1 2 65536" "l2pp_2 2 65536" "l2pp_s4k 1 4096"; do
+    set -- $run
+    timeout 120 /tmp/l2_partition_probe "$dir/$1.bin" "$2" "$3" || exit 1
+    gzip -9 -f "$dir/$1.bin"
+  done
+fi
+if [[ $parts == *reread* ]]; then
+  nvcc -O2 -arch=sm_90 -o /tmp/l2_reread_probe scripts/device/l2_reread_probe.cu || exit 1
+  for run in 1 2; do
+    timeout 120 /tmp/l2_reread_probe 16 24 28 32 40 48 64 > "$dir/reread_$run.csv" || exit 1
+    gzip -9 -f "$dir/reread_$run.csv"
+  done
+fi
+PARTS=$parts python3 - "$dir/meta.json" <<'PY'
 import datetime, json, os, subprocess, sys
 smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm", "--format=csv,noheader"],
                      capture_output=True, text=True).stdout.strip().split(", ")
@@ -25,9 +36,12 @@ meta = dict(gpu=smi[0], driver=smi[1], max_sm_clock=smi[2], nvcc=nvcc,
             date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             git_commit=os.environ.get("FLASHSIM_GIT_COMMIT", "unknown"),
             git_dirty=os.environ.get("FLASHSIM_GIT_DIRTY", "unknown") not in ("0", "false"),
+            parts=os.environ.get("PARTS", "partition reread"),
             runs={"l2pp_1": "2 blocks an SM, set 1 lines 65536 B apart", "l2pp_2": "the same again",
-                  "l2pp_s4k": "1 block an SM, set 1 lines 4096 B apart"},
-            program="scripts/device/l2_partition_probe.cu (nvcc -O2 -arch=sm_90)")
+                  "l2pp_s4k": "1 block an SM, set 1 lines 4096 B apart",
+                  "reread_1": "one SM re-reads W = 16, 24, 28, 32, 40, 48, 64 MiB", "reread_2": "the same again"},
+            programs="scripts/device/l2_partition_probe.cu, l2_reread_probe.cu (nvcc -O2 -arch=sm_90)")
 json.dump(meta, open(sys.argv[1], "w"), indent=1)
 PY
-PYTHONPATH=$PWD python3 -m analysis.l2_partition "$dir"/*.bin.gz
+ls "$dir"/*.bin.gz > /dev/null 2>&1 && PYTHONPATH=$PWD python3 -m analysis.l2_partition "$dir"/*.bin.gz
+ls "$dir"/reread_*.csv.gz > /dev/null 2>&1 && PYTHONPATH=$PWD python3 -m analysis.l2_partition --reread "$dir"/reread_*.csv.gz

@@ -8,8 +8,8 @@
 // calibration's one-SM re-read misses half its lines, are the lost lines the far ones?
 //
 // NOT RUN YET: written when the session's device time had run out (2026-11-28); compiled (nvcc
-// 13.0, sm_90, on a machine without a GPU), never run.  Run: nvcc -O2 -arch=sm_90 -o /tmp/l2rr scripts/device/l2_reread_probe.cu &&
-// /tmp/l2rr 16 24 28 32 40 48 64 > reread.csv (about 1 s a W).
+// 13.0, sm_90, on a machine without a GPU), never run.  Run by PARTS=reread bash
+// scripts/device/l2_partition.sh; read by python -m analysis.l2_partition --reread.
 //
 // Before each W, a 512 MiB memset of another buffer pushes the last W out of the L2.
 // Output: CSV to stdout, one row per timed line: w_mib,smid,line,first,second (cycles, totals
