@@ -11,7 +11,10 @@
 // 13.0, sm_90, on a machine without a GPU), never run.  Run by PARTS=reread bash
 // scripts/device/l2_partition.sh; read by python -m analysis.l2_partition --reread.
 //
-// Before each W, a 512 MiB memset of another buffer pushes the last W out of the L2.
+// Each W is run four times, by block 0, 1, 2 or 3 of a grid that ends with it (the others leave
+// at once), so that the work lands on other SMs, maybe of the other side.  Before each run a
+// 512 MiB memset of another buffer, then a read of it by the whole grid, pushes the last run's
+// lines out and leaves the L2 clean.
 // Output: CSV to stdout, one row per timed line: w_mib,smid,line,first,second (cycles, totals
 // of 16 loads).
 #include <cstdint>
@@ -23,9 +26,22 @@
 
 #define HOPS 16
 #define EVERY 16  // time every 16th line
+#define WORKERS 4  // each W run by block 0, 1, 2 and 3, each the last of a grid of worker + 1 blocks
 
 
-__global__ void reread(const unsigned* __restrict__ buf, long long lines, unsigned* out, unsigned* smid_out) {
+// Reads n words with the whole grid, so that the L2 holds clean lines of another buffer.
+__global__ void sweep(const unsigned* __restrict__ p, long long n, unsigned* sink) {
+    unsigned acc = 0;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        acc ^= ldcg(p + i);
+    if (acc == 0x5a5a5a5au) *sink = acc;  // never (the buffer holds one repeated byte)
+}
+
+// Block ``worker`` alone does the work (the blocks before it leave at once), so that different
+// workers can land on different SMs.
+__global__ void reread(const unsigned* __restrict__ buf, long long lines, unsigned* out, unsigned* smid_out,
+                       int worker) {
+    if ((int)blockIdx.x != worker) return;
     unsigned acc = 0;
     const uint4* b4 = reinterpret_cast<const uint4*>(buf);
     long long n4 = lines * 8;  // 16-byte chunks
@@ -78,19 +94,24 @@ int main(int argc, char** argv) {
         unsigned *buf, *out, *smid;
         if (cudaMalloc(&buf, lines * 128) || cudaMalloc(&out, 8 * samples) || cudaMalloc(&smid, 4)) return 1;
         cudaMemset(buf, 0, lines * 128);
-        cudaMemset(flush, j + 1, flush_bytes);
-        reread<<<1, 1024>>>(buf, lines, out, smid);
-        cudaError_t e = cudaDeviceSynchronize();
-        if (e != cudaSuccess) {
-            fprintf(stderr, "l2_reread_probe: %s\n", cudaGetErrorString(e));
-            return 1;
-        }
         unsigned* h = (unsigned*)malloc(8 * samples);
-        unsigned hs;
-        cudaMemcpy(h, out, 8 * samples, cudaMemcpyDeviceToHost);
-        cudaMemcpy(&hs, smid, 4, cudaMemcpyDeviceToHost);
-        for (long long s = 0; s < samples; s++)
-            printf("%d,%u,%lld,%u,%u\n", ws[j], hs, s * EVERY, h[2 * s], h[2 * s + 1]);
+        for (int worker = 0; worker < WORKERS; worker++) {
+            // push the last run's lines out: 512 MiB written, then read by the whole grid, so
+            // the L2 starts with clean lines of the flush buffer
+            cudaMemset(flush, j + 1, flush_bytes);
+            sweep<<<264, 1024>>>((const unsigned*)flush, flush_bytes / 4, smid);
+            reread<<<worker + 1, 1024>>>(buf, lines, out, smid, worker);
+            cudaError_t e = cudaDeviceSynchronize();
+            if (e != cudaSuccess) {
+                fprintf(stderr, "l2_reread_probe: %s\n", cudaGetErrorString(e));
+                return 1;
+            }
+            unsigned hs;
+            cudaMemcpy(h, out, 8 * samples, cudaMemcpyDeviceToHost);
+            cudaMemcpy(&hs, smid, 4, cudaMemcpyDeviceToHost);
+            for (long long s = 0; s < samples; s++)
+                printf("%d,%u,%lld,%u,%u\n", ws[j], hs, s * EVERY, h[2 * s], h[2 * s + 1]);
+        }
         free(h);
         cudaFree(buf);
         cudaFree(out);
