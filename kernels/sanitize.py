@@ -2,7 +2,8 @@
 
     compute-sanitizer --tool memcheck  python -m kernels.sanitize
     compute-sanitizer --tool racecheck python -m kernels.sanitize [--only VARIANT|decode|bf16|wide]
-    compute-sanitizer --tool racecheck python -m kernels.sanitize --only bwd_fp16_v3 --d 224 256 --config '{"qbuf": 2, "bulkq": false}'
+    compute-sanitizer --tool racecheck python -m kernels.sanitize --only bwd_fp16_v3 --d 224 256 \
+        --config '{"qbuf": 2, "bulkq": false}'
 
 Sizes are ragged (N = 97 queries, 130 keys, d = 40) so that partial tiles, masked rows and
 the bounds checks all run; causal and grouped-query variants included; fp32 and fp16, and bf16
