@@ -14,7 +14,9 @@ gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print 
 start=$(date +%s)
 # test_notebooks needs the notebook tools, which the GPU image lacks; nothing there is GPU-marked.
 paths=("$@"); [ ${#paths[@]} -eq 0 ] && paths=(tests/)
-FLASHSIM_GPU=1 python3 -m pytest -m gpu -p no:cacheprovider -s -rA --ignore=tests/test_notebooks.py \
+# -v names each test as it ends, so that a run stopped by the device call's limit (junit.xml is
+# written only at the end) still says which tests passed; --durations names the slow ones.
+FLASHSIM_GPU=1 python3 -m pytest -m gpu -p no:cacheprovider -s -v -rA --durations=25 --ignore=tests/test_notebooks.py \
     -n "${JOBS:-14}" --dist loadfile --junitxml="$OUT/junit.xml" "${paths[@]}" > "$OUT/${gpu}_pytest_gpu.log" 2>&1
 rc=$?
 echo "pytest -m gpu: exit $rc in $(( $(date +%s) - start )) s"
