@@ -16,7 +16,9 @@ as the first singular vectors of the matrix with the row and column means remove
 as their signs; :func:`summary` gives the sides' sizes, the mean cycles near and far, how far the
 two classes overlap, whether the line sides are an XOR of address bits (:func:`xor_of_bits`), and
 whether a second or third pass is faster on far lines than the first (a near copy made by a
-read from the far side).
+read from the far side), and the share of each set's lines nearer the side of the block that
+loaded them (about half where the address decides; all of them if lines stay near the SM that
+wrote them: the probe's "write" mode, version 2 records).
 """
 
 from __future__ import annotations
@@ -34,30 +36,44 @@ SETS = 2
 
 def read(path) -> dict:
     """The probe's binary record (gzip-compressed where the name ends in .gz): ``smid`` (blocks),
-    ``cycles`` (blocks x sets x passes x lines, float), ``lines``, ``stride`` (bytes between set
-    1's lines; set 0's are 128 bytes apart), ``sms``, ``clock_khz``.  ValueError if it is not one."""
+    ``rank`` (the order of the blocks' turns: rank 0 loaded every line first), ``cycles`` (blocks
+    x sets x passes x lines, float), ``lines``, ``stride`` (bytes between set 1's lines; set 0's
+    are 128 bytes apart), ``sms``, ``clock_khz``, ``write1`` (version 2: set 1 was written, not
+    read, by rank 0) and ``set1_offset`` (bytes).  ValueError if it is not one."""
     p = Path(path)
     raw = (gzip.open if p.name.endswith(".gz") else open)(p, "rb").read()
-    if raw[:4] != MAGIC or len(raw) < 28:
+    if raw[:4] != MAGIC or len(raw) < 8:
         raise ValueError(f"path={str(p)!r}: not an l2_partition_probe record (magic {raw[:4]!r})")
-    version, blocks, lines, stride, sms, khz = (int(x) for x in np.frombuffer(raw[4:28], "<u4"))
-    if version != 1:
-        raise ValueError(f"path={str(p)!r}: version={version}, this reader takes 1")
+    version = int(np.frombuffer(raw[4:8], "<u4")[0])
+    if version not in (1, 2):
+        raise ValueError(f"path={str(p)!r}: version={version}, this reader takes 1 and 2")
+    head = 28 if version == 1 else 36
+    if len(raw) < head:
+        raise ValueError(f"path={str(p)!r}: {len(raw)} bytes, shorter than a version {version} header")
+    fields = [int(x) for x in np.frombuffer(raw[8:head], "<u4")]
+    blocks, lines, stride, sms, khz = fields[:5]
+    write1, offset = fields[5:] if version == 2 else (0, 0)
     per = 8 + 2 * SETS * PASSES * lines
-    if len(raw) != 28 + blocks * per:
-        raise ValueError(f"path={str(p)!r}: {len(raw)} bytes, {28 + blocks * per} expected for {blocks} blocks "
+    if len(raw) != head + blocks * per:
+        raise ValueError(f"path={str(p)!r}: {len(raw)} bytes, {head + blocks * per} expected for {blocks} blocks "
                          f"of {lines} lines")
-    rec = np.frombuffer(raw[28:], np.uint8).reshape(blocks, per)
+    rec = np.frombuffer(raw[head:], np.uint8).reshape(blocks, per)
     smid = rec[:, :4].copy().view("<u4")[:, 0].astype(int)
     cycles = rec[:, 8:].copy().view("<u2").reshape(blocks, SETS, PASSES, lines).astype(float)
-    return dict(smid=smid, cycles=cycles, lines=lines, stride=stride, sms=sms, clock_khz=khz)
+    rank = rec[:, 4:8].copy().view("<u4")[:, 0].astype(int)
+    return dict(smid=smid, rank=rank, cycles=cycles, lines=lines, stride=stride, sms=sms, clock_khz=khz,
+                write1=bool(write1), set1_offset=offset, version=version)
 
 
-def write(path, smid, cycles, stride: int, sms: int, clock_khz: int = 0) -> None:
-    """A record in the probe's format (for tests: ``cycles`` blocks x sets x passes x lines)."""
+def write(path, smid, cycles, stride: int, sms: int, clock_khz: int = 0, write1: bool | None = None,
+          set1_offset: int = 0) -> None:
+    """A record in the probe's format (for tests: ``cycles`` blocks x sets x passes x lines, block
+    b of rank b); version 1 unless ``write1`` is given."""
     cycles = np.asarray(cycles)
     blocks, _, _, lines = cycles.shape
-    out = [MAGIC, np.array([1, blocks, lines, stride, sms, clock_khz], "<u4").tobytes()]
+    head = [1, blocks, lines, stride, sms, clock_khz] if write1 is None else \
+        [2, blocks, lines, stride, sms, clock_khz, int(write1), set1_offset]
+    out = [MAGIC, np.array(head, "<u4").tobytes()]
     for b in range(blocks):
         out.append(np.array([smid[b], b], "<u4").tobytes())
         out.append(np.minimum(cycles[b], 65535).astype("<u2").tobytes())
@@ -116,7 +132,8 @@ def summary(rec: dict, pass_: int = 1) -> dict:
     cycles from the two sides' blocks (``line_gap_min``), the XOR rule if any, and the far lines'
     mean cycles in each pass; and the SMs' sides (by smid; None where blocks of one SM disagree)."""
     cyc, smid = rec["cycles"], rec["smid"]
-    out = {"sets": [], "sm_side": None}
+    out = {"sets": [], "sm_side": None, "write1": rec.get("write1", False)}
+    sides0 = None
     for s in range(SETS):
         m = cyc[:, s, pass_]
         bs, ls, energy = split(m, smid)
@@ -130,7 +147,15 @@ def summary(rec: dict, pass_: int = 1) -> dict:
             near_p99=float(np.percentile(m[~far], 99)), far_p1=float(np.percentile(m[far], 1)),
             xor=xor_of_bits(addr, ls), far_by_pass=[float(cyc[:, s, p][far].mean()) for p in range(PASSES)],
             near_by_pass=[float(cyc[:, s, p][~far].mean()) for p in range(PASSES)]))
+        # the share of lines nearer (lower mean cycles) to the side of the block that loaded them,
+        # the sides of the blocks taken from set 0 (set 1's own split finds no line-by-SM term if
+        # every line is near its writer)
+        b0 = sides0 if s else bs
+        loader = bool(b0[int(np.argmin(rec.get("rank", np.arange(len(smid)))))])
+        nearer_true = m[b0].mean(0) < m[~b0].mean(0)
+        out["sets"][-1]["near_loader"] = float((nearer_true == loader).mean())
         if s == 0:
+            sides0 = bs
             sides = {}
             for b, sm in enumerate(smid):
                 sides.setdefault(int(sm), set()).add(bool(bs[b]))
@@ -150,7 +175,9 @@ def format_summary(path, rec: dict, s: dict) -> str:
             f"(near 99th pct {t['near_p99']:.0f}, far 1st pct {t['far_p1']:.0f}; a line's two sides at least "
             f"{t['line_gap_min']:.1f} apart; rank-1 share "
             f"{t['energy']:.2f}); line side {rule}; far by pass "
-            + ", ".join(f"{x:.1f}" for x in t["far_by_pass"]))
+            + ", ".join(f"{x:.1f}" for x in t["far_by_pass"])
+            + f"; {'written' if t['set'] == 1 and s['write1'] else 'read'} by the first block, "
+            f"{t['near_loader']:.2f} of its lines nearer that block's side")
     sides = s["sm_side"]
     lines.append("  SM sides by smid: " + "".join("?" if v is None else str(int(v)) for v in sides.values()))
     return "\n".join(lines)

@@ -10,7 +10,7 @@ import pytest
 from analysis import l2_partition as lp
 
 
-def _record(tmp_path, line_side_fn, name="r.bin.gz", seed=0, noise=4.0):
+def _record(tmp_path, line_side_fn, name="r.bin.gz", seed=0, noise=4.0, written_near_writer=None):
     rng = np.random.default_rng(seed)
     sms, per_sm, lines, stride = 8, 2, 64, 4096
     smid = np.repeat(np.arange(sms), per_sm)
@@ -20,12 +20,14 @@ def _record(tmp_path, line_side_fn, name="r.bin.gz", seed=0, noise=4.0):
     sides = []
     for s, spacing in enumerate((128, stride)):
         ls = line_side_fn(np.arange(lines) * spacing)
+        if s == 1 and written_near_writer:  # every written line near the side of block 0 (rank 0)
+            ls = np.full(lines, sm_side[0])
         sides.append(ls)
         far = sm_side[:, None] != ls[None, :]
         base = 266 + 30 * far + rng.normal(0, noise, far.shape) + rng.normal(0, 3, (len(smid), 1))
         cyc[:, s] = np.round(base)[:, None, :]
     path = tmp_path / name
-    lp.write(path, smid, cyc, stride, sms, 1980000)
+    lp.write(path, smid, cyc, stride, sms, 1980000, write1=written_near_writer)
     return path, smid, sm_side, sides
 
 
@@ -41,7 +43,20 @@ def test_sides_recovered_and_an_xor_rule_found(tmp_path):
         assert (bs == sm_side).all() and (got == ls).all()
         assert abs(t["near"] - 266) < 2 and abs(t["far"] - 296) < 2
     assert s["sets"][0]["xor"] == [8, 12]  # set 0: 64 lines 128 B apart, bits 7-12 vary (13 is 0)
+    assert 0.3 < s["sets"][0]["near_loader"] < 0.7  # lines by address: about half near the loader
     assert s["sets"][1]["xor"] == [12, 13]     # set 1: 4 KiB apart, bit 8 never set
+
+
+def test_written_lines_all_near_their_writer(tmp_path):
+    """Version 2, set 1 written by the first block and every written line near its side: the
+    share of set 1's lines nearer the writer's side is 1 (the sides of the blocks from set 0)."""
+    path, smid, sm_side, _ = _record(tmp_path, lambda a: ((a >> 8) & 1) == 1, written_near_writer=True)
+    rec = lp.read(path)
+    assert rec["version"] == 2 and rec["write1"] and (rec["rank"] == np.arange(len(smid))).all()
+    s = lp.summary(rec)
+    print(lp.format_summary(path, rec, s))
+    assert s["sets"][1]["near_loader"] == 1.0 and 0.3 < s["sets"][0]["near_loader"] < 0.7
+    assert "written by the first block, 1.00 of its lines" in lp.format_summary(path, rec, s)
 
 
 def test_a_side_that_no_xor_gives(tmp_path):
@@ -52,7 +67,8 @@ def test_a_side_that_no_xor_gives(tmp_path):
 
 @pytest.mark.parametrize("data, words", [
     (b"NOPE" + bytes(40), ["not an l2_partition_probe record"]),
-    (b"L2PP" + np.array([2, 1, 4, 4096, 1, 0], "<u4").tobytes(), ["version=2"]),
+    (b"L2PP" + np.array([3, 1, 4, 4096, 1, 0], "<u4").tobytes(), ["version=3"]),
+    (b"L2PP" + np.array([2, 1, 4, 4096, 1], "<u4").tobytes(), ["shorter than a version 2 header"]),
     (b"L2PP" + np.array([1, 2, 4, 4096, 1, 0], "<u4").tobytes() + bytes(10), ["bytes", "2 blocks"]),
 ])
 def test_bad_records_are_refused(tmp_path, data, words, capsys):

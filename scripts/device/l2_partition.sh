@@ -2,7 +2,8 @@
 # On the GPU machine (the device tool), from the repository root: build and run
 # scripts/device/l2_partition_probe.cu (which half of the L2 each SM is near, which half each line
 # lives in) twice with 64 KiB between set 1's lines and two blocks an SM, once with 4 KiB and one
-# block an SM ("partition"); then scripts/device/l2_reread_probe.cu (which lines one SM's
+# block an SM, and once with set 1 written instead of read (are written lines near their
+# writer?) ("partition"); then scripts/device/l2_reread_probe.cu (which lines one SM's
 # re-read of W = 16-64 MiB loses, near or far ones) twice ("reread"); the records
 # gzip-compressed under $OUT/<gpu>_l2_partition/ with a meta.json (GPU, driver, nvcc, date,
 # commit), then analysis.l2_partition's summaries.  Here: copy that folder to analysis/data/l2calib/.
@@ -14,9 +15,9 @@ mkdir -p "$dir"
 parts=${PARTS:-partition reread}
 if [[ $parts == *partition* ]]; then
   nvcc -O2 -arch=sm_90 -o /tmp/l2_partition_probe scripts/device/l2_partition_probe.cu || exit 1
-  for run in "l2pp_1 2 65536" "l2pp_2 2 65536" "l2pp_s4k 1 4096"; do
+  for run in "l2pp_1 2 65536 read" "l2pp_2 2 65536 read" "l2pp_s4k 1 4096 read" "l2pp_w 2 65536 write"; do
     set -- $run
-    timeout 120 /tmp/l2_partition_probe "$dir/$1.bin" "$2" "$3" || exit 1
+    timeout 120 /tmp/l2_partition_probe "$dir/$1.bin" "$2" "$3" "$4" || exit 1
     gzip -9 -f "$dir/$1.bin"
   done
 fi
@@ -39,6 +40,7 @@ meta = dict(gpu=smi[0], driver=smi[1], max_sm_clock=smi[2], nvcc=nvcc,
             parts=os.environ.get("PARTS", "partition reread"),
             runs={"l2pp_1": "2 blocks an SM, set 1 lines 65536 B apart", "l2pp_2": "the same again",
                   "l2pp_s4k": "1 block an SM, set 1 lines 4096 B apart",
+                  "l2pp_w": "as l2pp_1, set 1 written (not read) by the first block, after set 0",
                   "reread_1": "one SM re-reads W = 16, 24, 28, 32, 40, 48, 64 MiB", "reread_2": "the same again"},
             programs="scripts/device/l2_partition_probe.cu, l2_reread_probe.cu (nvcc -O2 -arch=sm_90)")
 json.dump(meta, open(sys.argv[1], "w"), indent=1)

@@ -21,10 +21,17 @@
 // read from the far side leaves a copy in the near partition (what halves the capacity a
 // kernel sees); if it stays slow, it does not.
 //
+// With a fourth argument "write", set 1 is *written* by the first block (st.global of zeros)
+// instead of read: are lines just written near the SM that wrote them, or, as read lines, in
+// their address's half?  (The L2 probes' write_read case, a read-back of what the grid just
+// wrote, misses half of it even at 8 MiB.)
+//
 // Output (binary, little-endian), to the path in argv[1]:
-//   "L2PP" magic, u32 version = 1, u32 blocks, u32 lines (per set), u32 stride, u32 sms,
-//   i32 clock_khz, then per block: u32 smid, u32 rank, then u16 cycles[2 sets][3 passes][lines]
-//   (cycles capped at 65,535).
+//   "L2PP" magic, u32 version = 2, u32 blocks, u32 lines (per set), u32 stride, u32 sms,
+//   i32 clock_khz, u32 write1 (set 1 written), u32 set1_offset (bytes; 0 when read), then per
+//   block: u32 smid, u32 rank, then u16 cycles[2 sets][3 passes][lines] (cycles capped at
+//   65,535).  Version 1 (analysis/data/l2calib/h200_l2_partition, 774b797) had neither of the two
+//   words after clock_khz.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -38,17 +45,22 @@
 #define HOPS 16
 
 
-__global__ void probe(const unsigned* __restrict__ buf, long long stride_words, unsigned* tickets,
+__global__ void probe(unsigned* buf, long long stride_words, long long set1_words, int write1, unsigned* tickets,
                       volatile unsigned* turn, unsigned* smids, unsigned short* cycles) {
     __shared__ unsigned sink[4];
     unsigned smid;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
     unsigned rank = atomicAdd(tickets, 1u);
     unsigned carry = 0;
-    if (rank == 0) {  // warm: every line of both sets read once
+    if (rank == 0) {  // warm: every line of both sets read once (set 1's written, with write1)
         for (int s = 0; s < 2; s++)
-            for (int i = 0; i < LINES; i++)
-                carry += ldcg(buf + (s ? (long long)i * stride_words : (long long)i * (LINE / 4)) + carry);
+            for (int i = 0; i < LINES; i++) {
+                unsigned* a = buf + (s ? set1_words + (long long)i * stride_words : (long long)i * (LINE / 4)) + carry;
+                if (s == 1 && write1)
+                    asm volatile("st.global.u32 [%0], %1;" ::"l"(a), "r"(0u) : "memory");
+                else
+                    carry += ldcg(a);
+            }
     }
     while (*turn != rank) {
         __nanosleep(2000);  // the waiting blocks' polls kept rare: they reach the L2 too
@@ -60,7 +72,7 @@ __global__ void probe(const unsigned* __restrict__ buf, long long stride_words, 
         for (int p = 0; p < PASSES; p++) {
 #pragma unroll 1
             for (int i = 0; i < LINES; i++) {
-                const unsigned* a = buf + (s ? (long long)i * stride_words : (long long)i * (LINE / 4));
+                const unsigned* a = buf + (s ? set1_words + (long long)i * stride_words : (long long)i * (LINE / 4));
                 unsigned v = carry;
                 uint64_t t0 = clk();
 #pragma unroll 1
@@ -82,17 +94,22 @@ __global__ void probe(const unsigned* __restrict__ buf, long long stride_words, 
 
 int main(int argc, char** argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: l2_partition_probe OUT.bin [BLOCKS_PER_SM] [STRIDE_BYTES]\n");
+        fprintf(stderr, "usage: l2_partition_probe OUT.bin [BLOCKS_PER_SM] [STRIDE_BYTES] [read|write]\n");
         return 2;
     }
     int per_sm = argc > 2 ? atoi(argv[2]) : 2;
     long long stride = argc > 3 ? atoll(argv[3]) : 65536;
+    // "write": set 1 is written by the first block instead of read, and starts after set 0 (so
+    // that no line is in both); "read" (the default) keeps version 1's layout, where set 1's
+    // first lines are also set 0's
+    int write1 = argc > 4 && argv[4][0] == 'w';
+    long long set1_bytes = write1 ? (long long)LINES * LINE : 0;
     cudaDeviceProp prop;
     cudaGetDeviceProperties(&prop, 0);
     int clock_khz = 0;
     cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0);
     unsigned blocks = prop.multiProcessorCount * per_sm;
-    size_t bytes = (size_t)stride * LINES + (size_t)LINES * LINE;
+    size_t bytes = (size_t)stride * LINES + (size_t)LINES * LINE + set1_bytes;
     unsigned *buf, *tickets, *turn, *smids;
     unsigned short* cycles;
     size_t ncyc = (size_t)blocks * 2 * PASSES * LINES;
@@ -104,7 +121,7 @@ int main(int argc, char** argv) {
     cudaMemset(buf, 0, bytes);
     cudaMemset(tickets, 0, 4);
     cudaMemset(turn, 0, 4);
-    probe<<<blocks, 1>>>(buf, stride / 4, tickets, turn, smids, cycles);
+    probe<<<blocks, 1>>>(buf, stride / 4, set1_bytes / 4, write1, tickets, turn, smids, cycles);
     cudaError_t e = cudaDeviceSynchronize();
     if (e != cudaSuccess) {
         fprintf(stderr, "l2_partition_probe: %s\n", cudaGetErrorString(e));
@@ -119,10 +136,10 @@ int main(int argc, char** argv) {
         fprintf(stderr, "l2_partition_probe: cannot write %s\n", argv[1]);
         return 1;
     }
-    unsigned head[6] = {1u, blocks, (unsigned)LINES, (unsigned)stride, (unsigned)prop.multiProcessorCount,
-                        (unsigned)clock_khz};
+    unsigned head[8] = {2u, blocks, (unsigned)LINES, (unsigned)stride, (unsigned)prop.multiProcessorCount,
+                        (unsigned)clock_khz, (unsigned)write1, (unsigned)set1_bytes};
     fwrite("L2PP", 1, 4, f);
-    fwrite(head, 4, 6, f);
+    fwrite(head, 4, 8, f);
     for (unsigned b = 0; b < blocks; b++) {
         unsigned rec[2] = {hs[b], b};
         fwrite(rec, 4, 2, f);
