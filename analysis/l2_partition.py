@@ -130,36 +130,34 @@ def summary(rec: dict, pass_: int = 1) -> dict:
     """Per line set: the sides (from pass ``pass_``), their sizes, mean cycles near and far, the
     near class's 99th and the far class's 1st percentile, the smallest gap between a line's mean
     cycles from the two sides' blocks (``line_gap_min``), the XOR rule if any, and the far lines'
-    mean cycles in each pass; and the SMs' sides (by smid; None where blocks of one SM disagree)."""
+    mean cycles in each pass, the share of lines nearer the side of the block that loaded them
+    (``near_loader``); and the SMs' sides (by smid; None where blocks of one SM disagree)."""
     cyc, smid = rec["cycles"], rec["smid"]
-    out = {"sets": [], "sm_side": None, "write1": rec.get("write1", False)}
-    sides0 = None
-    for s in range(SETS):
+    out = {"sets": [], "sm_side": None, "write1": rec["write1"]}
+    splits = [split(cyc[:, s, pass_], smid) for s in range(SETS)]
+    # the blocks' sides from set 0 (read, so that its lines split by address); set 1's own split
+    # finds no line-by-SM term if every line is near the block that wrote it
+    sides0 = splits[0][0]
+    loader = bool(sides0[int(np.argmin(rec["rank"]))])
+    for s, (bs, ls, energy) in enumerate(splits):
         m = cyc[:, s, pass_]
-        bs, ls, energy = split(m, smid)
         far = bs[:, None] != ls[None, :]
-        addr = np.arange(rec["lines"], dtype=np.int64) * (128 if s == 0 else rec["stride"])
+        spacing = 128 if s == 0 else rec["stride"]
+        addr = (0 if s == 0 else rec["set1_offset"]) + np.arange(rec["lines"], dtype=np.int64) * spacing
+        nearer_true = m[sides0].mean(0) < m[~sides0].mean(0)  # lower mean cycles from side True
         out["sets"].append(dict(
-            set=s, spacing=128 if s == 0 else rec["stride"], lines_false=int((~ls).sum()), lines_true=int(ls.sum()),
+            set=s, spacing=spacing, lines_false=int((~ls).sum()), lines_true=int(ls.sum()),
             blocks_false=int((~bs).sum()), blocks_true=int(bs.sum()), energy=energy,
             near=float(m[~far].mean()), far=float(m[far].mean()),
             line_gap_min=float(np.abs(m[bs].mean(0) - m[~bs].mean(0)).min()),
             near_p99=float(np.percentile(m[~far], 99)), far_p1=float(np.percentile(m[far], 1)),
             xor=xor_of_bits(addr, ls), far_by_pass=[float(cyc[:, s, p][far].mean()) for p in range(PASSES)],
-            near_by_pass=[float(cyc[:, s, p][~far].mean()) for p in range(PASSES)]))
-        # the share of lines nearer (lower mean cycles) to the side of the block that loaded them,
-        # the sides of the blocks taken from set 0 (set 1's own split finds no line-by-SM term if
-        # every line is near its writer)
-        b0 = sides0 if s else bs
-        loader = bool(b0[int(np.argmin(rec.get("rank", np.arange(len(smid)))))])
-        nearer_true = m[b0].mean(0) < m[~b0].mean(0)
-        out["sets"][-1]["near_loader"] = float((nearer_true == loader).mean())
-        if s == 0:
-            sides0 = bs
-            sides = {}
-            for b, sm in enumerate(smid):
-                sides.setdefault(int(sm), set()).add(bool(bs[b]))
-            out["sm_side"] = {sm: (v.pop() if len(v) == 1 else None) for sm, v in sorted(sides.items())}
+            near_by_pass=[float(cyc[:, s, p][~far].mean()) for p in range(PASSES)],
+            near_loader=float((nearer_true == loader).mean())))
+    sides = {}
+    for b, sm in enumerate(smid):
+        sides.setdefault(int(sm), set()).add(bool(sides0[b]))
+    out["sm_side"] = {sm: (v.pop() if len(v) == 1 else None) for sm, v in sorted(sides.items())}
     return out
 
 

@@ -10,7 +10,7 @@ import pytest
 from analysis import l2_partition as lp
 
 
-def _record(tmp_path, line_side_fn, name="r.bin.gz", seed=0, noise=4.0, written_near_writer=None):
+def _record(tmp_path, line_side_fn, name="r.bin.gz", seed=0, noise=4.0, written_near_writer=None, offset=0):
     rng = np.random.default_rng(seed)
     sms, per_sm, lines, stride = 8, 2, 64, 4096
     smid = np.repeat(np.arange(sms), per_sm)
@@ -19,7 +19,7 @@ def _record(tmp_path, line_side_fn, name="r.bin.gz", seed=0, noise=4.0, written_
     cyc = np.empty((len(smid), 2, 3, lines))
     sides = []
     for s, spacing in enumerate((128, stride)):
-        ls = line_side_fn(np.arange(lines) * spacing)
+        ls = line_side_fn((offset if s else 0) + np.arange(lines) * spacing)
         if s == 1 and written_near_writer:  # every written line near the side of block 0 (rank 0)
             ls = np.full(lines, sm_side[0])
         sides.append(ls)
@@ -27,7 +27,7 @@ def _record(tmp_path, line_side_fn, name="r.bin.gz", seed=0, noise=4.0, written_
         base = 266 + 30 * far + rng.normal(0, noise, far.shape) + rng.normal(0, 3, (len(smid), 1))
         cyc[:, s] = np.round(base)[:, None, :]
     path = tmp_path / name
-    lp.write(path, smid, cyc, stride, sms, 1980000, write1=written_near_writer)
+    lp.write(path, smid, cyc, stride, sms, 1980000, write1=written_near_writer, set1_offset=offset)
     return path, smid, sm_side, sides
 
 
@@ -57,6 +57,14 @@ def test_written_lines_all_near_their_writer(tmp_path):
     print(lp.format_summary(path, rec, s))
     assert s["sets"][1]["near_loader"] == 1.0 and 0.3 < s["sets"][0]["near_loader"] < 0.7
     assert "written by the first block, 1.00 of its lines" in lp.format_summary(path, rec, s)
+
+
+def test_set1_addresses_start_at_its_offset(tmp_path):
+    """Version 2: set 1 starts ``set1_offset`` bytes in; its XOR rule is of those addresses (at
+    6,144 bytes in, bit 13 of offset + 4,096 i = bit 1 of i + 1: not a linear function of i's bits)."""
+    path, *_ = _record(tmp_path, lambda a: ((a >> 13) & 1) == 1, written_near_writer=False, offset=6144)
+    s = lp.summary(lp.read(path))
+    assert s["sets"][1]["xor"] == [13] and not s["write1"]
 
 
 def test_a_side_that_no_xor_gives(tmp_path):
