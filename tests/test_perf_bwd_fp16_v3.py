@@ -143,21 +143,22 @@ def test_gpu_backward_head_dims(d):
     else) at head dims whose copy passes cross rows, end in a partial pass or whose phases B and
     C end in an odd n-tile, and above d = 128 (dQ by bulk reductions up to d = 192, 136 and 184
     with rows of d + 8 in shared memory): GQA 4:2, ragged N with Nq > Nk, causal and not."""
+    _gpu_ragged_gqa(d)
+
+
+def _gpu_ragged_gqa(d, **cfg):
+    """GQA 4:2, Nq = 1,000 over Nk = 777, causal and not, at head dim d with ``cfg`` over the
+    default block."""
     q, k, v, do = make(d, 2, 4, 2, 1000, 777, d)
     for causal in (False, True):
         o, lse = bwd_fp16_v3.saved_forward(q, k, v, causal=causal)
-        grads = bwd_fp16_v3.backward(q, k, v, o, lse, do, causal=causal)
-        check_backward(grads, q, k, v, do, lse, causal, label=f"gpu d={d} causal={causal}")
+        grads = bwd_fp16_v3.backward(q, k, v, o, lse, do, causal=causal, **cfg)
+        check_backward(grads, q, k, v, do, lse, causal, label=f"gpu d={d} {cfg} causal={causal}")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", [200, 224, 256])
-@pytest.mark.parametrize("bulkq", [False, True])
-def test_gpu_backward_one_q_buffer(d, bulkq):
-    """``qbuf`` = 1 at the head dims it is for (the default block above d = 192, dQ by ``red.v2``
-    or, in the room it makes, by bulk reductions): GQA 4:2, ragged N with Nq > Nk, causal and not."""
-    q, k, v, do = make(d, 2, 4, 2, 1000, 777, d)
-    for causal in (False, True):
-        o, lse = bwd_fp16_v3.saved_forward(q, k, v, causal=causal)
-        grads = bwd_fp16_v3.backward(q, k, v, o, lse, do, causal=causal, qbuf=1, bulkq=bulkq)
-        check_backward(grads, q, k, v, do, lse, causal, label=f"gpu d={d} qbuf=1 bulkq={bulkq} causal={causal}")
+def test_gpu_backward_one_q_buffer_red(d):
+    """``qbuf`` = 1 with dQ by ``red.v2`` at the head dims it is for (the default there, one buffer
+    with bulk reductions, is test_gpu_backward_head_dims'): ragged GQA, causal and not."""
+    _gpu_ragged_gqa(d, qbuf=1, bulkq=False)
