@@ -215,12 +215,20 @@ def read_reread(path) -> list[dict]:
     return out
 
 
+# An L2 hit costs 200-300 cycles on Hopper (266 near, 296 far on the H200): a record whose loads
+# took a few cycles timed nothing
+MIN_HIT_CYCLES = 100
+
+
 def reread_table(rows: list[dict], hops: int = 16, miss_margin: float = 150.0) -> list[dict]:
     """Per (W, smid): the timed lines on each side and the share the re-read lost.  A line's hit
     latency is its second total / ``hops``; the near side is the lower group of those latencies
     (:func:`two_means` over the whole record); its first load took first - (hops - 1) / hops x
     second cycles, a miss where that exceeds the hit latency by ``miss_margin``."""
     hit = np.array([r["second"] / hops for r in rows])
+    if len(hit) and np.median(hit) < MIN_HIT_CYCLES:
+        raise ValueError(f"median hit latency {np.median(hit):.1f} cycles (< {MIN_HIT_CYCLES}): the timed loads "
+                         "were not between the clock reads (the probe at 8ab49da, whose loads ptxas dropped)")
     cut = two_means(hit)
     groups: dict = {}
     for r, h in zip(rows, hit):

@@ -136,3 +136,27 @@ def test_reread_table_counts_the_lost_lines_by_side(tmp_path):
     bad.write_text("w_mib,smid,line,first,second\n1,2,3,x,5\n")
     with pytest.raises(ValueError, match="row 2"):
         lp.read_reread(bad)
+    # the first run's record (8ab49da): every line 2 and 6 cycles, the loads dropped by ptxas
+    bad.write_text("w_mib,smid,line,first,second\n" + "".join(f"16,124,{16 * i},2,6\n" for i in range(8)))
+    with pytest.raises(ValueError, match="not between the clock reads"):
+        lp.reread_table(lp.read_reread(bad))
+    with pytest.raises(SystemExit) as e:
+        lp.main(["--reread", str(bad)])
+    assert e.value.code == 2
+
+
+def test_the_committed_h200_write_record():
+    """analysis/data/l2calib/h200_l2_partition_write (8ab49da): set 1 written, not read, by the first
+    block.  Written lines lie in their address's half as read ones do: about half of them nearer
+    the writer's side (0.52), the same latencies, the same SM map as the read records."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "analysis/data/l2calib"
+    rec = lp.read(root / "h200_l2_partition_write/l2pp_w.bin.gz")
+    s = lp.summary(rec)
+    print(lp.format_summary("l2pp_w", rec, s))
+    assert rec["version"] == 2 and s["write1"]
+    written = s["sets"][1]
+    assert 0.45 < written["near_loader"] < 0.6 and 264 < written["near"] < 268 and 294 < written["far"] < 298
+    read = lp.summary(lp.read(root / "h200_l2_partition/l2pp_1.bin.gz"))
+    assert s["sm_side"] == read["sm_side"]

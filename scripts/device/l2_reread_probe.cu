@@ -75,6 +75,9 @@ __global__ void reread(const unsigned* __restrict__ buf, long long lines, unsign
         out[2 * s] = (unsigned)(t1 - t0);
         out[2 * s + 1] = (unsigned)(t2 - t1);
     }
+    // the loads' last value is used, so that ptxas keeps them (a load whose value nothing reads is
+    // dropped, asm volatile or not: the first run, at 8ab49da, timed two empty loops, 2 and 6 cycles)
+    if (carry == 0x5a5a5a5au) *smid_out = carry;
 }
 
 int main(int argc, char** argv) {
