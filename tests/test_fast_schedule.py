@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from _fast_trace import trace
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from flashsim import Workload
@@ -228,8 +228,10 @@ def test_bf16_runs_the_fp16_schedules():
 
 def test_bwd_fp16_v3_counts_by_hand():
     # d = 128: bq = 64 query rows a step, bk = 128 keys a block.  B = 1, H = 2, Hkv = 1, N = 128:
-    # one key block, two query blocks per head, two heads: 4 steps.
-    r = simulate(W(1, 2, 128, 128, kv_heads=1), "fast", "bwd")
+    # one key block, two query blocks per head, two heads: 4 steps.  dQ by red.v2 (the default
+    # from d = 96 is bulkq's bulk reductions: the next test)
+    red = {"bulkq": False}
+    r = simulate(W(1, 2, 128, 128, kv_heads=1), "fast", "bwd", config=red)
     assert list(r.io.per_launch) == ["flash2_bwd_preprocess", "zero_fill", "bwd_fp16_v3", "dq_to_f16"]
     assert r.agrees
     n = 2 * 128 * 128  # Q-shaped elements of both heads: 32,768
@@ -252,7 +254,7 @@ def test_bwd_fp16_v3_counts_by_hand():
     assert r.io.read_bytes == sum(t.bytes for (_, k), t in r.io.breakdown.items() if k == "read")
     # Causal, H = Hkv = 1, N = 256: key block 0 is seen by the 4 query blocks (256 rows), key block
     # 1 (keys 128..255) by the blocks from row 128 on, i0 = 128 // 64 = 2 (128 rows): 384·128.
-    rc = simulate(W(1, 1, 256, 128, causal=True), "fast", "bwd")
+    rc = simulate(W(1, 1, 256, 128, causal=True), "fast", "bwd", config=red)
     assert rc.io.breakdown[("Q", "read")].elements == 384 * 128 == rc.io.breakdown[("dQacc", "reduction")].elements
     # d = 64, as BEST runs it since 1b357d8: the same block shape (bq = 64, bk = 128).  B = H = 1,
     # N = 256: two key blocks, each reading all 4 query blocks of Q, dO, L, D and reducing into all
@@ -271,7 +273,8 @@ def test_bwd_fp16_v3_bulkq_moves_dq_to_the_bulk_class():
     # bulkq: the same rows of dQacc, reduced by the TMA unit (class "bulk", a write): B = 1, H = 2,
     # Hkv = 1, N = 128, d = 128 as above, 32,768 floats; nothing else changes
     w = W(1, 2, 128, 128, kv_heads=1)
-    r, rb = simulate(w, "fast", "bwd"), simulate(w, "fast", "bwd", config={"bulkq": True})
+    r, rb = simulate(w, "fast", "bwd", config={"bulkq": False}), simulate(w, "fast", "bwd", config={"bulkq": True})
+    assert rb.agrees and fast.parse_config("bwd_fp16_v3", 128, {})["bulkq"]  # the default from d = 96
     n = 2 * 128 * 128
     assert _by(rb, "bwd_fp16_v3")[("dQacc", "bulk_write")] == (n, 4 * n, n // 8)
     assert ("dQacc", "reduction") not in _by(rb, "bwd_fp16_v3")
@@ -281,7 +284,7 @@ def test_bwd_fp16_v3_bulkq_moves_dq_to_the_bulk_class():
     from kernels.perf import bwd_fp16  # the launcher's shared memory, restated by flashsim
 
     with_tile = fast.block_resources("bwd_fp16_v3", 128, {"bulkq": True})["dkdv"][1]
-    assert with_tile == fast.block_resources("bwd_fp16_v3", 128)["dkdv"][1] + 4 * 64 * 136
+    assert with_tile == fast.block_resources("bwd_fp16_v3", 128, {"bulkq": False})["dkdv"][1] + 4 * 64 * 136
     assert with_tile == bwd_fp16.smem_bytes_v3(128, 64, 128, True)
 
 
@@ -340,7 +343,7 @@ def _workloads(draw):
     name = draw(st.sampled_from(sorted(fast.VARIANTS)))
     pass_ = fast.VARIANTS[name][0]
     dtype = draw(st.sampled_from(fast.DTYPES[name]))
-    d = draw(st.sampled_from([d for d in (16, 32, 40, 64, 72, 128) if fast.supports(name, dtype, d)]))
+    d = draw(st.sampled_from([d for d in (16, 32, 40, 64, 72, 96, 128, 200) if fast.supports(name, dtype, d)]))
     hkv = draw(st.sampled_from([1, 2]))
     w = W(draw(st.integers(1, 2)), hkv * draw(st.sampled_from([1, 2])), draw(st.integers(1, 700)), d,
                  seq_len_k=draw(st.integers(1, 700)), kv_heads=hkv, dtype=dtype, causal=draw(st.booleans()))
@@ -349,6 +352,9 @@ def _workloads(draw):
 
 @settings(max_examples=40, deadline=None)
 @given(_workloads())
+# dQ by bulk reductions, bwd_fp16_v3's default from d = 96 (the closed form had kept them reductions)
+@example((W(1, 2, 300, 200, seq_len_k=200, kv_heads=1, causal=True), "bwd", "bwd_fp16_v3"))
+@example((W(1, 1, 130, 96), "bwd", "bwd_fp16_v3"))
 def test_walker_equals_closed_form(c):
     w, pass_, name = c
     r = simulate(w, "fast", pass_, kernel=name)

@@ -166,8 +166,9 @@ def default_config(name: str, d: int) -> dict:
             two = d % 32 == 0
             return dict(bq=64, bk=64, nw=8, ma=2, mb=2 if two else 1, mc=2 if two else 1, minb=1, bulkq=True,
                         longest_first=True, qbuf=1)
+        # d = 96-128: dQ by bulk reductions (their tile fits beside two Q/dO buffers)
         return dict(bq=64, bk=128, nw=8, ma=2, mb=4 if d == 128 else 2, mc=2 if d in (64, 128) else 1, minb=1,
-                    bulkq=False, longest_first=True, qbuf=2)
+                    bulkq=d >= 96, longest_first=True, qbuf=2)
     if name == "bwd_fp32_v1":
         nw = 4 if d <= 64 or 68 <= d <= 96 else 8
         return dict(bc=64, br=64, nw=nw, unroll=2, minb=1, vred=True)
@@ -743,7 +744,9 @@ def closed_form(w: Workload, tiling: Tiling | None, pass_: str, **options) -> di
     else:
         acc = "dQacc" if name == "bwd_fp16_v3" else "dQ"
         out[(acc, "write")] = bh * nq * d  # the zero fill
-        out[(acc, "reduction")] = bh * q_rows * d
+        # bwd_fp16_v3's bulkq: the same rows reduced by the TMA unit (a bulk write)
+        red = "bulk_write" if name == "bwd_fp16_v3" and parse_config(name, d, config)["bulkq"] else "reduction"
+        out[(acc, red)] = bh * q_rows * d
         if name == "bwd_fp16_v3":
             out[("dQacc", "read")] = bh * nq * d
             out[("dQ", "write")] = bh * nq * d
