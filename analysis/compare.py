@@ -129,8 +129,9 @@ def _typed(path: Path, line: int, r: dict) -> dict:
             except ValueError:
                 raise _bad(path, f"line {line}: {k}={r[k]!r} is not an integer") from None
     r["causal"] = r.get("causal") in ("True", "true", "1")
-    if "longest_first" in r:  # the fast set's bwd_fp16_v3 key-block order (empty: not recorded)
-        r["longest_first"] = r["longest_first"] in ("True", "true", "1") if r["longest_first"].strip() else None
+    for k in ("longest_first", "bulkq"):  # the fast set's bwd_fp16_v3 knobs (empty: not recorded)
+        if k in r:
+            r[k] = r[k] in ("True", "true", "1") if r[k].strip() else None
     try:
         r["time_ns"] = float(r["time_ns"])
     except ValueError:

@@ -27,8 +27,9 @@ KERNELS = ("flash2", "flash1", "standard", "decode", *FAST_KERNELS,  # fast: ana
 #: (``num_splits``; ``page_size``, 0 for a contiguous cache), recorded when a set has them.
 DECODE_FIELDS = ("num_splits", "page_size")
 #: Configuration fields of the fast set beyond :data:`analysis.measure.CONFIG_FIELDS`
-#: (``longest_first``: bwd_fp16_v3's causal key-block order), recorded when a set has them.
-FAST_FIELDS = ("longest_first",)
+#: (``longest_first``: bwd_fp16_v3's causal key-block order; ``bulkq``: its dQ by bulk reductions
+#: instead of ``red.v2``), recorded when a set has them.
+FAST_FIELDS = ("longest_first", "bulkq")
 
 
 def workload_of(cfg: dict) -> Workload:

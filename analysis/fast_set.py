@@ -56,6 +56,8 @@ def _cfg(kernel: str, n: int, d: int, causal: bool = False, batch: int = 1, head
            "block_m": t.block_m, "block_n": t.block_n}
     if kernel == "bwd_fp16_v3" and causal:  # the key-block order the kernel runs (a column of the record)
         cfg["longest_first"] = fast.default_config(kernel, d)["longest_first"]
+    if kernel == "bwd_fp16_v3":  # how it reduces dQ (a column of the record)
+        cfg["bulkq"] = fast.default_config(kernel, d)["bulkq"]
     return cfg
 
 
@@ -157,12 +159,18 @@ def sim_options(cfg: dict) -> dict:
     ran Bc = 32 until the tuner's Bc = 16; fwd_fp16_v5 at d = 128 two warpgroups, 128 x 128, until
     532db74's record gave it one, 64 x 64; a small grid's narrowed block, :func:`fast.fit_to_grid`).
     ValueError where no block-shape override of the variant gives the record's tiles.  bwd_fp16_v3
-    causal: the key-block order of the record's ``longest_first`` column, grid order without it."""
+    causal: the key-block order of the record's ``longest_first`` column, grid order without it;
+    its dQ by bulk reductions where the record's ``bulkq`` column says so, by ``red.v2`` without it."""
     opts = _block_options(cfg)
     if cfg["kernel"] == "bwd_fp16_v3" and cfg.get("causal") and not cfg.get("longest_first"):
         # a causal record without the column (every record made before bwd_fp16_v3's knob
         # longest_first) ran its key blocks in grid order: the L2 model issues them so
         opts["config"] = {**opts.get("config", {}), "longest_first": False}
+    bulkq = bool(cfg.get("bulkq"))
+    if cfg["kernel"] == "bwd_fp16_v3" and bulkq != fast.default_config("bwd_fp16_v3", cfg["head_dim"])["bulkq"]:
+        # a record without the column (every one made before dQ by bulk reductions became a default,
+        # at f49547c above d = 128, at e4caee9 from d = 96) reduced dQ by red.v2
+        opts["config"] = {**opts.get("config", {}), "bulkq": bulkq}
     return opts
 
 

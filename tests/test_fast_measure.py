@@ -14,7 +14,7 @@ from test_reliability_records import fake_gpu  # noqa: F401  (the fixture: a fak
 
 from analysis import fast_set
 from analysis.compare import predict_lsu, read_measured, run, schedule_of
-from analysis.configs import SET_METRICS, SETS, config_id
+from analysis.configs import FAST_FIELDS, SET_METRICS, SETS, config_id
 from analysis.measure import CONFIG_FIELDS, METRIC_FIELDS
 from analysis.ncu import EXTRA_METRICS, METRICS, parse_raw_csv
 from flashsim.algorithms import fast
@@ -133,7 +133,8 @@ def test_compare_end_to_end_on_an_exact_record(tmp_path):
     rows = []
     for c in fast_set.fast_smoke_set():
         for k, p in enumerate(predict_lsu(c)):
-            row = {"config_id": config_id(c), "launch_index": k, **{f: c.get(f) for f in CONFIG_FIELDS}}
+            row = {"config_id": config_id(c), "launch_index": k,
+                   **{f: c.get(f) for f in (*CONFIG_FIELDS, *FAST_FIELDS)}}
             row.update(lsu_ld_bytes=p["sim_lsu_ld_ldgsts_bytes"], lsu_st_bytes=p["sim_lsu_st_bytes"], l2_read_sectors=0,
                        l2_write_sectors=0, dram_read_bytes=0, dram_write_bytes=0, time_ns=1000.0,
                        lsu_red_bytes=p["sim_lsu_red_bytes"], lsu_atom_bytes=0, lsu_ldgsts_access_bytes=0)
@@ -155,7 +156,9 @@ def test_compare_end_to_end_on_an_exact_record(tmp_path):
     # 128-byte swizzled rows: a group's 8 chunks are one row's 128 bytes, permuted)
     assert s["lsu_ld_walker_launches"] == 21 and s["lsu_ld_walker_exact"] == 21 - 10
     red = [r for r in csv.DictReader(open(tmp_path / "cmp" / "compare_launches.csv")) if float(r["sim_lsu_red_bytes"])]
-    assert len(red) == 3  # the main launches of bwd_fp16_v3, bwd_fp32_v1 and bwd_fp32_v2
+    # the main launches of bwd_fp32_v1 and bwd_fp32_v2; bwd_fp16_v3 at d = 128 reduces dQ by the TMA
+    # unit's bulk reductions (its default since e4caee9: class "bulk", which passes no LSU)
+    assert [r["kernel"] for r in red] == ["bwd_fp32_v1", "bwd_fp32_v2"]
 
 
 def test_fig2_record_of_fwd_fp16_v4_stores_exact_loads_nine_eighths():
@@ -272,8 +275,8 @@ def test_a_record_keeps_its_own_block_shape_when_the_default_moves():
     row = {"kernel": "fwd_fp16_v4", "head_dim": 128, "block_m": 128, "block_n": 32}
     assert fast_set.sim_options(row) == {"kernel": "fwd_fp16_v4", "config": {"bc": 32}}
     assert fast_set.sim_options(dict(row, block_n=16)) == {"kernel": "fwd_fp16_v4"}
-    assert fast_set.sim_options({"kernel": "bwd_fp16_v3", "head_dim": 128, "block_m": 64, "block_n": 128}) == {
-        "kernel": "bwd_fp16_v3"}
+    assert fast_set.sim_options({"kernel": "bwd_fp16_v3", "head_dim": 128, "block_m": 64, "block_n": 128,
+                                 "bulkq": True}) == {"kernel": "bwd_fp16_v3"}
     with pytest.raises(ValueError, match="block_m=96, block_n=32"):
         fast_set.sim_options(dict(row, block_m=96))
 
@@ -282,10 +285,22 @@ def test_a_causal_bwd_fp16_v3_record_keeps_its_key_block_order():
     """Records made before bwd_fp16_v3's longest_first have no such column: the L2 model issues
     their causal key blocks in grid order.  The fast set now records the knob, and a record that
     names it keeps the default order."""
-    row = {"kernel": "bwd_fp16_v3", "head_dim": 128, "block_m": 64, "block_n": 128, "causal": True}
+    row = {"kernel": "bwd_fp16_v3", "head_dim": 128, "block_m": 64, "block_n": 128, "causal": True, "bulkq": True}
     assert fast_set.sim_options(row) == {"kernel": "bwd_fp16_v3", "config": {"longest_first": False}}
     assert fast_set.sim_options(dict(row, longest_first=True)) == {"kernel": "bwd_fp16_v3"}
     assert fast_set.sim_options(dict(row, causal=False)) == {"kernel": "bwd_fp16_v3"}
     sets = [c for c in fast_set.fast_set() if c["kernel"] == "bwd_fp16_v3"]
     assert any(c["causal"] for c in sets)
     assert all(c.get("longest_first") is (True if c["causal"] else None) for c in sets)
+
+
+def test_a_bwd_fp16_v3_record_keeps_its_dq_reductions():
+    """Records made before dQ by bulk reductions became bwd_fp16_v3's default at d = 96-128
+    (e4caee9; above d = 128 at f49547c) have no ``bulkq`` column and reduced dQ by red.v2: compare
+    walks them so (class "reduction"); the fast set now records the knob."""
+    row = {"kernel": "bwd_fp16_v3", "head_dim": 128, "block_m": 64, "block_n": 128}
+    assert fast_set.sim_options(row) == {"kernel": "bwd_fp16_v3", "config": {"bulkq": False}}
+    assert fast_set.sim_options(dict(row, bulkq=True)) == {"kernel": "bwd_fp16_v3"}
+    assert fast_set.sim_options(dict(row, head_dim=64, block_m=128)) == {"kernel": "bwd_fp16_v3"}
+    sets = {c["head_dim"]: c["bulkq"] for c in fast_set.fast_set() if c["kernel"] == "bwd_fp16_v3"}
+    assert sets == {64: False, 80: False, 128: True}
