@@ -7,7 +7,10 @@ sets, three passes; one SM probing at a time).
 
 The second form reads the re-read probe's CSV (one SM reads W MiB, then times every 16th line
 twice: its first load, a hit or a miss, then hits) and prints, per W, how many of the lines on
-each side (near or far from that SM, by their hit latency) the re-read lost: :func:`reread_table`.
+each side (near or far from that SM, by their hit latency) the re-read lost: :func:`reread_table`,
+beside what flashsim.l2's cache of a preset (``--gpu``, default h200) loses in the same probe
+replayed: :func:`model_reread`, and what the same cache would lose with a random set for each
+line: :func:`random_sets_loss`.
 
 The latencies of a pass form a (blocks x lines) matrix.  With two partitions it is, up to noise,
 the sum of a block's and a line's mean plus a near/far term of rank one: + delta where the block's
@@ -246,11 +249,52 @@ def reread_table(rows: list[dict], hops: int = 16, miss_margin: float = 150.0) -
             for (w, sm), g in sorted(groups.items())]
 
 
+def model_reread(gpu: str, w_mib: int, every: int = 16) -> float:
+    """The share of the timed lines the re-read probe finds lost, in flashsim.l2's cache of the
+    preset ``gpu`` (its capacity, ways, replacement, fetch granule): one pass over the W MiB in
+    address order from an empty L2, then a 4-byte read of every ``every``-th line in order (the
+    probe's timed loads, whose misses allocate as the probe's do), each counted lost where it
+    misses."""
+    from flashsim.config import get_gpu
+    from flashsim.l2 import L2
+
+    g = get_gpu(gpu)
+    cache = L2(g.l2_effective_bytes, g.l2_line_bytes, g.l2_sector_bytes, g.l2_ways, policy=g.l2_replacement,
+               dirty_limit=g.l2_dirty_bytes, fetch_bytes=g.l2_fetch_bytes, random_share=g.l2_random_share)
+    w = int(w_mib) << 20
+    ctr = np.zeros(4, dtype=np.int64)
+    for a in range(0, w, 1 << 20):
+        cache.access(a, min(1 << 20, w - a), False, ctr)
+    lost = n = 0
+    for line in range(0, w // g.l2_line_bytes, every):
+        before = int(ctr[2])
+        cache.access(line * g.l2_line_bytes, 4, False, ctr)
+        lost += int(ctr[2]) > before
+        n += 1
+    return lost / max(n, 1)
+
+
+def random_sets_loss(gpu: str, w_mib: int, seed: int = 0) -> float:
+    """The share of W MiB of lines a cache of the preset's capacity and ways cannot hold when each
+    line falls into a random set (a hashed set index, balls in bins: a set keeps at most ``ways``
+    of its lines), against the model's sets by address modulo their count, which a window of
+    consecutive lines fills evenly."""
+    from flashsim.config import get_gpu
+
+    g = get_gpu(gpu)
+    nsets = g.l2_effective_bytes // (g.l2_line_bytes * g.l2_ways)
+    lines = (int(w_mib) << 20) // g.l2_line_bytes
+    per_set = np.bincount(np.random.default_rng(seed).integers(0, nsets, lines), minlength=nsets)
+    return float(1 - np.minimum(per_set, g.l2_ways).sum() / lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m analysis.l2_partition", description=__doc__.splitlines()[0])
     ap.add_argument("records", nargs="+", help="l2_partition_probe records (.bin or .bin.gz), or with --reread "
                     "l2_reread_probe CSVs (.csv or .csv.gz)")
     ap.add_argument("--reread", action="store_true", help="the records are the re-read probe's CSVs")
+    ap.add_argument("--gpu", default="h200", help="with --reread: the preset whose L2 model replays the probe "
+                    "(default h200)")
     ap.add_argument("--pass", dest="pass_", type=int, default=1, choices=range(PASSES),
                     help="the pass whose latencies give the sides (default 1)")
     args = ap.parse_args(argv)
@@ -261,10 +305,17 @@ def main(argv=None) -> int:
             except (OSError, EOFError, ValueError) as e:
                 ap.exit(2, f"flashsim: error: {e}\n")
             print(f"{path}: near/far by hit latency (cut {table[0]['cut']:.0f} cycles)" if table else path)
+            try:
+                ws = sorted({t["w_mib"] for t in table})
+                model = {w: model_reread(args.gpu, w) for w in ws}
+                rand = {w: random_sets_loss(args.gpu, w) for w in ws}
+            except ValueError as e:
+                ap.exit(2, f"flashsim: error: {e}\n")
             for t in table:
                 print(f"  W {t['w_mib']:4d} MiB, SM {t['smid']:3d}: near {t['near']:6d} lines ({t['near_cycles']:.0f} "
                       f"cycles) lost {t['near_lost']:.3f}; far {t['far']:6d} ({t['far_cycles']:.0f}) lost "
-                      f"{t['far_lost']:.3f}")
+                      f"{t['far_lost']:.3f}; model ({args.gpu}) {model[t['w_mib']]:.3f}, random sets "
+                      f"{rand[t['w_mib']]:.3f}")
             continue
         try:
             rec = read(path)

@@ -59,18 +59,21 @@ The model, piece by piece:
   range: they are reported as ``dirty_end_bytes``, not as the launch's writes.
 
 What it is not: no timing (the H100 writes to DRAM at about 19 MB/s while any kernel runs,
-whatever it stored: 9.7 MB for 8 MiB stored and the kernel kept alive 512 ms; long launches
-show it as megabytes of writes the model does not predict; analysis.compare reports it apart),
-no early write-back under a read stream (a launch's dirty lines leave for DRAM once it also
-reads about 28 MiB of other data on the H200, where this cache, sized by the re-reads, starts at
-48 MiB: analysis/data/l2calib/h200_l2_readwrite.csv),
-no partitions (one SM's re-read of 32-48 MiB misses half its lines where the whole grid's
-misses few, and a launch reading back what other blocks wrote misses about half of it: both
-measured, neither modelled; an SM's hits reach both halves, with no near copy of far lines:
-analysis.l2_partition), no read-modify-write of partly written sectors, no local
-memory (the reference kernels measured have none), no register-limited occupancy where the
-kernel's register count is not given, no per-SM placement of blocks.  The A100 presets have no
-calibration: they assume the H100's fractions.
+whatever it stored: 9.7 MB for 8 MiB stored and the kernel kept alive 512 ms; long launches show
+it as megabytes of writes the model does not predict; analysis.compare reports it apart), no early
+write-back under a read stream (a launch's dirty lines leave for DRAM once it also reads about 28
+MiB of other data on the H200, where this cache, sized by the re-reads, starts at 48 MiB:
+analysis/data/l2calib/h200_l2_readwrite.csv), no partitions (an SM's hits reach both halves, with
+no near copy of far lines, and written lines lie in their address's half as read ones do:
+analysis.l2_partition), and not what one SM's re-read loses (its second pass over 32-48 MiB misses
+a third to half of the lines where the whole grid's misses few; timed line by line on the H200,
+the first pass leaves 0.04, 0.14, 0.20 and 0.33 of W = 32, 40, 48, 64 MiB lost, near and far lines
+alike, where this cache, its sets indexed by address modulo their count, loses 0, 0, 0.11 and
+0.34: analysis/data/l2calib/h200_l2_reread), nor why a launch reading back what other blocks wrote
+misses about half of it; no read-modify-write of partly written sectors, no local memory (the
+reference kernels measured have none), no register-limited occupancy where the kernel's register
+count is not given, no per-SM placement of blocks. The A100 presets have no calibration: they
+assume the H100's fractions.
 """
 
 from __future__ import annotations
