@@ -229,7 +229,7 @@ def test_bf16_runs_the_fp16_schedules():
 def test_bwd_fp16_v3_counts_by_hand():
     # d = 128: bq = 64 query rows a step, bk = 128 keys a block.  B = 1, H = 2, Hkv = 1, N = 128:
     # one key block, two query blocks per head, two heads: 4 steps.  dQ by red.v2 (the default
-    # from d = 96 is bulkq's bulk reductions: the next test)
+    # from d = 112 is bulkq's bulk reductions: the next test)
     red = {"bulkq": False}
     r = simulate(W(1, 2, 128, 128, kv_heads=1), "fast", "bwd", config=red)
     assert list(r.io.per_launch) == ["flash2_bwd_preprocess", "zero_fill", "bwd_fp16_v3", "dq_to_f16"]
@@ -274,7 +274,7 @@ def test_bwd_fp16_v3_bulkq_moves_dq_to_the_bulk_class():
     # Hkv = 1, N = 128, d = 128 as above, 32,768 floats; nothing else changes
     w = W(1, 2, 128, 128, kv_heads=1)
     r, rb = simulate(w, "fast", "bwd", config={"bulkq": False}), simulate(w, "fast", "bwd", config={"bulkq": True})
-    assert rb.agrees and fast.parse_config("bwd_fp16_v3", 128, {})["bulkq"]  # the default from d = 96
+    assert rb.agrees and fast.parse_config("bwd_fp16_v3", 128, {})["bulkq"]  # the default from d = 112
     n = 2 * 128 * 128
     assert _by(rb, "bwd_fp16_v3")[("dQacc", "bulk_write")] == (n, 4 * n, n // 8)
     assert ("dQacc", "reduction") not in _by(rb, "bwd_fp16_v3")
@@ -352,9 +352,9 @@ def _workloads(draw):
 
 @settings(max_examples=40, deadline=None)
 @given(_workloads())
-# dQ by bulk reductions, bwd_fp16_v3's default from d = 96 (the closed form had kept them reductions)
+# dQ by bulk reductions, bwd_fp16_v3's default from d = 112 (the closed form had kept them reductions)
 @example((W(1, 2, 300, 200, seq_len_k=200, kv_heads=1, causal=True), "bwd", "bwd_fp16_v3"))
-@example((W(1, 1, 130, 96), "bwd", "bwd_fp16_v3"))
+@example((W(1, 1, 130, 112), "bwd", "bwd_fp16_v3"))
 def test_walker_equals_closed_form(c):
     w, pass_, name = c
     r = simulate(w, "fast", pass_, kernel=name)

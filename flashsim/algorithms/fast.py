@@ -166,9 +166,9 @@ def default_config(name: str, d: int) -> dict:
             two = d % 32 == 0
             return dict(bq=64, bk=64, nw=8, ma=2, mb=2 if two else 1, mc=2 if two else 1, minb=1, bulkq=True,
                         longest_first=True, qbuf=1)
-        # d = 96-128: dQ by bulk reductions (their tile fits beside two Q/dO buffers)
+        # d = 112 and 128: dQ by bulk reductions (their tile fits beside two Q/dO buffers)
         return dict(bq=64, bk=128, nw=8, ma=2, mb=4 if d == 128 else 2, mc=2 if d in (64, 128) else 1, minb=1,
-                    bulkq=d >= 96, longest_first=True, qbuf=2)
+                    bulkq=d >= 112, longest_first=True, qbuf=2)
     if name == "bwd_fp32_v1":
         nw = 4 if d <= 64 or 68 <= d <= 96 else 8
         return dict(bc=64, br=64, nw=nw, unroll=2, minb=1, vred=True)

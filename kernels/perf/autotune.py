@@ -320,10 +320,10 @@ def knob_grid(name: str, d: int) -> list[dict]:
         grid = product((32, 64, 128), (64, 128), (4, 8), (1, 2, 4), (1, 2, 4), (1, 2, 4), (1, 2))
         from .bwd_fp16 import bulk_fits
 
-        # as the default: above d = 128 one Q/dO buffer; from d = 96 dQ by bulk reductions where
+        # as the default: above d = 128 one Q/dO buffer; from d = 112 dQ by bulk reductions where
         # its tile fits beside the block's; causal key blocks longest first
         q1 = 1 if d > 128 else 2
-        bulk = -(-d // 16) * 16 >= 96  # the kernel's head dim, rounded up to 16
+        bulk = -(-d // 16) * 16 >= 112  # the kernel's head dim, rounded up to 16
         return [dict(bq=bq, bk=bk, nw=nw, ma=ma, mb=mb, mc=mc, minb=mi, bulkq=bulk and bulk_fits(d, bq, bk, q1),
                      longest_first=True, qbuf=q1) for bq, bk, nw, ma, mb, mc, mi in grid]
     raise ValueError(f"variant={name!r}: one of {', '.join(TUNABLE)}")

@@ -445,7 +445,7 @@ def backward_v1(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
 #     phase B   dV += Pᵀ dO_i, dK += dSᵀ Q_i: 16·mb keys x d·16·mb/bk columns (d = 128: 64 x 32
 #               with mb = 4, f014f0c's default; 32 x 64 with mb = 2): 6 loads for 16 mma per product
 #     phase C   dQ_i += dS K_j: 16·mc queries x its columns (32 x 32): 4 loads for 8 mma, then
-#               ``red.global.add.v2.f32`` into a float32 dQ buffer (``bulkq``, on from d = 96
+#               ``red.global.add.v2.f32`` into a float32 dQ buffer (``bulkq``, on from d = 112
 #               where it fits: through shared memory and one ``cp.reduce.async.bulk`` a row, a
 #               step later)
 #
@@ -520,7 +520,7 @@ SMEM_MAX = 227 * 1024  # sm_90's largest opt-in shared memory a block
 
 def bulk_fits(d: int, bq: int, bk: int, qbuf: int = 2) -> bool:
     """Whether dQ's tile for ``bulkq`` (bq rows of d + 8 floats) fits in shared memory beside the
-    tiles.  ``bulkq`` (config knob, the default from d = 96; NOTES.md "dQ by bulk
+    tiles.  ``bulkq`` (config knob, the default from d = 112; NOTES.md "dQ by bulk
     reductions"): phase C stores its tile in shared memory, and the next step, after its first
     barrier, sends it to the dQ buffer by one ``cp.reduce.async.bulk`` a row, where every lane's
     ``red.v2`` had.  With one Q and dO buffer (``qbuf`` = 1) it fits up to d = 256."""
@@ -914,10 +914,11 @@ def signature_v3():
 def default_config_v3(d: int) -> dict:
     """bq queries per step, bk keys per block, nw warps; ma, mb, mc: m-tiles a warp owns in phases A
     (keys), B (keys) and C (queries); minb blocks an SM promised to ptxas; bulkq: dQ by every
-    lane's ``red.v2`` (off) or by bulk reductions (on from d = 96, :func:`bulk_fits`,
-    :func:`_wide_v3`: on an H200 at d = 96, 128, causal 128 and bf16 128 it took 0.96, 0.93, 0.94
-    and 0.88x the time of ``red.v2`` at N = 4,096, 0.99, 0.95, 0.95 and 0.96x at 16,384; at d = 64
-    1.02x and 0.97x: kernels/data/bwd_fp16_v3_bulk_low_h200_8ab49da); longest_first: causal key
+    lane's ``red.v2`` (off) or by bulk reductions (on from d = 112, :func:`bulk_fits`,
+    :func:`_wide_v3`: on an H200, the median over four runs of the time against ``red.v2`` at N =
+    4,096 / 16,384: d = 128 0.94 / 0.95, causal 0.94 / 0.93; d = 112 0.94 / 0.94 (one run); d = 96
+    1.00 / 1.00, causal 1.02 / 1.02; d = 64 1.02 / 0.97 (one run): kernels/data/
+    bwd_fp16_v3_bulk_low_h200_8ab49da, _0aa3913, _1e6423e); longest_first: causal key
     blocks issued every kv head's first before any head's second
     (:func:`kernels.perf._tiles.key_block`; no effect when not causal), where
     :func:`longest_first_runs` says it pays; qbuf: buffers of Q and dO (2 up to d = 128; 1 above,
@@ -939,10 +940,10 @@ def default_config_v3(d: int) -> dict:
         return dict(bq=128, bk=128, nw=8, ma=4, mb=2, mc=2, minb=1, bulkq=False, longest_first=True, qbuf=2)
     if d > 128:  # 64 keys a block (dK, dV: 128 registers a thread at d = 256)
         return _wide_v3(d)
-    # d = 96-128: dQ by bulk reductions, whose tile fits beside two Q/dO buffers here (207 KB at
-    # d = 128); not at d <= 80, whose 128 x 128 block it made 3% slower at N = 4,096 (d = 64)
+    # d = 112 and 128: dQ by bulk reductions, whose tile fits beside two Q/dO buffers here (207 KB
+    # at d = 128); not at d = 96 (even, causal 2% slower) nor d <= 80 (d = 64 3% slower at 4,096)
     return dict(bq=64, bk=128, nw=8, ma=2, mb=4 if d == 128 else 2, mc=2 if d in (64, 128) else 1, minb=1,
-                bulkq=d >= 96, longest_first=True, qbuf=2)
+                bulkq=d >= 112, longest_first=True, qbuf=2)
 
 
 def _wide_v3(d: int) -> dict:
