@@ -249,6 +249,32 @@ def reread_table(rows: list[dict], hops: int = 16, miss_margin: float = 150.0) -
             for (w, sm), g in sorted(groups.items())]
 
 
+def reread_order(rows: list[dict], hops: int = 16, miss_margin: float = 150.0) -> list[dict]:
+    """Per W: which lines the first pass lost, across the probe's runs of that W (one per worker
+    block, each on its own SM, over the same buffer: the rows of a W in file order, a run starting
+    where ``line`` is 0 again).  ``lost``: the share of timed lines lost, over all runs; ``agree``:
+    the share of lines that every run found in the same state (lost or kept); ``by_tenth``: the
+    share lost in each tenth of the window, in address (and reading) order; ``half_capacity_mib``:
+    W / 2 - lost x W, the MiB that one half of the lines kept if that half alone lost lines (None
+    where half or more was lost).  A line is lost as in :func:`reread_table`."""
+    out = []
+    for w in sorted({r["w_mib"] for r in rows}):
+        runs: list[list[bool]] = []
+        for r in (r for r in rows if r["w_mib"] == w):
+            if r["line"] == 0 or not runs:
+                runs.append([])
+            h = r["second"] / hops
+            runs[-1].append(r["first"] - (hops - 1) * h > h + miss_margin)
+        n = min(len(x) for x in runs)
+        m = np.array([x[:n] for x in runs], dtype=bool)
+        lost = float(m.mean())
+        out.append(dict(w_mib=w, runs=len(runs), lines=n, lost=lost,
+                        agree=float((m.min(axis=0) == m.max(axis=0)).mean()),
+                        by_tenth=[float(m[:, t].mean()) for t in np.array_split(np.arange(n), 10)],
+                        half_capacity_mib=w / 2 - lost * w if lost < 0.5 else None))
+    return out
+
+
 def model_reread(gpu: str, w_mib: int, every: int = 16) -> float:
     """The share of the timed lines the re-read probe finds lost, in flashsim.l2's cache of the
     preset ``gpu`` (its capacity, ways, replacement, fetch granule): one pass over the W MiB in
@@ -316,6 +342,12 @@ def main(argv=None) -> int:
                       f"cycles) lost {t['near_lost']:.3f}; far {t['far']:6d} ({t['far_cycles']:.0f}) lost "
                       f"{t['far_lost']:.3f}; model ({args.gpu}) {model[t['w_mib']]:.3f}, random sets "
                       f"{rand[t['w_mib']]:.3f}")
+            print("  by W, over the runs: lost, runs agreeing line by line, lost by tenth of the window in "
+                  "reading order, and W/2 - lost (MiB)")
+            for o in reread_order(read_reread(path)):
+                cap = "-" if o["half_capacity_mib"] is None else f"{o['half_capacity_mib']:.1f}"
+                print(f"  W {o['w_mib']:4d} MiB ({o['runs']} runs): lost {o['lost']:.3f}, agree {o['agree']:.3f}, "
+                      f"by tenth {' '.join(f'{x:.2f}' for x in o['by_tenth'])}; W/2 - lost {cap}")
             continue
         try:
             rec = read(path)

@@ -191,3 +191,28 @@ def test_the_committed_h200_reread_record():
     rand = [lp.random_sets_loss("h200", w) for w in (32, 40, 48, 64)]
     print(rand)
     assert 0.01 < rand[0] < rand[1] < rand[2] < rand[3] and abs(rand[3] - lost[64]) < 0.03
+
+
+def test_the_h200_reread_record_loses_the_oldest_lines_of_half_the_addresses():
+    """The same record by W, over its four runs (four SMs, one buffer): the runs agree on 94-100%
+    of the lines (independent losses at 40 MiB, 0.136 each, would agree on 56%); the lines lost
+    are the first read, about half of those (0.47-0.50 of each early tenth); that half keeps
+    14.5-14.7 MiB at W = 32, 40, 48; at 64 MiB the other half loses its oldest too (the first
+    tenth 0.89)."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "analysis/data/l2calib/h200_l2_reread/reread_1.csv.gz"
+    order = {o["w_mib"]: o for o in lp.reread_order(lp.read_reread(path))}
+    for o in order.values():
+        print(o)
+        assert o["runs"] == 4 and o["agree"] > 0.93
+        assert max(o["by_tenth"][6:]) < 0.05  # the last lines read are all kept
+    for w in (32, 40, 48):
+        assert 14.4 < order[w]["half_capacity_mib"] < 14.8
+    assert all(0.46 < x < 0.5 for x in order[48]["by_tenth"][:3]) and order[64]["by_tenth"][0] > 0.85
+    assert order[16]["lost"] == order[24]["lost"] == 0
+    # synthetic: two runs of a W, the second's line numbers restarting at 0
+    rows = [dict(w_mib=8, smid=s, line=16 * i, first=15 * 266 + (900 if i < 2 else 266), second=16 * 266)
+            for s in (1, 2) for i in range(10)]
+    (o,) = lp.reread_order(rows)
+    assert (o["runs"], o["lines"], o["lost"], o["agree"]) == (2, 10, 0.2, 1.0) and o["by_tenth"][:3] == [1, 1, 0]

@@ -11,7 +11,7 @@
 // --reread.  Its first run (8ab49da) timed nothing: ptxas drops a load whose value nothing reads,
 // asm volatile or not, and the last value was unused (the fix: the condition after the loop;
 // check the SASS with nvdisasm -c).  Record: analysis/data/l2calib/h200_l2_reread/ (H200,
-// 0aa3913): near and far lines lost alike, 0.04, 0.14, 0.20, 0.33 of them at W = 32, 40, 48, 64.
+// 0aa3913): near and far lines lost alike, 0.04, 0.14, 0.20, 0.32 of them at W = 32, 40, 48, 64.
 //
 // Each W is run four times, by block 0, 1, 2 or 3 of a grid that ends with it (the others leave
 // at once), so that the work lands on other SMs, maybe of the other side.  Before each run a
