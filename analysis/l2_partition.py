@@ -342,8 +342,8 @@ def main(argv=None) -> int:
                       f"cycles) lost {t['near_lost']:.3f}; far {t['far']:6d} ({t['far_cycles']:.0f}) lost "
                       f"{t['far_lost']:.3f}; model ({args.gpu}) {model[t['w_mib']]:.3f}, random sets "
                       f"{rand[t['w_mib']]:.3f}")
-            print("  by W, over the runs: lost, runs agreeing line by line, lost by tenth of the window in "
-                  "reading order, and W/2 - lost (MiB)")
+            print("  by W, over the runs: lost, runs agreeing line by line, lost by tenth of the window in address "
+                  "order, and W/2 - lost (MiB)")
             for o in reread_order(read_reread(path)):
                 cap = "-" if o["half_capacity_mib"] is None else f"{o['half_capacity_mib']:.1f}"
                 print(f"  W {o['w_mib']:4d} MiB ({o['runs']} runs): lost {o['lost']:.3f}, agree {o['agree']:.3f}, "

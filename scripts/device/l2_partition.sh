@@ -5,6 +5,8 @@
 # block an SM, and once with set 1 written instead of read (are written lines near their
 # writer?) ("partition"); then scripts/device/l2_reread_probe.cu (which lines one SM's
 # re-read of W = 16-64 MiB loses, near or far ones) twice ("reread"); the records
+# and ("full") the same probe's second pass over every line, in address order and reversed, and
+# its cold lines (no first pass: a DRAM read's cycles); the records
 # gzip-compressed under $OUT/<gpu>_l2_partition/ with a meta.json (GPU, driver, nvcc, date,
 # commit), then analysis.l2_partition's summaries.  Here: copy that folder to analysis/data/l2calib/.
 #   usage: FLASHSIM_GIT_COMMIT=<sha> [FLASHSIM_GIT_DIRTY=0] [PARTS="partition reread"] bash scripts/device/l2_partition.sh
@@ -20,6 +22,15 @@ if [[ $parts == *partition* ]]; then
     timeout 120 /tmp/l2_partition_probe "$dir/$1.bin" "$2" "$3" "$4" || exit 1
     gzip -9 -f "$dir/$1.bin"
   done
+fi
+if [[ $parts == *full* ]]; then  # the second pass over every line, in order and reversed; cold lines
+  [ -x /tmp/l2_reread_probe ] || nvcc -O2 -arch=sm_90 -o /tmp/l2_reread_probe scripts/device/l2_reread_probe.cu || exit 1
+  for mode in full full-reverse; do
+    timeout 120 /tmp/l2_reread_probe $mode 32 40 48 64 > "$dir/reread_$mode.csv" || exit 1
+    gzip -9 -f "$dir/reread_$mode.csv"
+  done
+  timeout 120 /tmp/l2_reread_probe cold 16 > "$dir/reread_cold.csv" || exit 1
+  gzip -9 -f "$dir/reread_cold.csv"
 fi
 if [[ $parts == *reread* ]]; then
   nvcc -O2 -arch=sm_90 -o /tmp/l2_reread_probe scripts/device/l2_reread_probe.cu || exit 1
@@ -41,9 +52,12 @@ meta = dict(gpu=smi[0], driver=smi[1], max_sm_clock=smi[2], nvcc=nvcc,
             runs={"l2pp_1": "2 blocks an SM, set 1 lines 65536 B apart", "l2pp_2": "the same again",
                   "l2pp_s4k": "1 block an SM, set 1 lines 4096 B apart",
                   "l2pp_w": "as l2pp_1, set 1 written (not read) by the first block, after set 0",
-                  "reread_1": "one SM re-reads W = 16, 24, 28, 32, 40, 48, 64 MiB", "reread_2": "the same again"},
+                  "reread_1": "one SM re-reads W = 16, 24, 28, 32, 40, 48, 64 MiB", "reread_2": "the same again",
+                  "reread_full": "one SM reads W = 32, 40, 48, 64 MiB, then again every line in address order (every 4th timed)",
+                  "reread_full-reverse": "the same, the second pass in reverse address order",
+                  "reread_cold": "no first pass: W = 16 MiB's timed lines all DRAM reads"},
             programs="scripts/device/l2_partition_probe.cu, l2_reread_probe.cu (nvcc -O2 -arch=sm_90)")
 json.dump(meta, open(sys.argv[1], "w"), indent=1)
 PY
 ls "$dir"/*.bin.gz > /dev/null 2>&1 && PYTHONPATH=$PWD python3 -m analysis.l2_partition "$dir"/*.bin.gz
-ls "$dir"/reread_*.csv.gz > /dev/null 2>&1 && PYTHONPATH=$PWD python3 -m analysis.l2_partition --reread "$dir"/reread_*.csv.gz
+ls "$dir"/reread_*.csv.gz > /dev/null 2>&1 && PYTHONPATH=$PWD python3 -m analysis.l2_partition --reread "$dir"/reread_*.csv.gz | grep -v "  W .*SM"

@@ -4,7 +4,9 @@
 // DRAM access if the line was lost), then 16 more (L2 hits).  The second total divided by 16 is
 // the line's hit latency, which says its side from this SM (near about 266 cycles on the H200,
 // far about 296: analysis/l2_partition.py); the first total less 15/16 of the second is the
-// first load's cycles, a hit's or a miss's.  The question: at W = 32-48 MiB, where the
+// first load's cycles, a hit's or a miss's (the first total also holds the wait for the last
+// line's last load, which the clock read does not wait for: about one hit, the 16th of the
+// first loop that its total leaves out).  The question: at W = 32-48 MiB, where the
 // calibration's one-SM re-read misses half its lines, are the lost lines the far ones?
 //
 // Run by PARTS=reread bash scripts/device/l2_partition.sh; read by python -m analysis.l2_partition
@@ -12,6 +14,16 @@
 // asm volatile or not, and the last value was unused (the fix: the condition after the loop;
 // check the SASS with nvdisasm -c).  Record: analysis/data/l2calib/h200_l2_reread/ (H200,
 // 0aa3913): near and far lines lost alike, 0.04, 0.14, 0.20, 0.32 of them at W = 32, 40, 48, 64.
+//
+// With "full" or "full-reverse" as the first argument the second pass reads every line (every
+// 4th timed; the others one load each, chained), in address order or the reverse, by one block:
+// the calibration's one-SM re-read, line by line.  Whether that pass misses in the reverse order
+// as much as in address order says whether the L2 gives up its oldest lines (LRU-like: a pass
+// in the same order misses all of an overflowing half, in the reverse only what the first pass
+// lost) or random ones (both orders alike).
+//
+// With "cold" first there is no first pass: every timed line's first load reads DRAM, which
+// gives a miss's cycles on this GPU (the record's cut between hits and misses).
 //
 // Each W is run four times, by block 0, 1, 2 or 3 of a grid that ends with it (the others leave
 // at once), so that the work lands on other SMs, maybe of the other side.  Before each run a
@@ -22,12 +34,14 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <cuda_runtime.h>
 
 #include "l2_timing.cuh"
 
 #define HOPS 16
 #define EVERY 16  // time every 16th line
+#define FULL_TIMED 4  // "full" modes: every line read, every 4th timed
 #define WORKERS 4  // each W run by block 0, 1, 2 and 3, each the last of a grid of worker + 1 blocks
 
 
@@ -42,12 +56,12 @@ __global__ void sweep(const unsigned* __restrict__ p, long long n, unsigned* sin
 // Block ``worker`` alone does the work (the blocks before it leave at once), so that different
 // workers can land on different SMs.
 __global__ void reread(const unsigned* __restrict__ buf, long long lines, unsigned* out, unsigned* smid_out,
-                       int worker) {
+                       int worker, int every, int reverse, int tstep, int warm) {
     if ((int)blockIdx.x != worker) return;
     unsigned acc = 0;
     const uint4* b4 = reinterpret_cast<const uint4*>(buf);
     long long n4 = lines * 8;  // 16-byte chunks
-    for (long long i = threadIdx.x; i < n4; i += blockDim.x) {
+    for (long long i = threadIdx.x; warm && i < n4; i += blockDim.x) {
         uint4 v;
         asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
                      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(b4 + i) : "memory");
@@ -62,9 +76,16 @@ __global__ void reread(const unsigned* __restrict__ buf, long long lines, unsign
     asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
     *smid_out = smid;
     unsigned carry = acc;  // zero
+    unsigned untimed = 0;
+    long long samples = (lines + every - 1) / every;
 #pragma unroll 1
-    for (long long s = 0; s * EVERY < lines; s++) {
-        const unsigned* a = buf + s * EVERY * 32;
+    for (long long k = 0; k < samples; k++) {
+        long long s = reverse ? samples - 1 - k : k;  // the timed pass in address order or reversed
+        const unsigned* a = buf + s * every * 32;
+        if (s % tstep) {  // read, not timed, and kept out of the timed chain (see the first total)
+            untimed ^= ldcg(a);
+            continue;
+        }
         unsigned v = carry;
         uint64_t t0 = clk();
 #pragma unroll 1
@@ -74,19 +95,32 @@ __global__ void reread(const unsigned* __restrict__ buf, long long lines, unsign
         for (int k = 0; k < HOPS; k++) v = ldcg(a + v);
         uint64_t t2 = clk();
         carry = v;
-        out[2 * s] = (unsigned)(t1 - t0);
-        out[2 * s + 1] = (unsigned)(t2 - t1);
+        out[2 * (s / tstep)] = (unsigned)(t1 - t0);
+        out[2 * (s / tstep) + 1] = (unsigned)(t2 - t1);
     }
     // the loads' last value is used, so that ptxas keeps them (a load whose value nothing reads is
     // dropped, asm volatile or not: the first run, at 8ab49da, timed two empty loops, 2 and 6 cycles)
-    if (carry == 0x5a5a5a5au) *smid_out = carry;
+    if ((carry | untimed) == 0x5a5a5a5au) *smid_out = carry;
 }
 
 int main(int argc, char** argv) {
+    // "full" / "full-reverse" first: the timed pass reads every line, in address order or the
+    // reverse, by block 0 alone (a second full pass, as the calibration's one-SM re-read makes)
+    int first_w = 1, every = EVERY, workers = WORKERS, reverse = 0, tstep = 1, warm = 1;
+    if (argc > 1 && strcmp(argv[1], "cold") == 0) {  // no first pass: every timed line a DRAM read
+        warm = 0;
+        first_w = 2;
+    } else if (argc > 1 && strncmp(argv[1], "full", 4) == 0) {
+        every = 1;
+        tstep = FULL_TIMED;
+        workers = 1;
+        reverse = strcmp(argv[1], "full-reverse") == 0;
+        first_w = 2;
+    }
     int ws[16], nw = 0;
-    for (int i = 1; i < argc && nw < 16; i++) ws[nw++] = atoi(argv[i]);
+    for (int i = first_w; i < argc && nw < 16; i++) ws[nw++] = atoi(argv[i]);
     if (nw == 0) {
-        fprintf(stderr, "usage: l2_reread_probe W_MIB...\n");
+        fprintf(stderr, "usage: l2_reread_probe [cold|full|full-reverse] W_MIB...\n");
         return 2;
     }
     size_t flush_bytes = (size_t)512 << 20;
@@ -95,17 +129,17 @@ int main(int argc, char** argv) {
     printf("w_mib,smid,line,first,second\n");
     for (int j = 0; j < nw; j++) {
         long long lines = ((long long)ws[j] << 20) / 128;
-        long long samples = (lines + EVERY - 1) / EVERY;
+        long long samples = (lines + every * tstep - 1) / (every * tstep);  // timed lines
         unsigned *buf, *out, *smid;
         if (cudaMalloc(&buf, lines * 128) || cudaMalloc(&out, 8 * samples) || cudaMalloc(&smid, 4)) return 1;
         cudaMemset(buf, 0, lines * 128);
         unsigned* h = (unsigned*)malloc(8 * samples);
-        for (int worker = 0; worker < WORKERS; worker++) {
+        for (int worker = 0; worker < workers; worker++) {
             // push the last run's lines out: 512 MiB written, then read by the whole grid, so
             // the L2 starts with clean lines of the flush buffer
             cudaMemset(flush, j + 1, flush_bytes);
             sweep<<<264, 1024>>>((const unsigned*)flush, flush_bytes / 4, smid);
-            reread<<<worker + 1, 1024>>>(buf, lines, out, smid, worker);
+            reread<<<worker + 1, 1024>>>(buf, lines, out, smid, worker, every, reverse, tstep, warm);
             cudaError_t e = cudaDeviceSynchronize();
             if (e != cudaSuccess) {
                 fprintf(stderr, "l2_reread_probe: %s\n", cudaGetErrorString(e));
@@ -115,7 +149,7 @@ int main(int argc, char** argv) {
             cudaMemcpy(h, out, 8 * samples, cudaMemcpyDeviceToHost);
             cudaMemcpy(&hs, smid, 4, cudaMemcpyDeviceToHost);
             for (long long s = 0; s < samples; s++)
-                printf("%d,%u,%lld,%u,%u\n", ws[j], hs, s * EVERY, h[2 * s], h[2 * s + 1]);
+                printf("%d,%u,%lld,%u,%u\n", ws[j], hs, s * every * tstep, h[2 * s], h[2 * s + 1]);
         }
         free(h);
         cudaFree(buf);
