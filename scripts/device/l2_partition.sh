@@ -4,7 +4,7 @@
 # lives in) twice with 64 KiB between set 1's lines and two blocks an SM, once with 4 KiB and one
 # block an SM, and once with set 1 written instead of read (are written lines near their
 # writer?) ("partition"); then scripts/device/l2_reread_probe.cu (which lines one SM's
-# re-read of W = 16-64 MiB loses, near or far ones) twice ("reread"); the records
+# re-read of W = 16-64 MiB loses, near or far ones) twice ("reread"),
 # and ("full") the same probe's second pass over every line, in address order and reversed, and
 # its cold lines (no first pass: a DRAM read's cycles); the records
 # gzip-compressed under $OUT/<gpu>_l2_partition/ with a meta.json (GPU, driver, nvcc, date,
