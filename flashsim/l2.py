@@ -65,11 +65,10 @@ write-back under a read stream (a launch's dirty lines leave for DRAM once it al
 MiB of other data on the H200, where this cache, sized by the re-reads, starts at 48 MiB:
 analysis/data/l2calib/h200_l2_readwrite.csv), no partitions (an SM's hits reach both halves, with
 no near copy of far lines, and written lines lie in their address's half as read ones do:
-analysis.l2_partition), and not what one SM's re-read loses (one SM reading in order sees two
-halves by address, one keeping about 14.6 MiB and one about twice that, each giving up its oldest
-lines: the lines its first pass loses are the same on four SMs and the oldest of one half, 0.04,
-0.14, 0.20 of W = 32, 40, 48 MiB, and both halves at 64, 0.32, where this cache, its sets indexed
-by address modulo their count and its victims random, loses 0, 0, 0.11 and 0.34:
+analysis.l2_partition), and not what one SM's re-read loses (one SM reading in order keeps the
+newest 27-29 MiB of the 60 MiB and loses every line read before them, the same lines on four SMs,
+near and far alike: 0.09, 0.29, 0.41, 0.58 of W = 32, 40, 48, 64 MiB, where this cache, its sets
+indexed by address modulo their count and its victims random, loses 0, 0, 0.11 and 0.34:
 analysis/data/l2calib/h200_l2_reread), nor why a launch reading back what other blocks wrote
 misses about half of it; no read-modify-write of partly written sectors, no local memory (the
 reference kernels measured have none), no register-limited occupancy where the kernel's register

@@ -132,10 +132,9 @@ for name, rec in cal.items():
 # halves, with no near copy of far lines, and written lines lie in their address's half as read
 # ones do: `python -m analysis.l2_partition`), nor **what one SM's re-read loses** (its second
 # pass over 32 to 48 MiB misses a third to half of the lines where the whole grid's misses few:
-# timed line by line, one SM reading in order sees two halves by address, one keeping about 14.6
-# MiB and one about twice that, each giving up its oldest lines — 0.04, 0.14, 0.20 and 0.32 of
-# 32, 40, 48 and 64 MiB lost after one pass, the same lines on four SMs, near and far alike —
-# where the model's cache loses 0, 0, 0.11 and 0.34:
+# timed line by line, one SM reading in order keeps the newest 27-29 MiB and loses every line
+# read before them — 0.09, 0.29, 0.41 and 0.58 of 32, 40, 48 and 64 MiB after one pass, the same
+# lines on four SMs, near and far alike — where the model's cache loses 0, 0, 0.11 and 0.34:
 # `python -m analysis.l2_partition --reread analysis/data/l2calib/h200_l2_reread/reread_1.csv.gz`),
 # nor why a launch reading back what other blocks wrote misses about half of it; no
 # read-modify-write of partly written sectors, no per-SM placement of blocks. Comparisons simulate one set in {{DRAM_SET_SAMPLE}} and scale the counts.

@@ -13,7 +13,8 @@
 // --reread.  Its first run (8ab49da) timed nothing: ptxas drops a load whose value nothing reads,
 // asm volatile or not, and the last value was unused (the fix: the condition after the loop;
 // check the SASS with nvdisasm -c).  Record: analysis/data/l2calib/h200_l2_reread/ (H200,
-// 0aa3913): near and far lines lost alike, 0.04, 0.14, 0.20, 0.32 of them at W = 32, 40, 48, 64.
+// 0aa3913): the first pass keeps the newest 27-29 MiB, near and far lines alike (0.09, 0.29,
+// 0.41, 0.58 lost at W = 32, 40, 48, 64; a miss is a first load 12 cycles over the line's hits).
 //
 // With "full" or "full-reverse" as the first argument the second pass reads every line (every
 // 4th timed; the others one load each, chained), in address order or the reverse, by one block:
