@@ -6,7 +6,8 @@
 # writer?) ("partition"); then scripts/device/l2_reread_probe.cu (which lines one SM's
 # re-read of W = 16-64 MiB loses, near or far ones) twice ("reread"),
 # and ("full") the same probe's second pass over every line, in address order and reversed, and
-# its cold lines (no first pass: a DRAM read's cycles); the records
+# its cold lines (no first pass: a DRAM read's cycles), and ("written") lines the grid wrote,
+# read back by one SM; the records
 # gzip-compressed under $OUT/<gpu>_l2_partition/ with a meta.json (GPU, driver, nvcc, date,
 # commit), then analysis.l2_partition's summaries.  Here: copy that folder to analysis/data/l2calib/.
 #   usage: FLASHSIM_GIT_COMMIT=<sha> [FLASHSIM_GIT_DIRTY=0] [PARTS="partition reread"] bash scripts/device/l2_partition.sh
@@ -32,6 +33,11 @@ if [[ $parts == *full* ]]; then  # the second pass over every line, in order and
   timeout 120 /tmp/l2_reread_probe cold 16 > "$dir/reread_cold.csv" || exit 1
   gzip -9 -f "$dir/reread_cold.csv"
 fi
+if [[ $parts == *written* ]]; then  # the grid writes W MiB, one SM reads it back (write_read)
+  [ -x /tmp/l2_reread_probe ] || nvcc -O2 -arch=sm_90 -o /tmp/l2_reread_probe scripts/device/l2_reread_probe.cu || exit 1
+  timeout 120 /tmp/l2_reread_probe written 8 16 24 > "$dir/reread_written.csv" || exit 1
+  gzip -9 -f "$dir/reread_written.csv"
+fi
 if [[ $parts == *reread* ]]; then
   nvcc -O2 -arch=sm_90 -o /tmp/l2_reread_probe scripts/device/l2_reread_probe.cu || exit 1
   for run in 1 2; do
@@ -55,7 +61,8 @@ meta = dict(gpu=smi[0], driver=smi[1], max_sm_clock=smi[2], nvcc=nvcc,
                   "reread_1": "one SM re-reads W = 16, 24, 28, 32, 40, 48, 64 MiB", "reread_2": "the same again",
                   "reread_full": "one SM reads W = 32, 40, 48, 64 MiB, then again every line in address order (every 4th timed)",
                   "reread_full-reverse": "the same, the second pass in reverse address order",
-                  "reread_cold": "no first pass: W = 16 MiB's timed lines all DRAM reads"},
+                  "reread_cold": "no first pass: W = 16 MiB's timed lines all DRAM reads",
+                  "reread_written": "the grid (264 blocks) writes W = 8, 16, 24 MiB, then one SM times every 16th line"},
             programs="scripts/device/l2_partition_probe.cu, l2_reread_probe.cu (nvcc -O2 -arch=sm_90)")
 json.dump(meta, open(sys.argv[1], "w"), indent=1)
 PY

@@ -23,6 +23,10 @@
 // in the same order misses all of an overflowing half, in the reverse only what the first pass
 // lost) or random ones (both orders alike).
 //
+// With "written" first the grid writes the W MiB (264 blocks, each a contiguous chunk) instead of
+// the worker reading it, and each row names the SM that wrote its line (column writer): the
+// calibration's write_read case, whose read-back misses about half of what the grid wrote.
+//
 // With "cold" first there is no first pass: every timed line's first load reads DRAM, which
 // gives a miss's cycles on this GPU (the record's cut between hits and misses).
 //
@@ -52,6 +56,21 @@ __global__ void sweep(const unsigned* __restrict__ p, long long n, unsigned* sin
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
         acc ^= ldcg(p + i);
     if (acc == 0x5a5a5a5au) *sink = acc;  // never (the buffer holds one repeated byte)
+}
+
+// "written" mode: the grid writes the buffer (zeros, 16 bytes a thread), each block a contiguous
+// chunk of lines, and records the SM it ran on; the timed pass then reads lines the grid wrote.
+__global__ void fill(unsigned* buf, long long lines, unsigned* writer) {
+    long long per = (lines + gridDim.x - 1) / gridDim.x;
+    long long lo = blockIdx.x * per, hi = lo + per < lines ? lo + per : lines;
+    uint4* b4 = reinterpret_cast<uint4*>(buf);
+    for (long long i = lo * 8 + threadIdx.x; i < hi * 8; i += blockDim.x)
+        asm volatile("st.global.v4.u32 [%0], {%1, %1, %1, %1};" ::"l"(b4 + i), "r"(0u) : "memory");
+    if (threadIdx.x == 0) {
+        unsigned smid;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+        writer[blockIdx.x] = smid;
+    }
 }
 
 // Block ``worker`` alone does the work (the blocks before it leave at once), so that different
@@ -107,9 +126,13 @@ __global__ void reread(const unsigned* __restrict__ buf, long long lines, unsign
 int main(int argc, char** argv) {
     // "full" / "full-reverse" first: the timed pass reads every line, in address order or the
     // reverse, by block 0 alone (a second full pass, as the calibration's one-SM re-read makes)
-    int first_w = 1, every = EVERY, workers = WORKERS, reverse = 0, tstep = 1, warm = 1;
+    int first_w = 1, every = EVERY, workers = WORKERS, reverse = 0, tstep = 1, warm = 1, written = 0;
     if (argc > 1 && strcmp(argv[1], "cold") == 0) {  // no first pass: every timed line a DRAM read
         warm = 0;
+        first_w = 2;
+    } else if (argc > 1 && strcmp(argv[1], "written") == 0) {  // the grid writes, one SM reads
+        warm = 0;
+        written = 1;
         first_w = 2;
     } else if (argc > 1 && strncmp(argv[1], "full", 4) == 0) {
         every = 1;
@@ -121,13 +144,17 @@ int main(int argc, char** argv) {
     int ws[16], nw = 0;
     for (int i = first_w; i < argc && nw < 16; i++) ws[nw++] = atoi(argv[i]);
     if (nw == 0) {
-        fprintf(stderr, "usage: l2_reread_probe [cold|full|full-reverse] W_MIB...\n");
+        fprintf(stderr, "usage: l2_reread_probe [cold|written|full|full-reverse] W_MIB...\n");
         return 2;
     }
     size_t flush_bytes = (size_t)512 << 20;
     void* flush;
     if (cudaMalloc(&flush, flush_bytes)) return 1;
-    printf("w_mib,smid,line,first,second\n");
+    printf(written ? "w_mib,smid,line,first,second,writer\n" : "w_mib,smid,line,first,second\n");
+    const int fill_blocks = 264;
+    unsigned* writer;
+    unsigned hw[fill_blocks];
+    if (cudaMalloc(&writer, 4 * fill_blocks)) return 1;
     for (int j = 0; j < nw; j++) {
         long long lines = ((long long)ws[j] << 20) / 128;
         long long samples = (lines + every * tstep - 1) / (every * tstep);  // timed lines
@@ -140,6 +167,7 @@ int main(int argc, char** argv) {
             // the L2 starts with clean lines of the flush buffer
             cudaMemset(flush, j + 1, flush_bytes);
             sweep<<<264, 1024>>>((const unsigned*)flush, flush_bytes / 4, smid);
+            if (written) fill<<<fill_blocks, 1024>>>(buf, lines, writer);
             reread<<<worker + 1, 1024>>>(buf, lines, out, smid, worker, every, reverse, tstep, warm);
             cudaError_t e = cudaDeviceSynchronize();
             if (e != cudaSuccess) {
@@ -147,10 +175,17 @@ int main(int argc, char** argv) {
                 return 1;
             }
             unsigned hs;
+            cudaMemcpy(hw, writer, 4 * fill_blocks, cudaMemcpyDeviceToHost);
             cudaMemcpy(h, out, 8 * samples, cudaMemcpyDeviceToHost);
             cudaMemcpy(&hs, smid, 4, cudaMemcpyDeviceToHost);
-            for (long long s = 0; s < samples; s++)
-                printf("%d,%u,%lld,%u,%u\n", ws[j], hs, s * every * tstep, h[2 * s], h[2 * s + 1]);
+            long long per = (lines + fill_blocks - 1) / fill_blocks;  // lines a fill block wrote
+            for (long long s = 0; s < samples; s++) {
+                long long line = s * every * tstep;
+                if (written)
+                    printf("%d,%u,%lld,%u,%u,%u\n", ws[j], hs, line, h[2 * s], h[2 * s + 1], hw[line / per]);
+                else
+                    printf("%d,%u,%lld,%u,%u\n", ws[j], hs, line, h[2 * s], h[2 * s + 1]);
+            }
         }
         free(h);
         cudaFree(buf);
