@@ -223,10 +223,11 @@ def read_reread(path) -> list[dict]:
 MIN_HIT_CYCLES = 100
 #: A line's first load is a miss where it took more than its hit latency plus this many cycles.
 #: On the H200 (analysis/data/l2calib/h200_l2_reread) a DRAM read took 20 to 800 cycles more than
-#: the line's hits (reread_cold: every timed line a DRAM read; 1% below 45) and a hit at most 5
-#: more (reread_1/2 at W = 16 and 24 MiB, where nothing is lost; 99.9% below -11): 12 cuts between
-#: them.  The first reading of these records used 150, which took 43% of the DRAM reads for hits.
-MISS_MARGIN = 12.0
+#: the line's hits (reread_cold: every timed line a DRAM read; 0.6% of them 40 or less), a hit at
+#: most 5 more (reread_1/2 at W = 16 and 24 MiB, where nothing is lost) and the first read of a
+#: line the grid had just written at most 36 more (reread_written): 40 parts them but for those
+#: 0.6%.  The first reading of these records used 150, which took 43% of the DRAM reads for hits.
+MISS_MARGIN = 40.0
 
 
 def reread_table(rows: list[dict], hops: int = 16, miss_margin: float = MISS_MARGIN) -> list[dict]:

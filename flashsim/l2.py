@@ -66,14 +66,15 @@ MiB of other data on the H200, where this cache, sized by the re-reads, starts a
 analysis/data/l2calib/h200_l2_readwrite.csv), no partitions (an SM's hits reach both halves, with
 no near copy of far lines, and written lines lie in their address's half as read ones do:
 analysis.l2_partition), and not what one SM's re-read loses (one SM reading in order keeps the
-newest 27-29 MiB of the 60 MiB and loses every line read before them, the same lines on four SMs,
-near and far alike: 0.09, 0.29, 0.41, 0.58 of W = 32, 40, 48, 64 MiB, where this cache, its sets
-indexed by address modulo their count and its victims random, loses 0, 0, 0.11 and 0.34:
-analysis/data/l2calib/h200_l2_reread), nor why a launch reading back what other blocks wrote
-misses about half of it; no read-modify-write of partly written sectors, no local memory (the
-reference kernels measured have none), no register-limited occupancy where the kernel's register
-count is not given, no per-SM placement of blocks. The A100 presets have no calibration: they
-assume the H100's fractions.
+newest 28-29 MiB of the 60 MiB and loses the lines read before them, the same lines on four SMs,
+near and far nearly alike: 0.08, 0.28, 0.40, 0.56 of W = 32, 40, 48, 64 MiB, where this cache, its
+sets indexed by address modulo their count and its victims random, loses 0, 0, 0.11 and 0.34:
+analysis/data/l2calib/h200_l2_reread), nor why a launch that writes and then reads back W MiB
+reads about half of it from DRAM (one SM reading lines the grid has just written misses none of
+them); no read-modify-write of partly written sectors, no local memory (the reference kernels
+measured have none), no register-limited occupancy where the kernel's register count is not given,
+no per-SM placement of blocks. The A100 presets have no calibration: they assume the H100's
+fractions.
 """
 
 from __future__ import annotations

@@ -164,21 +164,25 @@ def test_the_committed_h200_write_record():
 
 def test_the_committed_h200_reread_record():
     """analysis/data/l2calib/h200_l2_reread (0aa3913): after one SM's pass over W MiB, near and far
-    lines are lost alike (0.285/0.286 at 40 MiB): the two halves do not explain the one-SM
+    lines are lost alike (0.29/0.27 at 40 MiB): the two halves do not explain the one-SM
     re-read.  Lines are lost from 32 MiB on, where the model's cache (42.6 MiB, sets by address
     modulo their count, random victims) loses none before 48 MiB; the cold record (no first pass)
-    has every timed line a miss: the cut between hits and DRAM reads holds."""
+    has 99.4% of its timed lines a miss, the written record (the grid wrote the lines) none."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1] / "analysis/data/l2calib/h200_l2_reread"
     table = lp.reread_table(lp.read_reread(root / "reread_1.csv.gz"))
     for t in table:
         assert 270 < t["near_cycles"] < 285 and 300 < t["far_cycles"] < 320, t
-        assert abs(t["near_lost"] - t["far_lost"]) < 0.02, t
+        # far lines a little lower: their hits are 30 cycles slower, their DRAM reads stand out less
+        assert abs(t["near_lost"] - t["far_lost"]) < 0.06, t
     model = {w: lp.model_reread("h200", w) for w in (32, 40, 48, 64)}
     assert model[32] == model[40] == 0 and 0.1 < model[48] < 0.12 and 0.3 < model[64] < 0.36
     (cold,) = lp.reread_order(lp.read_reread(root / "reread_cold.csv.gz"))
-    assert cold["lost"] == 1.0 and cold["runs"] == 4
+    assert cold["lost"] > 0.99 and cold["runs"] == 4
+    # lines the grid has just written: none costs a DRAM read when one SM reads them back
+    written = lp.reread_order(lp.read_reread(root / "reread_written.csv.gz"))
+    assert [(o["w_mib"], o["lost"], o["runs"]) for o in written] == [(8, 0, 4), (16, 0, 4), (24, 0, 4)]
     rand = [lp.random_sets_loss("h200", w) for w in (32, 40, 48, 64)]
     print(rand)
     assert 0.01 < rand[0] < rand[1] < rand[2] < rand[3] < 0.4
@@ -187,7 +191,7 @@ def test_the_committed_h200_reread_record():
 def test_the_h200_reread_record_keeps_the_newest_28_mib():
     """One SM's first pass keeps the newest 27-29 MiB of the window and loses all the lines read
     before them: the same lines on four SMs (agreeing on 96% or more, where independent losses
-    of 0.29 would agree on 26% at 40 MiB), the first two tenths lost at 40-64 MiB, none of the last
+    of 0.28 would agree on 27% at 40 MiB), the first two tenths lost at 40-64 MiB, none of the last
     three.  A second pass over every line in address order misses about half at 40-48 MiB and all
     at 64 (ncu's one-SM calibration: 0.50, 0.50, 0.99); in reverse order only the oldest part."""
     from pathlib import Path
@@ -196,17 +200,17 @@ def test_the_h200_reread_record_keeps_the_newest_28_mib():
     order = {o["w_mib"]: o for o in lp.reread_order(lp.read_reread(root / "reread_1.csv.gz"))}
     for o in order.values():
         print(o)
-        assert o["runs"] == 4 and o["agree"] > 0.96
+        assert o["runs"] == 4 and o["agree"] > 0.95
         assert max(o["by_tenth"][7:]) < 0.01  # the last lines read are all kept
     assert order[16]["lost"] == order[24]["lost"] == 0
     for w in (32, 40, 48, 64):
         assert 26.5 < order[w]["kept_mib"] < 29.5
     for w in (40, 48, 64):
-        assert min(order[w]["by_tenth"][:2]) > 0.99
+        assert min(order[w]["by_tenth"][:2]) > 0.95
     full = {o["w_mib"]: o["lost"] for o in lp.reread_order(lp.read_reread(root / "reread_full.csv.gz"))}
     rev = {o["w_mib"]: o for o in lp.reread_order(lp.read_reread(root / "reread_full-reverse.csv.gz"))}
     print(full, {w: o["lost"] for w, o in rev.items()})
-    assert 0.5 < full[40] < 0.6 and 0.5 < full[48] < 0.6 and full[64] > 0.98
+    assert 0.45 < full[40] < 0.55 and 0.45 < full[48] < 0.55 and full[64] > 0.98
     assert rev[40]["lost"] < 0.2 and max(rev[40]["by_tenth"][4:]) < 0.02 and rev[64]["lost"] < 0.4
     # synthetic: two runs of a W, the second's line numbers restarting at 0
     rows = [dict(w_mib=8, smid=s, line=16 * i, first=15 * 266 + (900 if i < 2 else 266), second=16 * 266)

@@ -132,11 +132,12 @@ for name, rec in cal.items():
 # halves, with no near copy of far lines, and written lines lie in their address's half as read
 # ones do: `python -m analysis.l2_partition`), nor **what one SM's re-read loses** (its second
 # pass over 32 to 48 MiB misses a third to half of the lines where the whole grid's misses few:
-# timed line by line, one SM reading in order keeps the newest 27-29 MiB and loses every line
-# read before them — 0.09, 0.29, 0.41 and 0.58 of 32, 40, 48 and 64 MiB after one pass, the same
-# lines on four SMs, near and far alike — where the model's cache loses 0, 0, 0.11 and 0.34:
+# timed line by line, one SM reading in order keeps the newest 28-29 MiB and loses the lines
+# read before them — 0.08, 0.28, 0.40 and 0.56 of 32, 40, 48 and 64 MiB after one pass, the same
+# lines on four SMs, near and far nearly alike — where the model's cache loses 0, 0, 0.11 and 0.34:
 # `python -m analysis.l2_partition --reread analysis/data/l2calib/h200_l2_reread/reread_1.csv.gz`),
-# nor why a launch reading back what other blocks wrote misses about half of it; no
+# nor why a launch that writes and then reads back W MiB reads about half of it from DRAM (one
+# SM reading lines the grid has just written misses none of them); no
 # read-modify-write of partly written sectors, no per-SM placement of blocks. Comparisons simulate one set in {{DRAM_SET_SAMPLE}} and scale the counts.
 
 # %%

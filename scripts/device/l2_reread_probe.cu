@@ -13,8 +13,8 @@
 // --reread.  Its first run (8ab49da) timed nothing: ptxas drops a load whose value nothing reads,
 // asm volatile or not, and the last value was unused (the fix: the condition after the loop;
 // check the SASS with nvdisasm -c).  Record: analysis/data/l2calib/h200_l2_reread/ (H200,
-// 0aa3913): the first pass keeps the newest 27-29 MiB, near and far lines alike (0.09, 0.29,
-// 0.41, 0.58 lost at W = 32, 40, 48, 64; a miss is a first load 12 cycles over the line's hits).
+// 0aa3913): the first pass keeps the newest 28-29 MiB, near and far lines nearly alike (0.08,
+// 0.28, 0.40, 0.56 lost at W = 32, 40, 48, 64; a miss is a first load 40 cycles over its hits).
 //
 // With "full" or "full-reverse" as the first argument the second pass reads every line (every
 // 4th timed; the others one load each, chained), in address order or the reverse, by one block:
