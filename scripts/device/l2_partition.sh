@@ -35,8 +35,10 @@ if [[ $parts == *full* ]]; then  # the second pass over every line, in order and
 fi
 if [[ $parts == *written* ]]; then  # the grid writes W MiB, one SM reads it back (write_read)
   [ -x /tmp/l2_reread_probe ] || nvcc -O2 -arch=sm_90 -o /tmp/l2_reread_probe scripts/device/l2_reread_probe.cu || exit 1
-  timeout 120 /tmp/l2_reread_probe written 8 16 24 > "$dir/reread_written.csv" || exit 1
-  gzip -9 -f "$dir/reread_written.csv"
+  for mode in written written-same; do
+    timeout 120 /tmp/l2_reread_probe $mode 8 16 24 > "$dir/reread_$mode.csv" || exit 1
+    gzip -9 -f "$dir/reread_$mode.csv"
+  done
 fi
 if [[ $parts == *reread* ]]; then
   nvcc -O2 -arch=sm_90 -o /tmp/l2_reread_probe scripts/device/l2_reread_probe.cu || exit 1
@@ -62,7 +64,8 @@ meta = dict(gpu=smi[0], driver=smi[1], max_sm_clock=smi[2], nvcc=nvcc,
                   "reread_full": "one SM reads W = 32, 40, 48, 64 MiB, then again every line in address order (every 4th timed)",
                   "reread_full-reverse": "the same, the second pass in reverse address order",
                   "reread_cold": "no first pass: W = 16 MiB's timed lines all DRAM reads",
-                  "reread_written": "the grid (264 blocks) writes W = 8, 16, 24 MiB, then one SM times every 16th line"},
+                  "reread_written": "the grid (264 blocks) writes W = 8, 16, 24 MiB, then one SM times every 16th line",
+                  "reread_written-same": "the same in one launch: block 0 times the lines once every block has written"},
             programs="scripts/device/l2_partition_probe.cu, l2_reread_probe.cu (nvcc -O2 -arch=sm_90)")
 json.dump(meta, open(sys.argv[1], "w"), indent=1)
 PY

@@ -26,6 +26,7 @@
 // With "written" first the grid writes the W MiB (264 blocks, each a contiguous chunk) instead of
 // the worker reading it, and each row names the SM that wrote its line (column writer): the
 // calibration's write_read case, whose read-back misses about half of what the grid wrote.
+// "written-same" does both in one launch (fill_then_time), as that case does.
 //
 // With "cold" first there is no first pass: every timed line's first load reads DRAM, which
 // gives a miss's cycles on this GPU (the record's cut between hits and misses).
@@ -60,7 +61,7 @@ __global__ void sweep(const unsigned* __restrict__ p, long long n, unsigned* sin
 
 // "written" mode: the grid writes the buffer (zeros, 16 bytes a thread), each block a contiguous
 // chunk of lines, and records the SM it ran on; the timed pass then reads lines the grid wrote.
-__global__ void fill(unsigned* buf, long long lines, unsigned* writer) {
+__device__ void fill_chunk(unsigned* buf, long long lines, unsigned* writer) {
     long long per = (lines + gridDim.x - 1) / gridDim.x;
     long long lo = blockIdx.x * per, hi = lo + per < lines ? lo + per : lines;
     uint4* b4 = reinterpret_cast<uint4*>(buf);
@@ -71,6 +72,59 @@ __global__ void fill(unsigned* buf, long long lines, unsigned* writer) {
         asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
         writer[blockIdx.x] = smid;
     }
+}
+
+__global__ void fill(unsigned* buf, long long lines, unsigned* writer) { fill_chunk(buf, lines, writer); }
+
+// Thread 0's timed pass: every ``every``-th line (in address order, or the reverse), each
+// ``tstep``-th of them timed (the others read once, out of the timed chain); returns the loads'
+// last values, for the caller to use (so that ptxas keeps the loads).
+__device__ unsigned timed_pass(const unsigned* __restrict__ buf, long long lines, unsigned* out, int every,
+                               int reverse, int tstep, unsigned carry) {
+    unsigned untimed = 0;
+    long long samples = (lines + every - 1) / every;
+#pragma unroll 1
+    for (long long k = 0; k < samples; k++) {
+        long long s = reverse ? samples - 1 - k : k;  // the timed pass in address order or reversed
+        const unsigned* a = buf + s * every * 32;
+        if (s % tstep) {  // read, not timed, and kept out of the timed chain (see the first total)
+            untimed ^= ldcg(a);
+            continue;
+        }
+        unsigned v = carry;
+        uint64_t t0 = clk();
+#pragma unroll 1
+        for (int k = 0; k < HOPS; k++) v = ldcg(a + v);
+        uint64_t t1 = clk();
+#pragma unroll 1
+        for (int k = 0; k < HOPS; k++) v = ldcg(a + v);
+        uint64_t t2 = clk();
+        carry = v;
+        out[2 * (s / tstep)] = (unsigned)(t1 - t0);
+        out[2 * (s / tstep) + 1] = (unsigned)(t2 - t1);
+    }
+    return carry | untimed;
+}
+
+// "written-same" mode: every block writes its chunk, then block 0 waits for all of them (the
+// grid is resident at once: 264 blocks of 1,024 threads, two an SM) and times the lines, in the
+// same launch, as the calibration's write_read case writes and reads back in one launch.
+__global__ void fill_then_time(unsigned* buf, long long lines, unsigned* writer, unsigned* count, unsigned* out,
+                               unsigned* smid_out) {
+    fill_chunk(buf, lines, writer);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(count, 1u);
+    }
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    while (atomicAdd(count, 0u) < gridDim.x) __nanosleep(1000);
+    __threadfence();
+    unsigned smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    *smid_out = smid;
+    unsigned last = timed_pass(buf, lines, out, EVERY, 0, 1, 0u);
+    if (last == 0x5a5a5a5au) *smid_out = last;
 }
 
 // Block ``worker`` alone does the work (the blocks before it leave at once), so that different
@@ -95,44 +149,23 @@ __global__ void reread(const unsigned* __restrict__ buf, long long lines, unsign
     unsigned smid;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
     *smid_out = smid;
-    unsigned carry = acc;  // zero
-    unsigned untimed = 0;
-    long long samples = (lines + every - 1) / every;
-#pragma unroll 1
-    for (long long k = 0; k < samples; k++) {
-        long long s = reverse ? samples - 1 - k : k;  // the timed pass in address order or reversed
-        const unsigned* a = buf + s * every * 32;
-        if (s % tstep) {  // read, not timed, and kept out of the timed chain (see the first total)
-            untimed ^= ldcg(a);
-            continue;
-        }
-        unsigned v = carry;
-        uint64_t t0 = clk();
-#pragma unroll 1
-        for (int k = 0; k < HOPS; k++) v = ldcg(a + v);
-        uint64_t t1 = clk();
-#pragma unroll 1
-        for (int k = 0; k < HOPS; k++) v = ldcg(a + v);
-        uint64_t t2 = clk();
-        carry = v;
-        out[2 * (s / tstep)] = (unsigned)(t1 - t0);
-        out[2 * (s / tstep) + 1] = (unsigned)(t2 - t1);
-    }
+    unsigned last = timed_pass(buf, lines, out, every, reverse, tstep, acc);  // acc: zero
     // the loads' last value is used, so that ptxas keeps them (a load whose value nothing reads is
     // dropped, asm volatile or not: the first run, at 8ab49da, timed two empty loops, 2 and 6 cycles)
-    if ((carry | untimed) == 0x5a5a5a5au) *smid_out = carry;
+    if (last == 0x5a5a5a5au) *smid_out = last;
 }
 
 int main(int argc, char** argv) {
     // "full" / "full-reverse" first: the timed pass reads every line, in address order or the
     // reverse, by block 0 alone (a second full pass, as the calibration's one-SM re-read makes)
-    int first_w = 1, every = EVERY, workers = WORKERS, reverse = 0, tstep = 1, warm = 1, written = 0;
+    int first_w = 1, every = EVERY, workers = WORKERS, reverse = 0, tstep = 1, warm = 1, written = 0, same = 0;
     if (argc > 1 && strcmp(argv[1], "cold") == 0) {  // no first pass: every timed line a DRAM read
         warm = 0;
         first_w = 2;
-    } else if (argc > 1 && strcmp(argv[1], "written") == 0) {  // the grid writes, one SM reads
+    } else if (argc > 1 && strncmp(argv[1], "written", 7) == 0) {  // the grid writes, one SM reads
         warm = 0;
         written = 1;
+        same = strcmp(argv[1], "written-same") == 0;  // in the same launch
         first_w = 2;
     } else if (argc > 1 && strncmp(argv[1], "full", 4) == 0) {
         every = 1;
@@ -144,7 +177,7 @@ int main(int argc, char** argv) {
     int ws[16], nw = 0;
     for (int i = first_w; i < argc && nw < 16; i++) ws[nw++] = atoi(argv[i]);
     if (nw == 0) {
-        fprintf(stderr, "usage: l2_reread_probe [cold|written|full|full-reverse] W_MIB...\n");
+        fprintf(stderr, "usage: l2_reread_probe [cold|written|written-same|full|full-reverse] W_MIB...\n");
         return 2;
     }
     size_t flush_bytes = (size_t)512 << 20;
@@ -154,7 +187,8 @@ int main(int argc, char** argv) {
     const int fill_blocks = 264;
     unsigned* writer;
     unsigned hw[fill_blocks];
-    if (cudaMalloc(&writer, 4 * fill_blocks)) return 1;
+    unsigned* count;
+    if (cudaMalloc(&writer, 4 * fill_blocks) || cudaMalloc(&count, 4)) return 1;
     for (int j = 0; j < nw; j++) {
         long long lines = ((long long)ws[j] << 20) / 128;
         long long samples = (lines + every * tstep - 1) / (every * tstep);  // timed lines
@@ -167,8 +201,13 @@ int main(int argc, char** argv) {
             // the L2 starts with clean lines of the flush buffer
             cudaMemset(flush, j + 1, flush_bytes);
             sweep<<<264, 1024>>>((const unsigned*)flush, flush_bytes / 4, smid);
-            if (written) fill<<<fill_blocks, 1024>>>(buf, lines, writer);
-            reread<<<worker + 1, 1024>>>(buf, lines, out, smid, worker, every, reverse, tstep, warm);
+            if (same) {
+                cudaMemset(count, 0, 4);
+                fill_then_time<<<fill_blocks, 1024>>>(buf, lines, writer, count, out, smid);
+            } else {
+                if (written) fill<<<fill_blocks, 1024>>>(buf, lines, writer);
+                reread<<<worker + 1, 1024>>>(buf, lines, out, smid, worker, every, reverse, tstep, warm);
+            }
             cudaError_t e = cudaDeviceSynchronize();
             if (e != cudaSuccess) {
                 fprintf(stderr, "l2_reread_probe: %s\n", cudaGetErrorString(e));
