@@ -71,10 +71,10 @@ near and far nearly alike: 0.08, 0.28, 0.40, 0.56 of W = 32, 40, 48, 64 MiB, whe
 sets indexed by address modulo their count and its victims random, loses 0, 0, 0.11 and 0.34:
 analysis/data/l2calib/h200_l2_reread), nor why a launch that writes and then reads back W MiB
 reads about half of it from DRAM (one SM reading lines the grid has just written misses none of
-them); no read-modify-write of partly written sectors, no local memory (the reference kernels
-measured have none), no register-limited occupancy where the kernel's register count is not given,
-no per-SM placement of blocks. The A100 presets have no calibration: they assume the H100's
-fractions.
+them in the next launch, a quarter of them in the same one); no read-modify-write of partly
+written sectors, no local memory (the reference kernels measured have none), no register-limited
+occupancy where the kernel's register count is not given, no per-SM placement of blocks. The A100
+presets have no calibration: they assume the H100's fractions.
 """
 
 from __future__ import annotations

@@ -137,7 +137,8 @@ for name, rec in cal.items():
 # lines on four SMs, near and far nearly alike — where the model's cache loses 0, 0, 0.11 and 0.34:
 # `python -m analysis.l2_partition --reread analysis/data/l2calib/h200_l2_reread/reread_1.csv.gz`),
 # nor why a launch that writes and then reads back W MiB reads about half of it from DRAM (one
-# SM reading lines the grid has just written misses none of them); no
+# SM reading lines the grid has just written misses none of them in the next launch, a quarter
+# of them in the same one); no
 # read-modify-write of partly written sectors, no per-SM placement of blocks. Comparisons simulate one set in {{DRAM_SET_SAMPLE}} and scale the counts.
 
 # %%
