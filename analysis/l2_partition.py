@@ -33,6 +33,8 @@ from pathlib import Path
 import numpy as np
 
 MAGIC = b"L2PP"
+#: The committed H200 partition record whose SM sides a "written" re-read record is read against
+SIDES_RECORD = Path(__file__).resolve().parents[1] / "analysis/data/l2calib/h200_l2_partition/l2pp_1.bin.gz"
 PASSES = 3
 SETS = 2
 
@@ -198,8 +200,9 @@ def two_means(x: np.ndarray, iters: int = 50) -> float:
 
 
 def read_reread(path) -> list[dict]:
-    """The re-read probe's rows (columns w_mib, smid, line, first, second; gzip where the name
-    ends in .gz) as ints; ValueError naming what is missing or not an integer."""
+    """The re-read probe's rows (columns w_mib, smid, line, first, second, and writer in the
+    "written" modes; gzip where the name ends in .gz) as ints; ValueError naming what is missing
+    or not an integer."""
     import csv
     import io
 
@@ -209,6 +212,7 @@ def read_reread(path) -> list[dict]:
     need = ("w_mib", "smid", "line", "first", "second")
     if not rows or any(k not in rows[0] for k in need):
         raise ValueError(f"path={str(p)!r}: not a re-read probe record (columns {', '.join(need)})")
+    need = need + (("writer",) if "writer" in rows[0] else ())
     out = []
     for i, r in enumerate(rows):
         try:
@@ -282,6 +286,29 @@ def reread_order(rows: list[dict], hops: int = 16, miss_margin: float = MISS_MAR
     return out
 
 
+def written_sides(rows: list[dict], sm_side: dict, hops: int = 16, miss_margin: float = MISS_MARGIN) -> list[dict]:
+    """For a "written" record (each row names the SM that wrote its line): per W, the lines by
+    whether their writer's SM is on the reading SM's side (``sm_side``: smid -> side, as
+    :func:`summary` gives it from a partition record of the same GPU) and whether the line is near
+    the reader (:func:`reread_table`'s cut), with the share whose first read was a miss."""
+    if not rows or "writer" not in rows[0]:
+        raise ValueError("rows: not a 'written' record (no writer column)")
+    known = {k for k, v in sm_side.items() if v is not None}
+    missing = sorted({r[k] for r in rows for k in ("smid", "writer")} - known)
+    if missing:
+        raise ValueError(f"sm_side: no side for SMs {missing[:8]} (a partition record of another GPU?)")
+    hit = np.array([r["second"] / hops for r in rows])
+    cut = two_means(hit)
+    groups: dict = {}
+    for r, h in zip(rows, hit):
+        key = (r["w_mib"], sm_side[r["writer"]] == sm_side[r["smid"]], bool(h <= cut))
+        g = groups.setdefault(key, [0, 0])
+        g[0] += 1
+        g[1] += r["first"] - (hops - 1) * h > h + miss_margin
+    return [dict(w_mib=w, writer_same_side=same, near=near, lines=n, lost=lost / n)
+            for (w, same, near), (n, lost) in sorted(groups.items())]
+
+
 def model_reread(gpu: str, w_mib: int, every: int = 16) -> float:
     """The share of the timed lines the re-read probe finds lost, in flashsim.l2's cache of the
     preset ``gpu`` (its capacity, ways, replacement, fetch granule): one pass over the W MiB in
@@ -328,6 +355,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reread", action="store_true", help="the records are the re-read probe's CSVs")
     ap.add_argument("--gpu", default="h200", help="with --reread: the preset whose L2 model replays the probe "
                     "(default h200)")
+    ap.add_argument("--sides", default=str(SIDES_RECORD), help="with --reread on a 'written' record: a partition "
+                    "record of the same GPU, whose SM sides say which writers were on the reader's side")
     ap.add_argument("--pass", dest="pass_", type=int, default=1, choices=range(PASSES),
                     help="the pass whose latencies give the sides (default 1)")
     args = ap.parse_args(argv)
@@ -354,6 +383,17 @@ def main(argv=None) -> int:
             for o in reread_order(read_reread(path)):
                 print(f"  W {o['w_mib']:4d} MiB ({o['runs']} runs): lost {o['lost']:.3f}, agree {o['agree']:.3f}, "
                       f"by tenth {' '.join(f'{x:.2f}' for x in o['by_tenth'])}; kept {o['kept_mib']:.1f}")
+            rows = read_reread(path)
+            if "writer" in rows[0]:
+                try:
+                    sides = summary(read(args.sides))["sm_side"]
+                    table = written_sides(rows, sides)
+                except (OSError, EOFError, ValueError) as e:
+                    ap.exit(2, f"flashsim: error: {e}\n")
+                print(f"  by writer (sides from {args.sides}): lost share of each group's first reads")
+                for t in table:
+                    print(f"  W {t['w_mib']:4d} MiB, writer {'on' if t['writer_same_side'] else 'off'} the reader's "
+                          f"side, line {'near' if t['near'] else 'far'}: {t['lines']:6d} lines, lost {t['lost']:.3f}")
             continue
         try:
             rec = read(path)

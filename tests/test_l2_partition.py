@@ -187,6 +187,15 @@ def test_the_committed_h200_reread_record():
     same = lp.reread_order(lp.read_reread(root / "reread_written-same.csv.gz"))
     print(same)
     assert all(0.2 < o["lost"] < 0.3 and o["agree"] < 0.7 for o in same) and len(same) == 3
+    # whichever side wrote the line or holds it (sides from the committed partition record)
+    sides = lp.summary(lp.read(lp.SIDES_RECORD))["sm_side"]
+    groups = lp.written_sides(lp.read_reread(root / "reread_written-same.csv.gz"), sides)
+    assert len(groups) == 12 and all(0.2 < g["lost"] < 0.3 and g["lines"] > 3000 for g in groups)
+    assert all(g["lost"] == 0 for g in lp.written_sides(lp.read_reread(root / "reread_written.csv.gz"), sides))
+    with pytest.raises(ValueError, match="no writer column"):
+        lp.written_sides(lp.read_reread(root / "reread_cold.csv.gz"), sides)
+    with pytest.raises(ValueError, match="no side for SMs"):
+        lp.written_sides(lp.read_reread(root / "reread_written.csv.gz"), {0: True})
     rand = [lp.random_sets_loss("h200", w) for w in (32, 40, 48, 64)]
     print(rand)
     assert 0.01 < rand[0] < rand[1] < rand[2] < rand[3] < 0.4
