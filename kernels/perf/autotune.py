@@ -318,12 +318,12 @@ def knob_grid(name: str, d: int) -> list[dict]:
         return [dict(bq=bq, bk=bk, nw=nw, mt=mt, reg=r) for bq, bk, nw, mt, r in grid if 16 * nw * mt <= 128]
     if name == "bwd_fp16_v3":
         grid = product((32, 64, 128), (64, 128), (4, 8), (1, 2, 4), (1, 2, 4), (1, 2, 4), (1, 2))
-        from .bwd_fp16 import bulk_fits
+        from .bwd_fp16 import bulk_fits, default_config_v3
 
-        # as the default: above d = 128 one Q/dO buffer; from d = 112 dQ by bulk reductions where
-        # its tile fits beside the block's; causal key blocks longest first
-        q1 = 1 if d > 128 else 2
-        bulk = -(-d // 16) * 16 >= 112  # the kernel's head dim, rounded up to 16
+        # as the default: its Q/dO buffers, and dQ by bulk reductions where the default has them
+        # and the tile fits beside the block's; causal key blocks longest first
+        base = default_config_v3(d)
+        q1, bulk = base["qbuf"], base["bulkq"]
         return [dict(bq=bq, bk=bk, nw=nw, ma=ma, mb=mb, mc=mc, minb=mi, bulkq=bulk and bulk_fits(d, bq, bk, q1),
                      longest_first=True, qbuf=q1) for bq, bk, nw, ma, mb, mc, mi in grid]
     raise ValueError(f"variant={name!r}: one of {', '.join(TUNABLE)}")
