@@ -234,24 +234,31 @@ MIN_HIT_CYCLES = 100
 MISS_MARGIN = 40.0
 
 
-def reread_table(rows: list[dict], hops: int = 16, miss_margin: float = MISS_MARGIN) -> list[dict]:
-    """Per (W, smid): the timed lines on each side and the share the re-read lost.  A line's hit
-    latency is its second total / ``hops``; the near side is the lower group of those latencies
-    (:func:`two_means` over the whole record); its first load took first - (hops - 1) / hops x
-    second cycles, a miss where that exceeds the hit latency by ``miss_margin`` (:data:`MISS_MARGIN`)."""
-    hit = np.array([r["second"] / hops for r in rows])
+def _timed(rows: list[dict], hops: int, miss_margin: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """(hit latency, lost, near/far cut) of a re-read record's rows: a line's hit latency is its
+    second total / ``hops``; its first load took first - (hops - 1) / hops x second cycles, a miss
+    where that exceeds the hit latency by ``miss_margin`` (:data:`MISS_MARGIN`); the near side is
+    the lower group of the hit latencies (:func:`two_means` over the whole record).  ValueError
+    where the hits are too fast to have been timed."""
+    hit = np.array([r["second"] / hops for r in rows], dtype=float)
     if len(hit) and np.median(hit) < MIN_HIT_CYCLES:
         raise ValueError(f"median hit latency {np.median(hit):.1f} cycles (< {MIN_HIT_CYCLES}): the timed loads "
                          "were not between the clock reads (the probe at 8ab49da, whose loads ptxas dropped)")
-    cut = two_means(hit)
+    first = np.array([r["first"] for r in rows], dtype=float) - (hops - 1) * hit
+    return hit, first > hit + miss_margin, (two_means(hit) if len(hit) else float("nan"))
+
+
+def reread_table(rows: list[dict], hops: int = 16, miss_margin: float = MISS_MARGIN) -> list[dict]:
+    """Per (W, smid): the timed lines on each side (near: hit latency at most the cut) and the
+    share the re-read lost, a line lost as :func:`_timed` says."""
+    hit, lost, cut = _timed(rows, hops, miss_margin)
     groups: dict = {}
-    for r, h in zip(rows, hit):
-        first = r["first"] - (hops - 1) * h
+    for r, h, miss in zip(rows, hit, lost):
         g = groups.setdefault((r["w_mib"], r["smid"]), {"near": 0, "far": 0, "near_lost": 0, "far_lost": 0,
                                                          "near_hit": [], "far_hit": []})
         side = "near" if h <= cut else "far"
         g[side] += 1
-        g[side + "_lost"] += first > h + miss_margin
+        g[side + "_lost"] += bool(miss)
         g[side + "_hit"].append(h)
     return [dict(w_mib=w, smid=sm, near=g["near"], far=g["far"],
                  near_lost=g["near_lost"] / max(g["near"], 1), far_lost=g["far_lost"] / max(g["far"], 1),
@@ -266,16 +273,18 @@ def reread_order(rows: list[dict], hops: int = 16, miss_margin: float = MISS_MAR
     where ``line`` is 0 again).  ``lost``: the share of timed lines lost, over all runs; ``agree``:
     the share of lines that every run found in the same state (lost or kept); ``by_tenth``: the
     share lost in each tenth of the window, in address order; ``kept_mib``: (1 - lost) x W, the
-    MiB the L2 still held (where the timed lines stand for the rest).  A line is lost as in
-    :func:`reread_table`."""
+    MiB the L2 still held (where the timed lines stand for the rest).  A line is lost as
+    :func:`_timed` says."""
+    _, lost_rows, _ = _timed(rows, hops, miss_margin)
     out = []
     for w in sorted({r["w_mib"] for r in rows}):
         runs: list[list[bool]] = []
-        for r in (r for r in rows if r["w_mib"] == w):
+        for r, miss in zip(rows, lost_rows):
+            if r["w_mib"] != w:
+                continue
             if r["line"] == 0 or not runs:
                 runs.append([])
-            h = r["second"] / hops
-            runs[-1].append(r["first"] - (hops - 1) * h > h + miss_margin)
+            runs[-1].append(bool(miss))
         n = min(len(x) for x in runs)
         m = np.array([x[:n] for x in runs], dtype=bool)
         lost = float(m.mean())
@@ -290,21 +299,20 @@ def written_sides(rows: list[dict], sm_side: dict, hops: int = 16, miss_margin: 
     """For a "written" record (each row names the SM that wrote its line): per W, the lines by
     whether their writer's SM is on the reading SM's side (``sm_side``: smid -> side, as
     :func:`summary` gives it from a partition record of the same GPU) and whether the line is near
-    the reader (:func:`reread_table`'s cut), with the share whose first read was a miss."""
+    the reader, with the share whose first read was a miss (:func:`_timed`)."""
     if not rows or "writer" not in rows[0]:
         raise ValueError("rows: not a 'written' record (no writer column)")
     known = {k for k, v in sm_side.items() if v is not None}
     missing = sorted({r[k] for r in rows for k in ("smid", "writer")} - known)
     if missing:
         raise ValueError(f"sm_side: no side for SMs {missing[:8]} (a partition record of another GPU?)")
-    hit = np.array([r["second"] / hops for r in rows])
-    cut = two_means(hit)
+    hit, lost_rows, cut = _timed(rows, hops, miss_margin)
     groups: dict = {}
-    for r, h in zip(rows, hit):
+    for r, h, miss in zip(rows, hit, lost_rows):
         key = (r["w_mib"], sm_side[r["writer"]] == sm_side[r["smid"]], bool(h <= cut))
         g = groups.setdefault(key, [0, 0])
         g[0] += 1
-        g[1] += r["first"] - (hops - 1) * h > h + miss_margin
+        g[1] += bool(miss)
     return [dict(w_mib=w, writer_same_side=same, near=near, lines=n, lost=lost / n)
             for (w, same, near), (n, lost) in sorted(groups.items())]
 
@@ -319,8 +327,7 @@ def model_reread(gpu: str, w_mib: int, every: int = 16) -> float:
     from flashsim.l2 import L2
 
     g = get_gpu(gpu)
-    cache = L2(g.l2_effective_bytes, g.l2_line_bytes, g.l2_sector_bytes, g.l2_ways, policy=g.l2_replacement,
-               dirty_limit=g.l2_dirty_bytes, fetch_bytes=g.l2_fetch_bytes, random_share=g.l2_random_share)
+    cache = L2.for_gpu(g)
     w = int(w_mib) << 20
     ctr = np.zeros(4, dtype=np.int64)
     for a in range(0, w, 1 << 20):
@@ -363,7 +370,8 @@ def main(argv=None) -> int:
     for path in args.records:
         if args.reread:
             try:
-                table = reread_table(read_reread(path))
+                rows = read_reread(path)
+                table = reread_table(rows)
             except (OSError, EOFError, ValueError) as e:
                 ap.exit(2, f"flashsim: error: {e}\n")
             print(f"{path}: near/far by hit latency (cut {table[0]['cut']:.0f} cycles)" if table else path)
@@ -380,10 +388,9 @@ def main(argv=None) -> int:
                       f"{rand[t['w_mib']]:.3f}")
             print("  by W, over the runs: lost, runs agreeing line by line, lost by tenth of the window in address "
                   "order, MiB kept")
-            for o in reread_order(read_reread(path)):
+            for o in reread_order(rows):
                 print(f"  W {o['w_mib']:4d} MiB ({o['runs']} runs): lost {o['lost']:.3f}, agree {o['agree']:.3f}, "
                       f"by tenth {' '.join(f'{x:.2f}' for x in o['by_tenth'])}; kept {o['kept_mib']:.1f}")
-            rows = read_reread(path)
             if "writer" in rows[0]:
                 try:
                     sides = summary(read(args.sides))["sm_side"]

@@ -467,6 +467,15 @@ class L2:
         self.lshift, self.sshift = line_bytes.bit_length() - 1, sector_bytes.bit_length() - 1
         self.reset()
 
+    @classmethod
+    def for_gpu(cls, gpu: Hardware | str, sample: int = 1) -> L2:
+        """The cache of a GPU preset (its effective capacity, line, sector, ways, replacement,
+        dirty limit and fetch granule), as :func:`dram_traffic` replays launches through it."""
+        g = get_gpu(gpu) if isinstance(gpu, str) else gpu
+        return cls(g.l2_effective_bytes, g.l2_line_bytes, g.l2_sector_bytes, g.l2_ways, sample,
+                   policy=g.l2_replacement, dirty_limit=g.l2_dirty_bytes, fetch_bytes=g.l2_fetch_bytes,
+                   random_share=g.l2_random_share)
+
     @property
     def capacity(self) -> int:
         return self.nsets * self.ways * self.line_bytes
@@ -570,9 +579,7 @@ def dram_traffic(schedule: Schedule, gpu: Hardware | str, *, cold_launches: bool
         raise ValueError(f"schedule.launches={missing}: no thread-block model (Launch.blocks) for the L2 model; "
                          "it exists for standard, flash1, flash2, decode, fast, torch_flash, torch_memeff and "
                          "torch_naive")
-    cache = L2(gpu.l2_effective_bytes, gpu.l2_line_bytes, gpu.l2_sector_bytes, gpu.l2_ways, sample,
-               policy=gpu.l2_replacement, dirty_limit=gpu.l2_dirty_bytes, fetch_bytes=gpu.l2_fetch_bytes,
-               random_share=gpu.l2_random_share)
+    cache = L2.for_gpu(gpu, sample)
     bases = _tensor_bases(schedule.tensors)
     sec = gpu.l2_sector_bytes
     out = []
