@@ -24,28 +24,24 @@ if [[ $parts == *partition* ]]; then
     gzip -9 -f "$dir/$1.bin"
   done
 fi
+if [[ $parts == *full* || $parts == *written* || $parts == *reread* ]]; then
+  # built afresh each time (a binary left on a warm machine may be an older probe's)
+  nvcc -O2 -arch=sm_90 -o /tmp/l2_reread_probe scripts/device/l2_reread_probe.cu || exit 1
+fi
+rr() {  # rr NAME ARGS...: one run of the re-read probe into $dir/reread_NAME.csv.gz
+  local name=$1; shift
+  timeout 120 /tmp/l2_reread_probe "$@" > "$dir/reread_$name.csv" || exit 1
+  gzip -9 -f "$dir/reread_$name.csv"
+}
 if [[ $parts == *full* ]]; then  # the second pass over every line, in order and reversed; cold lines
-  [ -x /tmp/l2_reread_probe ] || nvcc -O2 -arch=sm_90 -o /tmp/l2_reread_probe scripts/device/l2_reread_probe.cu || exit 1
-  for mode in full full-reverse; do
-    timeout 120 /tmp/l2_reread_probe $mode 32 40 48 64 > "$dir/reread_$mode.csv" || exit 1
-    gzip -9 -f "$dir/reread_$mode.csv"
-  done
-  timeout 120 /tmp/l2_reread_probe cold 16 > "$dir/reread_cold.csv" || exit 1
-  gzip -9 -f "$dir/reread_cold.csv"
+  for mode in full full-reverse; do rr $mode $mode 32 40 48 64; done
+  rr cold cold 16
 fi
 if [[ $parts == *written* ]]; then  # the grid writes W MiB, one SM reads it back (write_read)
-  [ -x /tmp/l2_reread_probe ] || nvcc -O2 -arch=sm_90 -o /tmp/l2_reread_probe scripts/device/l2_reread_probe.cu || exit 1
-  for mode in written written-same; do
-    timeout 120 /tmp/l2_reread_probe $mode 8 16 24 > "$dir/reread_$mode.csv" || exit 1
-    gzip -9 -f "$dir/reread_$mode.csv"
-  done
+  for mode in written written-same; do rr $mode $mode 8 16 24; done
 fi
 if [[ $parts == *reread* ]]; then
-  nvcc -O2 -arch=sm_90 -o /tmp/l2_reread_probe scripts/device/l2_reread_probe.cu || exit 1
-  for run in 1 2; do
-    timeout 120 /tmp/l2_reread_probe 16 24 28 32 40 48 64 > "$dir/reread_$run.csv" || exit 1
-    gzip -9 -f "$dir/reread_$run.csv"
-  done
+  for run in 1 2; do rr $run 16 24 28 32 40 48 64; done
 fi
 PARTS=$parts python3 - "$dir/meta.json" <<'PY'
 import datetime, json, os, subprocess, sys
