@@ -207,7 +207,11 @@ def read_reread(path) -> list[dict]:
     import io
 
     p = Path(path)
-    text = (gzip.open(p, "rt") if p.name.endswith(".gz") else open(p)).read()
+    try:
+        text = (gzip.open(p, "rt") if p.name.endswith(".gz") else open(p)).read()
+    except UnicodeDecodeError:
+        raise ValueError(f"path={str(p)!r}: not a re-read probe record (not text: a partition record? "
+                         "drop --reread)") from None
     rows = list(csv.DictReader(io.StringIO(text)))
     need = ("w_mib", "smid", "line", "first", "second")
     if not rows or any(k not in rows[0] for k in need):

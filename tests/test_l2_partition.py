@@ -133,6 +133,11 @@ def test_reread_table_counts_the_lost_lines_by_side(tmp_path):
     bad.write_text("w_mib,smid,line,first\n1,2,3,4\n")
     with pytest.raises(ValueError, match="columns"):
         lp.read_reread(bad)
+    binary = tmp_path / "l2pp.bin.gz"
+    with gzip.open(binary, "wb") as f:
+        f.write(b"L2PP\x02\x00\x00\x00\x84\xff\xfe")
+    with pytest.raises(ValueError, match="not text"):
+        lp.read_reread(binary)
     bad.write_text("w_mib,smid,line,first,second\n1,2,3,x,5\n")
     with pytest.raises(ValueError, match="row 2"):
         lp.read_reread(bad)
