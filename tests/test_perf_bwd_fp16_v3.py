@@ -157,6 +157,14 @@ def _gpu_ragged_gqa(d, **cfg):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("d", [32, 48, 64])
+def test_gpu_backward_bulk_square_block(d):
+    """dQ by bulk reductions from the 128 x 128 block (d = 32-64, where its tile fits beside two
+    Q/dO buffers): ragged GQA, causal and not."""
+    _gpu_ragged_gqa(d, bulkq=True)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("d", [200, 224, 256])
 def test_gpu_backward_one_q_buffer_red(d):
     """``qbuf`` = 1 with dQ by ``red.v2`` at the head dims it is for (the default there, one buffer
