@@ -169,7 +169,8 @@ def sim_options(cfg: dict) -> dict:
     bulkq = bool(cfg.get("bulkq"))
     if cfg["kernel"] == "bwd_fp16_v3" and bulkq != fast.default_config("bwd_fp16_v3", cfg["head_dim"])["bulkq"]:
         # a record without the column (every one made before dQ by bulk reductions became a default,
-        # at f49547c above d = 128, at e4caee9 from d = 96, d = 112 since) reduced dQ by red.v2
+        # at f49547c above d = 128, at e4caee9 from d = 96, d = 112 since; d = 64 too since
+        # 2026-11-28) reduced dQ by red.v2
         opts["config"] = {**opts.get("config", {}), "bulkq": bulkq}
     return opts
 

@@ -208,14 +208,20 @@ def test_bwd_fp16_v3_causal_key_blocks_longest_first():
 
 def test_bwd_fp16_v3_d64_block_by_hand():
     """d = 64, the default since f014f0c: flash-attention's 128 x 128 block (bq = bk = 128, 8
-    warps).  B = H = 1, N = 300: key-block grid (3, 1, 1), shared memory 2·(2·128·72 + 4·128·72
-    + 2·128·136) + 16·128 bytes; block 2 (keys 256..299) walks Tr = 3 query blocks of 128 rows
-    (the last 44): 0: K_j, V_j, Q_0, dO_0, L and D of blocks 0 and 1; 1: Q_1, dO_1, L_2, D_2 and
-    dQ_0's reduction; 2: Q_2, dO_2, dQ_1; 3: dQ_2; 4: dK_j, dV_j."""
+    warps), dQ by bulk reductions (the default since 2026-11-28) through a tile of 128 rows of 72
+    floats.  B = H = 1, N = 300: key-block grid (3, 1, 1), shared memory 2·(2·128·72 + 4·128·72
+    + 2·128·136) + 16·128 + 4·128·72 bytes; block 2 (keys 256..299) walks Tr = 3 query blocks of
+    128 rows (the last 44): 0: K_j, V_j, Q_0, dO_0, L and D of blocks 0 and 1; 1: Q_1, dO_1, L_2,
+    D_2 and dQ_0's reduction; 2: Q_2, dO_2, dQ_1; 3: dQ_2; 4: dK_j, dV_j.  By red.v2 the same
+    steps, without the tile."""
     sched = build_schedule(W(1, 1, 300, 64), "fast", "bwd", None, kernel="bwd_fp16_v3")
+    red = build_schedule(W(1, 1, 300, 64), "fast", "bwd", None, kernel="bwd_fp16_v3", config={"bulkq": False})
     main = sched.launches[2].blocks
     assert (main.grid, main.threads, main.smem_bytes) == ((3, 1, 1), 256, 2 * (2 * 128 * 72 + 4 * 128 * 72
-                                                                            + 2 * 128 * 136) + 16 * 128)
+                                                                            + 2 * 128 * 136) + 16 * 128
+                                                          + 4 * 128 * 72)
+    assert red.launches[2].blocks.smem_bytes == main.smem_bytes - 4 * 128 * 72
+    assert _steps(red.launches[2].blocks, 2) == _steps(main, 2)
     q = [(0, 128), (128, 128), (256, 44)]
 
     def rows(name, k, kind="r"):

@@ -301,6 +301,8 @@ def test_a_bwd_fp16_v3_record_keeps_its_dq_reductions():
     row = {"kernel": "bwd_fp16_v3", "head_dim": 128, "block_m": 64, "block_n": 128}
     assert fast_set.sim_options(row) == {"kernel": "bwd_fp16_v3", "config": {"bulkq": False}}
     assert fast_set.sim_options(dict(row, bulkq=True)) == {"kernel": "bwd_fp16_v3"}
-    assert fast_set.sim_options(dict(row, head_dim=64, block_m=128)) == {"kernel": "bwd_fp16_v3"}
+    assert fast_set.sim_options(dict(row, head_dim=64, block_m=128)) == {"kernel": "bwd_fp16_v3",
+                                                                       "config": {"bulkq": False}}
+    assert fast_set.sim_options(dict(row, head_dim=80, block_m=128)) == {"kernel": "bwd_fp16_v3"}
     sets = {c["head_dim"]: c["bulkq"] for c in fast_set.fast_set() if c["kernel"] == "bwd_fp16_v3"}
-    assert sets == {64: False, 80: False, 128: True}
+    assert sets == {64: True, 80: False, 128: True}

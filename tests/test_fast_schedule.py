@@ -256,10 +256,10 @@ def test_bwd_fp16_v3_counts_by_hand():
     # 1 (keys 128..255) by the blocks from row 128 on, i0 = 128 // 64 = 2 (128 rows): 384·128.
     rc = simulate(W(1, 1, 256, 128, causal=True), "fast", "bwd", config=red)
     assert rc.io.breakdown[("Q", "read")].elements == 384 * 128 == rc.io.breakdown[("dQacc", "reduction")].elements
-    # d = 64, as BEST runs it since 1b357d8: the same block shape (bq = 64, bk = 128).  B = H = 1,
-    # N = 256: two key blocks, each reading all 4 query blocks of Q, dO, L, D and reducing into all
-    # of dQacc; K, V, dK, dV once.
-    r64 = simulate(W(1, 1, 256, 64), "fast", "bwd")
+    # d = 64 (the 128 x 128 block), dQ by red.v2 (bulk reductions are its default since 2026-11-28).
+    # B = H = 1, N = 256: two key blocks, each reading all 256 query rows of Q, dO, L, D and reducing
+    # into all of dQacc; K, V, dK, dV once.
+    r64 = simulate(W(1, 1, 256, 64), "fast", "bwd", config=red)
     assert list(r64.io.per_launch) == ["flash2_bwd_preprocess", "zero_fill", "bwd_fp16_v3", "dq_to_f16"]
     m = 256 * 64
     assert _by(r64, "bwd_fp16_v3") == {

@@ -62,7 +62,7 @@ def test_backward_fp16_v3(c):
 
 @pytest.mark.parametrize("c", [GQA_CAUSAL, RAGGED], ids=["gqa_causal", "ragged"])
 def test_backward_fp16_v3_bulk_dq(c):
-    """``bulkq`` (the default from d = 112): dQ's tile through shared memory and one bulk reduction a row,
+    """``bulkq`` (the default at d = 64 and from d = 112): dQ's tile through shared memory and one bulk reduction a row,
     the last step's sent after the loop; ragged rows send only those that exist."""
     from kernels.perf import bwd_fp16
 
@@ -82,11 +82,12 @@ def test_backward_fp16_v3_one_q_buffer(c, bulkq):
 def test_bulkq_refused_where_the_tile_does_not_fit():
     from kernels.perf import bwd_fp16
 
-    # the default from d = 112 bulk reductions, above d = 128 one Q/dO buffer (two buffers leave room for
+    # the default at d = 64 (56 runs as 64) and from d = 112 bulk reductions, above d = 128 one Q/dO
+    # buffer (two buffers leave room for
     # the tile up to d = 192, rounded up to 16), phase C on two m-tiles where d rounded up to 16
     # is a multiple of 32
     on = [d for d in range(8, 257, 8) if bwd_fp16.default_config_v3(d)["bulkq"]]
-    assert on == list(range(104, 257, 8)), on  # d = 104 runs as 112
+    assert on == [56, 64, *range(104, 257, 8)], on  # d = 104 runs as 112
     assert {bwd_fp16.default_config_v3(d)["qbuf"] for d in range(136, 257, 8)} == {1}
     assert [d for d in range(136, 257, 8) if bwd_fp16.bulk_fits(d, 64, 64)] == list(range(136, 193, 8))
     two = [d for d in range(136, 257, 8) if bwd_fp16.default_config_v3(d)["mc"] == 2]

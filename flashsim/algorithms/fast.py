@@ -158,8 +158,8 @@ def default_config(name: str, d: int) -> dict:
         return dict(bq=64, bk=64, nw=4, mt=1, reg=True) if d <= 64 else dict(bq=32, bk=32, nw=4, mt=1, reg=False)
     if name == "bwd_fp16_v3":
         d = cdiv(d, 16) * 16  # d % 16 = 8 runs as d + 8
-        if d in (32, 48, 64, 80):
-            return dict(bq=128, bk=128, nw=8, ma=4, mb=2, mc=2, minb=1, bulkq=False, longest_first=True, qbuf=2)
+        if d in (32, 48, 64, 80):  # dQ by bulk reductions at d = 64
+            return dict(bq=128, bk=128, nw=8, ma=4, mb=2, mc=2, minb=1, bulkq=d == 64, longest_first=True, qbuf=2)
         if d > 128:
             # phases B and C on two m-tiles where d % 32 == 0; one Q and dO buffer, which makes
             # room for dQ's tile (64 rows of d + 8 floats) in 227 KB: dQ by bulk reductions

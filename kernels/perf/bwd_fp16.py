@@ -445,8 +445,8 @@ def backward_v1(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
 #     phase B   dV += Pᵀ dO_i, dK += dSᵀ Q_i: 16·mb keys x d·16·mb/bk columns (d = 128: 64 x 32
 #               with mb = 4, f014f0c's default; 32 x 64 with mb = 2): 6 loads for 16 mma per product
 #     phase C   dQ_i += dS K_j: 16·mc queries x its columns (32 x 32): 4 loads for 8 mma, then
-#               ``red.global.add.v2.f32`` into a float32 dQ buffer (``bulkq``, on from d = 112
-#               where it fits: through shared memory and one ``cp.reduce.async.bulk`` a row, a
+#               ``red.global.add.v2.f32`` into a float32 dQ buffer (``bulkq``, on at d = 64 and
+#               from d = 112, where it fits: through shared memory and one ``cp.reduce.async.bulk`` a row, a
 #               step later)
 #
 # The element-wise step keeps its L and D in registers loaded as pairs (``ld.shared.v2``) after
@@ -520,7 +520,7 @@ SMEM_MAX = 227 * 1024  # sm_90's largest opt-in shared memory a block
 
 def bulk_fits(d: int, bq: int, bk: int, qbuf: int = 2) -> bool:
     """Whether dQ's tile for ``bulkq`` (bq rows of d + 8 floats) fits in shared memory beside the
-    tiles.  ``bulkq`` (config knob, the default from d = 112; NOTES.md "dQ by bulk
+    tiles.  ``bulkq`` (config knob, the default at d = 64 and from d = 112; NOTES.md "dQ by bulk
     reductions"): phase C stores its tile in shared memory, and the next step, after its first
     barrier, sends it to the dQ buffer by one ``cp.reduce.async.bulk`` a row, where every lane's
     ``red.v2`` had.  With one Q and dO buffer (``qbuf`` = 1) it fits up to d = 256."""
@@ -914,11 +914,14 @@ def signature_v3():
 def default_config_v3(d: int) -> dict:
     """bq queries per step, bk keys per block, nw warps; ma, mb, mc: m-tiles a warp owns in phases A
     (keys), B (keys) and C (queries); minb blocks an SM promised to ptxas; bulkq: dQ by every
-    lane's ``red.v2`` (off) or by bulk reductions (on from d = 112, :func:`bulk_fits`,
+    lane's ``red.v2`` (off) or by bulk reductions (on at d = 64 and from d = 112, :func:`bulk_fits`,
     :func:`_wide_v3`: on an H200, the median over four runs of the time against ``red.v2`` at N =
     4,096 / 16,384: d = 128 0.94 / 0.95, causal 0.94 / 0.93; d = 112 0.94 / 0.94 (one run); d = 96
-    1.00 / 1.00, causal 1.02 / 1.02; d = 64 1.02 / 0.97 (one run): kernels/data/
-    bwd_fp16_v3_bulk_low_h200_8ab49da, _0aa3913, _1e6423e); longest_first: causal key
+    1.00 / 1.00, causal 1.02 / 1.02: kernels/data/bwd_fp16_v3_bulk_low_h200_8ab49da, _0aa3913,
+    _1e6423e; d = 64 (the 128 x 128 block), medians of 5 runs (2 for the others) at N = 4,096 /
+    8,192 / 16,384: 0.98 / 0.98 / 0.98, causal 0.93 / 0.95 / 0.95, bf16 0.95 / 0.97 / 0.97, bf16
+    causal 1.06 (0.92 and 1.20) / 0.94 / 0.94; d = 32 1.10 / 1.09 and d = 48 0.92 / 1.01 (one run),
+    off: kernels/data/bwd_fp16_v3_bulk_d64_h200_7318fda, _a516f11); longest_first: causal key
     blocks issued every kv head's first before any head's second
     (:func:`kernels.perf._tiles.key_block`; no effect when not causal), where
     :func:`longest_first_runs` says it pays; qbuf: buffers of Q and dO (2 up to d = 128; 1 above,
@@ -936,12 +939,12 @@ def default_config_v3(d: int) -> dict:
     along the keys, 4 along d), as flash-attention's AtomLayoutNdKV = 2: 0.94x flash at N = 16,384
     and 0.98x at N = 4,096 where mb = 2 ran 0.90x and 0.90x (the same record, t128)."""
     d = padded_head_dim(d)  # d % 16 = 8 runs as d + 8
-    if d in (32, 48, 64, 80):
-        return dict(bq=128, bk=128, nw=8, ma=4, mb=2, mc=2, minb=1, bulkq=False, longest_first=True, qbuf=2)
+    if d in (32, 48, 64, 80):  # dQ by bulk reductions at d = 64 (d = 80: the tile does not fit)
+        return dict(bq=128, bk=128, nw=8, ma=4, mb=2, mc=2, minb=1, bulkq=d == 64, longest_first=True, qbuf=2)
     if d > 128:  # 64 keys a block (dK, dV: 128 registers a thread at d = 256)
         return _wide_v3(d)
     # d = 112 and 128: dQ by bulk reductions, whose tile fits beside two Q/dO buffers here (207 KB
-    # at d = 128); not at d = 96 (even, causal 2% slower) nor d <= 80 (d = 64 3% slower at 4,096)
+    # at d = 128); not at d = 96 (even, causal 2% slower)
     return dict(bq=64, bk=128, nw=8, ma=2, mb=4 if d == 128 else 2, mc=2 if d in (64, 128) else 1, minb=1,
                 bulkq=d >= 112, longest_first=True, qbuf=2)
 
