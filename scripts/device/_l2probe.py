@@ -29,14 +29,16 @@ def gpu_name() -> str:
                           capture_output=True, text=True).stdout.strip()
 
 
-def profile(script: str, stem: str, out: Path, probes: list[dict]) -> tuple[list[tuple[dict, dict]], str] | None:
-    """Run ``script --worker`` under ncu (every launch cold), its raw export ``out/STEM.ncu-raw.csv``:
-    ([(probe, measured launch)], the command), or None after one line on stderr."""
-    from analysis.ncu import ncu_command, parse_raw_csv
+def profile(script: str, stem: str, out: Path, probes: list[dict],
+            metrics=None) -> tuple[list[tuple[dict, dict]], str] | None:
+    """Run ``script --worker`` under ncu (every launch cold; ``metrics``: analysis.ncu's METRICS
+    unless given), its raw export ``out/STEM.ncu-raw.csv``: ([(probe, measured launch)], the
+    command), or None after one line on stderr."""
+    from analysis.ncu import METRICS, ncu_command, parse_raw_csv
 
     raw = out / f"{stem}.ncu-raw.csv"
     cmd = ncu_command([sys.executable, str(Path(script).resolve()), "--worker"], export=str(raw),
-                      cache_control="all", profile_from_start=False)
+                      metrics=metrics or METRICS, cache_control="all", profile_from_start=False)
     print("running:", " ".join(cmd), flush=True)
     if subprocess.run(cmd).returncode != 0:
         print(f"{stem}: ncu failed", file=sys.stderr)

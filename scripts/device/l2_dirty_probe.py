@@ -1,0 +1,128 @@
+"""How much a store stream leaves dirty in the L2, and what else decides it (issue 14).
+
+The calibration's ``write`` cases (analysis.calibrate.l2_sweep, 1,056 blocks) and
+``l2_writeback.py``'s ``fill`` leave 28.2 MiB dirty on the H200 (23.7 on the H100) after a long
+stream of float32 stores; the fast kernels' zero fill (kernels.perf._launch._zero, 1,024 blocks)
+and standard attention's fp16 S = QKᵀ leave 25.2-25.7 MiB (21.4-21.7 on the H100), fp32 S 28.0.
+The probe varies one thing at a time, each case one launch under ``ncu --cache-control all``:
+
+* ``fill W grid``: one pass of float32 stores over W MiB, grid-stride, ``grid`` blocks of 256;
+* ``zero W``: the fast kernels' own zero fill on a fresh W MiB array;
+* ``read W``: one pass of loads over W MiB (the control: whatever it writes was not stored by it);
+* ``*_idle``: the same after 1 GiB of other data was written by an earlier (unprofiled) kernel
+  and left allocated (Nsight Compute's kernel replay saves and restores the device memory);
+
+and the whole list is profiled twice: with analysis.ncu's METRICS (the calibration's and the
+attention record's 7) and with the fast set's 10 (METRICS and EXTRA_METRICS), whose extra pass(es)
+replay the kernel more often.  On the GPU machine, from the repository root::
+
+    python3 scripts/device/l2_dirty_probe.py --out "$OUT"
+
+writes ``$OUT/l2_dirty.csv`` (case, metric set, DRAM bytes read and written, stores, dirty bytes
+left = stores - DRAM writes) and the two raw exports, and prints the table.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from _l2probe import MEASURED, args, gpu_name, profile, write_csv, write_json  # noqa: E402
+from numba import cuda, float32  # noqa: E402
+
+MIB = 1 << 20
+
+
+def probes() -> list[dict]:
+    out = []
+    for idle in ("", "_idle"):
+        out += [{"probe": "fill" + idle, "mib": w, "grid": g} for w in (64, 128) for g in (1056, 1024)]
+        out += [{"probe": "zero" + idle, "mib": w, "grid": 1024} for w in (64, 128)]
+        out += [{"probe": "read" + idle, "mib": 64, "grid": 1056}]
+    return out
+
+
+@cuda.jit
+def fill(buf, n):
+    for k in range(cuda.grid(1), n, cuda.gridsize(1)):
+        buf[k] = float32(1)
+
+
+@cuda.jit
+def read(buf, n, out):
+    acc = float32(0)
+    for k in range(cuda.grid(1), n, cuda.gridsize(1)):
+        acc += buf[k]
+    if acc == float32(-1):  # never true: keeps the loads
+        out[0] = acc
+
+
+def worker() -> int:
+    import numpy as np
+
+    from kernels.perf._launch import zero_fill
+
+    big = cuda.device_array(128 * MIB // 4, dtype=np.float32)
+    sink = cuda.device_array(1, dtype=np.float32)
+    fill[4, 256](big, 1024)  # compile outside the profiled region
+    read[4, 256](big, 1024, sink)
+    zero_fill(cuda.device_array(1024, dtype=np.float32))
+    fill[1056, 256](big, big.size)
+    cuda.synchronize()
+    idle = None
+    for p in probes():
+        if p["probe"].endswith("_idle") and idle is None:
+            idle = cuda.device_array(1024 * MIB // 4, dtype=np.float32)
+            fill[1056, 256](idle, idle.size)
+            cuda.synchronize()
+        n = p["mib"] * MIB // 4
+        fresh = cuda.device_array(n, dtype=np.float32) if p["probe"].startswith("zero") else None
+        cuda.profile_start()
+        if p["probe"].startswith("fill"):
+            fill[p["grid"], 256](big, n)
+        elif p["probe"].startswith("zero"):
+            zero_fill(fresh)
+        else:
+            read[p["grid"], 256](big, n, sink)
+        cuda.synchronize()
+        cuda.profile_stop()
+        del fresh
+    return 0
+
+
+def main(argv=None) -> int:
+    from analysis.ncu import EXTRA_METRICS, METRICS
+
+    a = args(__doc__, argv)
+    if a.worker:
+        return worker()
+    out = Path(a.out or ".")
+    out.mkdir(parents=True, exist_ok=True)
+    smi, rows, cmds = gpu_name(), [], {}
+    for name, metrics in (("m7", METRICS), ("m10", (*METRICS, *EXTRA_METRICS))):
+        got = profile(__file__, f"l2_dirty_{name}", out, probes(), metrics=metrics)
+        if got is None:
+            return 1
+        pairs, cmds[name] = got
+        for p, ln in pairs:
+            rows.append({"probe": p["probe"], "mib": p["mib"], "grid": p["grid"], "metrics": name,
+                         **{k: ln[k] for k in MEASURED},
+                         "dirty_left_bytes": ln["lsu_st_bytes"] - ln["dram_write_bytes"], "gpu": smi})
+    write_csv(out / "l2_dirty.csv", rows)
+    for r in rows:
+        print(f"{r['metrics']:<4} {r['probe']:<10} {r['mib']:>4} MiB grid {r['grid']:>5}  DRAM read "
+              f"{r['dram_read_bytes'] / MIB:8.2f} MiB  write {r['dram_write_bytes'] / MIB:8.2f} MiB  left dirty "
+              f"{r['dirty_left_bytes'] / MIB:7.2f} MiB  {r['time_ns'] / 1e3:8.1f} us")
+    import datetime
+    import os
+
+    write_json(out / "l2_dirty.meta.json", {"gpu": smi, "commands": cmds, "date": datetime.datetime.now(
+        datetime.timezone.utc).isoformat(timespec="seconds"), "git_commit": os.environ.get("FLASHSIM_GIT_COMMIT"),
+        "git_dirty": os.environ.get("FLASHSIM_GIT_DIRTY")})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
