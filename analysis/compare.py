@@ -44,6 +44,7 @@ from flashsim.traffic import SECTOR_BYTES, walk
 from .configs import KERNELS, sim_options, tiling_of, workload_of
 from .fast_set import FAST_KERNELS, predict_lsu_loads
 from .measure import CONFIG_FIELDS, METRIC_FIELDS
+from .ncu import EXTRA_METRICS, METRICS
 from .torch_set import TORCH_KERNELS
 from .torch_set import records as torch_records
 from .torch_set import summary as torch_summary
@@ -209,33 +210,34 @@ def predict_lsu(cfg: dict, sched=None) -> list[dict]:
     return out
 
 
-def predict(cfg: dict, gpu: str = "h100") -> list[dict]:
+def predict(cfg: dict, gpu: str = "h100", start_dirty: int = 0) -> list[dict]:
     """The simulator's per-launch prediction for a measured configuration, in launch order.
 
     LSU level: the walker's sectors.  DRAM level: the trace-driven L2 model of ``gpu``'s preset
     (:func:`flashsim.l2.dram_traffic`) with every launch starting cold, as ncu measures with
     ``--cache-control all``; a launch's dirty lines at its end are written back by ncu's flush,
     outside the measurement, so they are reported (``sim_dirty_end_bytes``) but not predicted
-    as the launch's DRAM writes.  A pure function of ``cfg`` and ``gpu``: the last 512 answers
-    are kept for the process (the same record compared twice is simulated once)."""
+    as the launch's DRAM writes.  ``start_dirty``: the bytes of other data each launch finds
+    dirty in the L2 (:func:`replay_dirty`).  A pure function of its arguments: the last 512
+    answers are kept for the process (the same record compared twice is simulated once)."""
     try:
-        key = (tuple(sorted(cfg.items())), gpu)
+        key = (tuple(sorted(cfg.items())), gpu, start_dirty)
         hash(key)
     except TypeError:  # a value that cannot be a key: no memo
-        return _predict(cfg, gpu)
+        return _predict(cfg, gpu, start_dirty)
     return [dict(r) for r in _predict_memo(key)]
 
 
 @lru_cache(maxsize=512)
 def _predict_memo(key: tuple) -> tuple:
-    items, gpu = key
-    return tuple(_predict(dict(items), gpu))
+    items, gpu, start_dirty = key
+    return tuple(_predict(dict(items), gpu, start_dirty))
 
 
-def _predict(cfg: dict, gpu: str) -> list[dict]:
+def _predict(cfg: dict, gpu: str, start_dirty: int = 0) -> list[dict]:
     hw = get_gpu(gpu)
     sched = schedule_of(cfg)  # every schedule built here has its thread blocks (flashsim.blocks)
-    dram = dram_traffic(sched, hw, cold_launches=True, sample=DRAM_SET_SAMPLE)
+    dram = dram_traffic(sched, hw, cold_launches=True, sample=DRAM_SET_SAMPLE, start_dirty=start_dirty)
     out = []
     for launch, lsu, d in zip(sched.launches, predict_lsu(cfg, sched), dram.launches):
         fr, fw = _footprint_bytes(sched, launch)
@@ -279,8 +281,27 @@ def _timed_rate() -> float:
     return timed_writeback_rate(*WRITEBACK_RECORDS)
 
 
-def compare(rows: list[dict], gpu: str = "h100") -> list[dict]:
-    """One record per measured launch with the prediction and relative errors."""
+#: scripts/device/l2_dirty_probe.py's record: what Nsight Compute's replay leaves dirty in the L2
+#: when a launch is measured with the fast set's 10 metrics rather than the calibration's 7
+REPLAY_DIRTY_RECORD = Path(__file__).resolve().parent / "data" / "l2calib" / "h200_l2_dirty" / "l2_dirty.csv"
+
+
+def replay_dirty(meta: dict) -> int:
+    """Bytes of other data a launch of this record finds dirty in the L2 when ncu measures it: 0
+    for the calibration's metric set (its dirty limit holds that state), the probe's
+    ``start_dirty`` (analysis.calibrate.replay_dirty_bytes) for METRICS with EXTRA_METRICS, the
+    set it measured (on the H200; assumed for the other GPUs); 0 for any other set (not
+    measured)."""
+    from .calibrate import replay_dirty_bytes
+
+    if set(meta.get("metrics") or ()) != set(METRICS) | set(EXTRA_METRICS):
+        return 0
+    return replay_dirty_bytes(REPLAY_DIRTY_RECORD)["start_dirty"]
+
+
+def compare(rows: list[dict], gpu: str = "h100", start_dirty: int = 0) -> list[dict]:
+    """One record per measured launch with the prediction and relative errors; ``start_dirty``:
+    as :func:`predict` takes it (:func:`replay_dirty` of the record's provenance)."""
     by_cfg: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
         by_cfg[r["config_id"]].append(r)
@@ -291,7 +312,7 @@ def compare(rows: list[dict], gpu: str = "h100") -> list[dict]:
         if launches[0]["kernel"] in TORCH_KERNELS:  # PyTorch's launches, matched by kernel name
             out += torch_records(cid, launches, gpu)
             continue
-        preds = predict(launches[0], gpu)
+        preds = predict(launches[0], gpu, start_dirty)
         if len(preds) != len(launches):
             raise ValueError(f"{cid}: {len(launches)} measured launches but the simulator models {len(preds)}")
         for r, p in zip(launches, preds):
@@ -514,7 +535,11 @@ def run(data: str | Path, out_dir: str | Path | None = None, gpu: str | None = N
             raise ValueError(f"gpu=None: the data's provenance names GPU {meta.get('gpu')!r}, which matches no "
                              "preset; pass gpu= (--gpu) explicitly")
         print(f"GPU preset {gpu} (from the data's provenance)")
-    records = compare(rows, gpu)
+    start_dirty = replay_dirty(meta)
+    if start_dirty:
+        print(f"each launch starts with {start_dirty / 2**20:.2f} MiB of other data dirty in the L2 (what ncu's "
+              f"replay leaves with this record's {len(meta['metrics'])} metrics: {REPLAY_DIRTY_RECORD.parent.name})")
+    records = compare(rows, gpu, start_dirty)
     print(f"measured on {meta.get('gpu')} (driver {meta.get('driver')}, {meta.get('ncu')}), "
           f"{meta.get('date')}, commit {str(meta.get('git_commit'))[:10]}, cache control {meta.get('cache_control')}")
     print_table(records)

@@ -277,8 +277,11 @@ def test_reductions_in_the_l2_by_hand():
 
 #: record -> (launches, reads within 8%, writes within 15%): what the L2 model gives (H100 preset,
 #: parameters from the calibration records, not fitted here) on analysis/data/h100/fast.
-DRAM_WANT = {"fwd": (12, 11, 9), "bwd": (38, 36, 19), "bf16": (4, 4, 1), "v5": (10, 10, 6), "v5b": (11, 11, 7),
-             "v5c": (10, 10, 4), "v3d": (32, 30, 16), "v3odd": (4, 4, 3), "v1d40": (3, 3, 3), "v5d96": (1, 1, 1),
+#: (launches, reads within 8%, writes within 15%) of each H100 record, each launch starting with
+#: the 2.06 MiB that ncu's replay leaves dirty with the fast set's metrics (analysis.compare.replay_dirty;
+#: without it writes within 15%: fwd 9, bwd 19, bf16 1, v5 6, v5b 7, v5c 4, v3d 16)
+DRAM_WANT = {"fwd": (12, 11, 6), "bwd": (38, 36, 28), "bf16": (4, 4, 2), "v5": (10, 10, 4), "v5b": (11, 11, 5),
+             "v5c": (10, 10, 4), "v3d": (32, 30, 24), "v3odd": (4, 4, 3), "v1d40": (3, 3, 3), "v5d96": (1, 1, 1),
              "v4d40": (1, 1, 1)}
 
 

@@ -154,6 +154,46 @@ def test_the_l2_size_matters_between_two_sizes():
     assert rs.read_bytes > rb.read_bytes + s_bytes
 
 
+def test_start_dirty_is_written_back_first_and_only_when_pushed_out():
+    """``start_dirty``: other data dirty in the L2 when each cold launch starts (ncu's replay with
+    the fast set's metrics).  Far below the L2 it stays (no write; it is part of the dirty lines
+    at the end); with a 4 MiB L2, whose dirty limit S's 4 MiB pass, it is the oldest dirty data,
+    written back first: the GEMM writes exactly 1 MiB more and ends with the same dirty bytes."""
+    w = Workload(batch=1, heads=2, seq_len_q=1024, head_dim=64)
+    sched = build_schedule(w, "standard", "fwd", gemm_block=32)
+    small = dataclasses.replace(get_gpu("h100"), l2_bytes=4 * 2**20)
+    for gpu in ("h100", small):
+        r0, r1 = (dram_traffic(sched, gpu, cold_launches=True, start_dirty=sd) for sd in (0, 2**20))
+        print([(x.name, x.read_bytes, x.write_bytes, x.dirty_end_bytes) for x in r0.launches + r1.launches])
+        if gpu == "h100":
+            assert [x.write_bytes for x in r1.launches] == [x.write_bytes for x in r0.launches] == [0, 0, 0]
+            assert [x.dirty_end_bytes - 2**20 for x in r1.launches] == [x.dirty_end_bytes for x in r0.launches]
+        else:
+            assert r1.launches[0].write_bytes == r0.launches[0].write_bytes + 2**20
+            assert r1.launches[0].dirty_end_bytes == r0.launches[0].dirty_end_bytes
+    for bad in (-1, True, 1.5):
+        with pytest.raises(ValueError, match="start_dirty"):
+            dram_traffic(sched, "h100", start_dirty=bad)
+
+
+def test_replay_dirty_from_the_probe_record():
+    """The H200 probe (scripts/device/l2_dirty_probe.py): store streams leave 27.75 MiB dirty with
+    the calibration's 7 metrics and 25.70 MiB with the fast set's 10 (medians); the difference is
+    what a launch measured with the 10 starts with.  Only that metric set gets it."""
+    from analysis.calibrate import replay_dirty_bytes
+    from analysis.compare import REPLAY_DIRTY_RECORD, replay_dirty
+    from analysis.ncu import EXTRA_METRICS, METRICS
+
+    got = replay_dirty_bytes(REPLAY_DIRTY_RECORD)
+    print(got)
+    assert got["metrics"] == ["m7", "m10"]
+    assert got["left"] == {"m7": 29101696.0, "m10": 26944768.0} and got["start_dirty"] == 2156928
+    assert got["read_writes"]["m10"] > 2 * 2**20 > 4 * got["read_writes"]["m7"]  # a read of 64 MiB writes
+    assert replay_dirty({"metrics": [*METRICS, *EXTRA_METRICS]}) == 2156928
+    assert replay_dirty({"metrics": list(METRICS)}) == 0 == replay_dirty({})
+    assert replay_dirty({"metrics": [*METRICS, *EXTRA_METRICS, "xbar"]}) == 0  # not measured: none
+
+
 @pytest.mark.parametrize("algo,pass_,kw", [
     ("flash2", "fwd", {}), ("flash2", "bwd", {}), ("flash1", "fwd", {}), ("flash1", "bwd", {}),
     ("standard", "fwd", {"gemm_block": 32}), ("standard", "bwd", {"gemm_block": 16}),
