@@ -9,6 +9,9 @@ The probe varies one thing at a time, each case one launch under ``ncu --cache-c
 * ``fill W grid``: one pass of float32 stores over W MiB, grid-stride, ``grid`` blocks of 256;
 * ``zero W``: the fast kernels' own zero fill on a fresh W MiB array;
 * ``read W``: one pass of loads over W MiB (the control: whatever it writes was not stored by it);
+* ``half W`` and ``sector W``: stores to the first 64 or 32 bytes of every 128-byte line of W MiB
+  (W/2 or W/4 stored): a dirty limit counted in lines leaves 1/2 or 1/4 of the bytes a full-line
+  stream leaves, one counted in sectors the same bytes;
 * ``*_idle``: the same after 1 GiB of other data was written by an earlier (unprofiled) kernel
   and left allocated (Nsight Compute's kernel replay saves and restores the device memory);
 
@@ -41,6 +44,7 @@ def probes() -> list[dict]:
         out += [{"probe": "fill" + idle, "mib": w, "grid": g} for w in (64, 128) for g in (1056, 1024)]
         out += [{"probe": "zero" + idle, "mib": w, "grid": 1024} for w in (64, 128)]
         out += [{"probe": "read" + idle, "mib": 64, "grid": 1056}]
+    out += [{"probe": p, "mib": w, "grid": 1056} for p in ("half", "sector") for w in (64, 128)]
     return out
 
 
@@ -48,6 +52,13 @@ def probes() -> list[dict]:
 def fill(buf, n):
     for k in range(cuda.grid(1), n, cuda.gridsize(1)):
         buf[k] = float32(1)
+
+
+@cuda.jit
+def fill_part(buf, n, keep):
+    # the first ``keep`` floats of every 32 (a 128-byte line), coalesced: index i -> line i // keep
+    for i in range(cuda.grid(1), n // 32 * keep, cuda.gridsize(1)):
+        buf[i // keep * 32 + i % keep] = float32(1)
 
 
 @cuda.jit
@@ -68,6 +79,7 @@ def worker() -> int:
     sink = cuda.device_array(1, dtype=np.float32)
     fill[4, 256](big, 1024)  # compile outside the profiled region
     read[4, 256](big, 1024, sink)
+    fill_part[4, 256](big, 1024, 16)
     zero_fill(cuda.device_array(1024, dtype=np.float32))
     fill[1056, 256](big, big.size)
     cuda.synchronize()
@@ -84,6 +96,8 @@ def worker() -> int:
             fill[p["grid"], 256](big, n)
         elif p["probe"].startswith("zero"):
             zero_fill(fresh)
+        elif p["probe"] in ("half", "sector"):
+            fill_part[p["grid"], 256](big, n, 16 if p["probe"] == "half" else 8)
         else:
             read[p["grid"], 256](big, n, sink)
         cuda.synchronize()
