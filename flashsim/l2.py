@@ -183,9 +183,8 @@ def _clean(tags, dirty, st, fifo_way, fifo_tag, ctr):
         st[_FHEAD] += 1
         k = fifo_way[h]
         if tags[k] == fifo_tag[h] and dirty[k]:
-            n = _popcount(dirty[k])
-            ctr[_EVICT_WR] += n
-            st[_NDIRTY] -= n
+            ctr[_EVICT_WR] += _popcount(dirty[k])
+            st[_NDIRTY] -= 1
             dirty[k] = 0
 
 
@@ -215,8 +214,8 @@ def _dirtied(tags, dirty, st, fifo_way, fifo_tag, k, before, mask, ctr):
     """Line in way k gains the dirty sectors ``mask`` (``before``: its dirty sectors until now)."""
     new = mask & ~before
     if new:
-        st[_NDIRTY] += _popcount(new)
-        if before == 0:  # becomes dirty: queue it for write-back
+        if before == 0:  # becomes dirty: one more dirty line, queued for write-back
+            st[_NDIRTY] += 1
             size = fifo_way.size
             if st[_FTAIL] - st[_FHEAD] == size:  # queue full: drop the entries of evicted lines
                 _compact(tags, dirty, st, fifo_way, fifo_tag)
@@ -299,9 +298,8 @@ def _access(tags, stamp, valid, dirty, st, fifo_way, fifo_tag, set_index, ways, 
                     victim = k
                     break
     if tags[victim] >= 0 and dirty[victim]:
-        n = _popcount(dirty[victim])
-        ctr[_EVICT_WR] += n
-        st[_NDIRTY] -= n
+        ctr[_EVICT_WR] += _popcount(dirty[victim])
+        st[_NDIRTY] -= 1
     tags[victim] = line
     stamp[victim] = 0 if pool == 0 else clock
     dirty[victim] = 0
@@ -493,9 +491,11 @@ class L2:
         self.fifo_tag = np.zeros(2 * n + 64, dtype=np.int64)
         self.st = np.zeros(9, dtype=np.int64)
         self.st[_RNG] = 0x2545F4914F6CDD1D
-        # the dirty limit in sectors of the simulated sets (set sampling: a share of it)
+        # the dirty limit in lines of the simulated sets (set sampling: a share of it): the L2
+        # counts dirty lines, whatever share of their sectors is dirty (l2_dirty_probe's half and
+        # quarter lines: the same number of lines held, a half and a quarter of the bytes)
         lim = self.dirty_limit if self.dirty_limit is not None else self.capacity * 2
-        self.st[_DLIMIT] = int(round(lim / self.sector_bytes / self.scale))
+        self.st[_DLIMIT] = int(round(lim / self.line_bytes / self.scale))
         self.st[_POLICY] = {"lru": 1, "random": self.ways, "nru": 0}.get(self.policy, self.policy)
         self.st[_GRAN] = self.fetch_bytes // self.sector_bytes
         self.st[_RSHARE] = round(self.random_share * 1_000_000)

@@ -59,21 +59,50 @@ def test_dirty_write_back_and_partial_sectors_by_hand():
 
 
 def test_dirty_limit_writes_the_oldest_dirty_lines_back_and_keeps_them_by_hand():
-    # 8 sets x 2 ways; at most 3 dirty sectors: the 4th written sector writes line 0's back
-    c = L2(2048, 128, 32, 2, dirty_limit=3 * SEC)
+    # 8 sets x 2 ways; at most 2 dirty lines (the limit counts lines, whatever share of their
+    # sectors is dirty: analysis/data/l2calib/h200_l2_dirty_lines): the 3rd line to become dirty
+    # writes the first dirtied back
+    c = L2(2048, 128, 32, 2, dirty_limit=2 * 128)
     ctr = np.zeros(4, dtype=np.int64)
     c.access(0, 64, True, ctr)  # line 0: sectors 0, 1 dirty
-    c.access(128, 32, True, ctr)  # line 1: sector 0 dirty (3 in all)
+    c.access(128, 32, True, ctr)  # line 1: sector 0 dirty (2 lines)
     assert ctr.tolist() == [0, 3, 0, 0] and c.dirty_bytes() == 3 * SEC
-    c.access(256, 32, True, ctr)  # 4 > 3: line 0, the first dirtied, is written back (2 sectors)
+    c.access(256, 32, True, ctr)  # 3 lines > 2: line 0, the first dirtied, is written back (2 sectors)
     print(ctr, c.dirty_bytes())
     assert ctr.tolist() == [0, 4, 0, 2] and c.dirty_bytes() == 2 * SEC
     c.access(0, 64, False, ctr)  # line 0 is still there, clean: a hit
     assert ctr.tolist() == [2, 4, 0, 2]
-    c.access(0, 32, True, ctr)  # dirty again (3 in all): nothing written
-    assert ctr.tolist() == [2, 5, 0, 2] and c.dirty_bytes() == 3 * SEC
-    c.access(128, 64, True, ctr)  # line 1 gains sector 1 (4 > 3): line 1 is now the oldest dirty
-    assert ctr.tolist() == [2, 7, 0, 4] and c.dirty_bytes() == 2 * SEC
+    c.access(0, 32, True, ctr)  # line 0 dirty again (3 lines): line 1, now the oldest, is written back
+    assert ctr.tolist() == [2, 5, 0, 3] and c.dirty_bytes() == 2 * SEC
+    c.access(128, 64, True, ctr)  # line 1 dirty again: line 2 written back
+    assert ctr.tolist() == [2, 7, 0, 4] and c.dirty_bytes() == 3 * SEC
+    c.access(192, 64, True, ctr)  # line 1 gains sectors 2, 3: still 2 dirty lines, nothing written
+    assert ctr.tolist() == [2, 9, 0, 4] and c.dirty_bytes() == 5 * SEC
+
+
+def test_the_dirty_limit_counts_lines_as_the_h200_does():
+    """The H200 probe: stores to the first half or quarter of every line of 128 MiB leave 14.07 and
+    6.79 MiB dirty where full lines leave 27.8 (the calibration's 7 metrics): the same number of
+    lines.  The H200 preset's cache, the same streams: 28.2 MiB of lines, a half and a quarter of
+    it in bytes."""
+    import csv
+    from pathlib import Path
+
+    rec = Path(__file__).resolve().parents[1] / "analysis" / "data" / "l2calib" / "h200_l2_dirty_lines" / "l2_dirty.csv"
+    rows = [r for r in csv.DictReader(open(rec)) if r["metrics"] == "m7" and r["mib"] == "128"]
+    left = {r["probe"]: float(r["dirty_left_bytes"]) / 2**20 for r in rows if r["grid"] == "1056"}
+    print(left)
+    assert left["half"] / left["fill"] == pytest.approx(0.5, abs=0.02)
+    assert left["sector"] / left["fill"] == pytest.approx(0.25, abs=0.01)
+    c = L2.for_gpu("h200", sample=16)
+    for part, want in ((128, 1.0), (64, 0.5), (32, 0.25)):
+        c.reset()
+        ctr = np.zeros(4, dtype=np.int64)
+        for line in range(0, 128 * 2**20, 128):
+            c.access(line, part, True, ctr)
+        got = c.dirty_bytes() / get_gpu("h200").l2_dirty_bytes
+        print(part, got)
+        assert got == pytest.approx(want, rel=0.02)
 
 
 def test_64_byte_fetches_by_hand():
