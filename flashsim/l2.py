@@ -40,8 +40,10 @@ The model, piece by piece:
     bytes measured: a strided read touching one sector per 64 bytes or more fetches 64 bytes);
     only the granule's sectors not already valid are counted;
   - *writes*: write-allocate without fetch; the written sectors become valid and dirty.  At
-    most ``l2_dirty_bytes`` (``l2_dirty_fraction`` of the L2: 23.7 MiB measured on the H100,
-    28.2 MiB on the H200) are held dirty: beyond it the lines dirtied first are written back
+    most ``l2_dirty_bytes`` of lines (``l2_dirty_fraction`` of the L2: 23.7 MiB measured on the
+    H100, 28.2 MiB on the H200) are held dirty, counted in lines whatever share of their sectors
+    is dirty (as the H200 counts them: analysis/data/l2calib/h200_l2_dirty_lines, stores to half
+    and quarter lines leave half and a quarter of the bytes): beyond it the lines dirtied first are written back
     and stay, clean (a launch writing W bytes sends max(0, W - limit) to DRAM, as measured).
     An evicted dirty line writes its dirty sectors back;
   - *reductions* (``red``/atomics, traffic class "reduction": the dQ accumulation of the fast
@@ -427,9 +429,9 @@ class L2:
 
     ``policy``: "lru", "random" (a full set gives up a pseudo-random way, from a fixed seed:
     the counts are reproducible) or "nru" (see the module docstring), of whose victims a share
-    ``random_share`` is drawn among all the ways instead.  ``dirty_limit``: the most dirty
-    bytes held; a write that
-    goes beyond it writes the oldest dirty lines back (they stay, clean); None: no limit (dirty
+    ``random_share`` is drawn among all the ways instead.  ``dirty_limit``: the most bytes of
+    dirty lines held (dirty_limit / line_bytes lines, however few of their sectors are dirty); a
+    write that goes beyond it writes the oldest dirty lines back (they stay, clean); None: no limit (dirty
     lines reach DRAM only when evicted).  ``fetch_bytes``: what a read miss fetches from DRAM,
     the missing sectors of each aligned ``fetch_bytes`` granule it touches."""
 
