@@ -65,14 +65,23 @@ def write_json(path: Path, obj: dict) -> None:
     tmp.replace(path)
 
 
-def measure(doc: str, script: str, stem: str, probes, worker, argv=None):
-    """A probe script's main up to its records: the worker's exit status when run as ``--worker``,
-    1 when ncu fails; else (the output folder, [(probe, launch)], the ncu command, the GPU)."""
+def start(doc: str, worker, argv=None) -> int | Path:
+    """A probe script's start: the worker's exit status when run as ``--worker``, else the output
+    folder (``--out``, created)."""
     a = args(doc, argv)
     if a.worker:
         return worker()
     out = Path(a.out or ".")
     out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def measure(doc: str, script: str, stem: str, probes, worker, argv=None):
+    """A probe script's main up to its records: the worker's exit status when run as ``--worker``,
+    1 when ncu fails; else (the output folder, [(probe, launch)], the ncu command, the GPU)."""
+    out = start(doc, worker, argv)
+    if isinstance(out, int):
+        return out
     got = profile(script, stem, out, probes())
     if got is None:
         return 1

@@ -46,7 +46,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _l2probe import args, gpu_name  # noqa: E402
+from _l2probe import gpu_name, start  # noqa: E402
 from numba import cuda, uint32  # noqa: E402
 
 MIB = 1 << 20
@@ -105,13 +105,11 @@ def _table(text: str) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    a = args(__doc__, argv)
-    if a.worker:
-        return worker()
+    out = start(__doc__, worker, argv)
+    if isinstance(out, int):
+        return out
     from analysis.ncu import METRICS
 
-    out = Path(a.out or ".")
-    out.mkdir(parents=True, exist_ok=True)
     modes = {"full": (METRICS, ["--cache-control", "all"]),
              "dram": (DRAM_METRICS, ["--cache-control", "all"]),
              "app": (METRICS, ["--cache-control", "all", "--replay-mode", "application"]),

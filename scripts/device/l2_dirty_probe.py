@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from _l2probe import MEASURED, args, gpu_name, profile, write_csv, write_json  # noqa: E402
+from _l2probe import MEASURED, gpu_name, profile, start, write_csv, write_json  # noqa: E402
 from numba import cuda, float32  # noqa: E402
 
 MIB = 1 << 20
@@ -109,11 +109,9 @@ def worker() -> int:
 def main(argv=None) -> int:
     from analysis.ncu import EXTRA_METRICS, METRICS
 
-    a = args(__doc__, argv)
-    if a.worker:
-        return worker()
-    out = Path(a.out or ".")
-    out.mkdir(parents=True, exist_ok=True)
+    out = start(__doc__, worker, argv)
+    if isinstance(out, int):
+        return out
     smi, rows, cmds = gpu_name(), [], {}
     for name, metrics in (("m7", METRICS), ("m10", (*METRICS, *EXTRA_METRICS))):
         got = profile(__file__, f"l2_dirty_{name}", out, probes(), metrics=metrics)
