@@ -117,11 +117,15 @@ for name, rec in cal.items():
 #   gives the measured ramp, the marks keep re-read lines while data streams by);
 # * **reads**: a missing sector is fetched with the rest of its 64-byte granule
 #   (`l2_fetch_bytes`, measured with strided reads);
-# * **writes**: write-allocate without fetch; at most `l2_dirty_bytes` are held dirty, beyond it
-#   the lines dirtied first are written back (a launch writing W bytes sends max(0, W − limit)
-#   to DRAM, as measured); an evicted dirty line writes its dirty sectors back. In a comparison
+# * **writes**: write-allocate without fetch; at most `l2_dirty_bytes` of lines are held dirty
+#   (the limit counts lines, however few of their sectors are dirty: stores to half and quarter
+#   lines leave half and a quarter of the bytes, `l2calib/h200_l2_dirty_lines`), beyond it the
+#   lines dirtied first are written back (a launch writing W bytes sends max(0, W − limit) to
+#   DRAM, as measured); an evicted dirty line writes its dirty sectors back. In a comparison
 #   the dirty lines left at a launch's end are flushed by ncu outside the measurement, so they
-#   are not the launch's writes.
+#   are not the launch's writes; a record measured with more metrics than the calibration's 7
+#   (the fast set's 10) starts each launch with the 2.06 MiB of other data that ncu's extra
+#   replay pass leaves dirty (`l2calib/h200_l2_dirty`), written back first.
 #
 # Every parameter comes from the calibration microbenchmarks (`python -m analysis.calibrate l2`,
 # records in `analysis/data/l2calib/`, named by each preset's `l2_source`), none is fitted to
