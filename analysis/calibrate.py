@@ -723,7 +723,7 @@ def replay_dirty_bytes(path) -> dict:
     scripts/device/l2_dirty_probe.py at ``path``: each metric set's store streams leave
     ``left`` bytes dirty (the median over the fill and zero-fill cases), and ``start_dirty``, the
     difference between the two sets' medians, is the other data the wider set finds dirty when
-    its launch starts (the fast set's 10 metrics on the H200: 2.0 MiB; a launch that only reads
+    its launch starts (the fast set's 10 metrics on the H200: 2.06 MiB; a launch that only reads
     64 MiB writes 2.3 MiB with them and 0.1-0.4 MiB with the 7).  Returns {"metrics": the two
     sets' names, the narrower first ("m7", "m10"), "left": {set: bytes}, "read_writes": {set:
     the median DRAM writes of the read probes}, "start_dirty": bytes}."""

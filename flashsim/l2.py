@@ -580,7 +580,7 @@ def dram_traffic(schedule: Schedule, gpu: Hardware | str, *, cold_launches: bool
     counted as its traffic (but among its ``dirty_end_bytes`` while they stay); the oldest
     dirty lines, so the first written back.  What Nsight
     Compute's replay leaves when it asks for more metrics than one pass holds (analysis.calibrate
-    .replay_dirty_bytes: 2.0 MiB on the H200 for the fast set's 10 metrics, where a launch that
+    .replay_dirty_bytes: 2.06 MiB on the H200 for the fast set's 10 metrics, where a launch that
     only reads 64 MiB writes 2.3 MiB)."""
     if isinstance(gpu, str):
         gpu = get_gpu(gpu)
