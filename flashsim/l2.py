@@ -579,7 +579,7 @@ def dram_traffic(schedule: Schedule, gpu: Hardware | str, *, cold_launches: bool
     with ``cold_launches``), stored at addresses past every tensor before the launch and not
     counted as its traffic (but among its ``dirty_end_bytes`` while they stay); the oldest
     dirty lines, so the first written back.  What Nsight
-    Compute's replay leaves when it asks for more metrics than one pass holds (analysis.calibrate
+    Compute leaves dirty when it measures more metrics than the calibration did (analysis.calibrate
     .replay_dirty_bytes: 2.06 MiB on the H200 for the fast set's 10 metrics, where a launch that
     only reads 64 MiB writes 2.3 MiB)."""
     if isinstance(gpu, str):

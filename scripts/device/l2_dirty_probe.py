@@ -16,8 +16,8 @@ The probe varies one thing at a time, each case one launch under ``ncu --cache-c
   and left allocated (Nsight Compute's kernel replay saves and restores the device memory);
 
 and the whole list is profiled twice: with analysis.ncu's METRICS (the calibration's and the
-attention record's 7) and with the fast set's 10 (METRICS and EXTRA_METRICS), whose extra pass(es)
-replay the kernel more often.  On the GPU machine, from the repository root::
+attention record's 7) and with the fast set's 10 (METRICS and EXTRA_METRICS), which ncu may
+collect over more replay passes.  On the GPU machine, from the repository root::
 
     python3 scripts/device/l2_dirty_probe.py --out "$OUT"
 
