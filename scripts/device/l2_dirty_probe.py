@@ -9,6 +9,7 @@ The probe varies one thing at a time, each case one launch under ``ncu --cache-c
 * ``fill W grid``: one pass of float32 stores over W MiB, grid-stride, ``grid`` blocks of 256;
 * ``zero W``: the fast kernels' own zero fill on a fresh W MiB array;
 * ``read W``: one pass of loads over W MiB (the control: whatever it writes was not stored by it);
+* ``pace``: the full-line stream of 128 MiB paced (``PACE_NS``): the dirty lines a slow writer leaves;
 * ``half W`` and ``sector W``: stores to the first 64 or 32 bytes of every 128-byte line of W MiB
   (W/2 or W/4 stored): a dirty limit counted in lines leaves 1/2 or 1/4 of the bytes a full-line
   stream leaves, one counted in sectors the same bytes;
@@ -33,9 +34,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from _l2probe import MEASURED, gpu_name, profile, start, write_csv, write_json  # noqa: E402
-from numba import cuda, float32  # noqa: E402
+from numba import cuda, float32, uint32  # noqa: E402
 
 MIB = 1 << 20
+#: ``pace``: the full-line stream with a pause of this many ns after each grid-wide step (1 MiB), so
+#: that 128 MiB is stored at about 1 TB/s down to about 15 GB/s: does a slow writer leave fewer
+#: dirty lines (standard attention's fp16 S = QKᵀ, stored at 33-57 GB/s, leaves 25.2-25.5 MiB where
+#: its fp32 twin at 113 GB/s and the fills at 3.7 TB/s leave 27.8-28.2)?
+PACE_NS = (1000, 4000, 16000, 32000, 64000)
 
 
 def probes() -> list[dict]:
@@ -45,6 +51,7 @@ def probes() -> list[dict]:
         out += [{"probe": "zero" + idle, "mib": w, "grid": 1024} for w in (64, 128)]
         out += [{"probe": "read" + idle, "mib": 64, "grid": 1056}]
     out += [{"probe": p, "mib": w, "grid": 1056} for p in ("half", "sector") for w in (64, 128)]
+    out += [{"probe": "pace", "mib": 128, "grid": 1056, "ns": t} for t in PACE_NS]
     return out
 
 
@@ -52,6 +59,13 @@ def probes() -> list[dict]:
 def fill(buf, n):
     for k in range(cuda.grid(1), n, cuda.gridsize(1)):
         buf[k] = float32(1)
+
+
+@cuda.jit
+def fill_paced(buf, n, ns):
+    for k in range(cuda.grid(1), n, cuda.gridsize(1)):
+        buf[k] = float32(1)
+        cuda.nanosleep(ns)
 
 
 @cuda.jit
@@ -80,6 +94,7 @@ def worker() -> int:
     fill[4, 256](big, 1024)  # compile outside the profiled region
     read[4, 256](big, 1024, sink)
     fill_part[4, 256](big, 1024, 16)
+    fill_paced[4, 256](big, 1024, uint32(1))
     zero_fill(cuda.device_array(1024, dtype=np.float32))
     fill[1056, 256](big, big.size)
     cuda.synchronize()
@@ -96,6 +111,8 @@ def worker() -> int:
             fill[p["grid"], 256](big, n)
         elif p["probe"].startswith("zero"):
             zero_fill(fresh)
+        elif p["probe"] == "pace":
+            fill_paced[p["grid"], 256](big, n, uint32(p["ns"]))
         elif p["probe"] in ("half", "sector"):
             fill_part[p["grid"], 256](big, n, 16 if p["probe"] == "half" else 8)
         else:
@@ -119,7 +136,8 @@ def main(argv=None) -> int:
             return 1
         pairs, cmds[name] = got
         for p, ln in pairs:
-            rows.append({"probe": p["probe"], "mib": p["mib"], "grid": p["grid"], "metrics": name,
+            rows.append({"probe": p["probe"], "mib": p["mib"], "grid": p["grid"], "ns": p.get("ns", ""),
+                         "metrics": name,
                          **{k: ln[k] for k in MEASURED},
                          "dirty_left_bytes": ln["lsu_st_bytes"] - ln["dram_write_bytes"], "gpu": smi})
     write_csv(out / "l2_dirty.csv", rows)
