@@ -406,39 +406,16 @@ _L2_H200 = ("H200: L2 in two partitions as on the H100, 128-byte lines of four 3
 #: A100 calibration (see _L2_A100): one dict, so the borrowed numbers cannot drift from the measured.
 _L2_H100_MEASURED = dict(l2_partitions=2, l2_capacity_fraction=0.649, l2_dirty_fraction=0.473, l2_replacement="nru",
                          l2_random_share=0.3, l2_fetch_bytes=64)
+#: What the two A100 presets share (they differ in HBM: size, bandwidth, datasheet).
+_A100 = dict(sram_bytes_per_sm=192 * KIB, max_shared_bytes_per_block=164 * KIB, num_sms=108, l2_bytes=40 * MIB,
+             matmul_flops={"fp16": 312e12, "bf16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
+             nonmatmul_flops=19.5e12, **_L2_H100_MEASURED, l2_source=_L2_A100, link_bytes_per_s=300e9,
+             link_topology="switch", link_source=_NVLINK_A100)
 GPUS: dict[str, Hardware] = {
-    "a100-40gb": Hardware(
-        name="A100-SXM4-40GB",
-        sram_bytes_per_sm=192 * KIB,
-        max_shared_bytes_per_block=164 * KIB,
-        num_sms=108,
-        l2_bytes=40 * MIB,
-        hbm_bytes_per_s=1.555e12,
-        matmul_flops={"fp16": 312e12, "bf16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
-        nonmatmul_flops=19.5e12,
-        source="A100 whitepaper 2020; A100 40GB datasheet",
-        **_L2_H100_MEASURED,
-        l2_source=_L2_A100,
-        link_bytes_per_s=300e9,
-        link_topology="switch",
-        link_source=_NVLINK_A100,
-    ),
-    "a100-80gb": Hardware(
-        name="A100-SXM4-80GB",
-        sram_bytes_per_sm=192 * KIB,
-        max_shared_bytes_per_block=164 * KIB,
-        num_sms=108,
-        l2_bytes=40 * MIB,
-        hbm_bytes_per_s=2.039e12,
-        matmul_flops={"fp16": 312e12, "bf16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
-        nonmatmul_flops=19.5e12,
-        source="A100 whitepaper 2020; A100 80GB datasheet",
-        **_L2_H100_MEASURED,
-        l2_source=_L2_A100,
-        link_bytes_per_s=300e9,
-        link_topology="switch",
-        link_source=_NVLINK_A100,
-    ),
+    "a100-40gb": Hardware(name="A100-SXM4-40GB", hbm_bytes_per_s=1.555e12,
+                          source="A100 whitepaper 2020; A100 40GB datasheet", **_A100),
+    "a100-80gb": Hardware(name="A100-SXM4-80GB", hbm_bytes_per_s=2.039e12,
+                          source="A100 whitepaper 2020; A100 80GB datasheet", **_A100),
     "h100": Hardware(
         name="H100-SXM5-80GB",
         sram_bytes_per_sm=256 * KIB,
