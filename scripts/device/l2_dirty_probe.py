@@ -146,11 +146,11 @@ def main(argv=None) -> int:
               f"{r['dram_read_bytes'] / MIB:8.2f} MiB  write {r['dram_write_bytes'] / MIB:8.2f} MiB  left dirty "
               f"{r['dirty_left_bytes'] / MIB:7.2f} MiB  {r['time_ns'] / 1e3:8.1f} us")
     import datetime
-    import os
+
+    from flashsim.provenance import git_state
 
     write_json(out / "l2_dirty.meta.json", {"gpu": smi, "commands": cmds, "date": datetime.datetime.now(
-        datetime.timezone.utc).isoformat(timespec="seconds"), "git_commit": os.environ.get("FLASHSIM_GIT_COMMIT"),
-        "git_dirty": os.environ.get("FLASHSIM_GIT_DIRTY")})
+        datetime.timezone.utc).isoformat(timespec="seconds"), **git_state()})
     return 0
 
 

@@ -23,7 +23,6 @@ writes ``$OUT/l2_readwrite.csv`` (probe, R, W, DRAM bytes read and written, LSU 
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -32,6 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from _l2probe import MEASURED, measure, write_csv, write_json  # noqa: E402
 from numba import cuda, float32  # noqa: E402
+
+from flashsim.provenance import git_state  # noqa: E402
 
 MIB = 1 << 20
 THREADS = 256
@@ -114,8 +115,7 @@ def main(argv=None) -> int:
               f"{r['dram_read_bytes'] / MIB:8.2f} write {r['dram_write_bytes'] / MIB:7.2f} MiB  "
               f"LSU st {r['lsu_st_bytes'] / MIB:7.2f} MiB  {r['time_ns'] / 1e3:8.1f} us")
     write_json(out / "l2_readwrite.meta.json", {
-        "gpu": smi, "command": cmd, "blocks_per_sm": BLOCKS_PER_SM, "threads": THREADS,
-        "git_commit": os.environ.get("FLASHSIM_GIT_COMMIT"),
+        "gpu": smi, "command": cmd, "blocks_per_sm": BLOCKS_PER_SM, "threads": THREADS, **git_state(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     return 0
 
