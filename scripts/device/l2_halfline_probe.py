@@ -18,8 +18,14 @@ case one launch under ``ncu --cache-control all`` with analysis.ncu's METRICS:
 * ``gemm16``, ``gemm32``: kernels.standard's gemm_qk itself, B·H = 16, N = 2,048, d = 64 (the
   record's launches, measured again here beside the rest);
 * ``lag L``: float32 stores over 128 MiB, the first half of line i stored with the second half of
-  line i - L (wrapping), L in MiB: a line's two halves stored L MiB of traffic apart.  A limit
-  counted in lines leaves 28 MiB at L = 0 and about half of it once L passes the limit.
+  line i - L (wrapping), L in lines: a line's two halves stored 128·L bytes of traffic apart (by
+  the same warp, one instruction after the other, at L = 0).  A limit counted in lines leaves
+  28 MiB at L = 0 and about half of it once L passes the limit.
+
+The list runs twice, the second time in reverse order, after one fill that is not counted (the
+first launch a worker profiles has left 2.5 MiB less dirty than its repeats: 25.55-25.68 MiB
+where the same fill leaves 27.6-28.0).  The first run (c11781e, lags in MiB, no repeat) is kept
+beside the second in analysis/data/l2calib/h200_l2_halfline/.
 
 On the GPU machine, from the repository root::
 
@@ -40,20 +46,33 @@ from _l2probe import MEASURED, gpu_name, profile, start, write_csv, write_json  
 from numba import cuda, float32, int32, uint32  # noqa: E402
 
 MIB = 1 << 20
-LINE = 128
 #: a gemm_qk block's residence at N = 2,048, d = 64 on the H200 (2.36 ms for 65,536 blocks in
 #: waves of 1,056)
 SLEEP_NS = 30000
-LAGS_MIB = (0, 1, 8, 16, 24, 32, 64)
+#: lag cases, in lines: 0 (one warp, back to back), a line to 1 MiB, 8 MiB (below the dirty
+#: limit), 48, 64 and 96 MiB (beyond it; 64 MiB is half the buffer, each line's two halves that
+#: far apart both ways)
+LAGS = (0, 1, 16, 128, 1024, 8192, 65536, 393216, 524288, 786432)
+#: each case's repeats (the second pass in reverse order)
+REPEATS = 2
 
 
-def probes() -> list[dict]:
+def cases() -> list[dict]:
     out = [{"probe": "fill32", "shape": (128 * MIB // 4,)}, {"probe": "fill16", "shape": (128 * MIB // 2,)}]
     out += [{"probe": "tile32", "shape": s} for s in ((16, 2048, 1024), (16, 2048, 2048))]
     out += [{"probe": "tile16", "shape": s} for s in ((16, 1024, 1024), (16, 2048, 2048), (16, 4096, 4096))]
     out += [{"probe": "tile16_sleep", "shape": (16, 2048, 2048)}]
-    out += [{"probe": g, "shape": (16, 2048, 2048)} for g in ("gemm16", "gemm32")]
-    out += [{"probe": "lag", "shape": (128 * MIB // 4,), "lag_mib": m} for m in LAGS_MIB]
+    out += [{"probe": "gemm16", "shape": (16, n, n)} for n in (1024, 2048, 4096)]
+    out += [{"probe": "gemm32", "shape": (16, 2048, 2048)}]
+    out += [{"probe": "lag", "shape": (128 * MIB // 4,), "lag_lines": n} for n in LAGS]
+    return out
+
+
+def probes() -> list[dict]:
+    """The launches in the order profiled: the uncounted fill, then the cases REPEATS times."""
+    out = [{"probe": "first", "shape": (64 * MIB // 4,)}]
+    for r in range(REPEATS):
+        out += [dict(c, rep=r) for c in (cases() if r % 2 == 0 else cases()[::-1])]
     return out
 
 
@@ -100,12 +119,13 @@ def worker() -> int:
     gemm = _kernel("gemm_qk", False, 32)
     ctr = _dummy("counters")
     rng = np.random.default_rng(0)
-    qk = {dt: cuda.to_device(rng.standard_normal((16, 2048, 64)).astype(dt)) for dt in (np.float16, np.float32)}
+    qk = {(dt, n): cuda.to_device(rng.standard_normal((16, n, 64)).astype(dt))
+          for dt in (np.float16, np.float32) for n in (1024, 2048, 4096)}
     small = {dt: cuda.device_array((1, 32, 32), dtype=dt) for dt in (np.float16, np.float32)}
     for dt in (np.float16, np.float32):  # compile outside the profiled region
         fill[4, 256](cuda.device_array(1024, dtype=dt))
         tile[(1, 1, 1), (32, 8)](small[dt], uint32(0))
-        gemm[(1, 1, 1), (32, 8)](qk[dt], qk[dt], small[dt], int32(1), ctr)
+        gemm[(1, 1, 1), (32, 8)](qk[dt, 1024], qk[dt, 1024], small[dt], int32(1), ctr)
     halves[4, 256](cuda.device_array(1024, dtype=np.float32), int32(1))
     cuda.synchronize()
     for p in probes():
@@ -115,16 +135,16 @@ def worker() -> int:
         fill[1056, 256](buf.reshape(buf.size))  # resident pages, then cold under ncu
         cuda.synchronize()
         cuda.profile_start()
-        if name.startswith("fill"):
+        if name.startswith("fill") or name == "first":
             fill[1056, 256](buf)
         elif name.startswith("tile"):
             b, nq, nk = p["shape"]
             tile[(nk // 32, nq // 32, b), (32, 8)](buf, uint32(SLEEP_NS if name.endswith("sleep") else 0))
         elif name.startswith("gemm"):
             b, nq, nk = p["shape"]
-            gemm[(nk // 32, nq // 32, b), (32, 8)](qk[dt], qk[dt], buf, int32(1), ctr)
+            gemm[(nk // 32, nq // 32, b), (32, 8)](qk[dt, nq], qk[dt, nq], buf, int32(1), ctr)
         else:
-            halves[1056, 256](buf, int32(p["lag_mib"] * MIB // LINE))
+            halves[1056, 256](buf, int32(p["lag_lines"]))
         cuda.synchronize()
         cuda.profile_stop()
         del buf
@@ -142,12 +162,13 @@ def main(argv=None) -> int:
     pairs, cmd = got
     rows = []
     for p, ln in pairs:
-        rows.append({"probe": p["probe"], "shape": "x".join(map(str, p["shape"])), "lag_mib": p.get("lag_mib", ""),
+        rows.append({"probe": p["probe"], "shape": "x".join(map(str, p["shape"])), "lag_lines": p.get("lag_lines", ""),
+                     "rep": p.get("rep", ""),
                      **{k: ln[k] for k in MEASURED},
                      "dirty_left_bytes": ln["lsu_st_bytes"] - ln["dram_write_bytes"], "gpu": smi})
     write_csv(out / "l2_halfline.csv", rows)
     for r in rows:
-        print(f"{r['probe']:<13} {r['shape']:>14} lag {str(r['lag_mib']):>3}  "
+        print(f"{r['probe']:<13} {r['shape']:>14} lag {str(r['lag_lines']):>6} #{r['rep']}  "
               f"stored {r['lsu_st_bytes'] / MIB:8.2f} MiB  "
               f"DRAM read {r['dram_read_bytes'] / MIB:7.2f}  write {r['dram_write_bytes'] / MIB:8.2f}  left dirty "
               f"{r['dirty_left_bytes'] / MIB:7.2f} MiB  {r['time_ns'] / 1e3:9.1f} us")
