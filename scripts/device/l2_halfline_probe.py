@@ -20,7 +20,9 @@ case one launch under ``ncu --cache-control all`` with analysis.ncu's METRICS:
 * ``lag L``: float32 stores over 128 MiB, the first half of line i stored with the second half of
   line i - L (wrapping), L in lines: a line's two halves stored 128·L bytes of traffic apart (by
   the same warp, one instruction after the other, at L = 0).  A limit counted in lines leaves
-  28 MiB at L = 0 and about half of it once L passes the limit.
+  28 MiB at L = 0 and about half of it once L passes the limit;
+* the same below the dirty limit (``fill32``, ``tile16`` and ``lag`` over 2-16 MiB): is a line
+  stored in two parts written back early, or only counted twice against the limit?
 
 The list runs twice, the second time in reverse order, after one fill that is not counted (the
 first launch a worker profiles has left 2.5 MiB less dirty than its repeats: 25.55-25.68 MiB
@@ -65,6 +67,10 @@ def cases() -> list[dict]:
     out += [{"probe": "gemm16", "shape": (16, n, n)} for n in (1024, 2048, 4096)]
     out += [{"probe": "gemm32", "shape": (16, 2048, 2048)}]
     out += [{"probe": "lag", "shape": (128 * MIB // 4,), "lag_lines": n} for n in LAGS]
+    # below the dirty limit
+    out += [{"probe": "fill32", "shape": (8 * MIB // 4,)}]
+    out += [{"probe": "tile16", "shape": s} for s in ((16, 256, 256), (16, 512, 512))]
+    out += [{"probe": "lag", "shape": (w * MIB // 4,), "lag_lines": n} for w in (8, 16) for n in (0, 1024, 8192)]
     return out
 
 
