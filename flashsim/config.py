@@ -260,6 +260,22 @@ class Tiling:
         return cdiv(nk, self.block_n)
 
 
+def split_merge_points(value, field: str) -> list[tuple[int, float]]:
+    """A merge table ((bytes, share), ...) as [(int, float)], or ValueError naming ``field``:
+    bytes ascending integers >= 0, shares in [0, 1] (see Hardware.l2_split_merge)."""
+    try:
+        pts = [(b, p) for b, p in value]
+        ok = all(isinstance(b, (int, np.integer)) and not isinstance(b, bool) and b >= 0
+                 and isinstance(p, (int, float, np.floating)) and not isinstance(p, bool) and 0 <= p <= 1
+                 for b, p in pts)
+    except (TypeError, ValueError):
+        ok = False
+    if not ok or any(b1 <= b0 for (b0, _), (b1, _) in zip(pts, pts[1:])):
+        raise ValueError(f"{field}={value!r}: must be ((bytes, share), ...) with bytes ascending integers >= 0 "
+                         "and shares in [0, 1]")
+    return [(int(b), float(p)) for b, p in pts]
+
+
 @dataclass(frozen=True)
 class Hardware:
     """A GPU preset.  Rates are dense (no sparsity), per second; sizes in bytes."""
@@ -292,6 +308,10 @@ class Hardware:
     l2_fetch_bytes: int = 32
     #: with "nru": the share of victims drawn among all the ways (hot lines are kept, not always)
     l2_random_share: float = 0.0
+    #: ((bytes stored since, share), ...): the share of the stores to a line already dirty that
+    #: join its dirty entry, by the bytes stored since that entry was made; the others count as
+    #: one more dirty line against the limit (flashsim.l2.L2's ``split_merge``; empty: all join)
+    l2_split_merge: tuple = ()
     #: occupancy limits of one SM (CUDA programming guide, compute capability table)
     max_threads_per_sm: int = 2048
     max_blocks_per_sm: int = 32
@@ -321,6 +341,7 @@ class Hardware:
             raise ValueError(f"l2_random_share={v!r}: must be a fraction in [0, 1]")
         if self.l2_replacement not in ("lru", "random", "nru"):
             raise ValueError(f"l2_replacement={self.l2_replacement!r}: must be 'lru', 'random' or 'nru'")
+        split_merge_points(self.l2_split_merge, "l2_split_merge")
         f = self.l2_fetch_bytes
         if (isinstance(f, bool) or not isinstance(f, int) or f < self.l2_sector_bytes or f > self.l2_line_bytes
                 or f & (f - 1)):
@@ -390,22 +411,30 @@ _NVLINK_A100 = ("A100 whitepaper 2020: NVLink 3, 12 links, 600 GB/s bidirectiona
 _L2_A100 = ("A100 whitepaper 2020: 40 MB L2 in two partitions; 128-byte lines of four 32-byte sectors; 16 ways "
             "assumed.  No A100 calibration: capacity fraction 0.649, dirty fraction 0.473, NRU replacement with "
             "a 0.3 share of random victims and 64-byte fetches ASSUMED as measured on the H100 "
-            "(analysis/data/l2calib/h100_l2calib.csv, h100_l2_policy.csv)")
+            "(analysis/data/l2calib/h100_l2calib.csv, h100_l2_policy.csv), lines stored in parts as on the H200")
 _L2_H100 = ("H100 whitepaper 2022: L2 in two partitions, 128-byte lines of four 32-byte sectors; 16 ways assumed.  "
             "Measured (analysis/data/l2calib/, analysis.calibrate.l2_model_parameters and fit_random_share): "
             "a hot buffer re-read under a 256 MiB stream ('hot_stream', h100_l2_policy.csv) fits NRU with 0.3 "
             "of the victims drawn at random; with it, the grid's two-pass re-reads ('reread', W = 4..128 MiB, "
             "h100_l2calib.csv) fit 32.4 MiB (0.649 of the L2); single-pass 'write' cases W >= 32 MiB leave 23.7 "
-            "MiB dirty (0.473); 'stride' reads fetch 64 bytes per touched 64-byte granule")
+            "MiB dirty (0.473); 'stride' reads fetch 64 bytes per touched 64-byte granule; lines stored in parts "
+            "ASSUMED to merge as on the H200 (no H100 half-line probe)")
 _L2_H200 = ("H200: L2 in two partitions as on the H100, 128-byte lines of four 32-byte sectors; 16 ways assumed.  "
             "Measured (analysis/data/l2calib/h200_l2calib.csv, analysis.calibrate.l2_model_parameters): "
             "'reread' x2 fits 42.6 MiB (0.710 of the L2) with NRU and a 0.3 share of random victims (the share "
             "ASSUMED as measured on the H100: no H200 hot_stream probe); 'write' W >= 40 MiB leaves 28.2 MiB "
-            "dirty (0.470); 'stride' reads fetch 64 bytes")
+            "dirty (0.470); 'stride' reads fetch 64 bytes; a line's later stores join its dirty part with the "
+            "share analysis.calibrate.split_merge_curve derives from h200_l2_halfline (0.85 at once, 0.43 "
+            "128 KiB of stores later, none from 1 MiB)")
+#: Stores to a line already dirty: the share that join its dirty part, by the bytes stored since
+#: that part's first store (analysis.calibrate.split_merge_curve over the H200's half-line probes,
+#: analysis/data/l2calib/h200_l2_halfline/7fbc0b2 and 389c542: a line's two halves stored 0 B to
+#: 1 MiB apart); the H100 preset borrows it (no H100 probe)
+_SPLIT_MERGE_H200 = ((0, 0.849), (128, 0.832), (2048, 0.798), (16384, 0.701), (131072, 0.428), (1048576, 0.0))
 #: The H100's calibrated L2 model (see _L2_H100), which the A100 presets borrow for want of an
 #: A100 calibration (see _L2_A100): one dict, so the borrowed numbers cannot drift from the measured.
 _L2_H100_MEASURED = dict(l2_partitions=2, l2_capacity_fraction=0.649, l2_dirty_fraction=0.473, l2_replacement="nru",
-                         l2_random_share=0.3, l2_fetch_bytes=64)
+                         l2_random_share=0.3, l2_fetch_bytes=64, l2_split_merge=_SPLIT_MERGE_H200)
 #: What the two A100 presets share (they differ in HBM: size, bandwidth, datasheet).
 _A100 = dict(sram_bytes_per_sm=192 * KIB, max_shared_bytes_per_block=164 * KIB, num_sms=108, l2_bytes=40 * MIB,
              matmul_flops={"fp16": 312e12, "bf16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
@@ -448,6 +477,7 @@ GPUS: dict[str, Hardware] = {
         l2_replacement="nru",
         l2_random_share=0.3,
         l2_fetch_bytes=64,
+        l2_split_merge=_SPLIT_MERGE_H200,
         l2_source=_L2_H200,
         link_bytes_per_s=450e9,
         link_topology="switch",

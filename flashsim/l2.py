@@ -45,7 +45,13 @@ The model, piece by piece:
     is dirty (as the H200 counts them: analysis/data/l2calib/h200_l2_dirty_lines, stores to half
     and quarter lines leave half and a quarter of the bytes): beyond it the lines dirtied first are written back
     and stay, clean (a launch writing W bytes sends max(0, W - limit) to DRAM, as measured).
-    An evicted dirty line writes its dirty sectors back;
+    A store to a line already dirty joins its dirty part with the share ``l2_split_merge`` gives
+    for the bytes stored since that part's first store (0.85 at once down to none after 1 MiB on
+    the H200: analysis/data/l2calib/h200_l2_halfline, lines stored in two halves L lines apart);
+    otherwise the older sectors are orphaned, and written back whenever the limit is next passed,
+    before the oldest lines (so the 128-byte lines of standard attention's fp16 S, two blocks'
+    64-byte rows each, leave 25.1-25.6 MiB dirty where whole lines leave 28; below the limit
+    nothing is written back).  An evicted dirty line writes its dirty sectors back;
   - *reductions* (``red``/atomics, traffic class "reduction": the dQ accumulation of the fast
     kernels' backwards and of torch_flash's) are read-modify-writes made in the L2: the
     sectors not yet valid are fetched first (with the rest of their granule, DRAM reads as for
@@ -88,7 +94,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import njit
 
-from .config import Hardware, get_gpu
+from .config import Hardware, get_gpu, split_merge_points
 from .traffic import Schedule, _tensor_bases
 
 
@@ -149,8 +155,16 @@ class DRAMTraffic:
 _REQ_RD, _REQ_WR, _MISS_RD, _EVICT_WR = 0, 1, 2, 3
 # what an access does: a load, a store, a reduction (red/atom: read-modify-write in the L2)
 _LOAD, _STORE, _RED = 0, 1, 2
-# the cache's scalar state (one int64 array, so the numba functions can update it in place)
-_CLOCK, _RNG, _NDIRTY, _DLIMIT, _FHEAD, _FTAIL, _POLICY, _GRAN, _RSHARE = range(9)
+# the cache's scalar state (one int64 array, so the numba functions can update it in place);
+# _WCLOCK counts the sectors stored so far
+_CLOCK, _RNG, _NDIRTY, _DLIMIT, _FHEAD, _FTAIL, _POLICY, _GRAN, _RSHARE, _WCLOCK, _OHEAD, _OTAIL = range(12)
+# two queues of (way, generation of the way when queued, sectors): ``fifo``, the dirty lines in
+# the order they became dirty (written back oldest first beyond the limit), and ``orph``, the
+# orphaned parts of lines stored in parts (written back first, whenever the limit is passed).
+# ``meta`` (2 x ways): a way's generation (one more each time a line comes in: the queued
+# entries of the line it held are dead), the store clock when its line's newest part was stored
+_Q_WAY, _Q_GEN, _Q_MASK = 0, 1, 2
+_M_GEN, _M_MADE = 0, 1
 
 
 @njit(cache=True, inline="always")
@@ -176,60 +190,117 @@ def _granules(mask, gran):
 
 
 @njit(cache=True)
-def _clean(tags, dirty, st, fifo_way, fifo_tag, ctr):
-    """Write back the oldest dirty lines (first dirtied first) until no more than the dirty limit
-    is held; they stay valid, now clean.  Entries of lines evicted meanwhile are skipped."""
-    size = fifo_way.size
+def _clean(dirty, st, fifo, orph, meta, ctr):
+    """Beyond the dirty limit: write back every orphaned part still dirty (oldest first), then
+    the oldest dirty lines (first dirtied first) until no more than the limit is held; their
+    sectors stay valid, now clean.  Entries of lines evicted meanwhile (another generation of
+    their way) are skipped."""
+    osize = orph.shape[1]
+    while st[_OHEAD] < st[_OTAIL]:
+        h = st[_OHEAD] % osize
+        st[_OHEAD] += 1
+        k = orph[_Q_WAY, h]
+        if meta[_M_GEN, k] == orph[_Q_GEN, h]:
+            m = dirty[k] & orph[_Q_MASK, h]
+            ctr[_EVICT_WR] += _popcount(m)
+            dirty[k] &= ~m
+            if m and dirty[k] == 0:  # (not reached: a line keeps its newest part)
+                st[_NDIRTY] -= 1
+    size = fifo.shape[1]
     while st[_NDIRTY] > st[_DLIMIT] and st[_FHEAD] < st[_FTAIL]:
         h = st[_FHEAD] % size
         st[_FHEAD] += 1
-        k = fifo_way[h]
-        if tags[k] == fifo_tag[h] and dirty[k]:
+        k = fifo[_Q_WAY, h]
+        if meta[_M_GEN, k] == fifo[_Q_GEN, h] and dirty[k]:
             ctr[_EVICT_WR] += _popcount(dirty[k])
             st[_NDIRTY] -= 1
             dirty[k] = 0
 
 
 @njit(cache=True)
-def _compact(tags, dirty, st, fifo_way, fifo_tag):
-    """Keep only the queue entries of lines still dirty, in order, from the start of the arrays
-    (the queue holds at most one live entry per line, so at most half of it survives)."""
-    size = fifo_way.size
-    keep_way = np.empty(size, dtype=np.int64)
-    keep_tag = np.empty(size, dtype=np.int64)
+def _compact(dirty, q, meta, head, tail):
+    """Keep only the live entries of queue ``q`` (st indices ``head``, ``tail``), in order, from
+    the start of the array; returns how many."""
+    size = q.shape[1]
+    keep = np.empty((3, size), dtype=np.int64)
     n = 0
-    for e in range(st[_FHEAD], st[_FTAIL]):
+    for e in range(head, tail):
         h = e % size
-        k = fifo_way[h]
-        if tags[k] == fifo_tag[h] and dirty[k]:
-            keep_way[n] = k
-            keep_tag[n] = fifo_tag[h]
+        k = q[_Q_WAY, h]
+        if meta[_M_GEN, k] == q[_Q_GEN, h] and dirty[k] & q[_Q_MASK, h]:
+            keep[:, n] = q[:, h]
             n += 1
-    fifo_way[:n] = keep_way[:n]
-    fifo_tag[:n] = keep_tag[:n]
-    st[_FHEAD] = 0
-    st[_FTAIL] = n
+    q[:, :n] = keep[:, :n]
+    return n
 
 
 @njit(cache=True, inline="always")
-def _dirtied(tags, dirty, st, fifo_way, fifo_tag, k, before, mask, ctr):
-    """Line in way k gains the dirty sectors ``mask`` (``before``: its dirty sectors until now)."""
+def _push(dirty, st, q, meta, ih, it, k, mask):
+    size = q.shape[1]
+    if st[it] - st[ih] == size:  # full: drop the entries of lines written back or evicted
+        st[it] = _compact(dirty, q, meta, st[ih], st[it])
+        st[ih] = 0
+        if st[it] == size:  # (not reached: the queues hold twice the most live entries)
+            raise RuntimeError("flashsim.l2: write-back queue overflow")
+    t = st[it] % size
+    q[_Q_WAY, t] = k
+    q[_Q_GEN, t] = meta[_M_GEN, k]
+    q[_Q_MASK, t] = mask
+    st[it] += 1
+
+
+@njit(cache=True, inline="always")
+def _merge_share(merge, dsec):
+    """The share of stores to a dirty line that join its newest entry, ``dsec`` sectors stored
+    after that entry was made: ``merge`` (2 x m: sectors, share) interpolated linearly in
+    log2(sectors + 4), held flat beyond its ends."""
+    m = merge.shape[1]
+    x = np.log2(dsec + 4.0)
+    if x <= np.log2(merge[0, 0] + 4.0):
+        return merge[1, 0]
+    for i in range(1, m):
+        x1 = np.log2(merge[0, i] + 4.0)
+        if x <= x1:
+            x0 = np.log2(merge[0, i - 1] + 4.0)
+            return merge[1, i - 1] + (merge[1, i] - merge[1, i - 1]) * (x - x0) / (x1 - x0)
+    return merge[1, m - 1]
+
+
+@njit(cache=True, inline="always")
+def _unit(line, clock):
+    """A number in [0, 1) hashed from a line and the store clock (splitmix64's finaliser): the
+    merge's draw, reproducible and apart from the replacement's random stream."""
+    z = np.uint64(line) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(clock) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z = z ^ (z >> np.uint64(31))
+    return float(z >> np.uint64(11)) / 9007199254740992.0
+
+
+@njit(cache=True, inline="always")
+def _dirtied(tags, dirty, st, fifo, orph, meta, merge, k, before, mask, ctr):
+    """Line in way k gains the dirty sectors ``mask`` (``before``: its dirty sectors until now).
+    A line that becomes dirty is queued for write-back.  On a line already dirty, new sectors
+    join its dirty part, or (lines stored in parts: with the share ``merge`` gives for the bytes
+    stored since that part's first store, they do not) start a part of their own and the older
+    sectors are orphaned: queued to be written back at the next passing of the limit."""
     new = mask & ~before
     if new:
         if before == 0:  # becomes dirty: one more dirty line, queued for write-back
             st[_NDIRTY] += 1
-            size = fifo_way.size
-            if st[_FTAIL] - st[_FHEAD] == size:  # queue full: drop the entries of evicted lines
-                _compact(tags, dirty, st, fifo_way, fifo_tag)
-            t = st[_FTAIL] % size
-            fifo_way[t] = k
-            fifo_tag[t] = tags[k]
-            st[_FTAIL] += 1
+            _push(dirty, st, fifo, meta, _FHEAD, _FTAIL, k, 255)
+            meta[_M_MADE, k] = st[_WCLOCK]
+        elif merge.shape[1] and _unit(tags[k], st[_WCLOCK]) >= _merge_share(merge, st[_WCLOCK] - meta[_M_MADE, k]):
+            old = before & ~mask
+            if old:
+                _push(dirty, st, orph, meta, _OHEAD, _OTAIL, k, old)
+            meta[_M_MADE, k] = st[_WCLOCK]
     dirty[k] = before | mask
+    st[_WCLOCK] += _popcount(mask)
 
 
 @njit(cache=True)
-def _access(tags, stamp, valid, dirty, st, fifo_way, fifo_tag, set_index, ways, line, mask, op, ctr):
+def _access(tags, stamp, valid, dirty, st, fifo, orph, meta, merge, set_index, ways, line, mask, op, ctr):
     base = set_index * ways
     victim = base
     oldest = stamp[base]
@@ -244,10 +315,10 @@ def _access(tags, stamp, valid, dirty, st, fifo_way, fifo_tag, set_index, ways, 
                     valid[k] |= fetch
             if op != _LOAD:
                 ctr[_REQ_WR] += _popcount(mask)
-                _dirtied(tags, dirty, st, fifo_way, fifo_tag, k, dirty[k], mask, ctr)
+                _dirtied(tags, dirty, st, fifo, orph, meta, merge, k, dirty[k], mask, ctr)
                 valid[k] |= mask
                 if st[_NDIRTY] > st[_DLIMIT]:
-                    _clean(tags, dirty, st, fifo_way, fifo_tag, ctr)
+                    _clean(dirty, st, fifo, orph, meta, ctr)
             else:
                 ctr[_REQ_RD] += _popcount(mask)
                 miss = mask & ~valid[k]
@@ -302,6 +373,7 @@ def _access(tags, stamp, valid, dirty, st, fifo_way, fifo_tag, set_index, ways, 
     if tags[victim] >= 0 and dirty[victim]:
         ctr[_EVICT_WR] += _popcount(dirty[victim])
         st[_NDIRTY] -= 1
+    meta[_M_GEN, victim] += 1  # its queue entries die with it
     tags[victim] = line
     stamp[victim] = 0 if pool == 0 else clock
     dirty[victim] = 0
@@ -312,9 +384,9 @@ def _access(tags, stamp, valid, dirty, st, fifo_way, fifo_tag, set_index, ways, 
             valid[victim] = fetch
             ctr[_MISS_RD] += _popcount(fetch)
         ctr[_REQ_WR] += _popcount(mask)
-        _dirtied(tags, dirty, st, fifo_way, fifo_tag, victim, 0, mask, ctr)
+        _dirtied(tags, dirty, st, fifo, orph, meta, merge, victim, 0, mask, ctr)
         if st[_NDIRTY] > st[_DLIMIT]:
-            _clean(tags, dirty, st, fifo_way, fifo_tag, ctr)
+            _clean(dirty, st, fifo, orph, meta, ctr)
     else:
         fetch = _granules(mask, st[_GRAN])
         valid[victim] = fetch
@@ -347,7 +419,7 @@ def _sampled_sets(nsets, sample):
 
 
 @njit(cache=True)
-def _range(tags, stamp, valid, dirty, st, fifo_way, fifo_tag, nsets, ways, lshift, sshift, a, n, op, ctr, gap):
+def _range(tags, stamp, valid, dirty, st, fifo, orph, meta, merge, nsets, ways, lshift, sshift, a, n, op, ctr, gap):
     """Bytes [a, a + n) through the cache, line by line with their sector masks; only the lines
     of the sampled sets (``gap[set]``: how many sets on the next sampled one is, 0 for a sampled
     set; see :func:`_sampled`).  Set = line address mod sets, kept incrementally."""
@@ -368,7 +440,7 @@ def _range(tags, stamp, valid, dirty, st, fifo_way, fifo_tag, nsets, ways, lshif
         s0 = lo >> sshift
         s1 = (hi - 1) >> sshift
         mask = ((1 << (s1 + 1)) - 1) ^ ((1 << s0) - 1)
-        _access(tags, stamp, valid, dirty, st, fifo_way, fifo_tag, si, ways, line, mask, op, ctr)
+        _access(tags, stamp, valid, dirty, st, fifo, orph, meta, merge, si, ways, line, mask, op, ctr)
         st[_CLOCK] += 1
         line += 1
         si += 1
@@ -377,7 +449,7 @@ def _range(tags, stamp, valid, dirty, st, fifo_way, fifo_tag, nsets, ways, lshif
 
 
 @njit(cache=True)
-def _run(tags, stamp, valid, dirty, st, fifo_way, fifo_tag, nsets, ways, lshift, sshift,
+def _run(tags, stamp, valid, dirty, st, fifo, orph, meta, merge, nsets, ways, lshift, sshift,
          addr, nrows, stride, nbytes, op, tile_ptr, step_ptr, slot_blk, slot_step, next_blk, final, ctr, gap):
     """Advance the resident blocks round-robin, one step each per round, refilling free slots
     from blocks next_blk.. of this chunk.  Returns (next_blk, done): done is False when a slot
@@ -406,13 +478,21 @@ def _run(tags, stamp, valid, dirty, st, fifo_way, fifo_tag, nsets, ways, lshift,
             for t in range(tile_ptr[step], tile_ptr[step + 1]):
                 a = addr[t]
                 for r in range(nrows[t]):
-                    _range(tags, stamp, valid, dirty, st, fifo_way, fifo_tag, nsets, ways, lshift, sshift,
+                    _range(tags, stamp, valid, dirty, st, fifo, orph, meta, merge, nsets, ways, lshift, sshift,
                            a + r * stride[t], nbytes[t], op[t], ctr, gap)
             slot_step[s] += 1
             if step + 1 == step_ptr[b + 1]:
                 slot_blk[s] = -1
         if not active:
             return next_blk, True
+
+
+@njit(cache=True)
+def _trace(tags, stamp, valid, dirty, st, fifo, orph, meta, merge, nsets, ways, lshift, sshift, addr, nbytes, op,
+           ctr, gap):
+    for i in range(addr.size):
+        _range(tags, stamp, valid, dirty, st, fifo, orph, meta, merge, nsets, ways, lshift, sshift, addr[i],
+               nbytes[i], op[i], ctr, gap)
 
 
 @njit(cache=True)
@@ -430,14 +510,19 @@ class L2:
     ``policy``: "lru", "random" (a full set gives up a pseudo-random way, from a fixed seed:
     the counts are reproducible) or "nru" (see the module docstring), of whose victims a share
     ``random_share`` is drawn among all the ways instead.  ``dirty_limit``: the most bytes of
-    dirty lines held (dirty_limit / line_bytes lines, however few of their sectors are dirty); a
-    write that goes beyond it writes the oldest dirty lines back (they stay, clean); None: no limit (dirty
-    lines reach DRAM only when evicted).  ``fetch_bytes``: what a read miss fetches from DRAM,
-    the missing sectors of each aligned ``fetch_bytes`` granule it touches."""
+    dirty lines held (dirty_limit / line_bytes entries of the write-back queue, however few of
+    their sectors are dirty); a write that goes beyond it writes the oldest entries back (their
+    lines stay, clean); None: no limit (dirty lines reach DRAM only when evicted).
+    ``split_merge``: ((bytes stored since, share), ...), bytes ascending: the share of the stores
+    to a line already dirty that join its newest entry, by the bytes stored (by anyone) since
+    that entry was made; the rest make an entry of their own, one more against the limit.
+    Empty (the default): every store joins, the limit counts lines.  ``fetch_bytes``: what a read
+    miss fetches from DRAM, the missing sectors of each aligned ``fetch_bytes`` granule it
+    touches."""
 
     def __init__(self, capacity: int, line_bytes: int = 128, sector_bytes: int = 32, ways: int = 16,
                  sample: int = 1, *, policy: str = "lru", dirty_limit: int | None = None,
-                 fetch_bytes: int | None = None, random_share: float = 0.0):
+                 fetch_bytes: int | None = None, random_share: float = 0.0, split_merge=()):
         for name, v in (("line_bytes", line_bytes), ("sector_bytes", sector_bytes)):
             if v <= 0 or v & (v - 1):
                 raise ValueError(f"{name}={v}: must be a power of two")
@@ -458,6 +543,8 @@ class L2:
             raise ValueError(f"random_share={random_share!r}: must be a fraction in [0, 1]")
         if dirty_limit is not None and (isinstance(dirty_limit, bool) or dirty_limit < 0):
             raise ValueError(f"dirty_limit={dirty_limit!r}: must be None or a number of bytes >= 0")
+        merge = split_merge_array(split_merge, sector_bytes)
+        self.split_merge = tuple(tuple(x) for x in split_merge)
         self.ways, self.line_bytes, self.sector_bytes, self.sample = ways, line_bytes, sector_bytes, int(sample)
         self.policy, self.dirty_limit, self.fetch_bytes = policy, dirty_limit, fetch_bytes
         self.random_share = float(random_share)
@@ -466,6 +553,8 @@ class L2:
             raise ValueError(f"sample={sample}: no set of the {self.nsets} is sampled; sample fewer")
         #: counts of the sampled sets x scale = the estimate for the whole cache
         self.scale = self.nsets / sampled
+        # the store clock counts the sectors of the sampled sets: the table's distances scaled to it
+        self.merge = merge * np.array([[1 / self.scale], [1.0]])
         self.lshift, self.sshift = line_bytes.bit_length() - 1, sector_bytes.bit_length() - 1
         self.reset()
 
@@ -476,7 +565,7 @@ class L2:
         g = get_gpu(gpu) if isinstance(gpu, str) else gpu
         return cls(g.l2_effective_bytes, g.l2_line_bytes, g.l2_sector_bytes, g.l2_ways, sample,
                    policy=g.l2_replacement, dirty_limit=g.l2_dirty_bytes, fetch_bytes=g.l2_fetch_bytes,
-                   random_share=g.l2_random_share)
+                   random_share=g.l2_random_share, split_merge=g.l2_split_merge)
 
     @property
     def capacity(self) -> int:
@@ -488,19 +577,27 @@ class L2:
         self.stamp = np.full(n, -1, dtype=np.int64)
         self.valid = np.zeros(n, dtype=np.uint8)
         self.dirty = np.zeros(n, dtype=np.uint8)
-        # the queue of lines in the order they became dirty (write-back order under the limit)
-        self.fifo_way = np.zeros(2 * n + 64, dtype=np.int64)
-        self.fifo_tag = np.zeros(2 * n + 64, dtype=np.int64)
-        self.st = np.zeros(9, dtype=np.int64)
+        self.st = np.zeros(12, dtype=np.int64)
         self.st[_RNG] = 0x2545F4914F6CDD1D
         # the dirty limit in lines of the simulated sets (set sampling: a share of it): the L2
         # counts dirty lines, whatever share of their sectors is dirty (l2_dirty_probe's half and
         # quarter lines: the same number of lines held, a half and a quarter of the bytes)
         lim = self.dirty_limit if self.dirty_limit is not None else self.capacity * 2
         self.st[_DLIMIT] = int(round(lim / self.line_bytes / self.scale))
+        # the write-back queues: twice the most live entries (a dirty line has one in fifo; an
+        # orphaned part holds dirty sectors of its own, at most line / sector - 1 of a line)
+        spl = self.line_bytes // self.sector_bytes
+        self.fifo = np.zeros((3, 2 * n + 64), dtype=np.int64)
+        self.orph = np.zeros((3, 2 * (spl - 1) * n + 64), dtype=np.int64)
+        self.meta = np.zeros((2, n), dtype=np.int64)
         self.st[_POLICY] = {"lru": 1, "random": self.ways, "nru": 0}.get(self.policy, self.policy)
         self.st[_GRAN] = self.fetch_bytes // self.sector_bytes
         self.st[_RSHARE] = round(self.random_share * 1_000_000)
+
+    def _state(self) -> tuple:
+        """The arrays and sizes the numba functions take, in their order."""
+        return (self.tags, self.stamp, self.valid, self.dirty, self.st, self.fifo, self.orph, self.meta, self.merge,
+                self.nsets, self.ways, self.lshift, self.sshift)
 
     def dirty_bytes(self) -> int:
         """Dirty bytes held (with set sampling, scaled to the whole cache)."""
@@ -512,15 +609,39 @@ class L2:
         counters [read sectors, written sectors, read misses, dirty sectors evicted].
         ``reduction``: a reduction (``write`` must be True), counted as written sectors whose
         missing granules are fetched first (see the module docstring)."""
-        if reduction and not write:
-            raise ValueError("reduction=True: a reduction writes; pass write=True")
         ctr = np.zeros(4, dtype=np.int64) if ctr is None else ctr
         if not isinstance(ctr, np.ndarray) or ctr.dtype != np.int64 or ctr.shape != (4,):
             raise ValueError(f"ctr: must be an int64 array of 4 counters, got {getattr(ctr, 'shape', ctr)!r}")
-        op = _RED if reduction else _STORE if write else _LOAD
-        _range(self.tags, self.stamp, self.valid, self.dirty, self.st, self.fifo_way, self.fifo_tag, self.nsets,
-               self.ways, self.lshift, self.sshift, int(addr), int(nbytes), op, ctr, self.gap)
+        op = int(_ops(1, write, reduction)[0])
+        _range(*self._state(), int(addr), int(nbytes), op, ctr, self.gap)
         return ctr
+
+    def replay(self, addr, nbytes, write=False, *, reduction=False) -> np.ndarray:
+        """A trace through the cache, in order: byte ranges [addr[i], addr[i] + nbytes[i]) (arrays
+        of one length, or a scalar ``nbytes``), ``write`` and ``reduction`` per range or for all;
+        returns the counters of :meth:`access` (not scaled by set sampling)."""
+        a = np.ascontiguousarray(addr, dtype=np.int64).reshape(-1)
+        n = np.ascontiguousarray(np.broadcast_to(np.asarray(nbytes, dtype=np.int64), a.shape))
+        if a.size and (a.min() < 0 or n.min() < 1):
+            raise ValueError("addr, nbytes: addresses must be >= 0 and ranges at least one byte")
+        ctr = np.zeros(4, dtype=np.int64)
+        _trace(*self._state(), a, n, _ops(a.size, write, reduction), ctr, self.gap)
+        return ctr
+
+
+def _ops(n: int, write, reduction) -> np.ndarray:
+    w = np.broadcast_to(np.asarray(write, dtype=bool), (n,))
+    r = np.broadcast_to(np.asarray(reduction, dtype=bool), (n,))
+    if np.any(r & ~w):
+        raise ValueError("reduction=True: a reduction writes; pass write=True")
+    return np.where(r, _RED, np.where(w, _STORE, _LOAD)).astype(np.int64)
+
+
+def split_merge_array(split_merge, sector_bytes: int = 32) -> np.ndarray:
+    """``split_merge`` ((bytes, share), ...) as the cache's 2 x m float64 table (sectors, share),
+    checked as the presets check theirs (ValueError naming the field)."""
+    pts = split_merge_points(split_merge, "split_merge")
+    return np.array([[b / sector_bytes for b, _ in pts], [p for _, p in pts]], dtype=np.float64).reshape(2, -1)
 
 
 def _tile_arrays(tiles, tensors, bases):
@@ -556,9 +677,7 @@ def _simulate_launch(cache: L2, launch, tensors, bases, gpu: Hardware, chunk_blo
         tiles = spec.tiles(lo, hi)
         addr, nrows, stride, nbytes, op = _tile_arrays(tiles, tensors, bases)
         rel = np.where(slot_blk >= 0, slot_blk - lo, -1)
-        nxt, done = _run(cache.tags, cache.stamp, cache.valid, cache.dirty, cache.st, cache.fifo_way,
-                         cache.fifo_tag, cache.nsets, cache.ways,
-                         cache.lshift, cache.sshift, addr, nrows, stride, nbytes, op, tiles.tile_ptr,
+        nxt, done = _run(*cache._state(), addr, nrows, stride, nbytes, op, tiles.tile_ptr,
                          tiles.step_ptr, rel, slot_step, next_abs - lo, hi == nblk, ctr, cache.gap)
         slot_blk = np.where(rel >= 0, rel + lo, -1)
         next_abs = int(nxt) + lo
@@ -650,4 +769,4 @@ def format_dram(d: DRAMTraffic) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["L2", "LaunchDRAM", "DRAMTraffic", "dram_traffic", "simulate_dram", "format_dram"]
+__all__ = ["L2", "split_merge_array", "LaunchDRAM", "DRAMTraffic", "dram_traffic", "simulate_dram", "format_dram"]

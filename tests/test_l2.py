@@ -187,14 +187,17 @@ def test_start_dirty_is_written_back_first_and_only_when_pushed_out():
     """``start_dirty``: other data dirty in the L2 when each cold launch starts (ncu's replay with
     the fast set's metrics).  Far below the L2 it stays (no write; it is part of the dirty lines
     at the end); with a 4 MiB L2, whose dirty limit S's 4 MiB pass, it is the oldest dirty data,
-    written back first: the GEMM writes exactly 1 MiB more and ends with the same dirty bytes."""
+    written back first: the GEMM writes exactly 1 MiB more and ends with the same dirty bytes.
+    (Lines stored in parts, S's fp16 rows of 32, merge in full here: with the preset's table the
+    passing of the limit, sooner with the 1 MiB, also writes their orphaned halves back.)"""
     w = Workload(batch=1, heads=2, seq_len_q=1024, head_dim=64)
     sched = build_schedule(w, "standard", "fwd", gemm_block=32)
-    small = dataclasses.replace(get_gpu("h100"), l2_bytes=4 * 2**20)
-    for gpu in ("h100", small):
+    big = dataclasses.replace(get_gpu("h100"), l2_split_merge=())
+    small = dataclasses.replace(big, l2_bytes=4 * 2**20)
+    for gpu in (big, small):
         r0, r1 = (dram_traffic(sched, gpu, cold_launches=True, start_dirty=sd) for sd in (0, 2**20))
         print([(x.name, x.read_bytes, x.write_bytes, x.dirty_end_bytes) for x in r0.launches + r1.launches])
-        if gpu == "h100":
+        if gpu is big:
             assert [x.write_bytes for x in r1.launches] == [x.write_bytes for x in r0.launches] == [0, 0, 0]
             assert [x.dirty_end_bytes - 2**20 for x in r1.launches] == [x.dirty_end_bytes for x in r0.launches]
         else:
@@ -315,3 +318,64 @@ def test_the_dram_summary_is_json_ready_and_printable():
     text = format_dram(d)
     print(text)
     assert "flash2_bwd_dkdv" in text and "total: DRAM read" in text
+
+
+def test_lines_stored_in_parts_as_the_h200_does():
+    """The H200's half-line probes (scripts/device/l2_halfline_probe.py): 128 MiB stored with each
+    line's second half L lines of stores after its first leave 25.8-26.1 MiB dirty at L = 0 down
+    to 13.6-13.8 at L = 8,192 (1 MiB), where whole lines leave 28; 16 MiB so stored writes nothing.
+    The presets' merge table is what analysis.calibrate.split_merge_curve derives from the
+    records, and the H200 preset's cache, replaying the same streams, leaves the measured bytes
+    to 0.5 MiB and writes nothing below the limit."""
+    import csv
+    from pathlib import Path
+
+    from analysis.calibrate import split_merge_curve
+
+    rec = Path(__file__).resolve().parents[1] / "analysis" / "data" / "l2calib" / "h200_l2_halfline"
+    paths = [rec / c / "l2_halfline.csv" for c in ("7fbc0b2", "389c542")]
+    got = split_merge_curve(*paths)
+    print(got)
+    assert got["points"] == get_gpu("h200").l2_split_merge == get_gpu("h100").l2_split_merge
+    rows = [r for p in paths for r in csv.DictReader(open(p)) if r["probe"] == "lag"]
+    c = L2.for_gpu("h200")
+    mib = 2**20
+
+    def replay(w, lag):
+        n = w // 128
+        k = np.arange(n)
+        addr = np.empty(2 * n, dtype=np.int64)
+        addr[0::2] = k * 128
+        addr[1::2] = (k - lag) % n * 128 + 64
+        c.reset()
+        return c.replay(addr, 64, True)
+
+    for lag in (0, 128, 1024, 8192):
+        ctr = replay(128 * mib, lag)
+        model = c.dirty_bytes() / mib
+        meas = [float(r["dirty_left_bytes"]) / mib for r in rows if r["lag_lines"] == str(lag)
+                and r["lsu_st_bytes"] == str(128 * mib)]
+        print(lag, model, meas, ctr)
+        assert min(meas) - 0.5 <= model <= max(meas) + 0.5
+        assert ctr[3] * 32 + c.dirty_bytes() == 128 * mib  # what is not left dirty was written back
+    for lag in (0, 8192):
+        below = [float(r["dram_write_bytes"]) for r in rows if r["lag_lines"] == str(lag)
+                 and r["lsu_st_bytes"] == str(16 * mib)]
+        assert below and max(below) < 0.05 * mib
+        assert replay(16 * mib, lag)[3] == 0 and c.dirty_bytes() == 16 * mib
+
+
+def test_split_merge_tables_are_checked():
+    for bad in (((0, 1.5),), ((10, 0.5), (5, 0.2)), ((-1, 0.5),), ((0.5, 0.5),), "x", ((True, 0.5),)):
+        with pytest.raises(ValueError, match="split_merge"):
+            L2(1 << 20, split_merge=bad)
+        with pytest.raises(ValueError, match="l2_split_merge"):
+            dataclasses.replace(get_gpu("h200"), l2_split_merge=bad)
+    # shares between the points: interpolated in log bytes, held flat beyond the ends
+    from flashsim.l2 import _merge_share
+
+    c = L2(1 << 20, split_merge=((0, 1.0), (1024, 0.0)))  # 1,024 bytes: 32 sectors
+    assert c.merge.tolist() == [[0.0, 32.0], [1.0, 0.0]]
+    x = np.log2(8 + 4.0)  # 8 sectors: a share of 1 - (log2 12 - 2) / (log2 36 - 2)
+    assert _merge_share(c.merge, 0) == 1.0 and _merge_share(c.merge, 32) == 0.0 == _merge_share(c.merge, 10**6)
+    assert _merge_share(c.merge, 8) == pytest.approx(1 - (x - 2) / (np.log2(36.0) - 2))

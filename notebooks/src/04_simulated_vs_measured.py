@@ -121,7 +121,11 @@ for name, rec in cal.items():
 #   (the limit counts lines, however few of their sectors are dirty: stores to half and quarter
 #   lines leave half and a quarter of the bytes, `l2calib/h200_l2_dirty_lines`), beyond it the
 #   lines dirtied first are written back (a launch writing W bytes sends max(0, W − limit) to
-#   DRAM, as measured); an evicted dirty line writes its dirty sectors back. In a comparison
+#   DRAM, as measured); a line stored in parts (standard attention's fp16 S: two blocks' 64-byte
+#   rows a line) keeps its first part dirty with a share that falls with the bytes stored in
+#   between (0.85 at once, none after 1 MiB, `l2calib/h200_l2_halfline`), else the first part is
+#   written back at the next passing of the limit; an evicted dirty line writes its dirty
+#   sectors back. In a comparison
 #   the dirty lines left at a launch's end are flushed by ncu outside the measurement, so they
 #   are not the launch's writes; a record measured with more metrics than the calibration's 7
 #   (the fast set's 10) starts each launch with the 2.06 MiB of other data that ncu's extra
