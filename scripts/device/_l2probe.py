@@ -65,6 +65,17 @@ def write_json(path: Path, obj: dict) -> None:
     tmp.replace(path)
 
 
+def write_meta(path: Path, gpu: str, **extra) -> None:
+    """A probe record's provenance: the GPU, what ``extra`` names (the ncu commands), the date
+    and flashsim.provenance.git_state's commit and dirty flag."""
+    import datetime
+
+    from flashsim.provenance import git_state
+
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    write_json(path, {"gpu": gpu, **extra, "date": now, **git_state()})
+
+
 def start(doc: str, worker, argv=None) -> int | Path:
     """A probe script's start: the worker's exit status when run as ``--worker``, else the output
     folder (``--out``, created)."""

@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from _l2probe import MEASURED, gpu_name, profile, start, write_csv, write_json  # noqa: E402
+from _l2probe import MEASURED, gpu_name, profile, start, write_csv, write_meta  # noqa: E402
 from numba import cuda, float32, uint32  # noqa: E402
 
 MIB = 1 << 20
@@ -145,12 +145,7 @@ def main(argv=None) -> int:
         print(f"{r['metrics']:<4} {r['probe']:<10} {r['mib']:>4} MiB grid {r['grid']:>5}  DRAM read "
               f"{r['dram_read_bytes'] / MIB:8.2f} MiB  write {r['dram_write_bytes'] / MIB:8.2f} MiB  left dirty "
               f"{r['dirty_left_bytes'] / MIB:7.2f} MiB  {r['time_ns'] / 1e3:8.1f} us")
-    import datetime
-
-    from flashsim.provenance import git_state
-
-    write_json(out / "l2_dirty.meta.json", {"gpu": smi, "commands": cmds, "date": datetime.datetime.now(
-        datetime.timezone.utc).isoformat(timespec="seconds"), **git_state()})
+    write_meta(out / "l2_dirty.meta.json", smi, commands=cmds)
     return 0
 
 

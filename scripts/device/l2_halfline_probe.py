@@ -44,7 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from _l2probe import MEASURED, gpu_name, profile, start, write_csv, write_json  # noqa: E402
+from _l2probe import MEASURED, gpu_name, profile, start, write_csv, write_meta  # noqa: E402
 from numba import cuda, float32, int32, uint32  # noqa: E402
 
 MIB = 1 << 20
@@ -178,12 +178,7 @@ def main(argv=None) -> int:
               f"stored {r['lsu_st_bytes'] / MIB:8.2f} MiB  "
               f"DRAM read {r['dram_read_bytes'] / MIB:7.2f}  write {r['dram_write_bytes'] / MIB:8.2f}  left dirty "
               f"{r['dirty_left_bytes'] / MIB:7.2f} MiB  {r['time_ns'] / 1e3:9.1f} us")
-    import datetime
-
-    from flashsim.provenance import git_state
-
-    write_json(out / "l2_halfline.meta.json", {"gpu": smi, "command": cmd, "date": datetime.datetime.now(
-        datetime.timezone.utc).isoformat(timespec="seconds"), **git_state()})
+    write_meta(out / "l2_halfline.meta.json", smi, command=cmd)
     return 0
 
 
