@@ -251,18 +251,17 @@ def _push(dirty, st, q, meta, ih, it, k, mask):
 
 @njit(cache=True, inline="always")
 def _merge_share(merge, dsec):
-    """The share of stores to a dirty line that join its newest entry, ``dsec`` sectors stored
-    after that entry was made: ``merge`` (2 x m: sectors, share) interpolated linearly in
-    log2(sectors + 4), held flat beyond its ends."""
+    """The share of stores to a dirty line that join its dirty part, ``dsec`` sectors stored
+    after that part's first store: ``merge`` (2 x m: log2(sectors + 4), share) interpolated
+    linearly in log2(sectors + 4), held flat beyond its ends."""
     m = merge.shape[1]
     x = np.log2(dsec + 4.0)
-    if x <= np.log2(merge[0, 0] + 4.0):
+    if x <= merge[0, 0]:
         return merge[1, 0]
     for i in range(1, m):
-        x1 = np.log2(merge[0, i] + 4.0)
-        if x <= x1:
-            x0 = np.log2(merge[0, i - 1] + 4.0)
-            return merge[1, i - 1] + (merge[1, i] - merge[1, i - 1]) * (x - x0) / (x1 - x0)
+        if x <= merge[0, i]:
+            x0 = merge[0, i - 1]
+            return merge[1, i - 1] + (merge[1, i] - merge[1, i - 1]) * (x - x0) / (merge[0, i] - x0)
     return merge[1, m - 1]
 
 
@@ -299,7 +298,7 @@ def _dirtied(tags, dirty, st, fifo, orph, meta, merge, k, before, mask, ctr):
     st[_WCLOCK] += _popcount(mask)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _access(tags, stamp, valid, dirty, st, fifo, orph, meta, merge, set_index, ways, line, mask, op, ctr):
     base = set_index * ways
     victim = base
@@ -553,8 +552,10 @@ class L2:
             raise ValueError(f"sample={sample}: no set of the {self.nsets} is sampled; sample fewer")
         #: counts of the sampled sets x scale = the estimate for the whole cache
         self.scale = self.nsets / sampled
-        # the store clock counts the sectors of the sampled sets: the table's distances scaled to it
-        self.merge = merge * np.array([[1 / self.scale], [1.0]])
+        # the store clock counts the sectors of the sampled sets: the table's distances scaled to
+        # it, kept as log2(sectors + 4), where the share is interpolated
+        self.merge = merge.copy()
+        self.merge[0] = np.log2(merge[0] / self.scale + 4.0)
         self.lshift, self.sshift = line_bytes.bit_length() - 1, sector_bytes.bit_length() - 1
         self.reset()
 

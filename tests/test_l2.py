@@ -375,7 +375,7 @@ def test_split_merge_tables_are_checked():
     from flashsim.l2 import _merge_share
 
     c = L2(1 << 20, split_merge=((0, 1.0), (1024, 0.0)))  # 1,024 bytes: 32 sectors
-    assert c.merge.tolist() == [[0.0, 32.0], [1.0, 0.0]]
+    assert c.merge.tolist() == [[2.0, np.log2(36.0)], [1.0, 0.0]]  # log2(sectors + 4)
     x = np.log2(8 + 4.0)  # 8 sectors: a share of 1 - (log2 12 - 2) / (log2 36 - 2)
     assert _merge_share(c.merge, 0) == 1.0 and _merge_share(c.merge, 32) == 0.0 == _merge_share(c.merge, 10**6)
     assert _merge_share(c.merge, 8) == pytest.approx(1 - (x - 2) / (np.log2(36.0) - 2))
