@@ -180,11 +180,23 @@ def decode_set() -> list[dict]:
     return out
 
 
+def parts_set() -> list[dict]:
+    """Standard attention with 16 x 16 GEMM tiles (issue 14): rows of S, P and dP stored 32 (fp16)
+    or 64 (fp32) bytes at a time, so that four or two blocks store each 128-byte line, where the
+    main set's 32 x 32 tiles store halves in fp16 and whole lines in fp32.  A test of the L2
+    model's merge of lines stored in parts (flashsim.config.Hardware.l2_split_merge), which the
+    half-line probes set and these launches did not: forward at N = 1,024, 2,048 and 4,096, fp16
+    and fp32, and the backward at N = 2,048; d = 64, B·H = 16.  8 configurations, 28 launches."""
+    out = [_cfg("standard", "fwd", n, 64, dt, gemm_block=16) for dt in ("fp16", "fp32") for n in (1024, 2048, 4096)]
+    out += [_cfg("standard", "bwd", 2048, 64, dt, gemm_block=16) for dt in ("fp16", "fp32")]
+    return out
+
+
 #: Named sets.  The data file is named after the set, so "h100" and "h200" name the same
 #: configurations measured on each GPU.
 SETS = {"main": main_set, "h100": main_set, "h200": main_set, "smoke": smoke_set, "decode": decode_set,
         "fast": fast_set, "fast_smoke": fast_smoke_set, "torch": torch_set, "torch_tma": torch_tma_set,
-        "torch_edge": torch_edge_set}
+        "torch_edge": torch_edge_set, "parts": parts_set}
 #: Sets measured with metrics chosen by the set (default: analysis.ncu.METRICS and the optional
 #: ones the installed ncu knows): set -> a function giving the metrics.
 SET_METRICS = {"fast": fast_metrics, "fast_smoke": fast_metrics}
