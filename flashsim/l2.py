@@ -509,13 +509,13 @@ class L2:
     ``policy``: "lru", "random" (a full set gives up a pseudo-random way, from a fixed seed:
     the counts are reproducible) or "nru" (see the module docstring), of whose victims a share
     ``random_share`` is drawn among all the ways instead.  ``dirty_limit``: the most bytes of
-    dirty lines held (dirty_limit / line_bytes entries of the write-back queue, however few of
-    their sectors are dirty); a write that goes beyond it writes the oldest entries back (their
-    lines stay, clean); None: no limit (dirty lines reach DRAM only when evicted).
-    ``split_merge``: ((bytes stored since, share), ...), bytes ascending: the share of the stores
-    to a line already dirty that join its newest entry, by the bytes stored (by anyone) since
-    that entry was made; the rest make an entry of their own, one more against the limit.
-    Empty (the default): every store joins, the limit counts lines.  ``fetch_bytes``: what a read
+    dirty lines held (dirty_limit / line_bytes lines, however few of their sectors are dirty); a
+    write that goes beyond it writes the oldest dirty lines back (they stay, clean); None: no
+    limit (dirty lines reach DRAM only when evicted).  ``split_merge``: ((bytes stored since,
+    share), ...), bytes ascending: the share of the stores to a line already dirty that join its
+    dirty part, by the bytes stored (by anyone) since that part's first store; for the rest the
+    line's older dirty sectors are orphaned, written back (and kept) the next time the limit is
+    passed, before the oldest lines.  Empty (the default): every store joins.  ``fetch_bytes``: what a read
     miss fetches from DRAM, the missing sectors of each aligned ``fetch_bytes`` granule it
     touches."""
 
@@ -622,11 +622,17 @@ class L2:
         of one length, or a scalar ``nbytes``), ``write`` and ``reduction`` per range or for all;
         returns the counters of :meth:`access` (not scaled by set sampling)."""
         a = np.ascontiguousarray(addr, dtype=np.int64).reshape(-1)
-        n = np.ascontiguousarray(np.broadcast_to(np.asarray(nbytes, dtype=np.int64), a.shape))
+        try:
+            n = np.ascontiguousarray(np.broadcast_to(np.asarray(nbytes, dtype=np.int64), a.shape))
+            op = _ops(a.size, write, reduction)
+        except ValueError as e:
+            if "reduction" in str(e):
+                raise
+            raise ValueError(f"nbytes, write, reduction: each a scalar or one per address ({a.size}): {e}") from None
         if a.size and (a.min() < 0 or n.min() < 1):
             raise ValueError("addr, nbytes: addresses must be >= 0 and ranges at least one byte")
         ctr = np.zeros(4, dtype=np.int64)
-        _trace(*self._state(), a, n, _ops(a.size, write, reduction), ctr, self.gap)
+        _trace(*self._state(), a, n, op, ctr, self.gap)
         return ctr
 
 

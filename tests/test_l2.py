@@ -379,3 +379,21 @@ def test_split_merge_tables_are_checked():
     x = np.log2(8 + 4.0)  # 8 sectors: a share of 1 - (log2 12 - 2) / (log2 36 - 2)
     assert _merge_share(c.merge, 0) == 1.0 and _merge_share(c.merge, 32) == 0.0 == _merge_share(c.merge, 10**6)
     assert _merge_share(c.merge, 8) == pytest.approx(1 - (x - 2) / (np.log2(36.0) - 2))
+
+
+def test_replay_is_access_in_order_and_refuses_bad_traces():
+    a, b = L2(1 << 16, 128, 32, 4, policy="lru"), L2(1 << 16, 128, 32, 4, policy="lru")
+    addr = np.array([0, 40, 4096, 0, 8192, 100], dtype=np.int64)
+    nb = np.array([40, 100, 256, 128, 64, 8])
+    wr = np.array([True, False, True, False, True, False])
+    got = a.replay(addr, nb, wr)
+    want = np.zeros(4, dtype=np.int64)
+    for x, n, w in zip(addr, nb, wr):
+        b.access(int(x), int(n), bool(w), want)
+    assert got.tolist() == want.tolist() and a.dirty_bytes() == b.dirty_bytes()
+    for bad in (dict(addr=[0, 128], nbytes=[1, 2, 3]), dict(addr=[0], nbytes=4, write=[True, False]),
+                dict(addr=[-1], nbytes=4), dict(addr=[0], nbytes=0)):
+        with pytest.raises(ValueError, match="nbytes"):
+            a.replay(**bad)
+    with pytest.raises(ValueError, match="reduction"):
+        a.replay([0], 4, False, reduction=True)
