@@ -16,9 +16,11 @@ The probe varies one thing at a time, each case one launch under ``ncu --cache-c
 * ``*_idle``: the same after 1 GiB of other data was written by an earlier (unprofiled) kernel
   and left allocated (Nsight Compute's kernel replay saves and restores the device memory);
 
-and the whole list is profiled twice: with analysis.ncu's METRICS (the calibration's and the
-attention record's 7) and with the fast set's 10 (METRICS and EXTRA_METRICS), which ncu may
-collect over more replay passes.  On the GPU machine, from the repository root::
+and the whole list is profiled three times: with analysis.ncu's METRICS (the calibration's and
+the attention record's 7), with the fast set's 10 (METRICS and EXTRA_METRICS), and with what
+``analysis.measure`` asks for by default (METRICS and every optional metric the installed ncu
+knows: 17 with ncu 2025.3, the torch and parts sets' records), which ncu may collect over more
+replay passes.  On the GPU machine, from the repository root::
 
     python3 scripts/device/l2_dirty_probe.py --out "$OUT"
 
@@ -124,13 +126,15 @@ def worker() -> int:
 
 
 def main(argv=None) -> int:
-    from analysis.ncu import EXTRA_METRICS, METRICS
+    from analysis.ncu import EXTRA_METRICS, METRICS, available_metrics
 
     out = start(__doc__, worker, argv)
     if isinstance(out, int):
         return out
     smi, rows, cmds = gpu_name(), [], {}
-    for name, metrics in (("m7", METRICS), ("m10", (*METRICS, *EXTRA_METRICS))):
+    wide = (*METRICS, *available_metrics())  # what analysis.measure asks for by default
+    sets = [("m7", METRICS), ("m10", (*METRICS, *EXTRA_METRICS)), (f"m{len(wide)}", wide)]
+    for name, metrics in sets:
         got = profile(__file__, f"l2_dirty_{name}", out, probes(), metrics=metrics)
         if got is None:
             return 1
@@ -145,7 +149,7 @@ def main(argv=None) -> int:
         print(f"{r['metrics']:<4} {r['probe']:<10} {r['mib']:>4} MiB grid {r['grid']:>5}  DRAM read "
               f"{r['dram_read_bytes'] / MIB:8.2f} MiB  write {r['dram_write_bytes'] / MIB:8.2f} MiB  left dirty "
               f"{r['dirty_left_bytes'] / MIB:7.2f} MiB  {r['time_ns'] / 1e3:8.1f} us")
-    write_meta(out / "l2_dirty.meta.json", smi, commands=cmds)
+    write_meta(out / "l2_dirty.meta.json", smi, commands=cmds, metric_sets={n: list(m) for n, m in sets})
     return 0
 
 
