@@ -721,22 +721,23 @@ def replay_dirty_bytes(path) -> dict:
     """What Nsight Compute's replay leaves dirty in the L2 when a launch is measured with more
     metrics than the calibration's 7, from the store and read probes of
     scripts/device/l2_dirty_probe.py at ``path``: each metric set's store streams leave
-    ``left`` bytes dirty (the median over the fill and zero-fill cases), and ``start_dirty``, the
-    difference between the two sets' medians, is the other data the wider set finds dirty when
-    its launch starts (the fast set's 10 metrics on the H200: 2.06 MiB; a launch that only reads
-    64 MiB writes 2.3 MiB with them and 0.1-0.4 MiB with the 7).  Returns {"metrics": the two
-    sets' names, the narrower first ("m7", "m10"), "left": {set: bytes}, "read_writes": {set:
-    the median DRAM writes of the read probes}, "start_dirty": bytes}."""
+    ``left`` bytes dirty (the median over the fill and zero-fill cases), and ``start_dirty``, for
+    each wider set, the difference between the narrowest set's median and its own: the other data
+    that set finds dirty when its launch starts (the fast set's 10 metrics on the H200: 2.06
+    MiB; analysis.measure's 17, 2.00 MiB; a launch that only reads 64 MiB writes 2.0-2.4 MiB
+    with them and 0.06-0.39 MiB with the 7).  Returns {"metrics": the sets' names, narrowest
+    first ("m7", "m10", ...), "left": {set: bytes}, "read_writes": {set: the median DRAM writes
+    of the read probes}, "start_dirty": {wider set: bytes}}."""
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     sets = sorted({r["metrics"] for r in rows}, key=lambda m: int(m.lstrip("m")))
-    if len(sets) != 2:
-        raise ValueError(f"{path}: metric sets {sets}; the probe needs two")
+    if len(sets) < 2:
+        raise ValueError(f"{path}: metric sets {sets}; the probe needs at least two")
     left = {m: float(np.median([float(r["dirty_left_bytes"]) for r in rows if r["metrics"] == m
                                 and r["probe"].startswith(("fill", "zero"))])) for m in sets}
     reads = {m: float(np.median([float(r["dram_write_bytes"]) for r in rows if r["metrics"] == m
                                  and r["probe"].startswith("read")])) for m in sets}
-    start = max(0, round(left[sets[0]] - left[sets[1]]))
+    start = {m: max(0, round(left[sets[0]] - left[m])) for m in sets[1:]}
     return {"metrics": sets, "left": left, "read_writes": reads, "start_dirty": start}
 
 

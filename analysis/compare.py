@@ -281,22 +281,41 @@ def _timed_rate() -> float:
     return timed_writeback_rate(*WRITEBACK_RECORDS)
 
 
-#: scripts/device/l2_dirty_probe.py's record: what Nsight Compute's replay leaves dirty in the L2
-#: when a launch is measured with the fast set's 10 metrics rather than the calibration's 7
-REPLAY_DIRTY_RECORD = Path(__file__).resolve().parent / "data" / "l2calib" / "h200_l2_dirty" / "l2_dirty.csv"
+#: scripts/device/l2_dirty_probe.py's records: what Nsight Compute's replay leaves dirty in the L2
+#: when a launch is measured with more metrics than the calibration's 7: the fast set's 10
+#: (h200_l2_dirty, 011cd4f) and analysis.measure's default 17 (h200_l2_dirty_m17, 428cac7,
+#: which measured the 10 again: 2.00 MiB, and the 17 alike)
+REPLAY_DIRTY_RECORDS = tuple(Path(__file__).resolve().parent / "data" / "l2calib" / d / "l2_dirty.csv"
+                             for d in ("h200_l2_dirty", "h200_l2_dirty_m17"))
+REPLAY_DIRTY_RECORD = REPLAY_DIRTY_RECORDS[0]
+
+
+def _probe_metric_sets(path: Path) -> dict:
+    """{set name: its metrics} of an l2_dirty_probe record (its meta.json; the first record,
+    which predates that field, profiled METRICS as m7 and METRICS with EXTRA_METRICS as m10)."""
+    meta = json.loads(path.with_name("l2_dirty.meta.json").read_text())
+    return meta.get("metric_sets") or {"m7": list(METRICS), "m10": [*METRICS, *EXTRA_METRICS]}
+
+
+def replay_dirty_source(meta: dict) -> tuple[int, str | None]:
+    """(:func:`replay_dirty`, the name of the probe record that measured it, or None)."""
+    from .calibrate import replay_dirty_bytes
+
+    want = set(meta.get("metrics") or ())
+    for path in REPLAY_DIRTY_RECORDS:
+        for name, metrics in _probe_metric_sets(path).items():
+            if set(metrics) == want:
+                return replay_dirty_bytes(path)["start_dirty"].get(name, 0), path.parent.name
+    return 0, None
 
 
 def replay_dirty(meta: dict) -> int:
     """Bytes of other data a launch of this record finds dirty in the L2 when ncu measures it: 0
-    for the calibration's metric set (its dirty limit holds that state), the probe's
-    ``start_dirty`` (analysis.calibrate.replay_dirty_bytes) for METRICS with EXTRA_METRICS, the
-    set it measured (on the H200; assumed for the other GPUs); 0 for any other set (not
-    measured)."""
-    from .calibrate import replay_dirty_bytes
-
-    if set(meta.get("metrics") or ()) != set(METRICS) | set(EXTRA_METRICS):
-        return 0
-    return replay_dirty_bytes(REPLAY_DIRTY_RECORD)["start_dirty"]
+    for the calibration's metric set (its dirty limit holds that state); for a wider set, the
+    ``start_dirty`` that the first probe record to have profiled exactly that set gives it
+    (analysis.calibrate.replay_dirty_bytes: the fast set's 10 metrics and analysis.measure's
+    17; measured on the H200, assumed for the other GPUs); 0 for a set no probe measured."""
+    return replay_dirty_source(meta)[0]
 
 
 def compare(rows: list[dict], gpu: str = "h100", start_dirty: int = 0) -> list[dict]:
@@ -310,7 +329,7 @@ def compare(rows: list[dict], gpu: str = "h100", start_dirty: int = 0) -> list[d
     for cid, launches in by_cfg.items():
         launches.sort(key=lambda r: r["launch_index"])
         if launches[0]["kernel"] in TORCH_KERNELS:  # PyTorch's launches, matched by kernel name
-            out += torch_records(cid, launches, gpu)
+            out += torch_records(cid, launches, gpu, start_dirty)
             continue
         preds = predict(launches[0], gpu, start_dirty)
         if len(preds) != len(launches):
@@ -535,10 +554,10 @@ def run(data: str | Path, out_dir: str | Path | None = None, gpu: str | None = N
             raise ValueError(f"gpu=None: the data's provenance names GPU {meta.get('gpu')!r}, which matches no "
                              "preset; pass gpu= (--gpu) explicitly")
         print(f"GPU preset {gpu} (from the data's provenance)")
-    start_dirty = replay_dirty(meta)
+    start_dirty, probe = replay_dirty_source(meta)
     if start_dirty:
         print(f"each launch starts with {start_dirty / 2**20:.2f} MiB of other data dirty in the L2 (what ncu's "
-              f"replay leaves with this record's {len(meta['metrics'])} metrics: {REPLAY_DIRTY_RECORD.parent.name})")
+              f"replay leaves with this record's {len(meta['metrics'])} metrics: {probe})")
     records = compare(rows, gpu, start_dirty)
     print(f"measured on {meta.get('gpu')} (driver {meta.get('driver')}, {meta.get('ncu')}), "
           f"{meta.get('date')}, commit {str(meta.get('git_commit'))[:10]}, cache control {meta.get('cache_control')}")

@@ -294,9 +294,10 @@ def _rel(measured: float, predicted: float) -> float:
     return measured / predicted - 1.0
 
 
-def _dram(sched, launches: list[dict], gpu: str) -> list[dict]:
+def _dram(sched, launches: list[dict], gpu: str, start_dirty: int = 0) -> list[dict]:
     """The DRAM columns of each launch (:func:`analysis.compare.predict`'s, with the errors of
-    :func:`analysis.compare.compare`), NaN where the schedule has no thread blocks."""
+    :func:`analysis.compare.compare`; ``start_dirty`` as there), NaN where the schedule has no
+    thread blocks."""
     from flashsim.config import get_gpu
     from flashsim.l2 import dram_traffic
 
@@ -307,7 +308,7 @@ def _dram(sched, launches: list[dict], gpu: str) -> list[dict]:
         return [{"sim_dram_read_bytes": nan, "sim_dram_write_bytes": nan, "sim_dirty_end_bytes": nan,
                  "dram_err": nan, "dram_read_err": nan, "dram_write_err": nan, "dram_write_timed_err": nan,
                  "sim_dram_write_timed_bytes": nan} for _ in launches]
-    d = dram_traffic(sched, get_gpu(gpu), cold_launches=True, sample=DRAM_SET_SAMPLE)
+    d = dram_traffic(sched, get_gpu(gpu), cold_launches=True, sample=DRAM_SET_SAMPLE, start_dirty=start_dirty)
     rate = _timed_rate()
     out = []
     for r, x in zip(launches, d.launches):
@@ -323,9 +324,10 @@ def _dram(sched, launches: list[dict], gpu: str) -> list[dict]:
     return out
 
 
-def records(cid: str, launches: list[dict], gpu: str = "h100") -> list[dict]:
+def records(cid: str, launches: list[dict], gpu: str = "h100", start_dirty: int = 0) -> list[dict]:
     """One comparison record per measured launch of a torch configuration (see the module
-    docstring; ``gpu``: the preset whose L2 models the DRAM level); the keys of
+    docstring; ``gpu``: the preset whose L2 models the DRAM level, ``start_dirty`` as
+    :func:`analysis.compare.predict` takes it); the keys of
     :func:`analysis.compare.compare`'s records, plus ``level`` ("lsu" or
     "l2"), the reductions (``lsu_red_bytes``, ``sim_lsu_red_bytes``, ``lsu_red_err``), the L2
     sectors (``sim_l2_read_sectors``, ``sim_l2_write_sectors``, ``l2_err`` of their sum,
@@ -340,7 +342,7 @@ def records(cid: str, launches: list[dict], gpu: str = "h100") -> list[dict]:
     if options:
         sched = schedule_of(cfg, **options)
     io = walk(sched)
-    dram = _dram(sched, launches, gpu)
+    dram = _dram(sched, launches, gpu, start_dirty)
     # What the SMs receive (xbar_read_sectors): every CTA's own tiles, a multicast band once per
     # receiving CTA; the TMA GEMMs' whole boxes on a cluster-padded grid (torch_naive's rule)
     per_cta = [(c.read_sectors or 0) + _bulk_sectors(c, "bulk_read") for c in io.per_launch.values()]

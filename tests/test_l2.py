@@ -219,11 +219,23 @@ def test_replay_dirty_from_the_probe_record():
     got = replay_dirty_bytes(REPLAY_DIRTY_RECORD)
     print(got)
     assert got["metrics"] == ["m7", "m10"]
-    assert got["left"] == {"m7": 29101696.0, "m10": 26944768.0} and got["start_dirty"] == 2156928
+    assert got["left"] == {"m7": 29101696.0, "m10": 26944768.0} and got["start_dirty"] == {"m10": 2156928}
     assert got["read_writes"]["m10"] > 2 * 2**20 > 4 * got["read_writes"]["m7"]  # a read of 64 MiB writes
     assert replay_dirty({"metrics": [*METRICS, *EXTRA_METRICS]}) == 2156928
     assert replay_dirty({"metrics": list(METRICS)}) == 0 == replay_dirty({})
     assert replay_dirty({"metrics": [*METRICS, *EXTRA_METRICS, "xbar"]}) == 0  # not measured: none
+
+    # analysis.measure's default set (17 metrics with ncu 2025.3: the torch and parts records),
+    # probed at 428cac7: as the 10 (which that run measured again: about 2 MiB)
+    from analysis.compare import REPLAY_DIRTY_RECORDS, _probe_metric_sets
+
+    wide = replay_dirty_bytes(REPLAY_DIRTY_RECORDS[1])
+    print(wide)
+    assert wide["metrics"] == ["m7", "m10", "m17"]
+    assert 1.8 * 2**20 < wide["start_dirty"]["m17"] < 2.4 * 2**20
+    assert 1.8 * 2**20 < wide["start_dirty"]["m10"] < 2.4 * 2**20
+    m17 = _probe_metric_sets(REPLAY_DIRTY_RECORDS[1])["m17"]
+    assert replay_dirty({"metrics": m17}) == wide["start_dirty"]["m17"]
 
 
 @pytest.mark.parametrize("algo,pass_,kw", [
