@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from _l2probe import MEASURED, gpu_name, profile, start, write_csv, write_meta  # noqa: E402
+from _l2probe import MEASURED, measure, write_csv, write_meta  # noqa: E402
 from numba import cuda, float32, int32  # noqa: E402
 
 MIB = 1 << 20
@@ -90,14 +90,10 @@ def worker() -> int:
 
 
 def main(argv=None) -> int:
-    out = start(__doc__, worker, argv)
-    if isinstance(out, int):
-        return out
-    smi = gpu_name()
-    got = profile(__file__, "l2_evict", out, probes())
-    if got is None:
-        return 1
-    pairs, cmd = got
+    got = measure(__doc__, __file__, "l2_evict", probes, worker, argv)
+    if isinstance(got, int):
+        return got
+    out, pairs, cmd, smi = got
     rows = [{**p, **{k: ln[k] for k in MEASURED}, "gpu": smi} for p, ln in pairs]
     write_csv(out / "l2_evict.csv", rows)
     for r in rows:

@@ -44,7 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from _l2probe import MEASURED, gpu_name, profile, start, write_csv, write_meta  # noqa: E402
+from _l2probe import MEASURED, measure, write_csv, write_meta  # noqa: E402
 from numba import cuda, float32, int32, uint32  # noqa: E402
 
 MIB = 1 << 20
@@ -158,14 +158,10 @@ def worker() -> int:
 
 
 def main(argv=None) -> int:
-    out = start(__doc__, worker, argv)
-    if isinstance(out, int):
-        return out
-    smi = gpu_name()
-    got = profile(__file__, "l2_halfline", out, probes())
-    if got is None:
-        return 1
-    pairs, cmd = got
+    got = measure(__doc__, __file__, "l2_halfline", probes, worker, argv)
+    if isinstance(got, int):
+        return got
+    out, pairs, cmd, smi = got
     rows = []
     for p, ln in pairs:
         rows.append({"probe": p["probe"], "shape": "x".join(map(str, p["shape"])), "lag_lines": p.get("lag_lines", ""),
