@@ -129,7 +129,8 @@ for name, rec in cal.items():
 #   the dirty lines left at a launch's end are flushed by ncu outside the measurement, so they
 #   are not the launch's writes; a record measured with more metrics than the calibration's 7
 #   (the fast set's 10) starts each launch with the 2.06 MiB of other data that ncu's extra
-#   replay pass leaves dirty (`l2calib/h200_l2_dirty`), written back first.
+#   replay pass leaves dirty (`l2calib/h200_l2_dirty`), written back first; one measured with
+#   `analysis.measure`'s 17 (the torch and parts records) with 2.00 MiB (`l2calib/h200_l2_dirty_m17`).
 #
 # Every parameter comes from the calibration microbenchmarks (`python -m analysis.calibrate l2`,
 # records in `analysis/data/l2calib/`, named by each preset's `l2_source`), none is fitted to
