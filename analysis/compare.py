@@ -287,7 +287,6 @@ def _timed_rate() -> float:
 #: which measured the 10 again: 2.00 MiB, and the 17 alike)
 REPLAY_DIRTY_RECORDS = tuple(Path(__file__).resolve().parent / "data" / "l2calib" / d / "l2_dirty.csv"
                              for d in ("h200_l2_dirty", "h200_l2_dirty_m17"))
-REPLAY_DIRTY_RECORD = REPLAY_DIRTY_RECORDS[0]
 
 
 def _probe_metric_sets(path: Path) -> dict:

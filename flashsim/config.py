@@ -309,8 +309,9 @@ class Hardware:
     #: with "nru": the share of victims drawn among all the ways (hot lines are kept, not always)
     l2_random_share: float = 0.0
     #: ((bytes stored since, share), ...): the share of the stores to a line already dirty that
-    #: join its dirty entry, by the bytes stored since that entry was made; the others count as
-    #: one more dirty line against the limit (flashsim.l2.L2's ``split_merge``; empty: all join)
+    #: join its dirty part, by the bytes stored since that part's first store; for the others the
+    #: line's older sectors are orphaned, written back the next time the dirty limit is passed
+    #: (flashsim.l2.L2's ``split_merge``; empty: all join)
     l2_split_merge: tuple = ()
     #: occupancy limits of one SM (CUDA programming guide, compute capability table)
     max_threads_per_sm: int = 2048

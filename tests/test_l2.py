@@ -213,10 +213,10 @@ def test_replay_dirty_from_the_probe_record():
     the calibration's 7 metrics and 25.70 MiB with the fast set's 10 (medians); the difference is
     what a launch measured with the 10 starts with.  Only that metric set gets it."""
     from analysis.calibrate import replay_dirty_bytes
-    from analysis.compare import REPLAY_DIRTY_RECORD, replay_dirty
+    from analysis.compare import REPLAY_DIRTY_RECORDS, replay_dirty
     from analysis.ncu import EXTRA_METRICS, METRICS
 
-    got = replay_dirty_bytes(REPLAY_DIRTY_RECORD)
+    got = replay_dirty_bytes(REPLAY_DIRTY_RECORDS[0])
     print(got)
     assert got["metrics"] == ["m7", "m10"]
     assert got["left"] == {"m7": 29101696.0, "m10": 26944768.0} and got["start_dirty"] == {"m10": 2156928}
@@ -227,7 +227,7 @@ def test_replay_dirty_from_the_probe_record():
 
     # analysis.measure's default set (17 metrics with ncu 2025.3: the torch and parts records),
     # probed at 428cac7: as the 10 (which that run measured again: about 2 MiB)
-    from analysis.compare import REPLAY_DIRTY_RECORDS, _probe_metric_sets
+    from analysis.compare import _probe_metric_sets
 
     wide = replay_dirty_bytes(REPLAY_DIRTY_RECORDS[1])
     print(wide)
