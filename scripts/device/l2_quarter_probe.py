@@ -1,0 +1,144 @@
+"""Lines stored in quarters and eighths: what they leave dirty in the L2 (issue 14).
+
+The half-line probe (l2_halfline_probe.py) measured 128 MiB stored with each line's two halves
+L lines of stores apart, and flashsim.l2's merge table came from it: a store to a line already
+dirty joins the line's dirty part with a share that falls with the bytes stored since that
+part's first store, else the older sectors are orphaned (written back at the next passing of
+the dirty limit).  The model applies the share to each join, so a line stored in quarters meets
+it three times.  The held-out record (analysis/data/h200/parts: standard attention with 16 x 16
+GEMM tiles, whose fp16 S rows are 32-byte quarters of a line) says that is too much: the model
+writes 44% more than measured at N = 1,024 (13.5 against 9.4 MB) and 1-4% more at N >= 2,048.
+One thing varied at a time, each case one launch under ``ncu --cache-control all`` with
+analysis.ncu's METRICS (the calibration's 7):
+
+* ``fill32``: grid-stride stores of float32 over 128 MiB, each line stored whole by one
+  instruction (the full-line level);
+* ``lag`` with ``parts`` P = 2, 4, 8 and lag L (lines): float32 stores over 128 MiB, part q of
+  line i stored with part 0 of line i + q·L (wrapping), one instruction after the other:
+  a line's parts 128·L bytes of traffic apart, P·L between its first and last part.  P = 2 is
+  the half-line probe's ``lag`` case, repeated here beside the rest;
+* ``gemm16``: kernels.standard's gemm_qk with 16 x 16 tiles, fp16, B·H = 16, N = 1,024 and
+  2,048, d = 64 (the held-out record's launches, measured again beside the rest);
+* ``lag`` P = 4 over 16 MiB (below the dirty limit): do orphaned quarters wait for the limit?
+
+The list runs twice, the second time in reverse order, after one fill that is not counted.
+
+On the GPU machine, from the repository root::
+
+    python3 scripts/device/l2_quarter_probe.py --out "$OUT"
+
+writes ``$OUT/l2_quarter.csv`` (case, shape, parts, lag, DRAM bytes read and written, stores,
+dirty bytes left = stores - DRAM writes) with the raw export and the metadata, and prints the
+table.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from _l2probe import MEASURED, measure, write_csv, write_meta  # noqa: E402
+from numba import cuda, float32, int32  # noqa: E402
+
+MIB = 1 << 20
+#: (parts, lag in lines) of the 128 MiB cases
+LAGS = ((2, 0), (2, 1024), (4, 0), (4, 1), (4, 16), (4, 128), (4, 1024), (4, 8192), (8, 0), (8, 16), (8, 128),
+        (8, 1024))
+REPEATS = 2
+
+
+def cases() -> list[dict]:
+    out = [{"probe": "fill32", "shape": (128 * MIB // 4,)}]
+    out += [{"probe": "lag", "shape": (128 * MIB // 4,), "parts": p, "lag_lines": n} for p, n in LAGS]
+    out += [{"probe": "gemm16", "shape": (16, n, n)} for n in (1024, 2048)]
+    out += [{"probe": "lag", "shape": (16 * MIB // 4,), "parts": 4, "lag_lines": n} for n in (0, 8192)]
+    return out
+
+
+def probes() -> list[dict]:
+    """The launches in the order profiled: the uncounted fill, then the cases REPEATS times."""
+    out = [{"probe": "first", "shape": (64 * MIB // 4,)}]
+    for r in range(REPEATS):
+        out += [dict(c, rep=r) for c in (cases() if r % 2 == 0 else cases()[::-1])]
+    return out
+
+
+@cuda.jit
+def fill(buf):
+    for k in range(cuda.grid(1), buf.size, cuda.gridsize(1)):
+        buf[k] = float32(1)
+
+
+@cuda.jit
+def split(buf, parts, lag):
+    # float k of the first parts: line k // w, float k % w of the part (w = 32 / parts floats);
+    # with it the same float of part q of line k // w + q·lag, q = 1 .. parts - 1
+    nlines = buf.size // 32
+    w = 32 // parts
+    for k in range(cuda.grid(1), nlines * w, cuda.gridsize(1)):
+        line = k // w
+        off = k % w
+        for q in range(parts):
+            other = (line + q * lag) % nlines
+            buf[other * 32 + q * w + off] = float32(1)
+
+
+def worker() -> int:
+    import numpy as np
+
+    from kernels.standard import _dummy, _kernel
+
+    gemm = _kernel("gemm_qk", False, 16)
+    ctr = _dummy("counters")
+    rng = np.random.default_rng(0)
+    qk = {n: cuda.to_device(rng.standard_normal((16, n, 64)).astype(np.float16)) for n in (1024, 2048)}
+    small = cuda.device_array((1, 16, 16), dtype=np.float16)
+    fill[4, 256](cuda.device_array(1024, dtype=np.float32))  # compile outside the profiled region
+    split[4, 256](cuda.device_array(1024, dtype=np.float32), int32(4), int32(1))
+    gemm[(1, 1, 1), (16, 4)](qk[1024], qk[1024], small, int32(1), ctr)
+    cuda.synchronize()
+    for p in probes():
+        name = p["probe"]
+        dt = np.float16 if name == "gemm16" else np.float32
+        buf = cuda.device_array(p["shape"], dtype=dt)
+        fill[1056, 256](buf.reshape(buf.size))  # resident pages, then cold under ncu
+        cuda.synchronize()
+        cuda.profile_start()
+        if name in ("first", "fill32"):
+            fill[1056, 256](buf)
+        elif name == "gemm16":
+            b, nq, nk = p["shape"]
+            gemm[(nk // 16, nq // 16, b), (16, 4)](qk[nq], qk[nq], buf, int32(1), ctr)
+        else:
+            split[1056, 256](buf, int32(p["parts"]), int32(p["lag_lines"]))
+        cuda.synchronize()
+        cuda.profile_stop()
+        del buf
+    return 0
+
+
+def main(argv=None) -> int:
+    got = measure(__doc__, __file__, "l2_quarter", probes, worker, argv)
+    if isinstance(got, int):
+        return got
+    out, pairs, cmd, smi = got
+    rows = []
+    for p, ln in pairs:
+        rows.append({"probe": p["probe"], "shape": "x".join(map(str, p["shape"])), "parts": p.get("parts", ""),
+                     "lag_lines": p.get("lag_lines", ""), "rep": p.get("rep", ""),
+                     **{k: ln[k] for k in MEASURED},
+                     "dirty_left_bytes": ln["lsu_st_bytes"] - ln["dram_write_bytes"], "gpu": smi})
+    write_csv(out / "l2_quarter.csv", rows)
+    for r in rows:
+        print(f"{r['probe']:<7} {r['shape']:>14} parts {str(r['parts']):>2} lag {str(r['lag_lines']):>5} "
+              f"#{r['rep']}  stored {r['lsu_st_bytes'] / MIB:8.2f} MiB  DRAM read {r['dram_read_bytes'] / MIB:7.2f}  "
+              f"write {r['dram_write_bytes'] / MIB:8.2f}  left dirty {r['dirty_left_bytes'] / MIB:7.2f} MiB  "
+              f"{r['time_ns'] / 1e3:9.1f} us")
+    write_meta(out / "l2_quarter.meta.json", smi, command=cmd)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
