@@ -13,15 +13,20 @@ analysis.ncu's METRICS (the calibration's 7):
 
 * ``fill32``: grid-stride stores of float32 over 128 MiB, each line stored whole by one
   instruction (the full-line level);
-* ``lag`` with ``parts`` P = 2, 4, 8 and lag L (lines): float32 stores over 128 MiB, part q of
-  line i stored with part 0 of line i + q·L (wrapping), one instruction after the other:
-  a line's parts 128·L bytes of traffic apart, P·L between its first and last part.  P = 2 is
-  the half-line probe's ``lag`` case, repeated here beside the rest;
-* ``gemm16``: kernels.standard's gemm_qk with 16 x 16 tiles, fp16, B·H = 16, N = 1,024 and
-  2,048, d = 64 (the held-out record's launches, measured again beside the rest);
-* ``lag`` P = 4 over 16 MiB (below the dirty limit): do orphaned quarters wait for the limit?
+* ``lag`` with ``parts`` P = 2 or 4, lag L (lines) and ``order`` +1 or -1: float32 stores over
+  128 MiB, part q of line i stored with part 0 of line i + order·q·L (wrapping), one instruction
+  after the other: a line's parts 128·L bytes of traffic apart, (P - 1)·L between its first
+  and last part, the highest part first (order +1) or the lowest (-1, the half-line probe's
+  order: its ``lag`` case is P = 2, order -1);
+* ``gemm16`` (first record only): kernels.standard's gemm_qk with 16 x 16 tiles, fp16, B·H = 16,
+  N = 1,024 and 2,048, d = 64 (the held-out record's launches, measured again beside the rest);
+* first record only: P = 8 (16-byte parts: half sectors, which the L2 fills from DRAM first), and
+  ``lag`` P = 4 over 16 MiB (below the dirty limit: do orphaned quarters wait for the limit?).
 
 The list runs twice, the second time in reverse order, after one fill that is not counted.
+The first record was taken by this script at 343dffd (its list: FIRST_LAGS, all of order +1, and
+the cases marked above); the second (this list) has both orders at each lag, to tell the order
+from the lag.
 
 On the GPU machine, from the repository root::
 
@@ -43,18 +48,18 @@ from _l2probe import MEASURED, measure, write_csv, write_meta  # noqa: E402
 from numba import cuda, float32, int32  # noqa: E402
 
 MIB = 1 << 20
-#: (parts, lag in lines) of the 128 MiB cases
-LAGS = ((2, 0), (2, 1024), (4, 0), (4, 1), (4, 16), (4, 128), (4, 1024), (4, 8192), (8, 0), (8, 16), (8, 128),
-        (8, 1024))
+#: (parts, lag in lines) of the first record's 128 MiB cases (order +1; for the record)
+FIRST_LAGS = ((2, 0), (2, 1024), (4, 0), (4, 1), (4, 16), (4, 128), (4, 1024), (4, 8192), (8, 0), (8, 16), (8, 128),
+              (8, 1024))
+#: the lags (lines) of the second's, each for P = 2 and 4 in both orders
+LAGS = (0, 16, 128, 1024, 8192)
 REPEATS = 2
 
 
 def cases() -> list[dict]:
-    out = [{"probe": "fill32", "shape": (128 * MIB // 4,)}]
-    out += [{"probe": "lag", "shape": (128 * MIB // 4,), "parts": p, "lag_lines": n} for p, n in LAGS]
-    out += [{"probe": "gemm16", "shape": (16, n, n)} for n in (1024, 2048)]
-    out += [{"probe": "lag", "shape": (16 * MIB // 4,), "parts": 4, "lag_lines": n} for n in (0, 8192)]
-    return out
+    lag = {"probe": "lag", "shape": (128 * MIB // 4,)}
+    return [{"probe": "fill32", "shape": (128 * MIB // 4,)}] + [
+        dict(lag, parts=p, lag_lines=n, order=o) for p in (2, 4) for n in LAGS for o in (-1, 1)]
 
 
 def probes() -> list[dict]:
@@ -74,7 +79,8 @@ def fill(buf):
 @cuda.jit
 def split(buf, parts, lag):
     # float k of the first parts: line k // w, float k % w of the part (w = 32 / parts floats);
-    # with it the same float of part q of line k // w + q·lag, q = 1 .. parts - 1
+    # with it the same float of part q of line k // w + q·lag, q = 1 .. parts - 1 (lag < 0:
+    # the lowest part of each line stored first)
     nlines = buf.size // 32
     w = 32 // parts
     for k in range(cuda.grid(1), nlines * w, cuda.gridsize(1)):
@@ -82,37 +88,26 @@ def split(buf, parts, lag):
         off = k % w
         for q in range(parts):
             other = (line + q * lag) % nlines
+            if other < 0:
+                other += nlines
             buf[other * 32 + q * w + off] = float32(1)
 
 
 def worker() -> int:
     import numpy as np
 
-    from kernels.standard import _dummy, _kernel
-
-    gemm = _kernel("gemm_qk", False, 16)
-    ctr = _dummy("counters")
-    rng = np.random.default_rng(0)
-    qk = {n: cuda.to_device(rng.standard_normal((16, n, 64)).astype(np.float16)) for n in (1024, 2048)}
-    small = cuda.device_array((1, 16, 16), dtype=np.float16)
     fill[4, 256](cuda.device_array(1024, dtype=np.float32))  # compile outside the profiled region
     split[4, 256](cuda.device_array(1024, dtype=np.float32), int32(4), int32(1))
-    gemm[(1, 1, 1), (16, 4)](qk[1024], qk[1024], small, int32(1), ctr)
     cuda.synchronize()
     for p in probes():
-        name = p["probe"]
-        dt = np.float16 if name == "gemm16" else np.float32
-        buf = cuda.device_array(p["shape"], dtype=dt)
-        fill[1056, 256](buf.reshape(buf.size))  # resident pages, then cold under ncu
+        buf = cuda.device_array(p["shape"], dtype=np.float32)
+        fill[1056, 256](buf)  # resident pages, then cold under ncu
         cuda.synchronize()
         cuda.profile_start()
-        if name in ("first", "fill32"):
-            fill[1056, 256](buf)
-        elif name == "gemm16":
-            b, nq, nk = p["shape"]
-            gemm[(nk // 16, nq // 16, b), (16, 4)](qk[nq], qk[nq], buf, int32(1), ctr)
+        if p["probe"] == "lag":
+            split[1056, 256](buf, int32(p["parts"]), int32(p["order"] * p["lag_lines"]))
         else:
-            split[1056, 256](buf, int32(p["parts"]), int32(p["lag_lines"]))
+            fill[1056, 256](buf)
         cuda.synchronize()
         cuda.profile_stop()
         del buf
@@ -127,12 +122,13 @@ def main(argv=None) -> int:
     rows = []
     for p, ln in pairs:
         rows.append({"probe": p["probe"], "shape": "x".join(map(str, p["shape"])), "parts": p.get("parts", ""),
-                     "lag_lines": p.get("lag_lines", ""), "rep": p.get("rep", ""),
+                     "lag_lines": p.get("lag_lines", ""), "order": p.get("order", ""), "rep": p.get("rep", ""),
                      **{k: ln[k] for k in MEASURED},
                      "dirty_left_bytes": ln["lsu_st_bytes"] - ln["dram_write_bytes"], "gpu": smi})
     write_csv(out / "l2_quarter.csv", rows)
     for r in rows:
         print(f"{r['probe']:<7} {r['shape']:>14} parts {str(r['parts']):>2} lag {str(r['lag_lines']):>5} "
+              f"order {str(r['order']):>2} "
               f"#{r['rep']}  stored {r['lsu_st_bytes'] / MIB:8.2f} MiB  DRAM read {r['dram_read_bytes'] / MIB:7.2f}  "
               f"write {r['dram_write_bytes'] / MIB:8.2f}  left dirty {r['dirty_left_bytes'] / MIB:7.2f} MiB  "
               f"{r['time_ns'] / 1e3:9.1f} us")
