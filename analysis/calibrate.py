@@ -741,23 +741,30 @@ def replay_dirty_bytes(path) -> dict:
     return {"metrics": sets, "left": left, "read_writes": reads, "start_dirty": start}
 
 
-#: the lags of scripts/device/l2_halfline_probe.py's 128 MiB ``lag`` cases that the merge table
-#: takes (0 to 1 MiB); beyond, the model holds the last share (0).  Not taken: 8 MiB (0.24) and
-#: 64 MiB, half the buffer (0.63): see split_merge_curve
+#: the lags of the half-line cases (scripts/device/l2_halfline_probe.py's and l2_quarter_probe.py's
+#: 128 MiB ``lag`` cases with two parts) that the merge table takes (0 to 1 MiB); beyond, the
+#: model holds the last share (0).  Not taken: 8 MiB and 64 MiB, half the buffer (see
+#: split_merge_curve)
 SPLIT_MERGE_LAGS = (0, 1, 16, 128, 1024, 8192)
 
 
 def split_merge_curve(*paths) -> dict:
-    """The L2's merge table (flashsim.config.Hardware.l2_split_merge) from the half-line probe's
-    records at ``paths`` (scripts/device/l2_halfline_probe.py, lags in lines): ``full``, what a
-    stream of whole lines leaves dirty (the median over the fill32 and tile32 cases of 128 MiB
-    or more), ``left`` {lag: the median over the 128 MiB ``lag`` cases}, and ``points``: for each
-    lag of SPLIT_MERGE_LAGS, (bytes stored between a line's two halves, 128 x lag; the share of
-    second halves that join the first), the share p from the dirty bytes left: beyond the limit
-    a line whose halves join holds 128 dirty bytes, one whose first half was orphaned (and so
-    written back at the next passing of the limit) 64, so D = full x (1 + p) / 2 and p = 2 D /
-    full - 1, held in [0, 1] and rounded to 0.001.  Below the limit (2-16 MiB) nothing is written
-    back: orphans wait for the limit."""
+    """The L2's rule for lines stored in parts (flashsim.config.Hardware.l2_split_merge and
+    l2_split_cost) from the half-line cases of the probe records at ``paths``
+    (scripts/device/l2_halfline_probe.py and l2_quarter_probe.py, lags in lines; a row without
+    ``parts`` has two): ``full``, what a stream of whole lines leaves dirty (the median over the
+    fill32 and tile32 cases of 128 MiB or more), ``left`` {lag: the median over the 128 MiB
+    half-line cases, both orders}, ``cost`` and ``points``.
+
+    The model: a line whose two halves join takes 1 + c lines of the dirty limit, one whose
+    first half was orphaned (written back at the next passing of the limit) one line holding 64
+    bytes.  At lag 0 every half joins (the quarter probe: lines stored in quarters at once leave
+    what halves leave, so what is lost there is not one orphaning per join), hence c = full /
+    left[0] - 1.  Beyond, a share s of the lines join: left / full = h = (s + (1 - s) / 2) /
+    (s (1 + c) + 1 - s), so s = (h - 1/2) / (1/2 - h c), held in [0, 1] and rounded to 0.001;
+    ``points``: (bytes stored between the halves, 128 x lag; s) for each lag of
+    SPLIT_MERGE_LAGS.  Below the limit (2-16 MiB) nothing is written back: orphans wait for the
+    limit."""
     rows = []
     for path in paths:
         with open(path, newline="") as f:
@@ -770,12 +777,17 @@ def split_merge_curve(*paths) -> dict:
     left = {}
     for lag in SPLIT_MERGE_LAGS:
         d = [float(r["dirty_left_bytes"]) for r in rows if r["probe"] == "lag" and r["lag_lines"] == str(lag)
-             and float(r["lsu_st_bytes"]) == 128 * MiB]
+             and r.get("parts", "2") in ("", "2") and float(r["lsu_st_bytes"]) == 128 * MiB]
         if not d:
-            raise ValueError(f"{paths}: no 128 MiB lag case of {lag} lines")
+            raise ValueError(f"{paths}: no 128 MiB half-line case of lag {lag} lines")
         left[lag] = float(np.median(d))
-    points = tuple((128 * lag, round(min(1.0, max(0.0, 2 * left[lag] / full_left - 1)), 3)) for lag in SPLIT_MERGE_LAGS)
-    return {"full": full_left, "left": left, "points": points}
+    cost = round(max(0.0, full_left / left[0] - 1), 3)
+
+    def share(h):
+        return round(min(1.0, max(0.0, (h - 0.5) / (0.5 - h * cost))), 3)
+
+    points = tuple((128 * lag, share(left[lag] / full_left)) for lag in SPLIT_MERGE_LAGS)
+    return {"full": full_left, "left": left, "cost": cost, "points": points}
 
 
 def _mib(x) -> str:

@@ -308,11 +308,14 @@ class Hardware:
     l2_fetch_bytes: int = 32
     #: with "nru": the share of victims drawn among all the ways (hot lines are kept, not always)
     l2_random_share: float = 0.0
-    #: ((bytes stored since, share), ...): the share of the stores to a line already dirty that
-    #: join its dirty part, by the bytes stored since that part's first store; for the others the
-    #: line's older sectors are orphaned, written back the next time the dirty limit is passed
-    #: (flashsim.l2.L2's ``split_merge``; empty: all join)
+    #: ((bytes stored since, share), ...): the share of the lines whose stores to them, already
+    #: dirty, join their dirty part, by the bytes stored since the line's last store (one draw a
+    #: line); for the others the line's older sectors are orphaned, written back the next time
+    #: the dirty limit is passed (flashsim.l2.L2's ``split_merge``; empty: all join)
     l2_split_merge: tuple = ()
+    #: what a line whose dirty part joined more than one store takes of the dirty limit beyond
+    #: one line (flashsim.l2.L2's ``split_cost``)
+    l2_split_cost: float = 0.0
     #: occupancy limits of one SM (CUDA programming guide, compute capability table)
     max_threads_per_sm: int = 2048
     max_blocks_per_sm: int = 32
@@ -343,6 +346,9 @@ class Hardware:
         if self.l2_replacement not in ("lru", "random", "nru"):
             raise ValueError(f"l2_replacement={self.l2_replacement!r}: must be 'lru', 'random' or 'nru'")
         split_merge_points(self.l2_split_merge, "l2_split_merge")
+        v = self.l2_split_cost
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+            raise ValueError(f"l2_split_cost={v!r}: must be a number in [0, 1]")
         f = self.l2_fetch_bytes
         if (isinstance(f, bool) or not isinstance(f, int) or f < self.l2_sector_bytes or f > self.l2_line_bytes
                 or f & (f - 1)):
@@ -424,18 +430,22 @@ _L2_H200 = ("H200: L2 in two partitions as on the H100, 128-byte lines of four 3
             "Measured (analysis/data/l2calib/h200_l2calib.csv, analysis.calibrate.l2_model_parameters): "
             "'reread' x2 fits 42.6 MiB (0.710 of the L2) with NRU and a 0.3 share of random victims (the share "
             "ASSUMED as measured on the H100: no H200 hot_stream probe); 'write' W >= 40 MiB leaves 28.2 MiB "
-            "dirty (0.470); 'stride' reads fetch 64 bytes; a line's later stores join its dirty part with the "
-            "share analysis.calibrate.split_merge_curve derives from h200_l2_halfline (0.85 at once, 0.43 "
-            "128 KiB of stores later, none from 1 MiB)")
-#: Stores to a line already dirty: the share that join its dirty part, by the bytes stored since
-#: that part's first store (analysis.calibrate.split_merge_curve over the H200's half-line probes,
-#: analysis/data/l2calib/h200_l2_halfline/7fbc0b2 and 389c542: a line's two halves stored 0 B to
-#: 1 MiB apart); the H100 preset borrows it (no H100 probe)
-_SPLIT_MERGE_H200 = ((0, 0.849), (128, 0.832), (2048, 0.798), (16384, 0.701), (131072, 0.428), (1048576, 0.0))
+            "dirty (0.470); 'stride' reads fetch 64 bytes; a line's later stores join its dirty part, which "
+            "then takes 1.093 lines of the limit, with the share analysis.calibrate.split_merge_curve derives "
+            "from h200_l2_halfline and h200_l2_quarter (all at once, 0.71 128 KiB of stores after the line's "
+            "last, none from 1 MiB)")
+#: Stores to a line already dirty: the share of lines whose later stores join its dirty part, by
+#: the bytes stored since the line's last store, and what a line so joined takes of the dirty
+#: limit beyond one line (analysis.calibrate.split_merge_curve over every H200 probe record with
+#: lines stored in halves 0 B to 1 MiB apart: analysis/data/l2calib/h200_l2_halfline/7fbc0b2 and
+#: 389c542, h200_l2_quarter/343dffd and a7a314e); the H100 preset borrows them (no H100 probe)
+_SPLIT_MERGE_H200 = ((0, 1.0), (128, 1.0), (2048, 0.965), (16384, 0.886), (131072, 0.707), (1048576, 0.0))
+_SPLIT_COST_H200 = 0.093
 #: The H100's calibrated L2 model (see _L2_H100), which the A100 presets borrow for want of an
 #: A100 calibration (see _L2_A100): one dict, so the borrowed numbers cannot drift from the measured.
 _L2_H100_MEASURED = dict(l2_partitions=2, l2_capacity_fraction=0.649, l2_dirty_fraction=0.473, l2_replacement="nru",
-                         l2_random_share=0.3, l2_fetch_bytes=64, l2_split_merge=_SPLIT_MERGE_H200)
+                         l2_random_share=0.3, l2_fetch_bytes=64, l2_split_merge=_SPLIT_MERGE_H200,
+                         l2_split_cost=_SPLIT_COST_H200)
 #: What the two A100 presets share (they differ in HBM: size, bandwidth, datasheet).
 _A100 = dict(sram_bytes_per_sm=192 * KIB, max_shared_bytes_per_block=164 * KIB, num_sms=108, l2_bytes=40 * MIB,
              matmul_flops={"fp16": 312e12, "bf16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
@@ -479,6 +489,7 @@ GPUS: dict[str, Hardware] = {
         l2_random_share=0.3,
         l2_fetch_bytes=64,
         l2_split_merge=_SPLIT_MERGE_H200,
+        l2_split_cost=_SPLIT_COST_H200,
         l2_source=_L2_H200,
         link_bytes_per_s=450e9,
         link_topology="switch",

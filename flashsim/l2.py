@@ -45,13 +45,16 @@ The model, piece by piece:
     is dirty (as the H200 counts them: analysis/data/l2calib/h200_l2_dirty_lines, stores to half
     and quarter lines leave half and a quarter of the bytes): beyond it the lines dirtied first are written back
     and stay, clean (a launch writing W bytes sends max(0, W - limit) to DRAM, as measured).
-    A store to a line already dirty joins its dirty part with the share ``l2_split_merge`` gives
-    for the bytes stored since that part's first store (0.85 at once down to none after 1 MiB on
-    the H200: analysis/data/l2calib/h200_l2_halfline, lines stored in two halves L lines apart);
-    otherwise the older sectors are orphaned, and written back whenever the limit is next passed,
-    before the oldest lines (so the 128-byte lines of standard attention's fp16 S, two blocks'
-    64-byte rows each, leave 25.1-25.6 MiB dirty where whole lines leave 28; below the limit
-    nothing is written back).  An evicted dirty line writes its dirty sectors back;
+    A store of new sectors to a line already dirty joins its dirty part unless the line's draw
+    (one per residency in the L2) is at or above the share ``l2_split_merge`` gives for the bytes
+    stored since the line's last store (all at once, 0.71 after 128 KiB, none from 1 MiB on the
+    H200: analysis/data/l2calib/h200_l2_halfline and h200_l2_quarter, lines stored in halves and
+    quarters L lines apart); a line so joined takes ``1 + l2_split_cost`` lines of the limit
+    (0.093 on the H200: what makes halves and quarters stored at once leave 25.4-25.6 MiB where
+    whole lines leave 28).  Otherwise the older sectors are orphaned, and written back whenever
+    the limit is next passed, before the oldest lines (so the 128-byte lines of standard
+    attention's fp16 S, two blocks' 64-byte rows each, leave 25.1-25.6 MiB dirty; below the
+    limit nothing is written back).  An evicted dirty line writes its dirty sectors back;
   - *reductions* (``red``/atomics, traffic class "reduction": the dQ accumulation of the fast
     kernels' backwards and of torch_flash's) are read-modify-writes made in the L2: the
     sectors not yet valid are fetched first (with the rest of their granule, DRAM reads as for
@@ -157,14 +160,18 @@ _REQ_RD, _REQ_WR, _MISS_RD, _EVICT_WR = 0, 1, 2, 3
 _LOAD, _STORE, _RED = 0, 1, 2
 # the cache's scalar state (one int64 array, so the numba functions can update it in place);
 # _WCLOCK counts the sectors stored so far
-_CLOCK, _RNG, _NDIRTY, _DLIMIT, _FHEAD, _FTAIL, _POLICY, _GRAN, _RSHARE, _WCLOCK, _OHEAD, _OTAIL = range(12)
+# _NDIRTY and _DLIMIT count in _SLOT units a line (a line whose dirty part joined several stores
+# takes _SLOT + st[_SCOST]); _SCOST: that extra, in units
+_CLOCK, _RNG, _NDIRTY, _DLIMIT, _FHEAD, _FTAIL, _POLICY, _GRAN, _RSHARE, _WCLOCK, _OHEAD, _OTAIL, _SCOST = range(13)
+_SLOT = 1 << 16
 # two queues of (way, generation of the way when queued, sectors): ``fifo``, the dirty lines in
 # the order they became dirty (written back oldest first beyond the limit), and ``orph``, the
 # orphaned parts of lines stored in parts (written back first, whenever the limit is passed).
-# ``meta`` (2 x ways): a way's generation (one more each time a line comes in: the queued
-# entries of the line it held are dead), the store clock when its line's newest part was stored
+# ``meta`` (3 x ways): a way's generation (one more each time a line comes in: the queued
+# entries of the line it held are dead), the store clock of its line's last store of new
+# sectors, and whether its dirty part joined more than one store (1) or not (0)
 _Q_WAY, _Q_GEN, _Q_MASK = 0, 1, 2
-_M_GEN, _M_MADE = 0, 1
+_M_GEN, _M_LAST, _M_JOIN = 0, 1, 2
 
 
 @njit(cache=True, inline="always")
@@ -189,6 +196,13 @@ def _granules(mask, gran):
     return out
 
 
+@njit(cache=True, inline="always")
+def _undirty(st, meta, k):
+    """Line in way k leaves the dirty lines: its share of the limit is freed."""
+    st[_NDIRTY] -= _SLOT + meta[_M_JOIN, k] * st[_SCOST]
+    meta[_M_JOIN, k] = 0
+
+
 @njit(cache=True)
 def _clean(dirty, st, fifo, orph, meta, ctr):
     """Beyond the dirty limit: write back every orphaned part still dirty (oldest first), then
@@ -201,11 +215,9 @@ def _clean(dirty, st, fifo, orph, meta, ctr):
         st[_OHEAD] += 1
         k = orph[_Q_WAY, h]
         if meta[_M_GEN, k] == orph[_Q_GEN, h]:
-            m = dirty[k] & orph[_Q_MASK, h]
+            m = dirty[k] & orph[_Q_MASK, h]  # (a line keeps its newest part: never all of it)
             ctr[_EVICT_WR] += _popcount(m)
             dirty[k] &= ~m
-            if m and dirty[k] == 0:  # (not reached: a line keeps its newest part)
-                st[_NDIRTY] -= 1
     size = fifo.shape[1]
     while st[_NDIRTY] > st[_DLIMIT] and st[_FHEAD] < st[_FTAIL]:
         h = st[_FHEAD] % size
@@ -213,7 +225,7 @@ def _clean(dirty, st, fifo, orph, meta, ctr):
         k = fifo[_Q_WAY, h]
         if meta[_M_GEN, k] == fifo[_Q_GEN, h] and dirty[k]:
             ctr[_EVICT_WR] += _popcount(dirty[k])
-            st[_NDIRTY] -= 1
+            _undirty(st, meta, k)
             dirty[k] = 0
 
 
@@ -280,20 +292,25 @@ def _unit(line, clock):
 def _dirtied(tags, dirty, st, fifo, orph, meta, merge, k, before, mask, ctr):
     """Line in way k gains the dirty sectors ``mask`` (``before``: its dirty sectors until now).
     A line that becomes dirty is queued for write-back.  On a line already dirty, new sectors
-    join its dirty part, or (lines stored in parts: with the share ``merge`` gives for the bytes
-    stored since that part's first store, they do not) start a part of their own and the older
+    join its dirty part (which then takes ``_SCOST`` more of the limit), or (lines stored in
+    parts: where the line's draw, one per residency, is not below the share ``merge`` gives for
+    the bytes stored since the line's last store) start a part of their own and the older
     sectors are orphaned: queued to be written back at the next passing of the limit."""
     new = mask & ~before
     if new:
         if before == 0:  # becomes dirty: one more dirty line, queued for write-back
-            st[_NDIRTY] += 1
+            st[_NDIRTY] += _SLOT
             _push(dirty, st, fifo, meta, _FHEAD, _FTAIL, k, 255)
-            meta[_M_MADE, k] = st[_WCLOCK]
-        elif merge.shape[1] and _unit(tags[k], st[_WCLOCK]) >= _merge_share(merge, st[_WCLOCK] - meta[_M_MADE, k]):
+        elif merge.shape[1] and _unit(tags[k], meta[_M_GEN, k]) >= _merge_share(merge, st[_WCLOCK] - meta[_M_LAST, k]):
             old = before & ~mask
             if old:
                 _push(dirty, st, orph, meta, _OHEAD, _OTAIL, k, old)
-            meta[_M_MADE, k] = st[_WCLOCK]
+            st[_NDIRTY] -= meta[_M_JOIN, k] * st[_SCOST]
+            meta[_M_JOIN, k] = 0
+        elif meta[_M_JOIN, k] == 0:
+            st[_NDIRTY] += st[_SCOST]
+            meta[_M_JOIN, k] = 1
+        meta[_M_LAST, k] = st[_WCLOCK]
     dirty[k] = before | mask
     st[_WCLOCK] += _popcount(mask)
 
@@ -371,7 +388,7 @@ def _access(tags, stamp, valid, dirty, st, fifo, orph, meta, merge, set_index, w
                     break
     if tags[victim] >= 0 and dirty[victim]:
         ctr[_EVICT_WR] += _popcount(dirty[victim])
-        st[_NDIRTY] -= 1
+        _undirty(st, meta, victim)
     meta[_M_GEN, victim] += 1  # its queue entries die with it
     tags[victim] = line
     stamp[victim] = 0 if pool == 0 else clock
@@ -512,16 +529,18 @@ class L2:
     dirty lines held (dirty_limit / line_bytes lines, however few of their sectors are dirty); a
     write that goes beyond it writes the oldest dirty lines back (they stay, clean); None: no
     limit (dirty lines reach DRAM only when evicted).  ``split_merge``: ((bytes stored since,
-    share), ...), bytes ascending: the share of the stores to a line already dirty that join its
-    dirty part, by the bytes stored (by anyone) since that part's first store; for the rest the
-    line's older dirty sectors are orphaned, written back (and kept) the next time the limit is
-    passed, before the oldest lines.  Empty (the default): every store joins.  ``fetch_bytes``: what a read
+    share), ...), bytes ascending: a store of new sectors to a line already dirty joins its dirty
+    part if the line's draw (one per residency, in [0, 1)) is below the share for the bytes
+    stored (by anyone) since the line's last store; otherwise the line's older dirty sectors are
+    orphaned, written back (and kept) the next time the limit is passed, before the oldest lines.
+    Empty (the default): every store joins.  ``split_cost``: what a line whose dirty part joined
+    more than one store takes of the limit beyond one line (0: nothing).  ``fetch_bytes``: what a read
     miss fetches from DRAM, the missing sectors of each aligned ``fetch_bytes`` granule it
     touches."""
 
     def __init__(self, capacity: int, line_bytes: int = 128, sector_bytes: int = 32, ways: int = 16,
                  sample: int = 1, *, policy: str = "lru", dirty_limit: int | None = None,
-                 fetch_bytes: int | None = None, random_share: float = 0.0, split_merge=()):
+                 fetch_bytes: int | None = None, random_share: float = 0.0, split_merge=(), split_cost: float = 0.0):
         for name, v in (("line_bytes", line_bytes), ("sector_bytes", sector_bytes)):
             if v <= 0 or v & (v - 1):
                 raise ValueError(f"{name}={v}: must be a power of two")
@@ -540,6 +559,8 @@ class L2:
                              f"({sector_bytes}) to the line ({line_bytes})")
         if isinstance(random_share, bool) or not 0 <= random_share <= 1:
             raise ValueError(f"random_share={random_share!r}: must be a fraction in [0, 1]")
+        if isinstance(split_cost, bool) or not isinstance(split_cost, (int, float)) or not 0 <= split_cost <= 1:
+            raise ValueError(f"split_cost={split_cost!r}: must be a number in [0, 1]")
         if dirty_limit is not None and (isinstance(dirty_limit, bool) or dirty_limit < 0):
             raise ValueError(f"dirty_limit={dirty_limit!r}: must be None or a number of bytes >= 0")
         merge = split_merge_array(split_merge, sector_bytes)
@@ -547,6 +568,7 @@ class L2:
         self.ways, self.line_bytes, self.sector_bytes, self.sample = ways, line_bytes, sector_bytes, int(sample)
         self.policy, self.dirty_limit, self.fetch_bytes = policy, dirty_limit, fetch_bytes
         self.random_share = float(random_share)
+        self.split_cost = float(split_cost)
         self.gap, sampled = _sampled_sets(self.nsets, self.sample)
         if sampled == 0:
             raise ValueError(f"sample={sample}: no set of the {self.nsets} is sampled; sample fewer")
@@ -566,7 +588,7 @@ class L2:
         g = get_gpu(gpu) if isinstance(gpu, str) else gpu
         return cls(g.l2_effective_bytes, g.l2_line_bytes, g.l2_sector_bytes, g.l2_ways, sample,
                    policy=g.l2_replacement, dirty_limit=g.l2_dirty_bytes, fetch_bytes=g.l2_fetch_bytes,
-                   random_share=g.l2_random_share, split_merge=g.l2_split_merge)
+                   random_share=g.l2_random_share, split_merge=g.l2_split_merge, split_cost=g.l2_split_cost)
 
     @property
     def capacity(self) -> int:
@@ -578,19 +600,20 @@ class L2:
         self.stamp = np.full(n, -1, dtype=np.int64)
         self.valid = np.zeros(n, dtype=np.uint8)
         self.dirty = np.zeros(n, dtype=np.uint8)
-        self.st = np.zeros(12, dtype=np.int64)
+        self.st = np.zeros(13, dtype=np.int64)
         self.st[_RNG] = 0x2545F4914F6CDD1D
         # the dirty limit in lines of the simulated sets (set sampling: a share of it): the L2
         # counts dirty lines, whatever share of their sectors is dirty (l2_dirty_probe's half and
         # quarter lines: the same number of lines held, a half and a quarter of the bytes)
         lim = self.dirty_limit if self.dirty_limit is not None else self.capacity * 2
-        self.st[_DLIMIT] = int(round(lim / self.line_bytes / self.scale))
+        self.st[_DLIMIT] = int(round(lim / self.line_bytes / self.scale)) * _SLOT
+        self.st[_SCOST] = round(self.split_cost * _SLOT)
         # the write-back queues: twice the most live entries (a dirty line has one in fifo; an
         # orphaned part holds dirty sectors of its own, at most line / sector - 1 of a line)
         spl = self.line_bytes // self.sector_bytes
         self.fifo = np.zeros((3, 2 * n + 64), dtype=np.int64)
         self.orph = np.zeros((3, 2 * (spl - 1) * n + 64), dtype=np.int64)
-        self.meta = np.zeros((2, n), dtype=np.int64)
+        self.meta = np.zeros((3, n), dtype=np.int64)
         self.st[_POLICY] = {"lru": 1, "random": self.ways, "nru": 0}.get(self.policy, self.policy)
         self.st[_GRAN] = self.fetch_bytes // self.sector_bytes
         self.st[_RSHARE] = round(self.random_share * 1_000_000)

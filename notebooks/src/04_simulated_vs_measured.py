@@ -122,8 +122,9 @@ for name, rec in cal.items():
 #   lines leave half and a quarter of the bytes, `l2calib/h200_l2_dirty_lines`), beyond it the
 #   lines dirtied first are written back (a launch writing W bytes sends max(0, W − limit) to
 #   DRAM, as measured); a line stored in parts (standard attention's fp16 S: two blocks' 64-byte
-#   rows a line) keeps its first part dirty with a share that falls with the bytes stored in
-#   between (0.85 at once, none after 1 MiB, `l2calib/h200_l2_halfline`), else the first part is
+#   rows a line) keeps its parts together, taking 1.093 lines of the limit, for a share of the
+#   lines that falls with the bytes stored between one part and the next (all at once, none
+#   after 1 MiB, `l2calib/h200_l2_halfline` and `h200_l2_quarter`), else the older parts are
 #   written back at the next passing of the limit; an evicted dirty line writes its dirty
 #   sectors back. In a comparison
 #   the dirty lines left at a launch's end are flushed by ncu outside the measurement, so they
