@@ -1,7 +1,9 @@
-"""What the L2 probe scripts (l2_policy.py, l2_writeback.py, l2_readwrite.py, l2_background.py)
-share: their command line (``--out DIR``; ``--worker``, the program Nsight Compute profiles), the
-GPU's name and driver, the worker run under ``ncu --cache-control all`` with its launches paired
-with the probes, and records written under a temporary name first, then renamed."""
+"""What the L2 probe scripts (l2_policy.py, l2_writeback.py, l2_readwrite.py, l2_background.py,
+l2_dirty_probe.py, l2_halfline_probe.py, l2_quarter_probe.py, l2_evict_probe.py) share: their
+command line (``--out DIR``; ``--worker``, the program Nsight Compute profiles), the GPU's name
+and driver, the worker run under ``ncu --cache-control all`` with its launches paired with the
+probes, records written under a temporary name first, then renamed; for the store probes, the
+fill kernel and the list of launches repeated in alternating order after an uncounted one."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+from numba import cuda, float32
 
 #: the columns every probe row takes from its launch (analysis.ncu.parse_raw_csv's names)
 MEASURED = ("dram_read_bytes", "dram_write_bytes", "lsu_ld_bytes", "lsu_st_bytes", "time_ns")
@@ -97,3 +101,20 @@ def measure(doc: str, script: str, stem: str, probes, worker, argv=None):
     if got is None:
         return 1
     return (out, *got, gpu_name())
+
+
+def repeated(cases, repeats: int, first_shape: tuple) -> list[dict]:
+    """The launches of a probe in the order profiled: one fill of ``first_shape`` floats that is
+    not counted (the first launch a worker profiles leaves less dirty than its repeats), then the
+    list ``cases()`` ``repeats`` times, every second time in reverse order, each marked ``rep``."""
+    out = [{"probe": "first", "shape": first_shape}]
+    for r in range(repeats):
+        out += [dict(c, rep=r) for c in (cases() if r % 2 == 0 else cases()[::-1])]
+    return out
+
+
+@cuda.jit
+def fill(buf):
+    """A grid-stride store of 1 to every element of a 1-D array (each line stored whole)."""
+    for k in range(cuda.grid(1), buf.size, cuda.gridsize(1)):
+        buf[k] = float32(1)

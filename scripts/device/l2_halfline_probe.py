@@ -44,7 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from _l2probe import MEASURED, measure, write_csv, write_meta  # noqa: E402
+from _l2probe import MEASURED, fill, measure, repeated, write_csv, write_meta  # noqa: E402
 from numba import cuda, float32, int32, uint32  # noqa: E402
 
 MIB = 1 << 20
@@ -76,16 +76,7 @@ def cases() -> list[dict]:
 
 def probes() -> list[dict]:
     """The launches in the order profiled: the uncounted fill, then the cases REPEATS times."""
-    out = [{"probe": "first", "shape": (64 * MIB // 4,)}]
-    for r in range(REPEATS):
-        out += [dict(c, rep=r) for c in (cases() if r % 2 == 0 else cases()[::-1])]
-    return out
-
-
-@cuda.jit
-def fill(buf):
-    for k in range(cuda.grid(1), buf.size, cuda.gridsize(1)):
-        buf[k] = float32(1)
+    return repeated(cases, REPEATS, (64 * MIB // 4,))
 
 
 @cuda.jit
