@@ -6,7 +6,10 @@ not.  Each time is the median of ``--repeat`` calls (CUDA events, L2 flushed, th
 sets: ``kernels.bench``'s timer); each variant's O is first checked against float64 on 32 sampled
 rows (``kernels.bench``'s check).  Prints one line per shape: ms, TFLOP/s, v2 / naive, v2 / v1
 and both errors.  ``--sweep`` then times other block shapes of v2 at N = 4,096 (not causal) against
-its default.  ``--out DIR`` writes ``fwd_fp32_v2_time.csv`` there.
+its default.  ``--ab KEY=VALUE`` instead times, at each shape, naive, v2 and v2 with that config
+change in ``--rounds`` rounds (the order rotated each round), and prints per shape the median over
+the rounds of each one's same-round ratio to naive with their range, and of the change's time over
+v2's.  ``--out DIR`` writes ``fwd_fp32_v2_time.csv`` there.
 """
 
 import argparse
@@ -39,6 +42,9 @@ def main() -> int:
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--budget", type=float, default=480.0, help="seconds after which the sweep stops")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--ab", default=None, metavar="KEY=VALUE", help="A/B of one config change (an int; 0/1 a bool)")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--causal", nargs="*", type=int, default=[0, 1])
     a = ap.parse_args()
     t0 = time.time()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -58,13 +64,15 @@ def main() -> int:
         for name, f in fns.items():
             q, k, v = inputs[0]
             err = _check_fwd(torch, f(q, k, v, causal), q, k, v, causal, rng)
-            ms, sd = _time(torch, lambda q, k, v, f=f: f(q, k, v, causal), inputs, a.repeat, flush)
+            ms, sd = _time(torch, lambda q, k, v, f=f, c=causal: f(q, k, v, c), inputs, a.repeat, flush)
             out[name] = dict(ms=ms, sd=sd, err=err, tflops=flops(b, 16, n, d, causal, "fwd") / ms / 1e9)
             rows.append(dict(variant=name, n=n, d=d, causal=causal, batch=b, heads=16, **out[name]))
         del inputs
         torch.cuda.empty_cache()
         return out
 
+    if a.ab:
+        return ab(a, naive, ours, flush, rows, t0)
     for d in a.ds:
         for causal in (False, True):
             for n in a.ns:
@@ -95,6 +103,52 @@ def main() -> int:
                       flush=True)
     if a.out:
         path = os.path.join(a.out, "fwd_fp32_v2_time.csv")
+        with open(path + ".tmp", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+        os.replace(path + ".tmp", path)
+        print(f"wrote {path}")
+    print(f"{time.time() - t0:.0f} s")
+    return 0
+
+
+def ab(a, naive, ours, flush, rows, t0) -> int:
+    """``--ab``: naive, v2 and v2 with the change, interleaved in rounds (see the docstring)."""
+    from kernels.bench import _calls
+
+    key, val = a.ab.split("=")
+    val = int(val)
+    change = {key: bool(val) if key in ("qsplit", "qstage") else val}
+    fns = {"naive": naive, "v2": ours(fwd_fp32_v2), "change": ours(fwd_fp32_v2, **change)}
+    for d in a.ds:
+        for causal in map(bool, a.causal):
+            for n in a.ns:
+                b = max(1, 16384 // n)
+                inputs = [tuple(torch.randn(b, 16, n, d, device="cuda") for _ in range(3)) for _ in range(3)]
+                names = list(fns)
+                ms = {x: [] for x in names}
+                for r in range(a.rounds):
+                    for x in names[r % 3:] + names[:r % 3]:
+                        f = fns[x]
+                        ms[x].append(float(np.median(_calls(torch, lambda q, k, v, f=f, c=causal: f(q, k, v, c), inputs,
+                                                            a.repeat, flush, 2))))
+                rv2 = [nv / v2 for nv, v2 in zip(ms["naive"], ms["v2"])]
+                rch = [nv / c for nv, c in zip(ms["naive"], ms["change"])]
+                gain = [v2 / c for v2, c in zip(ms["v2"], ms["change"])]
+                print(f"d={d:3d} causal={causal!s:5s} N={n:6d} B={b:2d}: v2/naive {np.median(rv2):.3f} "
+                      f"({min(rv2):.3f}-{max(rv2):.3f})  {change}/naive {np.median(rch):.3f} "
+                      f"({min(rch):.3f}-{max(rch):.3f})  speed-up {np.median(gain):.3f} "
+                      f"({min(gain):.3f}-{max(gain):.3f})",
+                      flush=True)
+                for x in names:
+                    rows.append(dict(variant=x, change=str(change), n=n, d=d, causal=causal, batch=b, heads=16,
+                                     ms=float(np.median(ms[x])), ms_min=min(ms[x]), ms_max=max(ms[x]),
+                                     tflops=flops(b, 16, n, d, causal, "fwd") / float(np.median(ms[x])) / 1e9))
+                del inputs
+                torch.cuda.empty_cache()
+    if a.out:
+        path = os.path.join(a.out, "fwd_fp32_v2_ab.csv")
         with open(path + ".tmp", "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()
