@@ -77,23 +77,6 @@ def test_forward_fp32_v2(c):
     check(q, k, v, c["causal"], c["scale"], cfg, str(c))
 
 
-@pytest.mark.parametrize("d, nq, nk, nw, mt, causal", [(32, 37, 21, 2, 2, True), (64, 19, 35, 1, 1, False),
-                                                       (96, 9, 13, 1, 1, False)])
-def test_forward_fp32_v2_qstage(d, nq, nk, nw, mt, causal):
-    """Q copied as it is by cp.async and split from shared memory (``qstage``): the same fragments
-    as split_q's, so the same O and L to the bit; ragged rows (zero-filled by the copy), a
-    thread's chunks a constant number of rows apart (d = 32, 64) or not (d = 96)."""
-    q, k, v = inputs(d + nq, 2, 1, nq, nk, d)
-    cfg = dict(bc=16, nw=nw, mt=mt, ak=1, qsplit=True)
-    o, lse = fwd_fp32_v2.forward(q, k, v, causal=causal, return_lse=True, qstage=True, **cfg)
-    o0, lse0 = fwd_fp32_v2.forward(q, k, v, causal=causal, return_lse=True, qstage=False, **cfg)
-    print(d, nq, nk, np.abs(o - o0).max())
-    assert np.array_equal(o, o0) and np.array_equal(lse, lse0)
-    check(q, k, v, causal, None, dict(cfg, qstage=True), f"qstage d={d}")
-    with pytest.raises(ValueError, match="qstage"):
-        fwd_fp32_v2.forward(q, k, v, qstage=True, qsplit=False)
-
-
 def test_large_logits():
     """Scores up to ~5e3 (scale 1): the exponent is (s − m)·τ log2 e as in v1, and S's 3xTF32
     residue (below 2^-21 of |q|·|k|) keeps v2 within 2x of v1's FFMA there too."""

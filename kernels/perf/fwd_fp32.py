@@ -298,8 +298,7 @@ def smem_bytes_v2(dp: int, br: int, bc: int, qsplit: bool = False) -> int:
     return 4 * ((2 * br * dp if qsplit else br * (dp + 8)) + bc * (dp + 8) + bc * (dp + 4))
 
 
-def _source_v2(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, AK: int = 1, QSPLIT: bool = False,
-               QSTAGE: bool = False):
+def _source_v2(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, AK: int = 1, QSPLIT: bool = False):
     QS, VS = D + 8, D + 4  # row strides (floats): Q, K; V
     BR = 16 * NW * MT
     NT = 32 * NW
@@ -325,12 +324,6 @@ def _source_v2(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, AK: int = 1, QSP
     copy_v = f32_copier(BC, NT, D, VS)
     QCH = D // 4  # 4-float chunks of a Q row
     QCP = -(-BR * QCH // NT)  # Q chunks a thread splits (QSPLIT)
-    # QSTAGE: Q_i copied as it is (rows of D floats) by cp.async into the lo fragments' space, as
-    # K and V are copied, then split from there; a thread's chunks are QRS rows apart (0: not a
-    # constant, d = 96)
-    copy_qraw = f32_copier(BR, NT, D, D)
-    QRS = NT // QCH if NT % QCH == 0 else 0
-    NXR = 4 * QCP  # (a literal for Numba's local array)
 
     @tc.device_inline
     def split(x, hi, lo, i):
@@ -354,31 +347,6 @@ def _source_v2(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, AK: int = 1, QSP
                 base = (((r >> 4) * KS + (c >> 3)) * 32 + 4 * (r & 7) + ((c & 7) >> 1)) * 4 + ((r & 15) >> 3)
                 for f in range(4):
                     x = q[b, h, r0 + r, c + f] if ok else float32(0.0)
-                    hx = tc.tf32_hi(x)
-                    tc.sts32_f32_a(sm, sbase + 4 * QOFF, base + 4 * (f >> 1) + 2 * (f & 1), hx)
-                    tc.sts32_f32_a(sm, sbase + 4 * QLOFF, base + 4 * (f >> 1) + 2 * (f & 1), x - hx)
-
-    @tc.device_inline
-    def split_staged(sm, sbase, xr, tid):
-        """QSTAGE: the lane's Q chunks (chunk e = tid + u·NT, row e // QCH) read from the staged
-        rows, one ``ld.shared.v4`` each; after a barrier (they lie where the lo fragments go),
-        split and stored in fragment order as split_q stores them.  Rows past Nq were zero-filled
-        by the copy."""
-        for u in range(QCP):
-            e = tid + u * NT
-            if QCP * NT == BR * QCH or e < BR * QCH:
-                r = tid // QCH + u * QRS if QRS else e // QCH
-                c = (tid % QCH) * 4 if QRS else (e % QCH) * 4
-                tc.lds128_f32_a(xr, 4 * u, sm, sbase + 4 * (QLOFF + r * D + c), 0)
-        cuda.syncthreads()
-        for u in range(QCP):
-            e = tid + u * NT
-            if QCP * NT == BR * QCH or e < BR * QCH:
-                r = tid // QCH + u * QRS if QRS else e // QCH
-                c = (tid % QCH) * 4 if QRS else (e % QCH) * 4
-                base = (((r >> 4) * KS + (c >> 3)) * 32 + 4 * (r & 7) + ((c & 7) >> 1)) * 4 + ((r & 15) >> 3)
-                for f in range(4):
-                    x = xr[4 * u + f]
                     hx = tc.tf32_hi(x)
                     tc.sts32_f32_a(sm, sbase + 4 * QOFF, base + 4 * (f >> 1) + 2 * (f & 1), hx)
                     tc.sts32_f32_a(sm, sbase + 4 * QLOFF, base + 4 * (f >> 1) + 2 * (f & 1), x - hx)
@@ -468,21 +436,13 @@ def _source_v2(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, AK: int = 1, QSP
         va = sbase + 4 * (VOFF + 2 * t * VS + 4 * g)  # V[2t, 4g]
         # Q_i (split into its fragment tiles by plain loads and stores, or copied) and K_0 (one
         # cp.async group); rows past N are zero.
-        if QSPLIT and QSTAGE:  # Q_i's rows, then K_0, in two groups; Q split once it has landed
-            copy_qraw(sm, sbase + 4 * QLOFF, q, qbase + r0 * D, nq - r0, tid)
-            tc.cp_async_commit()
-        elif QSPLIT:  # (visible after the first key block's barrier)
+        if QSPLIT:  # (visible after the first key block's barrier)
             split_q(sm, sbase, q, b, h, r0, nq, tid)
         else:
             copy_q(sm, sbase + 4 * QOFF, q, qbase + r0 * D, nq - r0, tid)
         if nblk > 0:
             copy_k(sm, sbase + 4 * KOFF, k, kbase, nk, tid)
         tc.cp_async_commit()
-        if QSPLIT and QSTAGE:
-            xr = cuda.local.array(NXR, float32)
-            tc.cp_async_wait(1)  # this thread's copies of Q_i have landed (K_0's may not)
-            cuda.syncthreads()  # everyone's have
-            split_staged(sm, sbase, xr, tid)
         acc = cuda.local.array(NO, float32)
         for x in range(NO):
             acc[x] = 0.0
@@ -591,13 +551,10 @@ def _check_v2(d: int, bc: int, nw: int, mt: int, ak: int):
 
 
 @cache
-def kernel_v2(d: int, bc: int, nw: int, mt: int, causal: bool, ak: int = 1, minb: int = 1, qsplit: bool = False,
-              qstage: bool = False):
+def kernel_v2(d: int, bc: int, nw: int, mt: int, causal: bool, ak: int = 1, minb: int = 1, qsplit: bool = False):
     """(compiled kernel, threads, Br); ValueError for a block shape the kernel cannot take."""
     _check_v2(d, bc, nw, mt, ak)
-    if qstage and not qsplit:
-        raise ValueError("qstage=True: stages Q for its split; needs qsplit=True")
-    fn, nt, br = _source_v2(d, bc, nw, mt, causal, ak, qsplit, qstage)
+    fn, nt, br = _source_v2(d, bc, nw, mt, causal, ak, qsplit)
     return tc.jit_kernel(fn, nt, minb), nt, br
 
 
@@ -610,8 +567,8 @@ def default_config_v2(d: int) -> dict:
     at d = 128 the first choice, Bc 32 with one m-tile (221-228 registers, two blocks of 4 warps
     an SM), was the fastest (10.07 ms; Bc 64 13.4, Bc 16 11.3, 8 warps 10.4)."""
     if d <= 64:
-        return dict(bc=32, nw=4, mt=2, ak=max(1, d // 32), minb=1, qsplit=True, qstage=False)
-    return dict(bc=32, nw=4, mt=1, ak=max(1, d // 32), minb=1, qsplit=True, qstage=False)
+        return dict(bc=32, nw=4, mt=2, ak=max(1, d // 32), minb=1, qsplit=True)
+    return dict(bc=32, nw=4, mt=1, ak=max(1, d // 32), minb=1, qsplit=True)
 
 
 def supports_v2(dtype, d: int) -> bool:
