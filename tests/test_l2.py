@@ -336,7 +336,7 @@ def test_lines_stored_in_parts_as_the_h200_does():
     """The H200's half- and quarter-line probes (scripts/device/l2_halfline_probe.py and
     l2_quarter_probe.py): 128 MiB stored with each line's parts L lines of stores apart.  Halves
     leave about 25.6 MiB dirty at L = 0 down to 13.8 at L = 8,192 (1 MiB), where whole lines
-    leave 28; quarters leave what halves leave at L = 0 (25.2-25.5 MiB), 20.0 at L = 1,024 and a
+    leave 28; quarters leave what halves leave at L = 0 (25.2-25.5 MiB), about 20.4 at L = 1,024 and a
     quarter of 28 from 1 MiB; 16 MiB so stored writes nothing.  The preset's rule (merge table
     and cost) is what analysis.calibrate.split_merge_curve derives from the halves of every
     record but the last (fc9405c, a re-check), and the H200 preset's cache, replaying the same

@@ -119,7 +119,7 @@ def ab(a, naive, ours, flush, rows, t0) -> int:
 
     key, val = a.ab.split("=")
     val = int(val)
-    change = {key: bool(val) if key in ("qsplit", "qstage") else val}
+    change = {key: bool(val) if key == "qsplit" else val}
     fns = {"naive": naive, "v2": ours(fwd_fp32_v2), "change": ours(fwd_fp32_v2, **change)}
     for d in a.ds:
         for causal in map(bool, a.causal):
