@@ -263,8 +263,8 @@ def _push(dirty, st, q, meta, ih, it, k, mask):
 
 @njit(cache=True, inline="always")
 def _merge_share(merge, dsec):
-    """The share of stores to a dirty line that join its dirty part, ``dsec`` sectors stored
-    after that part's first store: ``merge`` (2 x m: log2(sectors + 4), share) interpolated
+    """The share of lines whose store to them, dirty, joins their dirty part, ``dsec`` sectors
+    stored since the line's last store: ``merge`` (2 x m: log2(sectors + 4), share) interpolated
     linearly in log2(sectors + 4), held flat beyond its ends."""
     m = merge.shape[1]
     x = np.log2(dsec + 4.0)

@@ -1,13 +1,15 @@
-"""Lines stored in quarters and eighths: what they leave dirty in the L2 (issue 14).
+"""Lines stored in halves and quarters (and, in the first record, eighths): what they leave dirty
+in the L2 (issue 14).
 
 The half-line probe (l2_halfline_probe.py) measured 128 MiB stored with each line's two halves
-L lines of stores apart, and flashsim.l2's merge table came from it: a store to a line already
-dirty joins the line's dirty part with a share that falls with the bytes stored since that
-part's first store, else the older sectors are orphaned (written back at the next passing of
-the dirty limit).  The model applies the share to each join, so a line stored in quarters meets
-it three times.  The held-out record (analysis/data/h200/parts: standard attention with 16 x 16
-GEMM tiles, whose fp16 S rows are 32-byte quarters of a line) says that is too much: the model
-writes 44% more than measured at N = 1,024 (13.5 against 9.4 MB) and 1-4% more at N >= 2,048.
+L lines of stores apart, and flashsim.l2's merge table came from it.  Until this probe (the rule
+before edb9717) a store to a line already dirty joined the line's dirty part with a share that
+falls with the bytes stored since that part's first store, else the older sectors were orphaned
+(written back at the next passing of the dirty limit), the share drawn at each join, so that a
+line stored in quarters met it three times.  The held-out record (analysis/data/h200/parts:
+standard attention with 16 x 16 GEMM tiles, whose fp16 S rows are 32-byte quarters of a line)
+says that is too much: that rule wrote 44% more than measured at N = 1,024 (13.5 against 9.4
+MB) and 1-4% more at N >= 2,048.
 One thing varied at a time, each case one launch under ``ncu --cache-control all`` with
 analysis.ncu's METRICS (the calibration's 7):
 
