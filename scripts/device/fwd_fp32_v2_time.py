@@ -15,6 +15,7 @@ v2's.  ``--out DIR`` writes ``fwd_fp32_v2_time.csv`` there.
 import argparse
 import csv
 import os
+import re
 import sys
 import time
 
@@ -46,6 +47,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--causal", nargs="*", type=int, default=[0, 1])
     a = ap.parse_args()
+    if a.ab and not re.fullmatch(r"[a-z_]+=-?\d+", a.ab):
+        ap.error(f"--ab {a.ab!r}: must be KEY=INTEGER, a key of fwd_fp32_v2's config")
     t0 = time.time()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -101,8 +104,13 @@ def main() -> int:
                 (x,) = r.values()
                 print(f"sweep d={d} N={n} {cfg}: {x['ms']:8.3f} ms {x['tflops']:5.1f} TFLOP/s err {x['err']:.2e}",
                       flush=True)
+    return finish(a, rows, "fwd_fp32_v2_time.csv", t0)
+
+
+def finish(a, rows, name, t0) -> int:
+    """``--out``: the rows as ``name`` there (written to a temporary name, then renamed)."""
     if a.out:
-        path = os.path.join(a.out, "fwd_fp32_v2_time.csv")
+        path = os.path.join(a.out, name)
         with open(path + ".tmp", "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()
@@ -147,16 +155,7 @@ def ab(a, naive, ours, flush, rows, t0) -> int:
                                      tflops=flops(b, 16, n, d, causal, "fwd") / float(np.median(ms[x])) / 1e9))
                 del inputs
                 torch.cuda.empty_cache()
-    if a.out:
-        path = os.path.join(a.out, "fwd_fp32_v2_ab.csv")
-        with open(path + ".tmp", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
-        os.replace(path + ".tmp", path)
-        print(f"wrote {path}")
-    print(f"{time.time() - t0:.0f} s")
-    return 0
+    return finish(a, rows, "fwd_fp32_v2_ab.csv", t0)
 
 
 if __name__ == "__main__":
