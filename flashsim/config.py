@@ -347,7 +347,8 @@ class Hardware:
             raise ValueError(f"l2_replacement={self.l2_replacement!r}: must be 'lru', 'random' or 'nru'")
         split_merge_points(self.l2_split_merge, "l2_split_merge")
         v = self.l2_split_cost
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+        if (isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating))
+                or not 0 <= v <= 1):
             raise ValueError(f"l2_split_cost={v!r}: must be a number in [0, 1]")
         f = self.l2_fetch_bytes
         if (isinstance(f, bool) or not isinstance(f, int) or f < self.l2_sector_bytes or f > self.l2_line_bytes

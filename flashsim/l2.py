@@ -559,7 +559,8 @@ class L2:
                              f"({sector_bytes}) to the line ({line_bytes})")
         if isinstance(random_share, bool) or not 0 <= random_share <= 1:
             raise ValueError(f"random_share={random_share!r}: must be a fraction in [0, 1]")
-        if isinstance(split_cost, bool) or not isinstance(split_cost, (int, float)) or not 0 <= split_cost <= 1:
+        if (isinstance(split_cost, (bool, np.bool_))
+                or not isinstance(split_cost, (int, float, np.integer, np.floating)) or not 0 <= split_cost <= 1):
             raise ValueError(f"split_cost={split_cost!r}: must be a number in [0, 1]")
         if dirty_limit is not None and (isinstance(dirty_limit, bool) or dirty_limit < 0):
             raise ValueError(f"dirty_limit={dirty_limit!r}: must be None or a number of bytes >= 0")

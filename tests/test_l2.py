@@ -410,7 +410,10 @@ def test_split_merge_tables_are_checked():
             L2(1 << 20, split_merge=bad)
         with pytest.raises(ValueError, match="l2_split_merge"):
             dataclasses.replace(get_gpu("h200"), l2_split_merge=bad)
-    for bad in (-0.1, 1.5, True, "x"):
+    for good in (np.float32(0.25), np.int64(0), 0.5):  # numpy scalars too
+        assert L2(1 << 20, split_cost=good).split_cost == float(good)
+        assert dataclasses.replace(get_gpu("h200"), l2_split_cost=good).l2_split_cost == good
+    for bad in (-0.1, 1.5, True, np.bool_(True), "x", float("nan"), np.float32(2.0)):
         with pytest.raises(ValueError, match="split_cost"):
             L2(1 << 20, split_cost=bad)
         with pytest.raises(ValueError, match="l2_split_cost"):
