@@ -8,6 +8,8 @@ import dataclasses
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flashsim import Tiling, Workload, get_gpu
 from flashsim.api import build_schedule
@@ -402,6 +404,38 @@ def test_lines_joined_take_more_of_the_limit():
     assert left(1.0, 0.25) == 80 * 128
     assert left(1.0, 0.0) == 100 * 128
     assert left(0.0, 0.25) == 99 * 64 + 128
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(st.integers(0, 63), st.sampled_from([32, 64, 96, 128]), st.sampled_from([0, 1, 2])),
+                min_size=1, max_size=300),
+       st.sampled_from(["lru", "nru", "random"]), st.integers(0, 12), st.sampled_from([0.0, 0.093, np.float32(0.5)]),
+       st.sampled_from([(), ((0, 1.0),), ((0, 0.0),), ((0, 0.9), (256, 0.5), (1024, 0.0))]))
+def test_dirty_bookkeeping_holds_on_any_trace(ops, policy, limit_lines, cost, merge):
+    """Random loads, stores and reductions (sector-aligned, 1-4 sectors a line) through a small
+    cache with a dirty limit, lines stored in parts and their cost: every dirty sector stored is
+    written back or still dirty at the end (no more, no less than the stores allow), the count of
+    the limit equals what the dirty lines take (one line each, 1 + cost for a joined one), clean
+    lines carry no join, and after each access no more than the limit is held."""
+    from flashsim.l2 import _DLIMIT, _M_JOIN, _NDIRTY, _SCOST, _SLOT
+
+    c = L2(2048, 128, 32, 2, policy=policy, dirty_limit=limit_lines * 128, split_merge=merge, split_cost=cost)
+    stored, requests = set(), 0
+    ctr = np.zeros(4, dtype=np.int64)
+    for line, nbytes, op in ops:
+        addr = line * 128 + (128 - nbytes if line % 2 else 0)
+        c.access(addr, nbytes, op > 0, ctr, reduction=op == 2)
+        if op:
+            stored |= {addr // 32 + i for i in range(nbytes // 32)}
+            requests += nbytes // 32
+        live = (c.tags >= 0) & (c.dirty != 0)
+        want = int(np.sum(live * (_SLOT + c.meta[_M_JOIN] * c.st[_SCOST])))
+        assert c.st[_NDIRTY] == want
+        assert not np.any(c.meta[_M_JOIN][~live])
+        assert c.st[_NDIRTY] <= c.st[_DLIMIT]
+    out = int(ctr[3]) + c.dirty_bytes() // 32
+    print(len(stored), requests, out, ctr)
+    assert len(stored) <= out <= requests
 
 
 def test_split_merge_tables_are_checked():
