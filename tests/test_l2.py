@@ -389,6 +389,39 @@ def test_lines_stored_in_parts_as_the_h200_does():
         assert replay(16 * mib, lag, parts)[3] == 0 and c.dirty_bytes() == 16 * mib
 
 
+def test_reads_and_stores_interleaved_as_the_h200_does():
+    """scripts/device/l2_interleave_probe.py: each thread of a grid-stride loop reads ``ratio``
+    floats of one buffer and stores one of another (W MiB stored, ratio x W read), as an
+    element-wise kernel does.  The H200 preset's cache, replaying the stream a 128-byte line at a
+    time (ratio lines read, then one stored), writes what the H200 wrote to 0.6 MiB in every case
+    (0 up to W = 8 MiB, 2.4 at W = 16 MiB read twice over, 23.2 at W = 32 MiB read four times)."""
+    import csv
+    from pathlib import Path
+
+    rec = Path(__file__).resolve().parents[1] / "analysis" / "data" / "l2calib" / "h200_l2_interleave" / "1c7833d"
+    rows = list(csv.DictReader(open(rec / "l2_interleave.csv")))
+    c = L2.for_gpu("h200")
+    mib = 2**20
+    for w in (4, 8, 16, 32):
+        for ratio in (0, 1, 2, 4):
+            meas = [float(r["dram_write_bytes"]) / mib for r in rows if r["write_mib"] == str(w)
+                    and r["ratio"] == str(ratio)]
+            if not meas:
+                continue
+            n = w * mib // 128
+            k = np.arange(n, dtype=np.int64)
+            if ratio:
+                addr = np.stack([(1 << 30) + k * 128 * ratio, k * 128], 1).reshape(-1)
+                nbytes = np.tile([128 * ratio, 128], n)
+                write = np.tile([False, True], n)
+            else:
+                addr, nbytes, write = k * 128, 128, True
+            c.reset()
+            model = c.replay(addr, nbytes, write)[3] * 32 / mib
+            print(w, ratio, round(model, 2), meas)
+            assert abs(model - np.median(meas)) <= 0.6
+
+
 def test_lines_joined_take_more_of_the_limit():
     """A line whose halves join takes 1 + split_cost lines of the dirty limit: 200 lines stored
     in halves at once against a limit of 100 lines with a cost of 0.25 leave 80 whole lines dirty;
