@@ -118,3 +118,20 @@ def fill(buf):
     """A grid-stride store of 1 to every element of a 1-D array (each line stored whole)."""
     for k in range(cuda.grid(1), buf.size, cuda.gridsize(1)):
         buf[k] = float32(1)
+
+
+def row(fields: dict, launch: dict, gpu: str, dirty_left: bool = False) -> dict:
+    """One record row: the probe's ``fields``, the launch's MEASURED columns, with
+    ``dirty_left``, the bytes it left dirty (stores - DRAM writes), and the GPU."""
+    extra = {"dirty_left_bytes": launch["lsu_st_bytes"] - launch["dram_write_bytes"]} if dirty_left else {}
+    return {**fields, **{k: launch[k] for k in MEASURED}, **extra, "gpu": gpu}
+
+
+def save(out: Path, stem: str, rows: list[dict], line, gpu: str, **meta) -> int:
+    """A probe's record: ``out/STEM.csv`` (``rows``), one printed ``line(row)`` a row, then
+    ``out/STEM.meta.json`` (:func:`write_meta` with ``meta``); 0, the probe's exit status."""
+    write_csv(out / f"{stem}.csv", rows)
+    for r in rows:
+        print(line(r))
+    write_meta(out / f"{stem}.meta.json", gpu, **meta)
+    return 0

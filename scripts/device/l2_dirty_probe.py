@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from _l2probe import MEASURED, gpu_name, profile, start, write_csv, write_meta  # noqa: E402
+from _l2probe import gpu_name, profile, row, save, start  # noqa: E402
 from numba import cuda, float32, uint32  # noqa: E402
 
 MIB = 1 << 20
@@ -140,17 +140,13 @@ def main(argv=None) -> int:
             return 1
         pairs, cmds[name] = got
         for p, ln in pairs:
-            rows.append({"probe": p["probe"], "mib": p["mib"], "grid": p["grid"], "ns": p.get("ns", ""),
-                         "metrics": name,
-                         **{k: ln[k] for k in MEASURED},
-                         "dirty_left_bytes": ln["lsu_st_bytes"] - ln["dram_write_bytes"], "gpu": smi})
-    write_csv(out / "l2_dirty.csv", rows)
-    for r in rows:
-        print(f"{r['metrics']:<4} {r['probe']:<10} {r['mib']:>4} MiB grid {r['grid']:>5}  DRAM read "
-              f"{r['dram_read_bytes'] / MIB:8.2f} MiB  write {r['dram_write_bytes'] / MIB:8.2f} MiB  left dirty "
-              f"{r['dirty_left_bytes'] / MIB:7.2f} MiB  {r['time_ns'] / 1e3:8.1f} us")
-    write_meta(out / "l2_dirty.meta.json", smi, commands=cmds, metric_sets={n: list(m) for n, m in sets})
-    return 0
+            rows.append(row({"probe": p["probe"], "mib": p["mib"], "grid": p["grid"], "ns": p.get("ns", ""),
+                             "metrics": name}, ln, smi, dirty_left=True))
+    return save(out, "l2_dirty", rows, lambda r: (
+        f"{r['metrics']:<4} {r['probe']:<10} {r['mib']:>4} MiB grid {r['grid']:>5}  DRAM read "
+        f"{r['dram_read_bytes'] / MIB:8.2f} MiB  write {r['dram_write_bytes'] / MIB:8.2f} MiB  left dirty "
+        f"{r['dirty_left_bytes'] / MIB:7.2f} MiB  {r['time_ns'] / 1e3:8.1f} us"),
+        smi, commands=cmds, metric_sets={n: list(m) for n, m in sets})
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from _l2probe import MEASURED, measure, write_csv, write_meta  # noqa: E402
+from _l2probe import measure, row, save  # noqa: E402
 from numba import cuda, float32, int32  # noqa: E402
 
 MIB = 1 << 20
@@ -94,15 +94,13 @@ def main(argv=None) -> int:
     if isinstance(got, int):
         return got
     out, pairs, cmd, smi = got
-    rows = [{**p, **{k: ln[k] for k in MEASURED}, "gpu": smi} for p, ln in pairs]
-    write_csv(out / "l2_evict.csv", rows)
-    for r in rows:
-        print(f"{r['probe']:<6} W {r['write_mib']:2d} R {r['read_mib']:3d} MiB  "
-              f"DRAM read {r['dram_read_bytes'] / MIB:8.2f} write {r['dram_write_bytes'] / MIB:7.2f} MiB  "
-              f"LSU ld {r['lsu_ld_bytes'] / MIB:7.2f} st "
-              f"{r['lsu_st_bytes'] / MIB:6.2f} MiB  {r['time_ns'] / 1e3:7.1f} us")
-    write_meta(out / "l2_evict.meta.json", smi, command=cmd, blocks_per_sm=BLOCKS_PER_SM, threads=THREADS)
-    return 0
+    rows = [row(p, ln, smi) for p, ln in pairs]
+    return save(out, "l2_evict", rows, lambda r: (
+        f"{r['probe']:<6} W {r['write_mib']:2d} R {r['read_mib']:3d} MiB  "
+        f"DRAM read {r['dram_read_bytes'] / MIB:8.2f} write {r['dram_write_bytes'] / MIB:7.2f} MiB  "
+        f"LSU ld {r['lsu_ld_bytes'] / MIB:7.2f} st "
+        f"{r['lsu_st_bytes'] / MIB:6.2f} MiB  {r['time_ns'] / 1e3:7.1f} us"),
+        smi, command=cmd, blocks_per_sm=BLOCKS_PER_SM, threads=THREADS)
 
 
 if __name__ == "__main__":

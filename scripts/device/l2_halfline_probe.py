@@ -44,7 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from _l2probe import MEASURED, fill, measure, repeated, write_csv, write_meta  # noqa: E402
+from _l2probe import fill, measure, repeated, row, save  # noqa: E402
 from numba import cuda, float32, int32, uint32  # noqa: E402
 
 MIB = 1 << 20
@@ -153,20 +153,13 @@ def main(argv=None) -> int:
     if isinstance(got, int):
         return got
     out, pairs, cmd, smi = got
-    rows = []
-    for p, ln in pairs:
-        rows.append({"probe": p["probe"], "shape": "x".join(map(str, p["shape"])), "lag_lines": p.get("lag_lines", ""),
-                     "rep": p.get("rep", ""),
-                     **{k: ln[k] for k in MEASURED},
-                     "dirty_left_bytes": ln["lsu_st_bytes"] - ln["dram_write_bytes"], "gpu": smi})
-    write_csv(out / "l2_halfline.csv", rows)
-    for r in rows:
-        print(f"{r['probe']:<13} {r['shape']:>14} lag {str(r['lag_lines']):>6} #{r['rep']}  "
-              f"stored {r['lsu_st_bytes'] / MIB:8.2f} MiB  "
-              f"DRAM read {r['dram_read_bytes'] / MIB:7.2f}  write {r['dram_write_bytes'] / MIB:8.2f}  left dirty "
-              f"{r['dirty_left_bytes'] / MIB:7.2f} MiB  {r['time_ns'] / 1e3:9.1f} us")
-    write_meta(out / "l2_halfline.meta.json", smi, command=cmd)
-    return 0
+    rows = [row({"probe": p["probe"], "shape": "x".join(map(str, p["shape"])), "lag_lines": p.get("lag_lines", ""),
+                 "rep": p.get("rep", "")}, ln, smi, dirty_left=True) for p, ln in pairs]
+    return save(out, "l2_halfline", rows, lambda r: (
+        f"{r['probe']:<13} {r['shape']:>14} lag {str(r['lag_lines']):>6} #{r['rep']}  "
+        f"stored {r['lsu_st_bytes'] / MIB:8.2f} MiB  "
+        f"DRAM read {r['dram_read_bytes'] / MIB:7.2f}  write {r['dram_write_bytes'] / MIB:8.2f}  left dirty "
+        f"{r['dirty_left_bytes'] / MIB:7.2f} MiB  {r['time_ns'] / 1e3:9.1f} us"), smi, command=cmd)
 
 
 if __name__ == "__main__":

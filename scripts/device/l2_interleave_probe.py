@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from _l2probe import MEASURED, fill, measure, repeated, write_csv, write_meta  # noqa: E402
+from _l2probe import fill, measure, repeated, row, save  # noqa: E402
 from numba import cuda, float32, int32  # noqa: E402
 
 MIB = 1 << 20
@@ -85,18 +85,13 @@ def main(argv=None) -> int:
     if isinstance(got, int):
         return got
     out, pairs, cmd, smi = got
-    rows = []
-    for p, ln in pairs:
-        rows.append({"probe": p["probe"], "write_mib": p.get("write_mib", ""), "ratio": p.get("ratio", ""),
-                     "rep": p.get("rep", ""), **{k: ln[k] for k in MEASURED}, "gpu": smi})
-    write_csv(out / "l2_interleave.csv", rows)
-    for r in rows:
-        print(f"{r['probe']:<6} W {str(r['write_mib']):>3} MiB ratio {str(r['ratio']):>2} #{r['rep']}  "
-              f"stored {r['lsu_st_bytes'] / MIB:7.2f} MiB  read {r['lsu_ld_bytes'] / MIB:7.2f}  "
-              f"DRAM read {r['dram_read_bytes'] / MIB:7.2f}  write {r['dram_write_bytes'] / MIB:7.2f} MiB  "
-              f"{r['time_ns'] / 1e3:8.1f} us")
-    write_meta(out / "l2_interleave.meta.json", smi, command=cmd)
-    return 0
+    rows = [row({"probe": p["probe"], "write_mib": p.get("write_mib", ""), "ratio": p.get("ratio", ""),
+                 "rep": p.get("rep", "")}, ln, smi) for p, ln in pairs]
+    return save(out, "l2_interleave", rows, lambda r: (
+        f"{r['probe']:<6} W {str(r['write_mib']):>3} MiB ratio {str(r['ratio']):>2} #{r['rep']}  "
+        f"stored {r['lsu_st_bytes'] / MIB:7.2f} MiB  read {r['lsu_ld_bytes'] / MIB:7.2f}  "
+        f"DRAM read {r['dram_read_bytes'] / MIB:7.2f}  write {r['dram_write_bytes'] / MIB:7.2f} MiB  "
+        f"{r['time_ns'] / 1e3:8.1f} us"), smi, command=cmd)
 
 
 if __name__ == "__main__":
