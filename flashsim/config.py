@@ -276,6 +276,15 @@ def split_merge_points(value, field: str) -> list[tuple[int, float]]:
     return [(int(b), float(p)) for b, p in pts]
 
 
+def split_cost_value(value, field: str) -> float:
+    """A split cost (see Hardware.l2_split_cost) as a float in [0, 1], or ValueError naming
+    ``field``: numbers and numpy scalars, not booleans or NaN."""
+    if (isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating))
+            or not 0 <= value <= 1):
+        raise ValueError(f"{field}={value!r}: must be a number in [0, 1]")
+    return float(value)
+
+
 @dataclass(frozen=True)
 class Hardware:
     """A GPU preset.  Rates are dense (no sparsity), per second; sizes in bytes."""
@@ -346,10 +355,7 @@ class Hardware:
         if self.l2_replacement not in ("lru", "random", "nru"):
             raise ValueError(f"l2_replacement={self.l2_replacement!r}: must be 'lru', 'random' or 'nru'")
         split_merge_points(self.l2_split_merge, "l2_split_merge")
-        v = self.l2_split_cost
-        if (isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating))
-                or not 0 <= v <= 1):
-            raise ValueError(f"l2_split_cost={v!r}: must be a number in [0, 1]")
+        split_cost_value(self.l2_split_cost, "l2_split_cost")
         f = self.l2_fetch_bytes
         if (isinstance(f, bool) or not isinstance(f, int) or f < self.l2_sector_bytes or f > self.l2_line_bytes
                 or f & (f - 1)):

@@ -97,7 +97,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import njit
 
-from .config import Hardware, get_gpu, split_merge_points
+from .config import Hardware, get_gpu, split_cost_value, split_merge_points
 from .traffic import Schedule, _tensor_bases
 
 
@@ -278,10 +278,11 @@ def _merge_share(merge, dsec):
 
 
 @njit(cache=True, inline="always")
-def _unit(line, clock):
-    """A number in [0, 1) hashed from a line and the store clock (splitmix64's finaliser): the
-    merge's draw, reproducible and apart from the replacement's random stream."""
-    z = np.uint64(line) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(clock) * np.uint64(0xBF58476D1CE4E5B9)
+def _unit(line, gen):
+    """A number in [0, 1) hashed from a line and the generation of the way holding it (one draw
+    a residency; splitmix64's finaliser): the merge's draw, reproducible and apart from the
+    replacement's random stream."""
+    z = np.uint64(line) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(gen) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     z = z ^ (z >> np.uint64(31))
@@ -559,9 +560,7 @@ class L2:
                              f"({sector_bytes}) to the line ({line_bytes})")
         if isinstance(random_share, bool) or not 0 <= random_share <= 1:
             raise ValueError(f"random_share={random_share!r}: must be a fraction in [0, 1]")
-        if (isinstance(split_cost, (bool, np.bool_))
-                or not isinstance(split_cost, (int, float, np.integer, np.floating)) or not 0 <= split_cost <= 1):
-            raise ValueError(f"split_cost={split_cost!r}: must be a number in [0, 1]")
+        split_cost = split_cost_value(split_cost, "split_cost")
         if dirty_limit is not None and (isinstance(dirty_limit, bool) or dirty_limit < 0):
             raise ValueError(f"dirty_limit={dirty_limit!r}: must be None or a number of bytes >= 0")
         merge = split_merge_array(split_merge, sector_bytes)
@@ -569,7 +568,7 @@ class L2:
         self.ways, self.line_bytes, self.sector_bytes, self.sample = ways, line_bytes, sector_bytes, int(sample)
         self.policy, self.dirty_limit, self.fetch_bytes = policy, dirty_limit, fetch_bytes
         self.random_share = float(random_share)
-        self.split_cost = float(split_cost)
+        self.split_cost = split_cost
         self.gap, sampled = _sampled_sets(self.nsets, self.sample)
         if sampled == 0:
             raise ValueError(f"sample={sample}: no set of the {self.nsets} is sampled; sample fewer")
