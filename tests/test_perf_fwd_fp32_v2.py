@@ -55,7 +55,7 @@ def cases(draw):
                 nk=draw(st.integers(1, 40)), d=draw(st.sampled_from([32, 64])), causal=draw(st.booleans()),
                 bc=draw(st.sampled_from([16, 32])),
                 nw=draw(st.sampled_from([1, 2])), mt=draw(st.sampled_from([1, 2])),
-                ak=draw(st.sampled_from([1, 2, 4])), qsplit=draw(st.booleans()),
+                ak=draw(st.sampled_from([1, 2, 4])), qsplit=draw(st.booleans()), ostage=draw(st.booleans()),
                 scale=draw(st.sampled_from([None, 0.05, 1.0])), seed=draw(st.integers(0, 2**16)))
 
 
@@ -64,16 +64,17 @@ def cases(draw):
 @settings(max_examples=2, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(cases())
-@example(dict(hkv=1, h=2, nq=37, nk=21, d=32, causal=True, bc=16, nw=2, mt=2, ak=4, qsplit=True, scale=None,
-              seed=1))
-@example(dict(hkv=2, h=2, nq=11, nk=40, d=32, causal=True, bc=32, nw=1, mt=1, ak=1, qsplit=False, scale=None,
-              seed=2))
-@example(dict(hkv=1, h=1, nq=1, nk=1, d=32, causal=False, bc=16, nw=1, mt=1, ak=2, qsplit=True, scale=1.0, seed=3))
-@example(dict(hkv=1, h=1, nq=19, nk=35, d=64, causal=False, bc=32, nw=1, mt=1, ak=2, qsplit=True, scale=None,
-              seed=4))
+@example(dict(hkv=1, h=2, nq=37, nk=21, d=32, causal=True, bc=16, nw=2, mt=2, ak=4, qsplit=True, ostage=True,
+              scale=None, seed=1))
+@example(dict(hkv=2, h=2, nq=11, nk=40, d=32, causal=True, bc=32, nw=1, mt=1, ak=1, qsplit=False, ostage=True,
+              scale=None, seed=2))
+@example(dict(hkv=1, h=1, nq=1, nk=1, d=32, causal=False, bc=16, nw=1, mt=1, ak=2, qsplit=True, ostage=False,
+              scale=1.0, seed=3))
+@example(dict(hkv=1, h=1, nq=19, nk=35, d=64, causal=False, bc=32, nw=1, mt=1, ak=2, qsplit=True, ostage=False,
+              scale=None, seed=4))
 def test_forward_fp32_v2(c):
     q, k, v = inputs(c["seed"], c["h"], c["hkv"], c["nq"], c["nk"], c["d"])
-    cfg = {x: c[x] for x in ("bc", "nw", "mt", "ak", "qsplit")}
+    cfg = {x: c[x] for x in ("bc", "nw", "mt", "ak", "qsplit", "ostage")}
     check(q, k, v, c["causal"], c["scale"], cfg, str(c))
 
 

@@ -153,7 +153,7 @@ def default_config(name: str, d: int) -> dict:
     if name == "fwd_fp32_v1":
         return dict(bc=64, nw=4, rm=4, unroll=2, minb=2) if d <= 64 else dict(bc=32, nw=4, rm=4, unroll=2, minb=1)
     if name == "fwd_fp32_v2":
-        return dict(bc=32, nw=4, mt=2 if d <= 64 else 1, ak=max(1, d // 32), minb=1, qsplit=True)
+        return dict(bc=32, nw=4, mt=2 if d <= 64 else 1, ak=max(1, d // 32), minb=1, qsplit=True, ostage=False)
     if name == "bwd_fp16_v1":
         return dict(bq=64, bk=64, nw=4, mt=1, reg=True) if d <= 64 else dict(bq=32, bk=32, nw=4, mt=1, reg=False)
     if name == "bwd_fp16_v3":

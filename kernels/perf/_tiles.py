@@ -436,6 +436,27 @@ def f32_copier(NROWS: int, NT: int, D: int, SROW: int, ROWSTEP: bool = True):
     return copy
 
 
+def f32_storer(NROWS: int, NT: int, D: int, SROW: int):
+    """``store(g, g0, left, sm, sa0, tid)``: the first ``left`` rows of an NROWS x D fp32 tile at
+    shared byte address ``sa0`` (row stride SROW floats) to ``g`` from flat element offset g0,
+    16 bytes a store, chunk e = tid + u·NT at row e // CH: a warp's store covers 512 contiguous
+    bytes of a row (or whole rows), every sector whole."""
+    CH = D // 4
+    CP = -(-NROWS * CH // NT)
+
+    @_device
+    def store(g, g0, left, sm, sa0, tid):
+        for u in range(CP):
+            e = tid + u * NT
+            if CP * NT == NROWS * CH or e < NROWS * CH:
+                r = e // CH
+                c = (e % CH) * 4
+                if r < left:
+                    tc.st_global16_f32_a(g, g0 + r * D + c, sm, sa0 + 4 * (r * SROW + c))
+
+    return store
+
+
 def _twice(step, n: int):
     @_device
     def block(acc, a, b, sm, aa, ba, k):

@@ -83,7 +83,7 @@ from numba import cuda, float32, types
 
 from ..flash2 import padded_head_dim
 from . import tc
-from ._tiles import NEG_INF, f32_copier, ffma_ab, ffma_abt, query_block
+from ._tiles import NEG_INF, f32_copier, f32_storer, ffma_ab, ffma_abt, query_block
 
 
 def _strides(d16: int, bc: int) -> tuple[int, int, int]:
@@ -298,7 +298,8 @@ def smem_bytes_v2(dp: int, br: int, bc: int, qsplit: bool = False) -> int:
     return 4 * ((2 * br * dp if qsplit else br * (dp + 8)) + bc * (dp + 8) + bc * (dp + 4))
 
 
-def _source_v2(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, AK: int = 1, QSPLIT: bool = False):
+def _source_v2(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, AK: int = 1, QSPLIT: bool = False,
+               OSTAGE: bool = False):
     QS, VS = D + 8, D + 4  # row strides (floats): Q, K; V
     BR = 16 * NW * MT
     NT = 32 * NW
@@ -322,6 +323,7 @@ def _source_v2(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, AK: int = 1, QSP
     copy_q = f32_copier(BR, NT, D, QS)
     copy_k = f32_copier(BC, NT, D, QS)
     copy_v = f32_copier(BC, NT, D, VS)
+    store_o = f32_storer(BR, NT, D, VS)  # OSTAGE: O from Q's place (rows D + 4 apart) to memory
     QCH = D // 4  # 4-float chunks of a Q row
     QCP = -(-BR * QCH // NT)  # Q chunks a thread splits (QSPLIT)
 
@@ -520,21 +522,37 @@ def _source_v2(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, AK: int = 1, QSP
             pv(acc, to, raw, ph, pl, bh, bl, alpha, sm, va)
         tc.cp_async_wait(0)
         # Epilogue: ℓ over the quad, O = acc/ℓ (row g + 8h, dims 32u + 8t + 4f + jj) and
-        # L = m·τ + log ℓ straight to global memory.
+        # L = m·τ + log ℓ.  O straight to global memory by scalar stores (a warp's store: 8 rows
+        # x 4 sectors, one element each), or with OSTAGE through shared memory where Q was (every
+        # warp is past its last S at the barrier), 4 floats a lane a ``st.shared.v4`` (rows D + 4
+        # apart: conflict-free), then 16 bytes a thread a store, whole sectors.
+        if OSTAGE:
+            cuda.syncthreads()
         for mt in range(MT):
             l_0, l_1 = tc.quad_sum2(lrow[2 * mt], lrow[2 * mt + 1])
             for hh in range(2):
                 lsum = l_0 if hh == 0 else l_1
                 inv = float32(1.0) / lsum if lsum > 0 else float32(0.0)
-                row = r0 + rw + 16 * mt + g + 8 * hh
-                if row < nq:
+                rb = rw + 16 * mt + g + 8 * hh  # the row in the block
+                row = r0 + rb
+                if OSTAGE:
                     for u in range(NU):
-                        for jj in range(4):
-                            for f in range(2):
-                                x = 16 * (u * MT + mt) + 4 * jj + 2 * hh + f
-                                o[b, h, row, 32 * u + 8 * t + 4 * f + jj] = acc[x] * inv
+                        for f in range(2):
+                            x = 16 * (u * MT + mt) + 2 * hh + f
+                            tc.sts128_f32_a(sm, sbase + 4 * (QOFF + rb * VS + 32 * u + 8 * t + 4 * f), acc[x] * inv,
+                                            acc[x + 4] * inv, acc[x + 8] * inv, acc[x + 12] * inv)
+                if row < nq:
+                    if not OSTAGE:
+                        for u in range(NU):
+                            for jj in range(4):
+                                for f in range(2):
+                                    x = 16 * (u * MT + mt) + 4 * jj + 2 * hh + f
+                                    o[b, h, row, 32 * u + 8 * t + 4 * f + jj] = acc[x] * inv
                     if t == 0:
                         lse[b, h, row] = mrow[2 * mt + hh] * scale + math.log(lsum) if lsum != 0 else NEG_INF
+        if OSTAGE:
+            cuda.syncthreads()
+            store_o(o, qbase + r0 * D, nq - r0, sm, sbase + 4 * QOFF, tid)
 
     return fwd, NT, BR
 
@@ -551,10 +569,11 @@ def _check_v2(d: int, bc: int, nw: int, mt: int, ak: int):
 
 
 @cache
-def kernel_v2(d: int, bc: int, nw: int, mt: int, causal: bool, ak: int = 1, minb: int = 1, qsplit: bool = False):
+def kernel_v2(d: int, bc: int, nw: int, mt: int, causal: bool, ak: int = 1, minb: int = 1, qsplit: bool = False,
+              ostage: bool = False):
     """(compiled kernel, threads, Br); ValueError for a block shape the kernel cannot take."""
     _check_v2(d, bc, nw, mt, ak)
-    fn, nt, br = _source_v2(d, bc, nw, mt, causal, ak, qsplit)
+    fn, nt, br = _source_v2(d, bc, nw, mt, causal, ak, qsplit, ostage)
     return tc.jit_kernel(fn, nt, minb), nt, br
 
 
@@ -567,8 +586,8 @@ def default_config_v2(d: int) -> dict:
     at d = 128 the first choice, Bc 32 with one m-tile (221-228 registers, two blocks of 4 warps
     an SM), was the fastest (10.07 ms; Bc 64 13.4, Bc 16 11.3, 8 warps 10.4)."""
     if d <= 64:
-        return dict(bc=32, nw=4, mt=2, ak=max(1, d // 32), minb=1, qsplit=True)
-    return dict(bc=32, nw=4, mt=1, ak=max(1, d // 32), minb=1, qsplit=True)
+        return dict(bc=32, nw=4, mt=2, ak=max(1, d // 32), minb=1, qsplit=True, ostage=False)
+    return dict(bc=32, nw=4, mt=1, ak=max(1, d // 32), minb=1, qsplit=True, ostage=False)
 
 
 def supports_v2(dtype, d: int) -> bool:

@@ -43,7 +43,8 @@ Shared memory is addressed by 32-bit addresses in the shared window computed onc
 (``smem_u32``; ``cp_async16_a(smem, sbase, soff, gmem, goff, nvalid)`` and
 ``st_global16_a(gmem, goff, smem, sbase, soff)`` move 16 bytes global -> shared asynchronously
 (zero-filling past ``nvalid`` elements) and shared -> global).  The fp32 helpers
-(``*_f32_a``, ``sts32_u32_a``, ``lds64_f32_a``) take byte addresses directly; ``oct_max``,
+(``*_f32_a``, ``sts32_u32_a``, ``lds64_f32_a``) take byte addresses directly
+(``st_global16_f32_a(gmem, goff, smem, a)``: 16 bytes shared -> global, ``goff`` in floats); ``oct_max``,
 ``oct_sum`` reduce over the 8 lanes 8g..8g+7, ``quad_max2``, ``quad_sum2`` over a quad;
 ``red_v2``, ``red_v4`` add 2 or 4 floats atomically per element (``red_v2_if`` where a flag
 holds, as one predicated PTX instruction); ``mma3_tf32`` and ``tf32_hi``
@@ -131,8 +132,8 @@ HELPERS = ("mma", "mma_z", "pack_f16x2", "mma_bf16", "mma_z_bf16", "pack_bf16x2"
            "ex2", "smem_u32", "lane_offset", "lane_offset_b", "opaque_u32",
            "ldsm_x4", "ldsm_x4_b", "ldsm_x4_trans", "ldsm_x4_trans_b", "cp_async16_a", "st_global16_a",
            "cp_async_commit", "cp_async_wait", "quad_max2", "quad_sum2", "red_v2", "red_v2_if", "red_v4",
-           "smem_u32_f32", "lds128_f32_a", "sts32_f32_a", "sts64_f32_a", "sts32_u32_a", "lds64_f32_a",
-           "cp_async16_f32_a",
+           "smem_u32_f32", "lds128_f32_a", "sts32_f32_a", "sts64_f32_a", "sts128_f32_a", "sts32_u32_a",
+           "lds64_f32_a", "cp_async16_f32_a", "st_global16_f32_a",
            "oct_max", "oct_sum", "tf32_hi", "mma3_tf32", "fence_proxy_async", "wgmma_ss", "wgmma_rs",
            "mbar_init", "mbar_expect_tx", "mbar_wait", "tma_load3",
            "bulk_red_f32", "bulk_wait_read", "bulk_wait")

@@ -367,6 +367,20 @@ extern "C" __device__ int fs_lds64_f32(int* ret, float* r, unsigned a) {
     return 0;
 }
 
+extern "C" __device__ int fs_sts128_f32(int* ret, unsigned a, float x, float y, float z, float w) {
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" :: "r"(a), "f"(x), "f"(y), "f"(z), "f"(w) : "memory");
+    return 0;
+}
+
+// 16 bytes shared -> global: one LDS.128 and one STG.E.128.
+extern "C" __device__ int fs_st_global16_f32(int* ret, float* gmem, long long goff, unsigned a) {
+    unsigned x, y, z, w;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(x), "=r"(y), "=r"(z), "=r"(w) : "r"(a) : "memory");
+    asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};" :: "l"(gmem + goff), "r"(x), "r"(y), "r"(z), "r"(w)
+                 : "memory");
+    return 0;
+}
+
 // 4 floats global -> shared, asynchronously; src_bytes < 16 zero-fills the rest.
 extern "C" __device__ int fs_cp_async16_f32(int* ret, unsigned a, const float* gmem, long long goff, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
@@ -380,6 +394,9 @@ _smem_u32_f32_raw = cuda.declare_device("fs_smem_u32_f32", "uint32(CPointer(floa
 _lds128_f32_raw = cuda.declare_device("fs_lds128_f32", "int32(CPointer(float32), uint32)", link=_link_f32)
 _sts32_f32_raw = cuda.declare_device("fs_sts32_f32", "int32(uint32, float32)", link=_link_f32)
 _sts64_f32_raw = cuda.declare_device("fs_sts64_f32", "int32(uint32, float32, float32)", link=_link_f32)
+_sts128_f32_raw = cuda.declare_device("fs_sts128_f32", "int32(uint32, float32, float32, float32, float32)",
+                                     link=_link_f32)
+_stg_f32_raw = cuda.declare_device("fs_st_global16_f32", "int32(CPointer(float32), int64, uint32)", link=_link_f32)
 _sts32_u32_raw = cuda.declare_device("fs_sts32_u32", "int32(uint32, uint32)", link=_link_f32)
 _lds64_f32_raw = cuda.declare_device("fs_lds64_f32", "int32(CPointer(float32), uint32)", link=_link_f32)
 _cp_f32_raw = cuda.declare_device("fs_cp_async16_f32", "int32(uint32, CPointer(float32), int64, int32)",
@@ -410,6 +427,20 @@ def sts32_f32_a(smem, a, off, x):
 def sts64_f32_a(smem, a, x, y):
     """Store floats ``x``, ``y`` at shared byte address ``a`` (8-byte aligned): one STS.64."""
     _sts64_f32_raw(uint32(a), float32(x), float32(y))
+
+
+@cuda.jit(device=True, forceinline=True)
+def sts128_f32_a(smem, a, x, y, z, w):
+    """Store floats ``x``, ``y``, ``z``, ``w`` at shared byte address ``a`` (16-byte aligned): one
+    STS.128."""
+    _sts128_f32_raw(uint32(a), float32(x), float32(y), float32(z), float32(w))
+
+
+@cuda.jit(device=True, forceinline=True)
+def st_global16_f32_a(gmem, goff, smem, a):
+    """The 4 floats at shared byte address ``a`` (16-byte aligned) to ``gmem`` from flat element
+    offset ``goff``: one LDS.128 and one 16-byte global store."""
+    _stg_f32_raw(_ffi.from_buffer(gmem), goff, uint32(a))
 
 
 @cuda.jit(device=True, forceinline=True)

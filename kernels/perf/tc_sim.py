@@ -265,6 +265,21 @@ def sts64_f32_a(smem, a, x, y):
 
 
 @cuda.jit(device=True)
+def sts128_f32_a(smem, a, x, y, z, w):
+    smem[a // 4] = x
+    smem[a // 4 + 1] = y
+    smem[a // 4 + 2] = z
+    smem[a // 4 + 3] = w
+
+
+@cuda.jit(device=True)
+def st_global16_f32_a(gmem, goff, smem, a):
+    flat = gmem.reshape(-1) if hasattr(gmem, "reshape") else gmem
+    for e in range(4):
+        flat[goff + e] = smem[a // 4 + e]
+
+
+@cuda.jit(device=True)
 def sts32_u32_a(smem, a, x):
     smem[a // 4] = x
 

@@ -7,9 +7,10 @@ sets: ``kernels.bench``'s timer); each variant's O is first checked against floa
 rows (``kernels.bench``'s check).  Prints one line per shape: ms, TFLOP/s, v2 / naive, v2 / v1
 and both errors.  ``--sweep`` then times other block shapes of v2 at N = 4,096 (not causal) against
 its default.  ``--ab KEY=VALUE`` instead times, at each shape, naive, v2 and v2 with that config
-change in ``--rounds`` rounds (the order rotated each round), and prints per shape the median over
-the rounds of each one's same-round ratio to naive with their range, and of the change's time over
-v2's.  ``--out DIR`` writes ``fwd_fp32_v2_time.csv`` there.
+change in ``--rounds`` rounds (the order rotated each round), and prints per shape whether the
+change's O equals v2's bit for bit and its error against float64, then the median over the rounds
+of each one's same-round ratio to naive with their range, and of the change's time over v2's.
+``--out DIR`` writes ``fwd_fp32_v2_time.csv`` there.
 """
 
 import argparse
@@ -127,13 +128,16 @@ def ab(a, naive, ours, flush, rows, t0) -> int:
 
     key, val = a.ab.split("=")
     val = int(val)
-    change = {key: bool(val) if key == "qsplit" else val}
+    change = {key: bool(val) if isinstance(fwd_fp32_v2.default_config(64).get(key), bool) else val}
     fns = {"naive": naive, "v2": ours(fwd_fp32_v2), "change": ours(fwd_fp32_v2, **change)}
     for d in a.ds:
         for causal in map(bool, a.causal):
             for n in a.ns:
                 b = max(1, 16384 // n)
                 inputs = [tuple(torch.randn(b, 16, n, d, device="cuda") for _ in range(3)) for _ in range(3)]
+                q, k, v = inputs[0]
+                same = torch.equal(fns["v2"](q, k, v, causal), fns["change"](q, k, v, causal))
+                err = _check_fwd(torch, fns["change"](q, k, v, causal), q, k, v, causal, np.random.default_rng(n + d))
                 names = list(fns)
                 ms = {x: [] for x in names}
                 for r in range(a.rounds):
@@ -147,10 +151,11 @@ def ab(a, naive, ours, flush, rows, t0) -> int:
                 print(f"d={d:3d} causal={causal!s:5s} N={n:6d} B={b:2d}: v2/naive {np.median(rv2):.3f} "
                       f"({min(rv2):.3f}-{max(rv2):.3f})  {change}/naive {np.median(rch):.3f} "
                       f"({min(rch):.3f}-{max(rch):.3f})  speed-up {np.median(gain):.3f} "
-                      f"({min(gain):.3f}-{max(gain):.3f})",
-                      flush=True)
+                      f"({min(gain):.3f}-{max(gain):.3f})  O {'bit-identical' if same else 'differs'}, "
+                      f"err {err:.2e}", flush=True)
                 for x in names:
                     rows.append(dict(variant=x, change=str(change), n=n, d=d, causal=causal, batch=b, heads=16,
+                                     o_identical=same, change_err=err,
                                      ms=float(np.median(ms[x])), ms_min=min(ms[x]), ms_max=max(ms[x]),
                                      tflops=flops(b, 16, n, d, causal, "fwd") / float(np.median(ms[x])) / 1e9))
                 del inputs
