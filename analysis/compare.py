@@ -41,7 +41,7 @@ from flashsim.l2 import dram_traffic
 from flashsim.output import check_overwrite, staged
 from flashsim.traffic import SECTOR_BYTES, walk
 
-from .configs import KERNELS, sim_options, tiling_of, workload_of
+from .configs import FAST_FIELDS, KERNELS, sim_options, tiling_of, workload_of
 from .fast_set import FAST_KERNELS, predict_lsu_loads
 from .measure import CONFIG_FIELDS, METRIC_FIELDS
 from .ncu import EXTRA_METRICS, METRICS
@@ -130,7 +130,7 @@ def _typed(path: Path, line: int, r: dict) -> dict:
             except ValueError:
                 raise _bad(path, f"line {line}: {k}={r[k]!r} is not an integer") from None
     r["causal"] = r.get("causal") in ("True", "true", "1")
-    for k in ("longest_first", "bulkq"):  # the fast set's bwd_fp16_v3 knobs (empty: not recorded)
+    for k in FAST_FIELDS:  # the fast set's knobs (empty: not recorded)
         if k in r:
             r[k] = r[k] in ("True", "true", "1") if r[k].strip() else None
     try:

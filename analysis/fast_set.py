@@ -58,6 +58,8 @@ def _cfg(kernel: str, n: int, d: int, causal: bool = False, batch: int = 1, head
         cfg["longest_first"] = fast.default_config(kernel, d)["longest_first"]
     if kernel == "bwd_fp16_v3":  # how it reduces dQ (a column of the record)
         cfg["bulkq"] = fast.default_config(kernel, d)["bulkq"]
+    if kernel == "fwd_fp32_v2":  # how it stores O (a column of the record)
+        cfg["ostage"] = fast.default_config(kernel, d)["ostage"]
     return cfg
 
 
@@ -160,7 +162,9 @@ def sim_options(cfg: dict) -> dict:
     532db74's record gave it one, 64 x 64; a small grid's narrowed block, :func:`fast.fit_to_grid`).
     ValueError where no block-shape override of the variant gives the record's tiles.  bwd_fp16_v3
     causal: the key-block order of the record's ``longest_first`` column, grid order without it;
-    its dQ by bulk reductions where the record's ``bulkq`` column says so, by ``red.v2`` without it."""
+    its dQ by bulk reductions where the record's ``bulkq`` column says so, by ``red.v2`` without it.
+    fwd_fp32_v2: O through shared memory where the record's ``ostage`` column says so, by scalar
+    stores without it (every record made before that default)."""
     opts = _block_options(cfg)
     if cfg["kernel"] == "bwd_fp16_v3" and cfg.get("causal") and not cfg.get("longest_first"):
         # a causal record without the column (every record made before bwd_fp16_v3's knob
@@ -172,6 +176,9 @@ def sim_options(cfg: dict) -> dict:
         # at f49547c above d = 128, at e4caee9 from d = 96, d = 112 since; d = 64 too since
         # 2026-11-28) reduced dQ by red.v2
         opts["config"] = {**opts.get("config", {}), "bulkq": bulkq}
+    ostage = bool(cfg.get("ostage"))
+    if cfg["kernel"] == "fwd_fp32_v2" and ostage != fast.default_config("fwd_fp32_v2", cfg["head_dim"])["ostage"]:
+        opts["config"] = {**opts.get("config", {}), "ostage": ostage}
     return opts
 
 

@@ -193,13 +193,17 @@ def test_fwd_fp32_v2_counts_by_hand():
     # Q: 200·64 = 12,800 floats = 51,200 B = 1,600 sectors of data; qsplit reads a lane's 16-byte
     # chunk by 4 scalar loads, each load of a warp touching the 16 sectors of its 32 chunks with
     # 2 floats each: 4·1,600 = 6,400 sectors.  K, V by cp.async once per query block: 2·200 rows
-    # ·64 = 25,600 floats, 3,200 sectors.  O: the store (u, jj, f) of lane (g, t) writes row g
-    # (or g + 8) at column 32u + 8t + 4f + jj: 8 rows x 4 sectors a request, one float each, so
-    # one sector per float: 12,800.  L by lanes t = 0, rows g = 0..7 (32 B, one sector a request):
-    # block 0 128 / 8 = 16 requests, block 1 72 / 8 = 9: 25 sectors for 200 floats.
+    # ·64 = 25,600 floats, 3,200 sectors.  O through shared memory (ostage), 16 bytes a thread a
+    # store: whole rows, 1,600 sectors.  L by lanes t = 0, rows g = 0..7 (32 B, one sector a
+    # request): block 0 128 / 8 = 16 requests, block 1 72 / 8 = 9: 25 sectors for 200 floats.
     assert _by(r) == {("K", "read"): (25600, 102400, 3200), ("L", "write"): (200, 800, 25),
-                      ("O", "write"): (12800, 51200, 12800), ("Q", "read"): (12800, 51200, 6400),
+                      ("O", "write"): (12800, 51200, 1600), ("Q", "read"): (12800, 51200, 6400),
                       ("V", "read"): (25600, 102400, 3200)}
+    # without ostage (every record before it became the default): the store (u, jj, f) of lane
+    # (g, t) writes row g (or g + 8) at column 32u + 8t + 4f + jj: 8 rows x 4 sectors a request,
+    # one float each, so one sector per float: 12,800; the same bytes
+    r = simulate(W(1, 1, 200, 64, dtype="fp32"), "fast", "fwd", config="ostage=false")
+    assert r.io.breakdown[("O", "write")].sectors == 12800 and r.io.breakdown[("O", "write")].bytes == 51200
     # without qsplit Q is copied by cp.async as K and V are: 1,600 sectors
     r = simulate(W(1, 1, 200, 64, dtype="fp32"), "fast", "fwd", config="qsplit=false")
     assert r.io.breakdown[("Q", "read")].sectors == 1600
@@ -208,11 +212,13 @@ def test_fwd_fp32_v2_counts_by_hand():
     rc = simulate(W(1, 1, 200, 64, dtype="fp32", causal=True), "fast", "fwd")
     assert rc.io.breakdown[("K", "read")].elements == 20992 == rc.io.breakdown[("V", "read")].elements
     # d = 128: Br = 16·4·1 = 64, Bc = 32; N = 128: Q 16,384 floats, 2,048 sectors of data, 8,192
-    # read; O 16,384 sectors; L 128 / 8 = 16 requests.
+    # read; O 2,048 sectors (16,384 without ostage); L 128 / 8 = 16 requests.
     r = simulate(W(1, 1, 128, 128, dtype="fp32"), "fast", "fwd")
     assert r.options == {} and r.io.per_launch["fwd_fp32_v2"].breakdown[("Q", "read")].sectors == 8192
-    assert {k: t.sectors for k, t in r.io.breakdown.items() if k[0] in "OL"} == {("O", "write"): 16384,
+    assert {k: t.sectors for k, t in r.io.breakdown.items() if k[0] in "OL"} == {("O", "write"): 2048,
                                                                                 ("L", "write"): 16}
+    r = simulate(W(1, 1, 128, 128, dtype="fp32"), "fast", "fwd", config={"ostage": False})
+    assert r.io.breakdown[("O", "write")].sectors == 16384
 
 
 def test_bf16_runs_the_fp16_schedules():
@@ -381,7 +387,7 @@ PARAM = {"q": "Q", "k": "K", "v": "V", "o": "O", "lse": "L", "do": "dO", "dvec":
 @pytest.mark.parametrize("name,d,h,config", [
     ("fwd_fp16_v4", 24, 2, None), ("fwd_fp16_v5", 64, 2, None), ("fwd_fp16_v7", 72, 2, None),
     ("fwd_fp32_v1", 12, 2, None),
-    ("fwd_fp32_v2", 32, 2, None), ("fwd_fp32_v2", 32, 1, dict(nw=1, mt=2, bc=16, qsplit=False)),
+    ("fwd_fp32_v2", 32, 2, None), ("fwd_fp32_v2", 32, 1, dict(nw=1, mt=2, bc=16, qsplit=False, ostage=False)),
     ("bwd_fp16_v1", 16, 2, None), ("bwd_fp16_v3", 32, 2, None), ("bwd_fp32_v1", 8, 2, None),
     ("bwd_fp32_v2", 64, 1, None)])
 def test_elements_equal_the_kernels_under_the_simulator(name, d, h, config):
@@ -390,8 +396,10 @@ def test_elements_equal_the_kernels_under_the_simulator(name, d, h, config):
     whose d = 64 is the simulator's slowest).  Threads that read
     one address together (a broadcast of L or D to a quad or a lane group) count once; every
     other element is touched by one thread once, so no tile is loaded twice by a block.
-    fwd_fp32_v2's scalar loads of Q (qsplit) and stores of O and L: the sectors of each warp
-    request, from the lanes' addresses (tests/_fast_trace.py), equal the schedule's.  fwd_fp16_v7's K
+    fwd_fp32_v2's scalar loads of Q (qsplit) and stores of L, and of O without ``ostage``: the
+    sectors of each warp request, from the lanes' addresses (tests/_fast_trace.py), equal the
+    schedule's (with ``ostage`` O goes by 16-byte stores of whole sectors, which the simulator's
+    twin writes a float at a time: its elements are checked, as the fp16 forwards' are).  fwd_fp16_v7's K
     and V come by the TMA unit (the schedule's class "bulk"), which the trace of the kernel's own
     array accesses does not see: none of K or V is touched by a thread."""
     from kernels.perf import variant
@@ -419,9 +427,11 @@ def test_elements_equal_the_kernels_under_the_simulator(name, d, h, config):
     assert len(got) == len(io.per_launch)
     for (kname, total, distinct, requests), (lname, c) in zip(got, io.per_launch.items(), strict=True):
         if name == "fwd_fp32_v2":  # scalar ld/st by every lane alike: each request's sectors
-            scalar = {"O": ("o", "write"), "L": ("lse", "write")}
+            scalar = {"L": ("lse", "write")}
             if config.get("qsplit", True):
                 scalar["Q"] = ("q", "read")
+            if not config.get("ostage", True):
+                scalar["O"] = ("o", "write")
             got_sec = {t: requests[key] for t, key in scalar.items()}
             want_sec = {t: c.breakdown[(t, key[1])].sectors for t, key in scalar.items()}
             print(lname, "sectors of the requests", got_sec, "schedule", want_sec)

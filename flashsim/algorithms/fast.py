@@ -59,14 +59,16 @@ What is assumed, and where it is exact:
   4 scalar ``ld.global.f32`` (split into tf32 hi and lo on the way to shared memory), so each of
   the 4 loads of a warp touches the 16 sectors of its 32 chunks with 2 elements each (rows past
   Nq are not read); without ``qsplit`` Q is copied by cp.async as K and V are.  (The sm_90 SASS
-  of its default shapes, d = 64 and 128, has these as 32-bit LDG.E and its O and L stores as
+  of its default shapes, d = 64 and 128, has these as 32-bit LDG.E and its L stores as
   32-bit STG.E: no access is widened by the compiler.)  The schedule states each such
   instruction as a pair of adjacent columns in the sector the kernel touches
   (:func:`_scalar_pairs`): elements and bytes exact, sectors exact for d % 8 == 0 (rows 32-byte
-  aligned).  bwd_fp32_v2 stores dK and dV, and fwd_fp32_v2 O, an element per sector: one
-  sector per element (fwd_fp32_v2: the store of (u, jj, f) by lane (g, t) is row g (+8) of an
-  m-tile, column 32u + 8t + 4f + jj, so the 32 lanes write 8 rows x 4 sectors, one element
-  each; bwd_fp32_v2: a lane's columns are 8 apart).
+  aligned).  bwd_fp32_v2 stores dK and dV, and fwd_fp32_v2 without ``ostage`` O, an element
+  per sector: one sector per element (fwd_fp32_v2: the store of (u, jj, f) by lane (g, t) is row
+  g (+8) of an m-tile, column 32u + 8t + 4f + jj, so the 32 lanes write 8 rows x 4 sectors, one
+  element each; bwd_fp32_v2: a lane's columns are 8 apart).  fwd_fp32_v2 with ``ostage`` (its
+  default since the record of kernels/data/fwd_fp32_v2_ostage_h200/) stores O through shared
+  memory, 16 bytes a thread a store: whole rows, as the fp16 forwards do.
 * Reductions: bwd_fp16_v3's ``red.v2`` cover a row's 32 bytes per lane quad (whole rows in all);
   bwd_fp32_v1's ``red.v4`` a row's 32-column chunk per request (rows 4 apart: counted row by
   row); bwd_fp32_v2's ``red.v4`` 16 bytes in each of 4 sectors, two requests a sector.
@@ -153,7 +155,7 @@ def default_config(name: str, d: int) -> dict:
     if name == "fwd_fp32_v1":
         return dict(bc=64, nw=4, rm=4, unroll=2, minb=2) if d <= 64 else dict(bc=32, nw=4, rm=4, unroll=2, minb=1)
     if name == "fwd_fp32_v2":
-        return dict(bc=32, nw=4, mt=2 if d <= 64 else 1, ak=max(1, d // 32), minb=1, qsplit=True, ostage=False)
+        return dict(bc=32, nw=4, mt=2 if d <= 64 else 1, ak=max(1, d // 32), minb=1, qsplit=True, ostage=True)
     if name == "bwd_fp16_v1":
         return dict(bq=64, bk=64, nw=4, mt=1, reg=True) if d <= 64 else dict(bq=32, bk=32, nw=4, mt=1, reg=False)
     if name == "bwd_fp16_v3":
@@ -458,6 +460,7 @@ def _meta(name, pass_, t: Tiling, extra=None):
 def _forward(w: Workload, name: str, config=None) -> Schedule:
     t = tiles(name, w.d, config)["fwd"]
     qsplit = name == "fwd_fp32_v2" and parse_config(name, w.d, config)["qsplit"]
+    ostage = name == "fwd_fp32_v2" and parse_config(name, w.d, config)["ostage"]
     q0, qn = block_rows(w.nq, t.block_m)
     k0, kn = block_rows(w.nk, t.block_n)
     lgroup = 4 if name == "fwd_fp32_v1" else 8
@@ -474,7 +477,7 @@ def _forward(w: Workload, name: str, config=None) -> Schedule:
         kv = bulk_read if name == "fwd_fp16_v7" else read  # v7: the TMA unit's copies
         yield kv("K", kc[0], kc[1], repeat=kc[2])
         yield kv("V", kc[0], kc[1], repeat=kc[2])
-        if name in ("fwd_fp16_v4", "fwd_fp16_v5", "fwd_fp16_v7"):  # O through shared memory
+        if name in ("fwd_fp16_v4", "fwd_fp16_v5", "fwd_fp16_v7") or ostage:  # O through shared memory
             yield write("O", qc[0], qc[1], repeat=qc[2])
         elif name == "fwd_fp32_v1":
             yield from _scalar_pairs(write, "O", q0, qn, w.d)

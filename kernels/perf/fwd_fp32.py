@@ -586,8 +586,8 @@ def default_config_v2(d: int) -> dict:
     at d = 128 the first choice, Bc 32 with one m-tile (221-228 registers, two blocks of 4 warps
     an SM), was the fastest (10.07 ms; Bc 64 13.4, Bc 16 11.3, 8 warps 10.4)."""
     if d <= 64:
-        return dict(bc=32, nw=4, mt=2, ak=max(1, d // 32), minb=1, qsplit=True, ostage=False)
-    return dict(bc=32, nw=4, mt=1, ak=max(1, d // 32), minb=1, qsplit=True, ostage=False)
+        return dict(bc=32, nw=4, mt=2, ak=max(1, d // 32), minb=1, qsplit=True, ostage=True)
+    return dict(bc=32, nw=4, mt=1, ak=max(1, d // 32), minb=1, qsplit=True, ostage=True)
 
 
 def supports_v2(dtype, d: int) -> bool:

@@ -1,0 +1,98 @@
+"""usage: python scripts/device/sass_regions.py SOURCE.csv [--top 12] [--out CSV]
+
+Where a kernel's warps spend their time, by region of its SASS: prologue (before the main loop),
+main loop, epilogue.  Reads Nsight Compute's source page of one profiled launch, as written by
+
+    ncu --section SourceCounters --page source --print-source sass --csv ... > SOURCE.csv
+
+(``profile_one.py`` launches one call of a variant).  The main loop is the span of the backward
+branch that jumps the farthest (the kernel's outermost loop); every instruction before its target
+is the prologue, every one after the branch the epilogue.  Prints per region the share of the
+warp-state samples (all samples: a resident warp's time, issued or not), of the instructions
+executed and of the long-scoreboard samples, then the ``--top`` instructions by samples outside
+the loop with their main stall reason.  ``--out`` writes the per-region figures as CSV (written to
+a temporary name, then renamed).
+"""
+
+import argparse
+import csv
+import os
+import re
+import sys
+
+STALLS = "stall_"
+
+
+def read_source(path: str) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of the source table in ncu's output (the lines before it are ncu's own)."""
+    with open(path) as f:
+        lines = f.read().splitlines()
+    try:
+        start = next(i for i, line in enumerate(lines) if line.startswith('"Address"'))
+    except StopIteration:
+        raise SystemExit(f"sass_regions: error: {path}: no source table (a line starting with \"Address\")") from None
+    rows = list(csv.reader(lines[start:]))
+    return rows[0], [r for r in rows[1:] if len(r) == len(rows[0])]
+
+
+def loop_span(addr: list[int], src: list[str]) -> tuple[int, int]:
+    """(first, last) row index of the outermost loop: the backward branch with the longest jump."""
+    best = None
+    for i, s in enumerate(src):
+        m = re.search(r"\bBRA\b.*?(0x[0-9a-f]+)", s)
+        if m:
+            target = int(m.group(1), 16)
+            if target < addr[i] and (best is None or addr[i] - target > best[0]):
+                best = (addr[i] - target, target, i)
+    if best is None:
+        raise SystemExit("sass_regions: error: no backward branch: the kernel has no loop")
+    _, target, last = best
+    first = next(i for i, a in enumerate(addr) if a >= target)
+    return first, last
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("source")
+    ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    hdr, rows = read_source(a.source)
+    col = {h: i for i, h in enumerate(hdr)}
+    need = ("Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed", "stall_long_sb")
+    missing = [h for h in need if h not in col]
+    if missing:
+        raise SystemExit(f"sass_regions: error: {a.source}: no column {missing[0]!r} (profile with SourceCounters)")
+    addr = [int(r[col["Address"]], 16) for r in rows]
+    src = [r[col["Source"]].strip() for r in rows]
+    num = lambda r, h: float(r[col[h]] or 0)  # noqa: E731
+    first, last = loop_span(addr, src)
+    region = ["prologue" if i < first else "loop" if i <= last else "epilogue" for i in range(len(rows))]
+    keys = ("Warp Stall Sampling (All Samples)", "Instructions Executed", "stall_long_sb")
+    tot = {k: sum(num(r, k) for r in rows) or 1.0 for k in keys}
+    out = []
+    for reg in ("prologue", "loop", "epilogue"):
+        sel = [r for r, g in zip(rows, region) if g == reg]
+        share = {k: sum(num(r, k) for r in sel) / tot[k] for k in keys}
+        out.append(dict(region=reg, sass_instructions=len(sel), samples_share=share[keys[0]],
+                        executed_share=share[keys[1]], long_sb_share=share[keys[2]]))
+        print(f"{reg:9s} {len(sel):5d} SASS lines: samples {100 * share[keys[0]]:5.2f}%  instructions executed "
+              f"{100 * share[keys[1]]:5.2f}%  long-scoreboard samples {100 * share[keys[2]]:5.2f}%")
+    stalls = [h for h in hdr if h.startswith(STALLS) and "Not Issued" not in h]
+    outside = sorted((i for i in range(len(rows)) if region[i] != "loop"), key=lambda i: -num(rows[i], keys[0]))
+    for i in sorted(outside[:a.top]):
+        main_stall = max(stalls, key=lambda h: num(rows[i], h))
+        print(f"  {region[i]:8s} +0x{addr[i] - addr[0]:05x} {100 * num(rows[i], keys[0]) / tot[keys[0]]:5.2f}%  "
+              f"{main_stall[len(STALLS):]:12s} {src[i][:70]}")
+    if a.out:
+        with open(a.out + ".tmp", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(out[0]))
+            w.writeheader()
+            w.writerows(out)
+        os.replace(a.out + ".tmp", a.out)
+        print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
