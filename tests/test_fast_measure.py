@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -306,3 +307,28 @@ def test_a_bwd_fp16_v3_record_keeps_its_dq_reductions():
     assert fast_set.sim_options(dict(row, head_dim=80, block_m=128)) == {"kernel": "bwd_fp16_v3"}
     sets = {c["head_dim"]: c["bulkq"] for c in fast_set.fast_set() if c["kernel"] == "bwd_fp16_v3"}
     assert sets == {64: True, 80: False, 128: True}
+
+
+def test_fwd_fp32_v2_stores_before_and_after_ostage_agree_to_the_byte():
+    """fwd_fp32_v2's O store changed at 88f4ef8 (``ostage``: through shared memory, whole sectors,
+    where each lane had put one float in a sector): the H200 record taken before (analysis/data/
+    h200/fast/fast_fwd, 9ca4628, no ``ostage`` column) is compared with the scalar stores, the one
+    taken after (fast_ostage, with the column) with the new ones, each to the byte, and the old
+    stores move 8x the O bytes' sectors."""
+    from analysis.compare import compare, read_measured, replay_dirty, summarize
+
+    root = Path(__file__).resolve().parents[1] / "analysis" / "data" / "h200" / "fast"
+    stores = {}
+    for rec in ("fast_fwd", "fast_ostage"):
+        rows, meta = read_measured(root / rec / "fast.csv")
+        rows = [r for r in rows if r["kernel"] == "fwd_fp32_v2"]
+        got = list(compare(rows, "h200", replay_dirty(meta)))
+        s = summarize(got)
+        print(rec, [(r["config_id"], r["lsu_st_bytes"], r["sim_lsu_st_bytes"]) for r in got])
+        assert s["launches"] == 2 and s["lsu_ld_exact"] == s["lsu_st_exact"] == 2
+        stores[rec] = {r["config_id"]: r["lsu_st_bytes"] for r in got}
+    for cid, new in stores["fast_ostage"].items():
+        d = 64 if "-d64-" in cid else 128
+        o_bytes = 16 * 4096 * d * 4  # B·H = 16, N = 4,096, fp32
+        l_bytes = 16 * 4096 * 4
+        assert new == o_bytes + l_bytes and stores["fast_fwd"][cid] == 8 * o_bytes + l_bytes

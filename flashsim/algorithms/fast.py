@@ -67,7 +67,7 @@ What is assumed, and where it is exact:
   per sector: one sector per element (fwd_fp32_v2: the store of (u, jj, f) by lane (g, t) is row
   g (+8) of an m-tile, column 32u + 8t + 4f + jj, so the 32 lanes write 8 rows x 4 sectors, one
   element each; bwd_fp32_v2: a lane's columns are 8 apart).  fwd_fp32_v2 with ``ostage`` (its
-  default since the record of kernels/data/fwd_fp32_v2_ostage_h200/) stores O through shared
+  default since 88f4ef8, kernels/data/fwd_fp32_v2_ostage_h200_88f4ef8/) stores O through shared
   memory, 16 bytes a thread a store: whole rows, as the fp16 forwards do.
 * Reductions: bwd_fp16_v3's ``red.v2`` cover a row's 32 bytes per lane quad (whole rows in all);
   bwd_fp32_v1's ``red.v4`` a row's 32-column chunk per request (rows 4 apart: counted row by

@@ -1,22 +1,25 @@
 """The fp32 forward, two versions of FlashAttention-2 in exact fp32 (~1e-7 relative to float64):
 
-* ``fwd_fp32_v1`` (shipped: in ``BEST``): every product an FFMA on the CUDA cores, register-tiled
-  like an SGEMM.  H100 (bench_h100_single_run.csv): 1.28-1.55x naive fp32 at d = 64, 0.87-1.04x at d = 128.
-* ``fwd_fp32_v2`` (not in ``BEST`` until timed on the GPU): v1's semantics, pipeline and softmax,
+* ``fwd_fp32_v1`` (in ``BEST`` at head dims not a multiple of 32): every product an FFMA on the
+  CUDA cores, register-tiled like an SGEMM.  H100 (bench_h100_single_run.csv): 1.28-1.55x naive
+  fp32 at d = 64, 0.87-1.04x at d = 128.
+* ``fwd_fp32_v2`` (in ``BEST`` at d = 32, 64, 96, 128): v1's semantics, pipeline and softmax,
   but S = Q Kᵀ and O += P V on the TF32 tensor cores as 3xTF32 (``mma.sync.m16n8k8``, x = hi + lo,
   A·B ≈ A_lo·B_hi + A_hi·B_lo + A_hi·B_hi, fp32 accumulators), the method that made the fp32
-  backward (bwd_fp32_v2) beat naive; d = 32, 64, 96, 128.  Its layout is in the comment above
+  backward (bwd_fp32_v2) beat naive.  Its layout is in the comment above
   :func:`_source_v2`.  What changed against v1: the products (FFMA micro-tiles -> m16n8k8 warp
   tiles, 16·MT query rows a warp); P stays in registers (S's C fragment is P's A fragment under a
   key permutation: no shuffle, no shared-memory round trip, where v1 wrote P̃ to shared memory);
   the online softmax's rescale of O folds into the FFMA that adds each block's P V (summed in
   zeroed registers, as the tensor core's accumulator adds round toward zero).
-  Prediction (NOTES.md, "fwd_fp32_v2"): per key block a warp issues 6·MT·(d/8)·(Bc/8) mma and
-  ~3.5 other instructions per mma at MT = 1 (the hi/lo splits of K and V, 2 an mma, most of
-  it), so it is bound by the tensor pipe (~6-7 cycles an m16n8k8 tf32 on an H100 sub-partition:
-  ~100 TFLOP/s of 3xTF32) and by latency with 8-12 warps an SM; at the backward's ~45% of
-  that, 45-60 TFLOP/s at d = 64 and 128: 1.7-2.3x naive at d = 64 (naive 24-27), 1.3-1.7x at
-  d = 128 (naive 34-36), 1.2-1.6x v1.  Not yet measured.
+  Prediction (NOTES.md, "fwd_fp32_v2"): 45-60 TFLOP/s at d = 64 and 128, 1.7-2.3x naive at d = 64,
+  1.3-1.7x at d = 128.  Measured (H100, 97f1bc6): 2.00-2.10x naive at d = 64, 1.55-1.63x at
+  d = 128, N >= 4,096; 1.45x at d = 128, N = 1,024 (the bench record).
+  ``ostage`` (default since 88f4ef8): O goes through shared memory, where Q was, and out by 16-byte
+  stores of whole sectors, where each lane's scalar stores put one float in a sector (8x the
+  sectors of the bytes, a warp's store 8 rows x 4 sectors).  H200, 7 interleaved rounds
+  (kernels/data/fwd_fp32_v2_ostage_h200_88f4ef8/): d = 128 1.020x at N = 1,024 (1.450x -> 1.480x
+  naive), 1.012x at 4,096; d = 64 0.99-1.01x; O bit-identical.
 
 fwd_fp32_v1 in detail.  The fp32 counterpart of fwd_fp16 (v3): same module API, arguments and conventions
 (grid (Tr, B·H), causal aligned bottom-right with the longest query blocks launched first,
