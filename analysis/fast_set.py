@@ -241,9 +241,10 @@ def ldgsts_patterns(kernel: str, d: int, config=None) -> dict:
         qk, vs = 4 * (d16 + 4), 4 * _ceil(d16, 32)
         return {kernel: {"Q": (4 * c["rm"] * c["nw"], 4 * d, qk, nt), "K": (c["bc"], 4 * d, qk, nt),
                          "V": (c["bc"], 4 * d, vs, nt)}}
-    if kernel == "fwd_fp32_v2":  # Q, K rows d + 8 floats apart, V rows d + 4; Q by plain loads with qsplit
-        s, nt = 4 * (d + 8), 32 * c["nw"]
-        out = {"K": (c["bc"], 4 * d, s, nt), "V": (c["bc"], 4 * d, 4 * (d + 4), nt)}
+    if kernel == "fwd_fp32_v2":  # Q, K rows DP + 8 floats apart, V rows DP + 4 (DP: d rounded up to 32)
+        dp, nt = _ceil(d, 32), 32 * c["nw"]  # Q by plain loads with qsplit
+        s = 4 * (dp + 8)
+        out = {"K": (c["bc"], 4 * d, s, nt), "V": (c["bc"], 4 * d, 4 * (dp + 4), nt)}
         if not c["qsplit"]:
             out["Q"] = (16 * c["nw"] * c["mt"], 4 * d, s, nt)
         return {kernel: out}

@@ -4,11 +4,12 @@ the bar of the exact-FFMA fwd_fp32_v1: ‖O − ref‖/‖ref‖ printed for bot
 within 2x of v1's (or of fp32's rounding level, 2.5e-7, where both are below it) and 2e-6.
 
 Tiny shapes (one Python thread per simulated lane): d = 32 and 64 (one and two 32-column groups
-of O), one or two warps, one or two m-tiles a warp, Bc of 16 or 32 so that key
-blocks are ragged and several, S summed in one, two or four chunks, Q split once into fragment
-tiles (``qsplit``, the default) or a k-step at a time; GQA, causal with Nq > Nk (rows
-that see no key) and Nq < Nk.  ``pytest -m gpu`` runs the compiled kernel at
-N = 1,000-4,096, d = 32-128.
+of O) and d = 8, 24 and 40 (padded on chip with zero columns to 32 and 64), one or two warps,
+one or two m-tiles a warp, Bc of 16 or 32 so that key blocks are ragged and several, S summed in
+one, two or four chunks, Q split once into fragment tiles (``qsplit``, the default) or a k-step
+at a time, O stored through shared memory (``ostage``, the default) or by scalar stores; GQA,
+causal with Nq > Nk (rows that see no key) and Nq < Nk.  ``pytest -m gpu`` runs the compiled
+kernel at N = 1,000-4,096, d = 32-128 (40, 80 and 112 padded).
 """
 
 import numpy as np
@@ -52,7 +53,8 @@ def check(q, k, v, causal, scale, cfg, label, v1_cfg=None):
 def cases(draw):
     hkv = draw(st.sampled_from([1, 2]))
     return dict(hkv=hkv, h=hkv * draw(st.sampled_from([1, 2])), nq=draw(st.integers(1, 40)),
-                nk=draw(st.integers(1, 40)), d=draw(st.sampled_from([32, 64])), causal=draw(st.booleans()),
+                nk=draw(st.integers(1, 40)), d=draw(st.sampled_from([8, 24, 32, 40, 64])),
+                causal=draw(st.booleans()),
                 bc=draw(st.sampled_from([16, 32])),
                 nw=draw(st.sampled_from([1, 2])), mt=draw(st.sampled_from([1, 2])),
                 ak=draw(st.sampled_from([1, 2, 4])), qsplit=draw(st.booleans()), ostage=draw(st.booleans()),
@@ -72,6 +74,12 @@ def cases(draw):
               scale=1.0, seed=3))
 @example(dict(hkv=1, h=1, nq=19, nk=35, d=64, causal=False, bc=32, nw=1, mt=1, ak=2, qsplit=True, ostage=False,
               scale=None, seed=4))
+# head dims padded with zero columns on chip: 40 -> 64 (Q split into fragments, O staged), 24 -> 32
+# (Q copied, O by scalar stores of the real columns only)
+@example(dict(hkv=1, h=2, nq=21, nk=30, d=40, causal=True, bc=16, nw=1, mt=2, ak=2, qsplit=True, ostage=True,
+              scale=None, seed=5))
+@example(dict(hkv=1, h=1, nq=17, nk=9, d=24, causal=False, bc=16, nw=2, mt=1, ak=4, qsplit=False, ostage=False,
+              scale=None, seed=6))
 def test_forward_fp32_v2(c):
     q, k, v = inputs(c["seed"], c["h"], c["hkv"], c["nq"], c["nk"], c["d"])
     cfg = {x: c[x] for x in ("bc", "nw", "mt", "ak", "qsplit", "ostage")}
@@ -96,15 +104,15 @@ def test_config_checks():
             fwd_fp32_v2.forward(q, k, v, **bad)
         print(bad, e.value)
     with pytest.raises(ValueError, match="not supported by fwd_fp32_v2"):
-        fwd_fp32_v2.forward(q[..., :16], k[..., :16], v[..., :16])
+        fwd_fp32_v2.forward(q[..., :12], k[..., :12], v[..., :12])
     with pytest.raises(ValueError, match="not supported by fwd_fp32_v2"):
         fwd_fp32_v2.forward(*(x.astype(np.float16) for x in (q, k, v)))
-    assert all(fwd_fp32_v2.supports(np.float32, d) for d in (32, 64, 96, 128))
-    assert not any(fwd_fp32_v2.supports(np.float32, d) for d in (16, 40, 160))
+    assert all(fwd_fp32_v2.supports(np.float32, d) for d in range(8, 129, 8))
+    assert not any(fwd_fp32_v2.supports(np.float32, d) for d in (4, 12, 36, 136, 160))
     assert not fwd_fp32_v2.supports(np.float16, 64)
-    for d in (32, 64, 96, 128):  # every supported head dim's default divides its k-steps
+    for d in range(8, 129, 8):  # every supported head dim's default divides its padded k-steps
         cfg = fwd_fp32_v2.default_config(d)
-        assert (d // 8) % cfg["ak"] == 0 and cfg["bc"] % 16 == 0, cfg
+        assert (-(-d // 32) * 4) % cfg["ak"] == 0 and cfg["bc"] % 16 == 0, cfg
 
 
 def _sampled_rows(q, k, v, causal, rows):
@@ -125,7 +133,7 @@ def _sampled_rows(q, k, v, causal, rows):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [1000, 4096])
-@pytest.mark.parametrize("d", [32, 64, 96, 128])
+@pytest.mark.parametrize("d", [32, 40, 64, 80, 96, 112, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_forward_fp32_v2_on_gpu(n, d, causal):
     """The compiled kernel (default block shapes), B = 2, 4 query heads on 2 kv heads: O on 64

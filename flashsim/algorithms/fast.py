@@ -16,8 +16,9 @@ Variants (the names the records use) and their launches, in launch order:
   loads, the same rows; Br = 128, Bc = 64 but at d = 96, 112 and 128, where it takes v5's
   blocks),
   ``fwd_fp32_v1`` (fp32 forward, FFMA; what BEST runs at d not a multiple
-  of 32; Br = 4·rm·nw = 64, Bc = 64 at d <= 64, 32 above) and ``fwd_fp32_v2`` (fp32 forward as
-  3xTF32 on the tensor cores, d = 32, 64, 96, 128; Br = 16·nw·mt = 128 at d <= 64, 64 above,
+  of 8 and above 128; Br = 4·rm·nw = 64, Bc = 64 at d <= 64, 32 above) and ``fwd_fp32_v2`` (fp32
+  forward as 3xTF32 on the tensor cores, d % 8 == 0 up to 128, padded on chip with zero columns to
+  a multiple of 32, which no global access touches; Br = 16·nw·mt = 128 at d <= 64, 64 above,
   Bc = 32): one launch,
   FlashAttention-2's loop: Q_i once, K_j and V_j once per visible key block (the causal prefix,
   exactly flash2's visibility for these tiles), O_i and L_i once.  The copies move the d
@@ -155,7 +156,7 @@ def default_config(name: str, d: int) -> dict:
     if name == "fwd_fp32_v1":
         return dict(bc=64, nw=4, rm=4, unroll=2, minb=2) if d <= 64 else dict(bc=32, nw=4, rm=4, unroll=2, minb=1)
     if name == "fwd_fp32_v2":
-        return dict(bc=32, nw=4, mt=2 if d <= 64 else 1, ak=max(1, d // 32), minb=1, qsplit=True, ostage=True)
+        return dict(bc=32, nw=4, mt=2 if d <= 64 else 1, ak=cdiv(d, 32), minb=1, qsplit=True, ostage=True)
     if name == "bwd_fp16_v1":
         return dict(bq=64, bk=64, nw=4, mt=1, reg=True) if d <= 64 else dict(bq=32, bk=32, nw=4, mt=1, reg=False)
     if name == "bwd_fp16_v3":
@@ -194,8 +195,8 @@ def supports(name: str, dtype: str, d: int) -> bool:
         return d % 8 == 0 and 16 <= d <= 256
     if name in ("fwd_fp32_v1", "bwd_fp32_v1"):
         return d % 4 == 0 and 4 <= d <= 128
-    if name == "fwd_fp32_v2":
-        return d % 32 == 0 and 32 <= d <= 128
+    if name == "fwd_fp32_v2":  # d padded on chip to a multiple of 32 with zero columns
+        return d % 8 == 0 and 8 <= d <= 128
     return d in (32, 64, 128)  # bwd_fp32_v2
 
 
@@ -205,7 +206,7 @@ BEST = {("fwd", "fp16"): (("fwd_fp16_v7", 64, 256), ("fwd_fp16_v4", 1, 1 << 30))
         ("bwd", "fp16"): (("bwd_fp16_v3", 32, 256), ("bwd_fp16_v1", 1, 1 << 30)),
         ("fwd", "bf16"): (("fwd_fp16_v7", 64, 256), ("fwd_fp16_v4", 1, 1 << 30)),
         ("bwd", "bf16"): (("bwd_fp16_v3", 32, 256), ("bwd_fp16_v1", 1, 1 << 30)),
-        ("fwd", "fp32"): (("fwd_fp32_v2", 32, 128), ("fwd_fp32_v1", 1, 1 << 30)),
+        ("fwd", "fp32"): (("fwd_fp32_v2", 8, 128), ("fwd_fp32_v1", 1, 1 << 30)),
         ("bwd", "fp32"): (("bwd_fp32_v2", 32, 128), ("bwd_fp32_v1", 1, 1 << 30))}
 
 

@@ -296,19 +296,22 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, **config):
 
 
 def smem_bytes_v2(dp: int, br: int, bc: int, qsplit: bool = False) -> int:
-    """Q (Br rows of stride d + 8; with ``qsplit`` its hi and lo fragments instead, 2·Br·d), K
-    (Bc rows, d + 8) and V (Bc rows, d + 4), in floats x 4."""
+    """Q (Br rows of stride DP + 8; with ``qsplit`` its hi and lo fragments instead, 2·Br·DP), K
+    (Bc rows, DP + 8) and V (Bc rows, DP + 4), in floats x 4; DP is the head dim rounded up to a
+    multiple of 32 (``dp`` may be rounded to 16 already, as the launcher passes it)."""
+    dp = -(-dp // 32) * 32
     return 4 * ((2 * br * dp if qsplit else br * (dp + 8)) + bc * (dp + 8) + bc * (dp + 4))
 
 
 def _source_v2(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, AK: int = 1, QSPLIT: bool = False,
                OSTAGE: bool = False):
-    QS, VS = D + 8, D + 4  # row strides (floats): Q, K; V
+    DP = -(-D // 32) * 32  # the compute head dim: D (a multiple of 8) padded with zero columns
+    QS, VS = DP + 8, DP + 4  # row strides (floats): Q, K; V
     BR = 16 * NW * MT
     NT = 32 * NW
-    KS = D // 8  # k-steps of S = Q Kᵀ
+    KS = DP // 8  # k-steps of S = Q Kᵀ
     NA = BC // 8  # n-tiles of S; also the k-steps of O += P V
-    NU = D // 32  # 32-column groups of O (4 n-tiles each)
+    NU = DP // 32  # 32-column groups of O (4 n-tiles each)
     NS = 4 * MT * NA  # S accumulators of a lane
     NO = 16 * MT * NU  # O accumulators
     NP = 4 * MT * NA  # P fragments (hi or lo) of a key block: [k-step][m-tile][a0..a3]
@@ -317,17 +320,18 @@ def _source_v2(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, AK: int = 1, QSP
     NT_ = 4 * MT * NA if AK > 1 else 1  # S chunk accumulators
     NTO, NFA, M2 = 16 * MT, 4 * MT, 2 * MT  # local array sizes (literals for Numba)
     QOFF = 0  # Q; with QSPLIT its hi fragments, and its lo fragments from QLOFF
-    QLOFF = BR * D
-    KOFF = 2 * BR * D if QSPLIT else BR * QS
+    QLOFF = BR * DP
+    KOFF = 2 * BR * DP if QSPLIT else BR * QS
     VOFF = KOFF + BC * QS
-    assert D % 32 == 0 and BC % 16 == 0 and MT >= 1 and 1 <= NW <= tc.MAX_WARPS and KS % AK == 0
+    assert D % 8 == 0 and BC % 16 == 0 and MT >= 1 and 1 <= NW <= tc.MAX_WARPS and KS % AK == 0
 
     start = query_block(BR, BC, CAUSAL)
     copy_q = f32_copier(BR, NT, D, QS)
     copy_k = f32_copier(BC, NT, D, QS)
     copy_v = f32_copier(BC, NT, D, VS)
-    store_o = f32_storer(BR, NT, D, VS)  # OSTAGE: O from Q's place (rows D + 4 apart) to memory
-    QCH = D // 4  # 4-float chunks of a Q row
+    store_o = f32_storer(BR, NT, D, VS)  # OSTAGE: O from Q's place (rows DP + 4 apart) to memory
+    QCH = D // 4  # 4-float chunks of a Q row (in memory)
+    PADC = DP - D  # zero columns of each shared row (K, V, Q; Q's fragments with QSPLIT)
     QCP = -(-BR * QCH // NT)  # Q chunks a thread splits (QSPLIT)
 
     @tc.device_inline
@@ -355,6 +359,29 @@ def _source_v2(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, AK: int = 1, QSP
                     hx = tc.tf32_hi(x)
                     tc.sts32_f32_a(sm, sbase + 4 * QOFF, base + 4 * (f >> 1) + 2 * (f & 1), hx)
                     tc.sts32_f32_a(sm, sbase + 4 * QLOFF, base + 4 * (f >> 1) + 2 * (f & 1), x - hx)
+
+    @tc.device_inline
+    def zero_pad(sm, sbase, tid):
+        """D < DP: zero the PADC columns past D of every shared row the products read (K, V, Q; with
+        QSPLIT, Q's hi and lo fragments of those columns, at split_q's places), once a block: the
+        copies write only the D columns of a row, so the zeros stay and add nothing to S or O."""
+        if PADC:
+            for e in range(tid, BC * PADC, NT):
+                r = e // PADC
+                c = D + e % PADC
+                tc.sts32_f32_a(sm, sbase + 4 * KOFF, r * QS + c, float32(0.0))
+                tc.sts32_f32_a(sm, sbase + 4 * VOFF, r * VS + c, float32(0.0))
+            for e in range(tid, BR * PADC, NT):
+                r = e // PADC
+                c = D + e % PADC
+                if QSPLIT:
+                    # split_q's place of element (r, c): its chunk's base, then 4·(f >> 1) + 2·(f & 1)
+                    x = (((r >> 4) * KS + (c >> 3)) * 32 + 4 * (r & 7) + ((c & 4) >> 1)) * 4 + ((r & 15) >> 3)
+                    x += 4 * ((c & 3) >> 1) + 2 * (c & 1)
+                    tc.sts32_f32_a(sm, sbase + 4 * QOFF, x, float32(0.0))
+                    tc.sts32_f32_a(sm, sbase + 4 * QLOFF, x, float32(0.0))
+                else:
+                    tc.sts32_f32_a(sm, sbase + 4 * QOFF, r * QS + c, float32(0.0))
 
     @tc.device_inline
     def s_step(acc, raw, ah, al, bh, bl, sm, qa, ka, kk):
@@ -440,7 +467,8 @@ def _source_v2(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, AK: int = 1, QSP
         ka = sbase + 4 * (KOFF + g * QS + 2 * t)  # K[g, 2t]
         va = sbase + 4 * (VOFF + 2 * t * VS + 4 * g)  # V[2t, 4g]
         # Q_i (split into its fragment tiles by plain loads and stores, or copied) and K_0 (one
-        # cp.async group); rows past N are zero.
+        # cp.async group); rows past N are zero, and so are the columns past D (zero_pad).
+        zero_pad(sm, sbase, tid)
         if QSPLIT:  # (visible after the first key block's barrier)
             split_q(sm, sbase, q, b, h, r0, nq, tid)
         else:
@@ -550,7 +578,9 @@ def _source_v2(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, AK: int = 1, QSP
                             for jj in range(4):
                                 for f in range(2):
                                     x = 16 * (u * MT + mt) + 4 * jj + 2 * hh + f
-                                    o[b, h, row, 32 * u + 8 * t + 4 * f + jj] = acc[x] * inv
+                                    col = 32 * u + 8 * t + 4 * f + jj
+                                    if PADC == 0 or col < D:
+                                        o[b, h, row, col] = acc[x] * inv
                     if t == 0:
                         lse[b, h, row] = mrow[2 * mt + hh] * scale + math.log(lsum) if lsum != 0 else NEG_INF
         if OSTAGE:
@@ -567,8 +597,9 @@ def _check_v2(d: int, bc: int, nw: int, mt: int, ak: int):
         raise ValueError(f"mt={mt}: must be >= 1" + (" (at most 4 under the simulator)" if tc.SIM else ""))
     if tc.SIM and bc > 64:
         raise ValueError(f"bc={bc}: at most 64 under the simulator (its mma3_tf32 twin takes 8 n-tiles)")
-    if ak < 1 or (d // 8) % ak:
-        raise ValueError(f"ak={ak}: must divide d / 8 = {d // 8}")
+    ks = -(-d // 32) * 4  # k-steps of the padded head dim
+    if ak < 1 or ks % ak:
+        raise ValueError(f"ak={ak}: must divide the k-steps of d rounded up to 32, {ks}")
 
 
 @cache
@@ -581,7 +612,7 @@ def kernel_v2(d: int, bc: int, nw: int, mt: int, causal: bool, ak: int = 1, minb
 
 
 def default_config_v2(d: int) -> dict:
-    """Bc keys, warps, m-tiles (16 query rows) a warp, S summed in ak chunks (d / 32: 12 mma a
+    """Bc keys, warps, m-tiles (16 query rows) a warp, S summed in ak chunks (⌈d / 32⌉: 12 mma a
     chain, bwd_fp32_v2's choice), blocks per SM promised to ptxas, Q split once into hi and lo
     tiles in shared memory (qsplit) rather than a k-step at a time.  Timed on the H100 at N = 4,096
     (kernels/data/fwd_fp32_v2_97f1bc6/, one sweep): at d = 64 Bc 32 with two m-tiles a warp
@@ -589,17 +620,17 @@ def default_config_v2(d: int) -> dict:
     at d = 128 the first choice, Bc 32 with one m-tile (221-228 registers, two blocks of 4 warps
     an SM), was the fastest (10.07 ms; Bc 64 13.4, Bc 16 11.3, 8 warps 10.4)."""
     if d <= 64:
-        return dict(bc=32, nw=4, mt=2, ak=max(1, d // 32), minb=1, qsplit=True, ostage=True)
-    return dict(bc=32, nw=4, mt=1, ak=max(1, d // 32), minb=1, qsplit=True, ostage=True)
+        return dict(bc=32, nw=4, mt=2, ak=-(-d // 32), minb=1, qsplit=True, ostage=True)
+    return dict(bc=32, nw=4, mt=1, ak=-(-d // 32), minb=1, qsplit=True, ostage=True)
 
 
 def supports_v2(dtype, d: int) -> bool:
-    return np.dtype(dtype) == np.float32 and d % 32 == 0 and 32 <= d <= 128
+    return np.dtype(dtype) == np.float32 and d % 8 == 0 and 8 <= d <= 128
 
 
 def forward_v2(q, k, v, *, causal=False, scale=None, return_lse=False, **config):
-    """O (and L) for fp32 (B, H, N, d) inputs, d = 32, 64, 96 or 128; ``config`` overrides
-    :func:`default_config_v2`."""
+    """O (and L) for fp32 (B, H, N, d) inputs, d a multiple of 8 up to 128 (padded on chip with
+    zero columns to a multiple of 32); ``config`` overrides :func:`default_config_v2`."""
     from ._launch import launch_forward
 
     qsplit = bool(config.get("qsplit", default_config_v2(q.shape[-1])["qsplit"]))
