@@ -74,7 +74,8 @@ def fast_set() -> list[dict]:
     16,384, d 64 and 128, fp16 and fp32, causal and not, forward and backward; bf16 forward and
     backward (d = 64, N = 4,096: the fp16 kernels compiled for bf16); grouped-query attention (16
     query heads on 2 kv heads) forward and backward; N = 1,000 (a ragged last block: the
-    zero-filled rows of cp.async) forward and backward; fwd_fp32_v1 at d = 80, bwd_fp16_v1 and
+    zero-filled rows of cp.async) forward and backward; the fp32 forward at d = 80 (fwd_fp32_v2, its
+    head dim padded on chip to 96; fwd_fp32_v1 until 7fda245), bwd_fp16_v1 and
     fwd_fp16_v4 at d = 40, fwd_fp16_v7 (fwd_fp16_v5 until v7) and bwd_fp32_v1 at d = 96 (head dims
     where BEST takes them,
     bwd_fp16_v1 at d = 40 until BEST took bwd_fp16_v3 at d = 32 and 40, where v1 now runs the

@@ -53,7 +53,7 @@ def test_default_configs_and_selection_equal_kernels_perf():
     assert fast.best("fwd", "bf16", 64) == "fwd_fp16_v7" and fast.best("fwd", "fp32", 96) == "fwd_fp32_v2"
     assert fast.best("fwd", "fp16", 96) == "fwd_fp16_v7" and fast.best("fwd", "bf16", 256) == "fwd_fp16_v7"
     assert fast.best("fwd", "fp16", 40) == "fwd_fp16_v4" and fast.best("fwd", "bf16", 56) == "fwd_fp16_v4"
-    assert fast.best("fwd", "fp32", 80) == "fwd_fp32_v1"
+    assert fast.best("fwd", "fp32", 80) == "fwd_fp32_v2" and fast.best("fwd", "fp32", 36) == "fwd_fp32_v1"
 
 
 def test_longest_first_rule_equals_the_kernels():
@@ -101,7 +101,7 @@ def test_selection_and_bad_input():
         with pytest.raises(ValueError, match=f"kernel=.*{msg}"):
             simulate(w, "fast", "fwd", kernel=kernel)
     with pytest.raises(ValueError, match="kernel=.*does not take"):
-        simulate(W(1, 1, 128, 80, dtype="fp32"), "fast", "fwd", kernel="fwd_fp32_v2")
+        simulate(W(1, 1, 128, 36, dtype="fp32"), "fast", "fwd", kernel="fwd_fp32_v2")
     with pytest.raises(ValueError, match="no fast fwd kernel"):
         simulate(W(1, 1, 128, 12, dtype="bf16"), "fast")
     for config, msg in (("nw=x", "not an integer"), ({"bk": 16}, "takes"), ({"qreg": 1}, "true or false"),

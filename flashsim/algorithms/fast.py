@@ -384,7 +384,8 @@ def block_resources(name: str, d: int, config=None) -> dict[str, tuple[int, int]
     if name == "fwd_fp32_v1":  # row strides: Q/K dp + 4, V dp rounded up to 32, P̃ Bc + 8 floats
         br, bc = t["fwd"].block_m, t["fwd"].block_n
         return {"fwd": (nt, 4 * (br * (dp + 4) + bc * (dp + 4) + bc * cdiv(dp, 32) * 32 + br * (bc + 8)))}
-    if name == "fwd_fp32_v2":  # Q as hi and lo fragments with qsplit, else rows of dp + 8
+    if name == "fwd_fp32_v2":  # Q as hi and lo fragments with qsplit, else rows of dp + 8 (dp: d to 32)
+        dp = cdiv(d, 32) * 32
         br, bc = t["fwd"].block_m, t["fwd"].block_n
         q = 2 * br * dp if c["qsplit"] else br * (dp + 8)
         return {"fwd": (nt, 4 * (q + bc * (dp + 8) + bc * (dp + 4)))}
