@@ -40,8 +40,10 @@ import importlib
 #: atomics: :data:`ATOMIC`).  The fp32 backward takes bwd_fp32_v2 (3xTF32 on the tensor cores, as
 #: accurate as v1's FFMA) at d = 32, 64 and 128, v1 (any d % 4 == 0) elsewhere; the fp32 forward
 #: takes fwd_fp32_v2 (3xTF32, 1.55-2.1x naive fp32 and 1.33-1.69x v1 on the H100, as accurate)
-#: at d = 32, 64, 96 and 128, v1 elsewhere.  bf16 runs the fp16 kernels compiled for bf16
-#: (``bf16=True``), in the fp16 order (timed on the H100 beside fp16: kernels/data/bench_h100.csv).
+#: at every d % 8 == 0 up to 128 (padded on chip to a multiple of 32: 1.09-1.57x v1 at d = 40, 80
+#: and 112 on the H200, kernels/data/fwd_fp32_v2_pad_h200_f93c02a), v1 elsewhere.  bf16 runs the
+#: fp16 kernels compiled for bf16 (``bf16=True``), in the fp16 order (timed on the H100 beside fp16:
+#: kernels/data/bench_h100.csv).
 BEST = {("fwd", "float16"): (("fwd_fp16_v7", 64, 256), ("fwd_fp16_v4", 1, 1 << 30)),
         ("bwd", "float16"): (("bwd_fp16_v3", 32, 256), ("bwd_fp16_v1", 1, 1 << 30)),
         ("fwd", "bfloat16"): (("fwd_fp16_v7", 64, 256), ("fwd_fp16_v4", 1, 1 << 30)),

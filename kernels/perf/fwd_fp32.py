@@ -1,9 +1,9 @@
 """The fp32 forward, two versions of FlashAttention-2 in exact fp32 (~1e-7 relative to float64):
 
-* ``fwd_fp32_v1`` (in ``BEST`` at head dims not a multiple of 32): every product an FFMA on the
+* ``fwd_fp32_v1`` (in ``BEST`` at head dims not a multiple of 8): every product an FFMA on the
   CUDA cores, register-tiled like an SGEMM.  H100 (bench_h100_single_run.csv): 1.28-1.55x naive
   fp32 at d = 64, 0.87-1.04x at d = 128.
-* ``fwd_fp32_v2`` (in ``BEST`` at d = 32, 64, 96, 128): v1's semantics, pipeline and softmax,
+* ``fwd_fp32_v2`` (in ``BEST`` at every d % 8 == 0 up to 128): v1's semantics, pipeline and softmax,
   but S = Q Kᵀ and O += P V on the TF32 tensor cores as 3xTF32 (``mma.sync.m16n8k8``, x = hi + lo,
   A·B ≈ A_lo·B_hi + A_hi·B_lo + A_hi·B_hi, fp32 accumulators), the method that made the fp32
   backward (bwd_fp32_v2) beat naive.  Its layout is in the comment above
@@ -20,6 +20,10 @@
   sectors of the bytes, a warp's store 8 rows x 4 sectors).  H200, 7 interleaved rounds
   (kernels/data/fwd_fp32_v2_ostage_h200_88f4ef8/): d = 128 1.020x at N = 1,024 (1.450x -> 1.480x
   naive), 1.012x at 4,096; d = 64 0.99-1.01x; O bit-identical.
+  Head dims that are not a multiple of 32 (7fda245): the kernel computes with DP = d rounded up to
+  32, the columns past d of K, V and Q zeroed in shared memory once a block (``zero_pad``); the
+  copies and stores move the d real columns.  H200 (kernels/data/fwd_fp32_v2_pad_h200_f93c02a/):
+  1.09-1.57x v1 at d = 40, 80, 112; 1.30-1.54x naive at d = 112, where v1 ran 0.89-0.98x.
 
 fwd_fp32_v1 in detail.  The fp32 counterpart of fwd_fp16 (v3): same module API, arguments and conventions
 (grid (Tr, B·H), causal aligned bottom-right with the longest query blocks launched first,
