@@ -1,4 +1,4 @@
-"""usage: python scripts/device/sass_regions.py SOURCE.csv [--top 12] [--out CSV]
+"""usage: python scripts/device/sass_regions.py SOURCE.csv[.gz] [--top 12] [--out CSV]
 
 Where a kernel's warps spend their time, by region of its SASS: prologue (before the main loop),
 main loop, epilogue.  Reads Nsight Compute's source page of one profiled launch, as written by
@@ -11,11 +11,13 @@ is the prologue, every one after the branch the epilogue.  Prints per region the
 warp-state samples (all samples: a resident warp's time, issued or not), of the instructions
 executed and of the long-scoreboard samples, then the ``--top`` instructions by samples outside
 the loop with their main stall reason.  ``--out`` writes the per-region figures as CSV (written to
-a temporary name, then renamed).
+a temporary name, then renamed).  A missing or unreadable table is one ``sass_regions: error:``
+line and exit 2.
 """
 
 import argparse
 import csv
+import gzip
 import os
 import re
 import sys
@@ -23,14 +25,21 @@ import sys
 STALLS = "stall_"
 
 
+class Bad(Exception):
+    """A source page this script cannot read: one ``sass_regions: error:`` line, exit 2."""
+
+
 def read_source(path: str) -> tuple[list[str], list[list[str]]]:
     """(header, rows) of the source table in ncu's output (the lines before it are ncu's own)."""
-    with open(path) as f:
-        lines = f.read().splitlines()
+    try:
+        with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
+            lines = f.read().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise Bad(f"{path}: {e}") from None
     try:
         start = next(i for i, line in enumerate(lines) if line.startswith('"Address"'))
     except StopIteration:
-        raise SystemExit(f"sass_regions: error: {path}: no source table (a line starting with \"Address\")") from None
+        raise Bad(f"{path}: no source table (a line starting with \"Address\")") from None
     rows = list(csv.reader(lines[start:]))
     return rows[0], [r for r in rows[1:] if len(r) == len(rows[0])]
 
@@ -45,24 +54,33 @@ def loop_span(addr: list[int], src: list[str]) -> tuple[int, int]:
             if target < addr[i] and (best is None or addr[i] - target > best[0]):
                 best = (addr[i] - target, target, i)
     if best is None:
-        raise SystemExit("sass_regions: error: no backward branch: the kernel has no loop")
+        raise Bad("no backward branch: the kernel has no loop")
     _, target, last = best
     first = next(i for i, a in enumerate(addr) if a >= target)
     return first, last
 
 
-def main() -> int:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("source")
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--out", default=None)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
+    try:
+        return regions(a)
+    except Bad as e:
+        print(f"sass_regions: error: {e}", file=sys.stderr)
+        return 2
+
+
+def regions(a) -> int:
+    """The per-region figures of ``a.source`` printed (and written to ``a.out``)."""
     hdr, rows = read_source(a.source)
     col = {h: i for i, h in enumerate(hdr)}
     need = ("Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed", "stall_long_sb")
     missing = [h for h in need if h not in col]
     if missing:
-        raise SystemExit(f"sass_regions: error: {a.source}: no column {missing[0]!r} (profile with SourceCounters)")
+        raise Bad(f"{a.source}: no column {missing[0]!r} (profile with SourceCounters)")
     addr = [int(r[col["Address"]], 16) for r in rows]
     src = [r[col["Source"]].strip() for r in rows]
     num = lambda r, h: float(r[col[h]] or 0)  # noqa: E731
