@@ -559,7 +559,7 @@ def _source_v2(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, AK: int = 1, QSP
         # Epilogue: ℓ over the quad, O = acc/ℓ (row g + 8h, dims 32u + 8t + 4f + jj) and
         # L = m·τ + log ℓ.  O straight to global memory by scalar stores (a warp's store: 8 rows
         # x 4 sectors, one element each), or with OSTAGE through shared memory where Q was (every
-        # warp is past its last S at the barrier), 4 floats a lane a ``st.shared.v4`` (rows D + 4
+        # warp is past its last S at the barrier), 4 floats a lane a ``st.shared.v4`` (rows DP + 4
         # apart: conflict-free), then 16 bytes a thread a store, whole sectors.
         if OSTAGE:
             cuda.syncthreads()
