@@ -38,6 +38,14 @@ from .ncu import EXTRA_METRICS, METRICS
 FAST_KERNELS = tuple(fast.VARIANTS)
 
 
+#: variant -> the boolean knob of its default_config that a record names in a column of its own,
+#: absent (False) in the records made before the knob became a default: bwd_fp16_v3's dQ by bulk
+#: reductions (``bulkq``; a default at f49547c above d = 128, at e4caee9 from d = 96, d = 112 since,
+#: d = 64 too since 2026-11-28; red.v2 without it), fwd_fp32_v2's O through shared memory
+#: (``ostage``, 88f4ef8; scalar stores without it).  bwd_fp16_v3's ``longest_first`` is a column
+#: too, of causal records only (:func:`sim_options`).
+RECORD_KNOBS = {"bwd_fp16_v3": "bulkq", "fwd_fp32_v2": "ostage"}
+
 #: The SM count the sets are laid out for (the H100's and the H200's): where the launcher narrows a
 #: forward's blocks for a small grid (``fast.fit_to_grid``), a configuration names the tiles it runs.
 SET_SMS = 132
@@ -56,10 +64,9 @@ def _cfg(kernel: str, n: int, d: int, causal: bool = False, batch: int = 1, head
            "block_m": t.block_m, "block_n": t.block_n}
     if kernel == "bwd_fp16_v3" and causal:  # the key-block order the kernel runs (a column of the record)
         cfg["longest_first"] = fast.default_config(kernel, d)["longest_first"]
-    if kernel == "bwd_fp16_v3":  # how it reduces dQ (a column of the record)
-        cfg["bulkq"] = fast.default_config(kernel, d)["bulkq"]
-    if kernel == "fwd_fp32_v2":  # how it stores O (a column of the record)
-        cfg["ostage"] = fast.default_config(kernel, d)["ostage"]
+    if kernel in RECORD_KNOBS:  # the knob's value the kernel runs with (a column of the record)
+        knob = RECORD_KNOBS[kernel]
+        cfg[knob] = fast.default_config(kernel, d)[knob]
     return cfg
 
 
@@ -171,15 +178,13 @@ def sim_options(cfg: dict) -> dict:
         # a causal record without the column (every record made before bwd_fp16_v3's knob
         # longest_first) ran its key blocks in grid order: the L2 model issues them so
         opts["config"] = {**opts.get("config", {}), "longest_first": False}
-    bulkq = bool(cfg.get("bulkq"))
-    if cfg["kernel"] == "bwd_fp16_v3" and bulkq != fast.default_config("bwd_fp16_v3", cfg["head_dim"])["bulkq"]:
-        # a record without the column (every one made before dQ by bulk reductions became a default,
-        # at f49547c above d = 128, at e4caee9 from d = 96, d = 112 since; d = 64 too since
-        # 2026-11-28) reduced dQ by red.v2
-        opts["config"] = {**opts.get("config", {}), "bulkq": bulkq}
-    ostage = bool(cfg.get("ostage"))
-    if cfg["kernel"] == "fwd_fp32_v2" and ostage != fast.default_config("fwd_fp32_v2", cfg["head_dim"])["ostage"]:
-        opts["config"] = {**opts.get("config", {}), "ostage": ostage}
+    knob = RECORD_KNOBS.get(cfg["kernel"])
+    if knob is not None:
+        # a record without the column (every one made before the knob's default: see RECORD_KNOBS)
+        # ran the kernel without it
+        value = bool(cfg.get(knob))
+        if value != fast.default_config(cfg["kernel"], cfg["head_dim"])[knob]:
+            opts["config"] = {**opts.get("config", {}), knob: value}
     return opts
 
 

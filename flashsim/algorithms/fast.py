@@ -461,8 +461,8 @@ def _meta(name, pass_, t: Tiling, extra=None):
 
 def _forward(w: Workload, name: str, config=None) -> Schedule:
     t = tiles(name, w.d, config)["fwd"]
-    qsplit = name == "fwd_fp32_v2" and parse_config(name, w.d, config)["qsplit"]
-    ostage = name == "fwd_fp32_v2" and parse_config(name, w.d, config)["ostage"]
+    c = parse_config(name, w.d, config)
+    qsplit, ostage = (c["qsplit"], c["ostage"]) if name == "fwd_fp32_v2" else (False, False)
     q0, qn = block_rows(w.nq, t.block_m)
     k0, kn = block_rows(w.nk, t.block_n)
     lgroup = 4 if name == "fwd_fp32_v1" else 8
