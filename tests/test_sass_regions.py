@@ -48,3 +48,12 @@ def test_a_page_it_cannot_read_is_one_error_line(tmp_path, capsys):
                       '"0x10","  MOV R1, R2","5","32","0"\n"0x20","  EXIT","1","32","0"\n')
     assert mod.main([str(noloop)]) == 2
     assert "no backward branch" in capsys.readouterr().err
+    page = str(RECORD / "sass_source_n1024.csv.gz")
+    assert mod.main([page, "--top", "-1"]) == 2
+    assert "top=-1" in capsys.readouterr().err
+    out = tmp_path / "regions.csv"
+    out.write_text("keep me\n")
+    assert mod.main([page, "--out", str(out)]) == 2
+    assert "exists" in capsys.readouterr().err and out.read_text() == "keep me\n"
+    assert mod.main([page, "--out", str(out), "--force"]) == 0
+    assert out.read_text() == (RECORD / "sass_regions_n1024.csv").read_text()

@@ -1,4 +1,4 @@
-"""usage: python scripts/device/sass_regions.py SOURCE.csv[.gz] [--top 12] [--out CSV]
+"""usage: python scripts/device/sass_regions.py SOURCE.csv[.gz] [--top 12] [--out CSV [--force]]
 
 Where a kernel's warps spend their time, by region of its SASS: prologue (before the main loop),
 main loop, epilogue.  Reads Nsight Compute's source page of one profiled launch, as written by
@@ -11,8 +11,9 @@ is the prologue, every one after the branch the epilogue.  Prints per region the
 warp-state samples (all samples: a resident warp's time, issued or not), of the instructions
 executed and of the long-scoreboard samples, then the ``--top`` instructions by samples outside
 the loop with their main stall reason.  ``--out`` writes the per-region figures as CSV (written to
-a temporary name, then renamed).  A missing or unreadable table is one ``sass_regions: error:``
-line and exit 2.
+a temporary name, then renamed; an existing file only with ``--force``).  A missing or unreadable
+table, a negative ``--top`` or an existing ``--out`` is one ``sass_regions: error:`` line and
+exit 2.
 """
 
 import argparse
@@ -65,8 +66,13 @@ def main(argv=None) -> int:
     ap.add_argument("source")
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--force", action="store_true", help="overwrite an existing --out")
     a = ap.parse_args(argv)
     try:
+        if a.top < 0:
+            raise Bad(f"top={a.top}: must be >= 0")
+        if a.out and os.path.exists(a.out) and not a.force:
+            raise Bad(f"out={a.out!r} exists (give --force to overwrite it)")
         return regions(a)
     except Bad as e:
         print(f"sass_regions: error: {e}", file=sys.stderr)
