@@ -83,7 +83,8 @@ def fast_set() -> list[dict]:
     query heads on 2 kv heads) forward and backward; N = 1,000 (a ragged last block: the
     zero-filled rows of cp.async) forward and backward; the fp32 forward at d = 80 (fwd_fp32_v2, its
     head dim padded on chip to 96; fwd_fp32_v1 until 7fda245), bwd_fp16_v1 and
-    fwd_fp16_v4 at d = 40, fwd_fp16_v7 (fwd_fp16_v5 until v7) and bwd_fp32_v1 at d = 96 (head dims
+    fwd_fp16_v4 at d = 40, fwd_fp16_v7 (fwd_fp16_v5 until v7) and the fp32 backward at d = 96
+    (bwd_fp32_v1 until bwd_fp32_v2 took it, its head dim padded on chip to 128) (head dims
     where BEST takes them,
     bwd_fp16_v1 at d = 40 until BEST took bwd_fp16_v3 at d = 32 and 40, where v1 now runs the
     deterministic backward;
@@ -264,7 +265,7 @@ def ldgsts_patterns(kernel: str, d: int, config=None) -> dict:
         s, nt = 2 * (_ceil(d, 16) + 8), 32 * c["nw"]
         kv, qq = (c["bk"], 2 * d, s, nt), (c["bq"], 2 * d, s, nt)
         return {kernel: {"K": kv, "V": kv, "Q": qq, "dO": qq}}
-    s = 4 * (_ceil(d, 16) + 4) if kernel == "bwd_fp32_v1" else 4 * (d + 8)
+    s = 4 * (_ceil(d, 16) + 4) if kernel == "bwd_fp32_v1" else 4 * (fast.bwd_fp32_v2_dim(d) + 8)
     nt = 32 * c["nw"]
     kv, qq = (c["bc"], 4 * d, s, nt), (c["br"], 4 * d, s, nt)
     return {kernel: {"K": kv, "V": kv, "Q": qq, "dO": qq}}

@@ -3,9 +3,9 @@ reference, under the CUDA simulator (its mma twin reads each operand's 19 high b
 core does), with the bar of the exact-FFMA bwd_fp32_v1: every gradient within 2e-6 of float64.
 
 Tiny shapes, one warp (one Python thread per simulated lane), d = 32 (phases B and C take the
-columns in groups of 32), blocks of 16 and 32 so that a key block sees several ragged query
-blocks and heads; one two-warp case (32 x 32 blocks, the d = 32 default) with GQA and causal
-Nq > Nk (rows that see no key).
+columns in groups of 32) and d = 24 and 40 (padded on chip with zero columns to 32 and 64),
+blocks of 16 and 32 so that a key block sees several ragged query blocks and heads; two-warp
+cases (32 x 32 blocks, the d = 32 default) with GQA and causal Nq > Nk (rows that see no key).
 """
 
 import numpy as np
@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from test_perf_bwd_fp32 import gradient_errors, inputs
 
 from kernels.perf import bwd_fp32_v2, tc
+from kernels.perf.bwd_fp32 import padded_dim_v2
 from kernels.reference import attention_forward
 
 
@@ -36,6 +37,9 @@ def cases(draw):
 @example(dict(hkv=1, h=2, nq=37, nk=21, d=32, causal=True, bc=32, br=32, nw=2, scale=None, fwd=False, seed=1))
 @example(dict(hkv=2, h=2, nq=11, nk=36, d=32, causal=True, bc=32, br=16, nw=1, scale=None, fwd=True, seed=2))
 @example(dict(hkv=1, h=1, nq=1, nk=1, d=32, causal=False, bc=16, br=16, nw=1, scale=1.0, fwd=False, seed=3))
+# head dims padded on chip with zero columns: 24 -> 32, 40 -> 64 (two warps, GQA, causal Nq > Nk)
+@example(dict(hkv=1, h=2, nq=21, nk=19, d=24, causal=True, bc=16, br=16, nw=1, scale=None, fwd=False, seed=4))
+@example(dict(hkv=2, h=2, nq=40, nk=36, d=40, causal=True, bc=32, br=32, nw=2, scale=None, fwd=False, seed=5))
 def test_backward_fp32_v2(c):
     q, k, v, do = inputs(c["seed"], c["h"], c["hkv"], c["nq"], c["nk"], c["d"])
     if c["fwd"]:
@@ -83,13 +87,15 @@ def test_config_checks():
         with pytest.raises(ValueError) as e:
             bwd_fp32_v2.backward(q, k, v, o, lse, do, **bad)
         print(bad, e.value)
-    with pytest.raises(ValueError, match="head_dim 32, 64 or 128"):
-        bwd_fp32_v2.backward(*(x[..., :16] for x in (q, k, v, o)), lse, do[..., :16])
-    assert bwd_fp32_v2.supports(np.float32, 128) and bwd_fp32_v2.supports(np.float32, 64)
-    assert not bwd_fp32_v2.supports(np.float16, 64) and not bwd_fp32_v2.supports(np.float32, 96)
+    with pytest.raises(ValueError, match="head_dim a multiple of 8 up to 128"):
+        bwd_fp32_v2.backward(*(x[..., :12] for x in (q, k, v, o)), lse, do[..., :12])
+    assert all(bwd_fp32_v2.supports(np.float32, d) for d in range(8, 129, 8))
+    assert not bwd_fp32_v2.supports(np.float16, 64) and not any(bwd_fp32_v2.supports(np.float32, d)
+                                                                for d in (4, 12, 36, 136))
+    assert [padded_dim_v2(d) for d in (8, 32, 40, 64, 72, 128)] == [32, 32, 64, 64, 128, 128]
     t = bwd_fp32_v2.tiling(128, 64, 64, 8)
     print(t)  # the d = 128 default: A 32 keys x 16 queries, B and C 32 x 32 a warp
     assert (t["ma"], t["na"], t["mb"], t["ub"], t["mc"], t["uc"]) == (2, 2, 2, 1, 2, 1)
-    for d in (32, 64, 128):  # every supported head dim has a default its warps can tile
+    for d in range(8, 129, 8):  # every supported head dim has a default its warps can tile
         cfg = bwd_fp32_v2.default_config(d)
         bwd_fp32_v2.tiling(d, cfg["bc"], cfg["br"], cfg["nw"])

@@ -140,6 +140,12 @@ LSU_EXACT = dict.fromkeys(VARIANTS, True)
 # The kernels' block shapes and selection, restated (kernels.perf's default_config and BEST)
 
 
+def bwd_fp32_v2_dim(d: int) -> int:
+    """The head dim bwd_fp32_v2 computes with (``kernels.perf.bwd_fp32.padded_dim_v2``): d rounded
+    up to 32, 64 or 128, the columns past d zeros in shared memory that no global access touches."""
+    return 32 if d <= 32 else 64 if d <= 64 else 128
+
+
 def default_config(name: str, d: int) -> dict:
     """The block-shape keys of ``kernels.perf.variant(name).default_config(d)`` (the tests hold
     them equal)."""
@@ -175,9 +181,10 @@ def default_config(name: str, d: int) -> dict:
     if name == "bwd_fp32_v1":
         nw = 4 if d <= 64 or 68 <= d <= 96 else 8
         return dict(bc=64, br=64, nw=nw, unroll=2, minb=1, vred=True)
-    if name == "bwd_fp32_v2":
-        bc, br, nw = (64, 64, 8) if d in (64, 128) else (32, 32, 2)
-        return dict(bc=bc, br=br, nw=nw, minb=1, ak=max(1, d // 32))
+    if name == "bwd_fp32_v2":  # d computed padded to 32, 64 or 128 (bwd_fp32.padded_dim_v2)
+        dp = bwd_fp32_v2_dim(d)
+        bc, br, nw = (64, 64, 8) if dp in (64, 128) else (32, 32, 2)
+        return dict(bc=bc, br=br, nw=nw, minb=1, ak=dp // 32)
     raise ValueError(f"kernel={name!r}: one of {', '.join(VARIANTS)}")
 
 
@@ -197,7 +204,7 @@ def supports(name: str, dtype: str, d: int) -> bool:
         return d % 4 == 0 and 4 <= d <= 128
     if name == "fwd_fp32_v2":  # d padded on chip to a multiple of 32 with zero columns
         return d % 8 == 0 and 8 <= d <= 128
-    return d in (32, 64, 128)  # bwd_fp32_v2
+    return d % 8 == 0 and 8 <= d <= 128  # bwd_fp32_v2 (padded on chip to 32, 64 or 128)
 
 
 #: kernels.perf.BEST: (pass, dtype) -> (variant, smallest d, largest d) in order of preference
@@ -207,7 +214,7 @@ BEST = {("fwd", "fp16"): (("fwd_fp16_v7", 64, 256), ("fwd_fp16_v4", 1, 1 << 30))
         ("fwd", "bf16"): (("fwd_fp16_v7", 64, 256), ("fwd_fp16_v4", 1, 1 << 30)),
         ("bwd", "bf16"): (("bwd_fp16_v3", 32, 256), ("bwd_fp16_v1", 1, 1 << 30)),
         ("fwd", "fp32"): (("fwd_fp32_v2", 8, 128), ("fwd_fp32_v1", 1, 1 << 30)),
-        ("bwd", "fp32"): (("bwd_fp32_v2", 32, 128), ("bwd_fp32_v1", 1, 1 << 30))}
+        ("bwd", "fp32"): (("bwd_fp32_v2", 8, 128), ("bwd_fp32_v1", 1, 1 << 30))}
 
 
 def best(pass_: str, dtype: str, d: int) -> str | None:
@@ -402,7 +409,8 @@ def block_resources(name: str, d: int, config=None) -> dict[str, tuple[int, int]
     if name == "bwd_fp32_v1":  # row strides: dp + 4 floats; Pᵀ, dSᵀ Br rounded up to 32, + 4
         ps = cdiv(bq, 32) * 32 + 4
         return {"dkdv": (nt, 4 * (2 * bk * (dp + 4) + 2 * bq * (dp + 4) + 2 * bk * ps + 32))}
-    return {"dkdv": (nt, 4 * (2 * (bk + bq) * (d + 8) + 3 * bk * bq))}  # bwd_fp32_v2
+    dp = bwd_fp32_v2_dim(d)  # bwd_fp32_v2: rows of its padded head dim + 8
+    return {"dkdv": (nt, 4 * (2 * (bk + bq) * (dp + 8) + 3 * bk * bq))}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ BEST = {("fwd", "float16"): (("fwd_fp16_v7", 64, 256), ("fwd_fp16_v4", 1, 1 << 3
         ("fwd", "bfloat16"): (("fwd_fp16_v7", 64, 256), ("fwd_fp16_v4", 1, 1 << 30)),
         ("bwd", "bfloat16"): (("bwd_fp16_v3", 32, 256), ("bwd_fp16_v1", 1, 1 << 30)),
         ("fwd", "float32"): (("fwd_fp32_v2", 8, 128), ("fwd_fp32_v1", 1, 1 << 30)),
-        ("bwd", "float32"): (("bwd_fp32_v2", 32, 128), ("bwd_fp32_v1", 1, 1 << 30))}
+        ("bwd", "float32"): (("bwd_fp32_v2", 8, 128), ("bwd_fp32_v1", 1, 1 << 30))}
 
 
 #: Every variant in the tree -> the module that holds it.

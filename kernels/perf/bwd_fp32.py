@@ -366,9 +366,17 @@ def backward_v1(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
 # block (then ``red.global``), Sᵀ and dPᵀ every 32 dims (``ak`` = d / 32 chunks, 12 mma each).
 
 
+def padded_dim_v2(d: int) -> int:
+    """The head dim bwd_fp32_v2 computes with: d rounded up to 32, 64 or 128 (the dims its warp
+    tiles were chosen for); the columns past d are zeros in shared memory."""
+    return 32 if d <= 32 else 64 if d <= 64 else 128
+
+
 def smem_bytes_v2(d: int, bc: int, br: int) -> int:
-    """K, V (Bc rows), Q, dO (Br rows) with row stride d + 8, and Pᵀ, dSᵀ, dS in fragment order."""
-    return 4 * (2 * (bc + br) * (d + 8) + 3 * bc * br)
+    """K, V (Bc rows), Q, dO (Br rows) with row stride DP + 8 (:func:`padded_dim_v2`), and Pᵀ,
+    dSᵀ, dS in fragment order."""
+    dp = padded_dim_v2(d)
+    return 4 * (2 * (bc + br) * (dp + 8) + 3 * bc * br)
 
 
 def tiling_v2(d: int, bc: int, br: int, nw: int) -> dict:
@@ -377,7 +385,9 @@ def tiling_v2(d: int, bc: int, br: int, nw: int) -> dict:
     A: Sᵀ, dPᵀ (bc x br): wa warps down the keys, tiles of 16·ma keys x 8·na queries;
     B: dV, dK (bc x d): wb down the keys, 16·mb keys x 32·ub columns;
     C: dQ (br x d): wc down the queries, 16·mc queries x 32·uc columns.
-    Cost: floats a lane loads per mma (A fragments 4 floats an m-tile, B 2 an n-tile)."""
+    Cost: floats a lane loads per mma (A fragments 4 floats an m-tile, B 2 an n-tile).  d is
+    taken padded (:func:`padded_dim_v2`)."""
+    d = padded_dim_v2(d)
     wa, ma, na = _warp_grid(nw, bc, 16, br, 8, lambda m, n: (4 * m + 2 * n) / (m * n), 4)
     wb, mb, ub = _warp_grid(nw, bc, 16, d, 32, lambda m, u: (4 * m + 8 * u) / (4 * m * u), 2)
     wc, mc, uc = _warp_grid(nw, br, 16, d, 32, lambda m, u: (4 * m + 8 * u) / (4 * m * u), 2)
@@ -385,13 +395,15 @@ def tiling_v2(d: int, bc: int, br: int, nw: int) -> dict:
 
 
 def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, AK: int = 1):
-    S = D + 8
+    DP = padded_dim_v2(D)  # the compute head dim; D (a multiple of 8) padded with zero columns
+    PADC = DP - D
+    S = DP + 8
     t_ = tiling_v2(D, BC, BR, NW)
     WA, MA, NA = t_["wa"], t_["ma"], t_["na"]
     WB, MB, UB = t_["wb"], t_["mb"], t_["ub"]
     WC, MC, UC = t_["wc"], t_["mc"], t_["uc"]
     NT = 32 * NW
-    KS, QS, ES = D // 8, BR // 8, BC // 8  # k-steps of phases A, B, C
+    KS, QS, ES = DP // 8, BR // 8, BC // 8  # k-steps of phases A, B, C
     KOFF = 0
     VOFF = BC * S
     QOFF = 2 * BC * S
@@ -406,7 +418,7 @@ def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, AK: int = 1):
     NFB = 2 * max(NA, 4 * UB, 4 * UC)  # B fragments
     NQA = 2 * NA  # the queries of a lane in phase A
     NRAW = max(4 * MA + 2 * NA, 4 * MB + 8 * UB, 4 * MC + 8 * UC)  # one k-step's operands, as loaded
-    assert BC % 16 == 0 and BR % 16 == 0 and D % 32 == 0 and 1 <= NW <= tc.MAX_WARPS and KS % AK == 0
+    assert BC % 16 == 0 and BR % 16 == 0 and D % 8 == 0 and 1 <= NW <= tc.MAX_WARPS and KS % AK == 0
 
     start, load_step = _walk(BC, BR, NT, D, S, CAUSAL, KOFF, VOFF, QOFF, OOFF)
 
@@ -415,6 +427,20 @@ def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, AK: int = 1):
         h = tc.tf32_hi(x)
         hi[i] = h
         lo[i] = x - h
+
+    @_device
+    def zero_pad(sm, sbase, tid):
+        """D < DP: zero the PADC columns past D of the K, V (Bc rows) and Q, dO (Br rows) tiles,
+        once a block; the copies write the D real columns only, so the zeros stay."""
+        if PADC:
+            for e in range(tid, BC * PADC, NT):
+                x = (e // PADC) * S + D + e % PADC
+                tc.sts32_f32_a(sm, sbase, KOFF + x, float32(0.0))
+                tc.sts32_f32_a(sm, sbase, VOFF + x, float32(0.0))
+            for e in range(tid, BR * PADC, NT):
+                x = (e // PADC) * S + D + e % PADC
+                tc.sts32_f32_a(sm, sbase, QOFF + x, float32(0.0))
+                tc.sts32_f32_a(sm, sbase, OOFF + x, float32(0.0))
 
     @_device
     def a_load(raw, sm, aa, ba, ks):
@@ -501,6 +527,7 @@ def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, AK: int = 1):
         g = lane >> 2
         t = lane & 3
         sbase = tc.smem_u32_f32(sm)
+        zero_pad(sm, sbase, tid)  # (visible after the first step's barrier)
         b, hk, nh, group, nq, nk, shift, c0, i0, nblk, total = start(sm, sbase, q, k, v, do, tid)
         tc.cp_async_commit()  # K_j, V_j and the first Q_i, dO_i: one group
         # Warp tiles: A keys kw.., queries qw..; B keys kb.., columns cb..; C queries qc.., columns cc..
@@ -606,11 +633,13 @@ def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, AK: int = 1):
                     if row < nq:
                         for u in range(UC):
                             x = 16 * (m * UC + u)
-                            off = (qrow + row) * D + cc + 32 * u + 8 * t
-                            tc.red_v4(dq, off, acq[x + 2 * h], acq[x + 4 + 2 * h], acq[x + 8 + 2 * h],
-                                      acq[x + 12 + 2 * h])
-                            tc.red_v4(dq, off + 4, acq[x + 2 * h + 1], acq[x + 5 + 2 * h], acq[x + 9 + 2 * h],
-                                      acq[x + 13 + 2 * h])
+                            col = cc + 32 * u + 8 * t  # and col + 4: both real or both padding
+                            off = (qrow + row) * D + col
+                            if PADC == 0 or col < D:
+                                tc.red_v4(dq, off, acq[x + 2 * h], acq[x + 4 + 2 * h], acq[x + 8 + 2 * h],
+                                          acq[x + 12 + 2 * h])
+                                tc.red_v4(dq, off + 4, acq[x + 2 * h + 1], acq[x + 5 + 2 * h], acq[x + 9 + 2 * h],
+                                          acq[x + 13 + 2 * h])
         tc.cp_async_wait(0)
         # dK (τ is in dSᵀ) and dV from registers, with phase C's column mapping.
         for m in range(MB):
@@ -622,8 +651,9 @@ def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, AK: int = 1):
                             for f in range(2):
                                 x = 16 * (m * UB + u) + 4 * jj + 2 * h + f
                                 col = cb + 32 * u + 8 * t + 4 * f + jj
-                                dk[b, hk, key, col] = acck[x]
-                                dv[b, hk, key, col] = accv[x]
+                                if PADC == 0 or col < D:
+                                    dk[b, hk, key, col] = acck[x]
+                                    dv[b, hk, key, col] = accv[x]
 
     return bwd, NT, BC
 
@@ -641,7 +671,7 @@ def default_config_v2(d: int) -> dict:
     phase A summed in chunks of 32 dims (ak = d / 32: 12 tensor-core adds a chunk).  A prefetch of
     the next k-step's operands and Sᵀ, dPᵀ in one loop were options until 0f39089 (NOTES.md): both
     were slower on the H100."""
-    ak = max(1, d // 32)
+    ak = padded_dim_v2(d) // 32
     for bc, br, nw in ((64, 64, 8), (32, 32, 2)):
         try:
             tiling_v2(d, bc, br, nw)
@@ -652,19 +682,20 @@ def default_config_v2(d: int) -> dict:
 
 
 def supports_v2(dtype, d: int) -> bool:
-    return np.dtype(dtype) == np.float32 and d in (32, 64, 128)
+    return np.dtype(dtype) == np.float32 and d % 8 == 0 and 8 <= d <= 128
 
 
 def _check_v2(cfg, d):
-    if cfg["ak"] < 1 or (d // 8) % cfg["ak"]:
-        raise ValueError(f"ak={cfg['ak']}: must divide d / 8 = {d // 8}")
+    ks = padded_dim_v2(d) // 8
+    if cfg["ak"] < 1 or ks % cfg["ak"]:
+        raise ValueError(f"ak={cfg['ak']}: must divide the k-steps of d padded to 32, 64 or 128, {ks}")
 
 
 def backward_v2(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
-    """(dQ, dK, dV) for fp32 (B, H, N, d) inputs (d = 32, 64 or 128), O and L from the
-    forward; ``config`` overrides :func:`default_config`.  dQ is summed over key blocks by
-    atomics, in no fixed order."""
-    return launch_fp32_backward("bwd_fp32_v2 takes float32 with head_dim 32, 64 or 128",
+    """(dQ, dK, dV) for fp32 (B, H, N, d) inputs (d a multiple of 8 up to 128, computed padded
+    to 32, 64 or 128: :func:`padded_dim_v2`), O and L from the forward; ``config`` overrides
+    :func:`default_config`.  dQ is summed over key blocks by atomics, in no fixed order."""
+    return launch_fp32_backward("bwd_fp32_v2 takes float32 with head_dim a multiple of 8 up to 128",
                                 VERSIONS["bwd_fp32_v2"], q, k, v, o, lse, do, causal=causal, scale=scale,
                                 config=config, check=_check_v2)
 
