@@ -299,17 +299,23 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, **config):
 #   P V_j, two barriers a key block.  Online softmax as v1 (log2 units, exponent (s − m)·τ log2 e).
 
 
+def compute_dim_v2(d: int) -> int:
+    """The head dim fwd_fp32_v2 computes with: d rounded up to a multiple of 32 (its 32-column
+    groups of O); the columns past d are zeros in shared memory."""
+    return -(-d // 32) * 32
+
+
 def smem_bytes_v2(dp: int, br: int, bc: int, qsplit: bool = False) -> int:
     """Q (Br rows of stride DP + 8; with ``qsplit`` its hi and lo fragments instead, 2·Br·DP), K
     (Bc rows, DP + 8) and V (Bc rows, DP + 4), in floats x 4; DP is the head dim rounded up to a
     multiple of 32 (``dp`` may be rounded to 16 already, as the launcher passes it)."""
-    dp = -(-dp // 32) * 32
+    dp = compute_dim_v2(dp)
     return 4 * ((2 * br * dp if qsplit else br * (dp + 8)) + bc * (dp + 8) + bc * (dp + 4))
 
 
 def _source_v2(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, AK: int = 1, QSPLIT: bool = False,
                OSTAGE: bool = False):
-    DP = -(-D // 32) * 32  # the compute head dim: D (a multiple of 8) padded with zero columns
+    DP = compute_dim_v2(D)  # D (a multiple of 8) padded with zero columns
     QS, VS = DP + 8, DP + 4  # row strides (floats): Q, K; V
     BR = 16 * NW * MT
     NT = 32 * NW
@@ -345,6 +351,13 @@ def _source_v2(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, AK: int = 1, QSP
         lo[i] = x - h
 
     @tc.device_inline
+    def q_place(r, c):
+        """Element (r, c)'s place (in floats) in QSPLIT's hi and lo fragment tiles: m-tile r // 16,
+        k-step c // 8, lane 4·(r % 8) + (c % 8) // 2, register (r % 16) // 8 + 2·(c % 2)."""
+        return ((((r >> 4) * KS + (c >> 3)) * 32 + 4 * (r & 7) + ((c & 7) >> 1)) * 4 + ((r & 15) >> 3)
+                + 2 * (c & 1))
+
+    @tc.device_inline
     def split_q(sm, sbase, q, b, h, r0, nq, tid):
         """QSPLIT: Q_i read from global memory once, split, and stored as hi and lo A fragments
         in fragment order (m-tile, k-step, lane, a0..a3: 16 bytes a lane, one ``ld.shared.v4``
@@ -357,7 +370,7 @@ def _source_v2(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, AK: int = 1, QSP
                 r = e // QCH
                 c = (e % QCH) * 4
                 ok = r0 + r < nq
-                base = (((r >> 4) * KS + (c >> 3)) * 32 + 4 * (r & 7) + ((c & 7) >> 1)) * 4 + ((r & 15) >> 3)
+                base = q_place(r, c)  # c % 4 == 0: (r, c + f) at base + 4·(f >> 1) + 2·(f & 1)
                 for f in range(4):
                     x = q[b, h, r0 + r, c + f] if ok else float32(0.0)
                     hx = tc.tf32_hi(x)
@@ -379,9 +392,7 @@ def _source_v2(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, AK: int = 1, QSP
                 r = e // PADC
                 c = D + e % PADC
                 if QSPLIT:
-                    # split_q's place of element (r, c): its chunk's base, then 4·(f >> 1) + 2·(f & 1)
-                    x = (((r >> 4) * KS + (c >> 3)) * 32 + 4 * (r & 7) + ((c & 4) >> 1)) * 4 + ((r & 15) >> 3)
-                    x += 4 * ((c & 3) >> 1) + 2 * (c & 1)
+                    x = q_place(r, c)
                     tc.sts32_f32_a(sm, sbase + 4 * QOFF, x, float32(0.0))
                     tc.sts32_f32_a(sm, sbase + 4 * QLOFF, x, float32(0.0))
                 else:
@@ -601,7 +612,7 @@ def _check_v2(d: int, bc: int, nw: int, mt: int, ak: int):
         raise ValueError(f"mt={mt}: must be >= 1" + (" (at most 4 under the simulator)" if tc.SIM else ""))
     if tc.SIM and bc > 64:
         raise ValueError(f"bc={bc}: at most 64 under the simulator (its mma3_tf32 twin takes 8 n-tiles)")
-    ks = -(-d // 32) * 4  # k-steps of the padded head dim
+    ks = compute_dim_v2(d) // 8  # k-steps of the padded head dim
     if ak < 1 or ks % ak:
         raise ValueError(f"ak={ak}: must divide the k-steps of d rounded up to 32, {ks}")
 
@@ -624,8 +635,8 @@ def default_config_v2(d: int) -> dict:
     at d = 128 the first choice, Bc 32 with one m-tile (221-228 registers, two blocks of 4 warps
     an SM), was the fastest (10.07 ms; Bc 64 13.4, Bc 16 11.3, 8 warps 10.4)."""
     if d <= 64:
-        return dict(bc=32, nw=4, mt=2, ak=-(-d // 32), minb=1, qsplit=True, ostage=True)
-    return dict(bc=32, nw=4, mt=1, ak=-(-d // 32), minb=1, qsplit=True, ostage=True)
+        return dict(bc=32, nw=4, mt=2, ak=compute_dim_v2(d) // 32, minb=1, qsplit=True, ostage=True)
+    return dict(bc=32, nw=4, mt=1, ak=compute_dim_v2(d) // 32, minb=1, qsplit=True, ostage=True)
 
 
 def supports_v2(dtype, d: int) -> bool:
