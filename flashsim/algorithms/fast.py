@@ -214,7 +214,8 @@ BEST = {("fwd", "fp16"): (("fwd_fp16_v7", 64, 256), ("fwd_fp16_v4", 1, 1 << 30))
         ("fwd", "bf16"): (("fwd_fp16_v7", 64, 256), ("fwd_fp16_v4", 1, 1 << 30)),
         ("bwd", "bf16"): (("bwd_fp16_v3", 32, 256), ("bwd_fp16_v1", 1, 1 << 30)),
         ("fwd", "fp32"): (("fwd_fp32_v2", 8, 128), ("fwd_fp32_v1", 1, 1 << 30)),
-        ("bwd", "fp32"): (("bwd_fp32_v2", 8, 128), ("bwd_fp32_v1", 1, 1 << 30))}
+        ("bwd", "fp32"): (("bwd_fp32_v2", 32, 32), ("bwd_fp32_v2", 48, 128),
+                           ("bwd_fp32_v1", 1, 1 << 30))}
 
 
 def best(pass_: str, dtype: str, d: int) -> str | None:
