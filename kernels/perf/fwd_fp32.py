@@ -352,10 +352,13 @@ def _source_v2(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, AK: int = 1, QSP
 
     @tc.device_inline
     def q_place(r, c):
-        """Element (r, c)'s place (in floats) in QSPLIT's hi and lo fragment tiles: m-tile r // 16,
-        k-step c // 8, lane 4·(r % 8) + (c % 8) // 2, register (r % 16) // 8 + 2·(c % 2)."""
-        return ((((r >> 4) * KS + (c >> 3)) * 32 + 4 * (r & 7) + ((c & 7) >> 1)) * 4 + ((r & 15) >> 3)
-                + 2 * (c & 1))
+        """The place (in floats) of Q's element (r, c), c % 4 == 0, in QSPLIT's hi and lo fragment
+        tiles: m-tile r // 16, k-step c // 8, lane 4·(r % 8) + (c % 8) // 2, register (r % 16) // 8;
+        element (r, c + f) lies at + 4·(f >> 1) + 2·(f & 1).  split_q spells it inline: called
+        there, this function changed ptxas's schedule of Q's loads (the same instructions, other
+        registers and order), 0.5-0.7% slower at d = 128 in an A/B on the H200 (2026-11-29,
+        kernels/data/fwd_fp32_v2_qplace_h200/)."""
+        return (((r >> 4) * KS + (c >> 3)) * 32 + 4 * (r & 7) + ((c & 7) >> 1)) * 4 + ((r & 15) >> 3)
 
     @tc.device_inline
     def split_q(sm, sbase, q, b, h, r0, nq, tid):
@@ -370,7 +373,8 @@ def _source_v2(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, AK: int = 1, QSP
                 r = e // QCH
                 c = (e % QCH) * 4
                 ok = r0 + r < nq
-                base = q_place(r, c)  # c % 4 == 0: (r, c + f) at base + 4·(f >> 1) + 2·(f & 1)
+                # q_place(r, c), inline (see q_place); (r, c + f) at base + 4·(f >> 1) + 2·(f & 1)
+                base = (((r >> 4) * KS + (c >> 3)) * 32 + 4 * (r & 7) + ((c & 7) >> 1)) * 4 + ((r & 15) >> 3)
                 for f in range(4):
                     x = q[b, h, r0 + r, c + f] if ok else float32(0.0)
                     hx = tc.tf32_hi(x)
@@ -392,7 +396,7 @@ def _source_v2(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, AK: int = 1, QSP
                 r = e // PADC
                 c = D + e % PADC
                 if QSPLIT:
-                    x = q_place(r, c)
+                    x = q_place(r, c & ~3) + 4 * ((c & 3) >> 1) + 2 * (c & 1)
                     tc.sts32_f32_a(sm, sbase + 4 * QOFF, x, float32(0.0))
                     tc.sts32_f32_a(sm, sbase + 4 * QLOFF, x, float32(0.0))
                 else:
