@@ -55,9 +55,10 @@ def test_backward_fp32_v2(c):
         assert np.all(grads[0][:, :, : c["nq"] - c["nk"]] == 0)  # rows that see no key
 
 
-@pytest.mark.parametrize("cfg", [dict(ak=4), dict(ak=2)], ids=["ak4", "ak2"])
+@pytest.mark.parametrize("cfg", [dict(ak=4), dict(ak=2), dict(swz=False)], ids=["ak4", "ak2", "noswz"])
 def test_the_other_loop_shapes(cfg):
-    """Phase A summed in 4 or 2 chunks of d (the default at d = 32 is one)."""
+    """Phase A summed in 4 or 2 chunks of d (the default at d = 32 is one); the fragment tiles
+    unswizzled (swz=False: the layout before the swizzle, four 4-byte stores per lane and tile)."""
     q, k, v, do = inputs(7, 2, 1, 20, 18, 32)
     o, lse = (x.astype(np.float32) for x in attention_forward(q, k, v, causal=True))
     grads = bwd_fp32_v2.backward(q, k, v, o, lse, do, causal=True, bc=16, br=16, nw=1, **cfg)

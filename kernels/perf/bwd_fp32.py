@@ -397,7 +397,7 @@ def tiling_v2(d: int, bc: int, br: int, nw: int) -> dict:
     return dict(wa=wa, ma=ma, na=na, wb=wb, mb=mb, ub=ub, wc=wc, mc=mc, uc=uc)
 
 
-def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, AK: int = 1):
+def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, AK: int = 1, SWZ: bool = False):
     DP = padded_dim_v2(D)  # the compute head dim; D (a multiple of 8) padded with zero columns
     PADC = DP - D
     S = DP + 8
@@ -411,6 +411,10 @@ def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, AK: int = 1):
     VOFF = BC * S
     QOFF = 2 * BC * S
     OOFF = QOFF + BR * S
+    # SWZ: the fragment tiles' 16-byte chunks permuted so that the stores after phase A hit the
+    # banks without conflicts (Pᵀ, dSᵀ, two values a lane by one STS.64) or 2-way (dS) where they
+    # were 4-way: Pᵀ and dSᵀ lane L's chunk at L ^ ((L >> 3) & 1), dS's at L ^ (((L >> 3) & 1) << 2)
+    # (phase B's and C's ``ld.shared.v4`` read the chunk of their lane, still one 512-byte tile).
     PF = OOFF + BR * S  # Pᵀ: tiles (key // 16, query // 8), 128 floats each
     TF = PF + BC * BR  # dSᵀ: the same
     SF = TF + BC * BR  # dS: tiles (query // 16, key // 8)
@@ -544,9 +548,11 @@ def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, AK: int = 1):
         va = sbase + 4 * (VOFF + (kw + g) * S + 2 * t)
         qa = sbase + 4 * (QOFF + (qw + g) * S + 2 * t)
         oa = sbase + 4 * (OOFF + (qw + g) * S + 2 * t)
-        pfa = sbase + 4 * (PF + (kb // 16) * (BR // 8) * 128 + 4 * lane)
-        tfa = sbase + 4 * (TF + (kb // 16) * (BR // 8) * 128 + 4 * lane)
-        sfa = sbase + 4 * (SF + (qc // 16) * (BC // 8) * 128 + 4 * lane)
+        lb = lane ^ ((lane >> 3) & 1) if SWZ else lane  # the lane's chunk of a Pᵀ, dSᵀ tile
+        lc = lane ^ (((lane >> 3) & 1) << 2) if SWZ else lane  # of a dS tile
+        pfa = sbase + 4 * (PF + (kb // 16) * (BR // 8) * 128 + 4 * lb)
+        tfa = sbase + 4 * (TF + (kb // 16) * (BR // 8) * 128 + 4 * lb)
+        sfa = sbase + 4 * (SF + (qc // 16) * (BC // 8) * 128 + 4 * lc)
         ob = sbase + 4 * (OOFF + t * S + cb + 4 * g)
         qb = sbase + 4 * (QOFF + t * S + cb + 4 * g)
         kc = sbase + 4 * (KOFF + t * S + cc + 4 * g)
@@ -567,6 +573,8 @@ def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, AK: int = 1):
         raw = cuda.local.array(NRAW, float32)
         lr = cuda.local.array(NQA, float32)
         dr = cuda.local.array(NQA, float32)
+        pe = cuda.local.array(4, float32)
+        de = cuda.local.array(4, float32)
         for it in range(total):
             hq = hk * group + it // nblk
             r0 = (i0 + it % nblk) * BR
@@ -598,15 +606,29 @@ def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, AK: int = 1):
                         ds = (p * scale) * (dp[x] - dr[2 * n + (e & 1)])
                         # Pᵀ tile (key // 16, query // 8): lane 4·(row % 8) + col % 4, register
                         # row // 8 + 2·(col // 4), with row = key % 16, col = query % 8.
-                        fo = (((kw // 16 + m) * (BR // 8) + qw // 8 + n) * 128
-                              + 4 * (4 * g + (cq & 3)) + (e >> 1) + 2 * (cq >> 2))
-                        tc.sts32_f32_a(sm, sbase, PF + fo, p)
-                        tc.sts32_f32_a(sm, sbase, TF + fo, ds)
+                        if SWZ:
+                            pe[e] = p  # stored below, e and e + 2 (rows g, g + 8) by one STS.64
+                            de[e] = ds
+                        else:
+                            fo = (((kw // 16 + m) * (BR // 8) + qw // 8 + n) * 128
+                                  + 4 * (4 * g + (cq & 3)) + (e >> 1) + 2 * (cq >> 2))
+                            tc.sts32_f32_a(sm, sbase, PF + fo, p)
+                            tc.sts32_f32_a(sm, sbase, TF + fo, ds)
                         # dS tile (query // 16, key // 8): row = query % 16, col = key % 8 = g.
                         rq = ql & 15
-                        so = (((ql >> 4) * (BC // 8) + (kl >> 3)) * 128
-                              + 4 * (4 * (rq & 7) + (g & 3)) + (rq >> 3) + 2 * (g >> 2))
+                        lq = 4 * (rq & 7) + (g & 3)
+                        if SWZ:
+                            lq ^= ((lq >> 3) & 1) << 2
+                        so = ((ql >> 4) * (BC // 8) + (kl >> 3)) * 128 + 4 * lq + (rq >> 3) + 2 * (g >> 2)
                         tc.sts32_f32_a(sm, sbase, SF + so, ds)
+                    if SWZ:
+                        for e1 in range(2):
+                            cq = 2 * t + e1
+                            lp = 4 * g + (cq & 3)
+                            lp ^= (lp >> 3) & 1
+                            fo = ((kw // 16 + m) * (BR // 8) + qw // 8 + n) * 128 + 4 * lp + 2 * (cq >> 2)
+                            tc.sts64_f32_a(sm, sbase + 4 * (PF + fo), pe[e1], pe[e1 + 2])
+                            tc.sts64_f32_a(sm, sbase + 4 * (TF + fo), de[e1], de[e1 + 2])
             cuda.syncthreads()  # Pᵀ, dSᵀ, dS visible
             # The tensor core adds into its accumulator rounding toward zero, a bias that grows with
             # the number of adds: each query block's part of dV and dK is summed in zeroed
@@ -662,9 +684,9 @@ def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, AK: int = 1):
 
 
 @cache
-def kernel_v2(d: int, causal: bool, bc: int, br: int, nw: int, minb: int = 1, ak: int = 1):
+def kernel_v2(d: int, causal: bool, bc: int, br: int, nw: int, minb: int = 1, ak: int = 1, swz: bool = False):
     """The compiled kernel and its threads per block."""
-    fn, nt, _ = _source_v2(d, bc, br, nw, causal, ak)
+    fn, nt, _ = _source_v2(d, bc, br, nw, causal, ak, bool(swz))
     return tc.jit_kernel(fn, nt, minb), nt
 
 
@@ -680,8 +702,8 @@ def default_config_v2(d: int) -> dict:
             tiling_v2(d, bc, br, nw)
         except ValueError:
             continue
-        return dict(bc=bc, br=br, nw=nw, minb=1, ak=ak)
-    return dict(bc=64, br=64, nw=8, minb=1, ak=ak)
+        return dict(bc=bc, br=br, nw=nw, minb=1, ak=ak, swz=True)
+    return dict(bc=64, br=64, nw=8, minb=1, ak=ak, swz=True)
 
 
 def supports_v2(dtype, d: int) -> bool:
