@@ -28,9 +28,9 @@ KERNELS = ("flash2", "flash1", "standard", "decode", *FAST_KERNELS,  # fast: ana
 DECODE_FIELDS = ("num_splits", "page_size")
 #: Configuration fields of the fast set beyond :data:`analysis.measure.CONFIG_FIELDS`
 #: (``longest_first``: bwd_fp16_v3's causal key-block order; ``bulkq``: its dQ by bulk reductions
-#: instead of ``red.v2``; ``ostage``: fwd_fp32_v2's O stored through shared memory), recorded when a
-#: set has them.
-FAST_FIELDS = ("longest_first", "bulkq", "ostage")
+#: instead of ``red.v2``; ``ostage``: fwd_fp32_v2's O stored through shared memory; ``qfrag``: its Q
+#: split a fragment tile at a time), recorded when a set has them.
+FAST_FIELDS = ("longest_first", "bulkq", "ostage", "qfrag")
 
 
 def workload_of(cfg: dict) -> Workload:

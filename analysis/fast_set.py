@@ -42,9 +42,10 @@ FAST_KERNELS = tuple(fast.VARIANTS)
 #: absent (False) in the records made before the knob became a default: bwd_fp16_v3's dQ by bulk
 #: reductions (``bulkq``; a default at f49547c above d = 128, at e4caee9 from d = 96, d = 112 since,
 #: d = 64 too since 2026-11-28; red.v2 without it), fwd_fp32_v2's O through shared memory
-#: (``ostage``, 88f4ef8; scalar stores without it).  bwd_fp16_v3's ``longest_first`` is a column
-#: too, of causal records only (:func:`sim_options`).
-RECORD_KNOBS = {"bwd_fp16_v3": "bulkq", "fwd_fp32_v2": "ostage"}
+#: (``ostage``, 88f4ef8; scalar stores without it) and its Q split a fragment tile at a time
+#: (``qfrag``, 2026-11-29; split_q's 16-byte chunks without it).  bwd_fp16_v3's ``longest_first``
+#: is a column too, of causal records only (:func:`sim_options`).
+RECORD_KNOBS = {"bwd_fp16_v3": ("bulkq",), "fwd_fp32_v2": ("ostage", "qfrag")}
 
 #: The SM count the sets are laid out for (the H100's and the H200's): where the launcher narrows a
 #: forward's blocks for a small grid (``fast.fit_to_grid``), a configuration names the tiles it runs.
@@ -64,8 +65,7 @@ def _cfg(kernel: str, n: int, d: int, causal: bool = False, batch: int = 1, head
            "block_m": t.block_m, "block_n": t.block_n}
     if kernel == "bwd_fp16_v3" and causal:  # the key-block order the kernel runs (a column of the record)
         cfg["longest_first"] = fast.default_config(kernel, d)["longest_first"]
-    if kernel in RECORD_KNOBS:  # the knob's value the kernel runs with (a column of the record)
-        knob = RECORD_KNOBS[kernel]
+    for knob in RECORD_KNOBS.get(kernel, ()):  # the knob's value the kernel runs with (a column of the record)
         cfg[knob] = fast.default_config(kernel, d)[knob]
     return cfg
 
@@ -173,14 +173,14 @@ def sim_options(cfg: dict) -> dict:
     causal: the key-block order of the record's ``longest_first`` column, grid order without it;
     its dQ by bulk reductions where the record's ``bulkq`` column says so, by ``red.v2`` without it.
     fwd_fp32_v2: O through shared memory where the record's ``ostage`` column says so, by scalar
-    stores without it (every record made before that default)."""
+    stores without it (every record made before that default); Q split a fragment tile at a time
+    where its ``qfrag`` column says so, by split_q's chunks without it."""
     opts = _block_options(cfg)
     if cfg["kernel"] == "bwd_fp16_v3" and cfg.get("causal") and not cfg.get("longest_first"):
         # a causal record without the column (every record made before bwd_fp16_v3's knob
         # longest_first) ran its key blocks in grid order: the L2 model issues them so
         opts["config"] = {**opts.get("config", {}), "longest_first": False}
-    knob = RECORD_KNOBS.get(cfg["kernel"])
-    if knob is not None:
+    for knob in RECORD_KNOBS.get(cfg["kernel"], ()):
         # a record without the column (every one made before the knob's default: see RECORD_KNOBS)
         # ran the kernel without it
         value = bool(cfg.get(knob))

@@ -192,15 +192,21 @@ def test_fwd_fp32_v2_counts_by_hand():
     # key blocks 6 of 32 and one of 8.
     r = simulate(W(1, 1, 200, 64, dtype="fp32"), "fast", "fwd")
     assert list(r.io.per_launch) == ["fwd_fp32_v2"] and r.agrees
-    # Q: 200·64 = 12,800 floats = 51,200 B = 1,600 sectors of data; qsplit reads a lane's 16-byte
-    # chunk by 4 scalar loads, each load of a warp touching the 16 sectors of its 32 chunks with
-    # 2 floats each: 4·1,600 = 6,400 sectors.  K, V by cp.async once per query block: 2·200 rows
+    # Q: 200·64 = 12,800 floats = 51,200 B = 1,600 sectors of data; qsplit with qfrag reads a
+    # fragment tile (16 rows, 8 dims) by 4 scalar loads a lane, rows g and g + 8, dims 2t and 2t + 1:
+    # each load of a warp touches one sector of 8 rows, 4 floats each: 2·1,600 = 3,200 sectors.
+    # K, V by cp.async once per query block: 2·200 rows
     # ·64 = 25,600 floats, 3,200 sectors.  O through shared memory (ostage), 16 bytes a thread a
     # store: whole rows, 1,600 sectors.  L by lanes t = 0, rows g = 0..7 (32 B, one sector a
     # request): block 0 128 / 8 = 16 requests, block 1 72 / 8 = 9: 25 sectors for 200 floats.
     assert _by(r) == {("K", "read"): (25600, 102400, 3200), ("L", "write"): (200, 800, 25),
-                      ("O", "write"): (12800, 51200, 1600), ("Q", "read"): (12800, 51200, 6400),
+                      ("O", "write"): (12800, 51200, 1600), ("Q", "read"): (12800, 51200, 3200),
                       ("V", "read"): (25600, 102400, 3200)}
+    # without qfrag (every record before it became the default): split_q reads a lane's 16-byte
+    # chunk by 4 scalar loads, each load of a warp touching the 16 sectors of its 32 chunks with 2
+    # floats each: 4·1,600 = 6,400 sectors; the same bytes
+    r = simulate(W(1, 1, 200, 64, dtype="fp32"), "fast", "fwd", config="qfrag=false")
+    assert r.io.breakdown[("Q", "read")].sectors == 6400 and r.io.breakdown[("Q", "read")].bytes == 51200
     # without ostage (every record before it became the default): the store (u, jj, f) of lane
     # (g, t) writes row g (or g + 8) at column 32u + 8t + 4f + jj: 8 rows x 4 sectors a request,
     # one float each, so one sector per float: 12,800; the same bytes
@@ -213,10 +219,10 @@ def test_fwd_fp32_v2_counts_by_hand():
     # (rows 128..199) all 7 (200 keys): K = (128 + 200)·64 = 20,992.
     rc = simulate(W(1, 1, 200, 64, dtype="fp32", causal=True), "fast", "fwd")
     assert rc.io.breakdown[("K", "read")].elements == 20992 == rc.io.breakdown[("V", "read")].elements
-    # d = 128: Br = 16·4·1 = 64, Bc = 32; N = 128: Q 16,384 floats, 2,048 sectors of data, 8,192
-    # read; O 2,048 sectors (16,384 without ostage); L 128 / 8 = 16 requests.
+    # d = 128: Br = 16·4·1 = 64, Bc = 32; N = 128: Q 16,384 floats, 2,048 sectors of data, 4,096
+    # read (8,192 without qfrag); O 2,048 sectors (16,384 without ostage); L 128 / 8 = 16 requests.
     r = simulate(W(1, 1, 128, 128, dtype="fp32"), "fast", "fwd")
-    assert r.options == {} and r.io.per_launch["fwd_fp32_v2"].breakdown[("Q", "read")].sectors == 8192
+    assert r.options == {} and r.io.per_launch["fwd_fp32_v2"].breakdown[("Q", "read")].sectors == 4096
     assert {k: t.sectors for k, t in r.io.breakdown.items() if k[0] in "OL"} == {("O", "write"): 2048,
                                                                                 ("L", "write"): 16}
     r = simulate(W(1, 1, 128, 128, dtype="fp32"), "fast", "fwd", config={"ostage": False})
@@ -390,6 +396,7 @@ PARAM = {"q": "Q", "k": "K", "v": "V", "o": "O", "lse": "L", "do": "dO", "dvec":
     ("fwd_fp16_v4", 24, 2, None), ("fwd_fp16_v5", 64, 2, None), ("fwd_fp16_v7", 72, 2, None),
     ("fwd_fp32_v1", 12, 2, None),
     ("fwd_fp32_v2", 32, 2, None), ("fwd_fp32_v2", 32, 1, dict(nw=1, mt=2, bc=16, qsplit=False, ostage=False)),
+    ("fwd_fp32_v2", 40, 2, dict(nw=1, mt=1, bc=16, qfrag=False)),
     ("bwd_fp16_v1", 16, 2, None), ("bwd_fp16_v3", 32, 2, None), ("bwd_fp32_v1", 8, 2, None),
     ("bwd_fp32_v2", 64, 1, None)])
 def test_elements_equal_the_kernels_under_the_simulator(name, d, h, config):
@@ -398,7 +405,8 @@ def test_elements_equal_the_kernels_under_the_simulator(name, d, h, config):
     whose d = 64 is the simulator's slowest).  Threads that read
     one address together (a broadcast of L or D to a quad or a lane group) count once; every
     other element is touched by one thread once, so no tile is loaded twice by a block.
-    fwd_fp32_v2's scalar loads of Q (qsplit) and stores of L, and of O without ``ostage``: the
+    fwd_fp32_v2's scalar loads of Q (qsplit; a fragment tile at a time with ``qfrag``, 16-byte
+    chunks without) and stores of L, and of O without ``ostage``: the
     sectors of each warp request, from the lanes' addresses (tests/_fast_trace.py), equal the
     schedule's (with ``ostage`` O goes by 16-byte stores of whole sectors, which the simulator's
     twin writes a float at a time: its elements are checked, as the fp16 forwards' are).  fwd_fp16_v7's K

@@ -162,7 +162,8 @@ def default_config(name: str, d: int) -> dict:
     if name == "fwd_fp32_v1":
         return dict(bc=64, nw=4, rm=4, unroll=2, minb=2) if d <= 64 else dict(bc=32, nw=4, rm=4, unroll=2, minb=1)
     if name == "fwd_fp32_v2":
-        return dict(bc=32, nw=4, mt=2 if d <= 64 else 1, ak=cdiv(d, 32), minb=1, qsplit=True, ostage=True)
+        return dict(bc=32, nw=4, mt=2 if d <= 64 else 1, ak=cdiv(d, 32), minb=1, qsplit=True, ostage=True,
+                    qfrag=True)
     if name == "bwd_fp16_v1":
         return dict(bq=64, bk=64, nw=4, mt=1, reg=True) if d <= 64 else dict(bq=32, bk=32, nw=4, mt=1, reg=False)
     if name == "bwd_fp16_v3":
@@ -472,6 +473,7 @@ def _forward(w: Workload, name: str, config=None) -> Schedule:
     t = tiles(name, w.d, config)["fwd"]
     c = parse_config(name, w.d, config)
     qsplit, ostage = (c["qsplit"], c["ostage"]) if name == "fwd_fp32_v2" else (False, False)
+    qfrag = qsplit and c["qfrag"]
     q0, qn = block_rows(w.nq, t.block_m)
     k0, kn = block_rows(w.nk, t.block_n)
     lgroup = 4 if name == "fwd_fp32_v1" else 8
@@ -481,7 +483,11 @@ def _forward(w: Workload, name: str, config=None) -> Schedule:
         _, seen_by = visible_counts(w, t)
         qc = classes(q0, qn)
         kc = classes(k0, kn, seen_by)
-        if qsplit:  # fwd_fp32_v2's split_q: 4 scalar loads of a lane's 16-byte chunk, 32 chunks a warp
+        if qfrag:  # fwd_fp32_v2's split_q_frag: a request 8 rows x dims 2t (or 2t + 1) of one k-step
+            for p in range(2):  # (per row, each 8-float sector by two requests, 4 floats each)
+                for sig in range(cdiv(w.d, 8)):
+                    yield read("Q", qc[0], qc[1], 8 * sig + 4 * p, 4, repeat=qc[2])
+        elif qsplit:  # fwd_fp32_v2's split_q: 4 scalar loads of a lane's 16-byte chunk, 32 chunks a warp
             yield from _scalar_pairs(read, "Q", q0, qn, w.d)
         else:
             yield read("Q", qc[0], qc[1], repeat=qc[2])

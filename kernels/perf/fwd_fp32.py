@@ -314,7 +314,7 @@ def smem_bytes_v2(dp: int, br: int, bc: int, qsplit: bool = False) -> int:
 
 
 def _source_v2(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, AK: int = 1, QSPLIT: bool = False,
-               OSTAGE: bool = False):
+               OSTAGE: bool = False, QFRAG: bool = False):
     DP = compute_dim_v2(D)  # D (a multiple of 8) padded with zero columns
     QS, VS = DP + 8, DP + 4  # row strides (floats): Q, K; V
     BR = 16 * NW * MT
@@ -380,6 +380,34 @@ def _source_v2(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, AK: int = 1, QSP
                     hx = tc.tf32_hi(x)
                     tc.sts32_f32_a(sm, sbase + 4 * QOFF, base + 4 * (f >> 1) + 2 * (f & 1), hx)
                     tc.sts32_f32_a(sm, sbase + 4 * QLOFF, base + 4 * (f >> 1) + 2 * (f & 1), x - hx)
+
+    @tc.device_inline
+    def split_q_frag(sm, sbase, q, b, h, r0, nq, warp, lane):
+        """QFRAG: split_q a fragment tile (16 rows, one k-step of 8 dims) at a time, each warp its
+        own m-tiles: lane (g, t) loads rows g and g + 8, dims 2t and 2t + 1 of the tile, its own
+        a0..a3, and stores their hi and lo parts by one ``st.shared.v4`` each at its lane's place:
+        conflict-free, where split_q's scalar stores (a warp's lanes 8 dims apart: one k-step
+        tile, 128 floats, between neighbours) were 16-way; and each load request reads 8 rows x
+        one 32-byte sector, 16 bytes of each, where split_q's read 4 bytes of each of 16."""
+        g = lane >> 2
+        t = lane & 3
+        for mm in range(MT):
+            mt = MT * warp + mm
+            ra = r0 + 16 * mt + g
+            rb = ra + 8
+            for kk in range(D // 8):
+                c = 8 * kk + 2 * t
+                x0 = q[b, h, ra, c] if ra < nq else float32(0.0)
+                x1 = q[b, h, rb, c] if rb < nq else float32(0.0)
+                x2 = q[b, h, ra, c + 1] if ra < nq else float32(0.0)
+                x3 = q[b, h, rb, c + 1] if rb < nq else float32(0.0)
+                y0 = tc.tf32_hi(x0)
+                y1 = tc.tf32_hi(x1)
+                y2 = tc.tf32_hi(x2)
+                y3 = tc.tf32_hi(x3)
+                a = sbase + 4 * (QOFF + (mt * KS + kk) * 128 + 4 * lane)
+                tc.sts128_f32_a(sm, a, y0, y1, y2, y3)
+                tc.sts128_f32_a(sm, a + 4 * (QLOFF - QOFF), x0 - y0, x1 - y1, x2 - y2, x3 - y3)
 
     @tc.device_inline
     def zero_pad(sm, sbase, tid):
@@ -488,7 +516,9 @@ def _source_v2(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, AK: int = 1, QSP
         # Q_i (split into its fragment tiles by plain loads and stores, or copied) and K_0 (one
         # cp.async group); rows past N are zero, and so are the columns past D (zero_pad).
         zero_pad(sm, sbase, tid)
-        if QSPLIT:  # (visible after the first key block's barrier)
+        if QSPLIT and QFRAG:  # (visible after the first key block's barrier)
+            split_q_frag(sm, sbase, q, b, h, r0, nq, warp, lane)
+        elif QSPLIT:
             split_q(sm, sbase, q, b, h, r0, nq, tid)
         else:
             copy_q(sm, sbase + 4 * QOFF, q, qbase + r0 * D, nq - r0, tid)
@@ -623,10 +653,10 @@ def _check_v2(d: int, bc: int, nw: int, mt: int, ak: int):
 
 @cache
 def kernel_v2(d: int, bc: int, nw: int, mt: int, causal: bool, ak: int = 1, minb: int = 1, qsplit: bool = False,
-              ostage: bool = False):
+              ostage: bool = False, qfrag: bool = False):
     """(compiled kernel, threads, Br); ValueError for a block shape the kernel cannot take."""
     _check_v2(d, bc, nw, mt, ak)
-    fn, nt, br = _source_v2(d, bc, nw, mt, causal, ak, qsplit, ostage)
+    fn, nt, br = _source_v2(d, bc, nw, mt, causal, ak, qsplit, ostage, bool(qfrag))
     return tc.jit_kernel(fn, nt, minb), nt, br
 
 
@@ -639,8 +669,8 @@ def default_config_v2(d: int) -> dict:
     at d = 128 the first choice, Bc 32 with one m-tile (221-228 registers, two blocks of 4 warps
     an SM), was the fastest (10.07 ms; Bc 64 13.4, Bc 16 11.3, 8 warps 10.4)."""
     if d <= 64:
-        return dict(bc=32, nw=4, mt=2, ak=compute_dim_v2(d) // 32, minb=1, qsplit=True, ostage=True)
-    return dict(bc=32, nw=4, mt=1, ak=compute_dim_v2(d) // 32, minb=1, qsplit=True, ostage=True)
+        return dict(bc=32, nw=4, mt=2, ak=compute_dim_v2(d) // 32, minb=1, qsplit=True, ostage=True, qfrag=True)
+    return dict(bc=32, nw=4, mt=1, ak=compute_dim_v2(d) // 32, minb=1, qsplit=True, ostage=True, qfrag=True)
 
 
 def supports_v2(dtype, d: int) -> bool:
