@@ -24,6 +24,11 @@
   32, the columns past d of K, V and Q zeroed in shared memory once a block (``zero_pad``); the
   copies and stores move the d real columns.  H200 (kernels/data/fwd_fp32_v2_pad_h200_f93c02a/):
   1.09-1.57x v1 at d = 40, 80, 112; 1.30-1.54x naive at d = 112, where v1 ran 0.89-0.98x.
+  ``qfrag`` (default since 3b6c720): Q split a fragment tile at a time, each lane loading its own
+  a0..a3 and storing their hi and lo parts by one ``st.shared.v4`` each (conflict-free, where
+  split_q's scalar stores were 16-way).  H200, 9 interleaved rounds
+  (kernels/data/fwd_fp32_v2_qfrag_h200_3b6c720/): d = 128 1.04x at N = 1,024 (1.482x -> 1.536x
+  naive; the bench: 1.53x), 1.01x at 4,096; d = 64 within the spread; O bit-identical.
 
 fwd_fp32_v1 in detail.  The fp32 counterpart of fwd_fp16 (v3): same module API, arguments and conventions
 (grid (Tr, B·H), causal aligned bottom-right with the longest query blocks launched first,
