@@ -249,7 +249,7 @@ def ldgsts_patterns(kernel: str, d: int, config=None) -> dict:
         return {kernel: {"Q": (4 * c["rm"] * c["nw"], 4 * d, qk, nt), "K": (c["bc"], 4 * d, qk, nt),
                          "V": (c["bc"], 4 * d, vs, nt)}}
     if kernel == "fwd_fp32_v2":  # Q, K rows DP + 8 floats apart, V rows DP + 4 (DP: d rounded up to 32)
-        dp, nt = _ceil(d, 32), 32 * c["nw"]  # Q by plain loads with qsplit
+        dp, nt = fast.fwd_fp32_v2_dim(d), 32 * c["nw"]  # Q by plain loads with qsplit
         s = 4 * (dp + 8)
         out = {"K": (c["bc"], 4 * d, s, nt), "V": (c["bc"], 4 * d, 4 * (dp + 4), nt)}
         if not c["qsplit"]:

@@ -44,6 +44,10 @@ def test_default_configs_and_selection_equal_kernels_perf():
                 assert fast.supports(name, dtype, d) == _perf_supports(v, dtype, d), (name, dtype, d)
                 if _perf_supports(v, dtype, d):
                     assert fast.default_config(name, d) == v.default_config(d), (name, d)
+    from kernels.perf.bwd_fp32 import padded_dim_v2
+    from kernels.perf.fwd_fp32 import compute_dim_v2
+    for d in range(8, 129, 8):  # the head dims the fp32 v2 kernels compute with, restated here
+        assert fast.fwd_fp32_v2_dim(d) == compute_dim_v2(d) and fast.bwd_fp32_v2_dim(d) == padded_dim_v2(d), d
     names = {"float16": "fp16", "float32": "fp32", "bfloat16": "bf16"}
     assert {k: tuple(x) for k, x in fast.BEST.items()} == {(p, names[t]): tuple(x) for (p, t), x in perf.BEST.items()}
     for (pass_, dtype) in fast.BEST:

@@ -140,6 +140,12 @@ LSU_EXACT = dict.fromkeys(VARIANTS, True)
 # The kernels' block shapes and selection, restated (kernels.perf's default_config and BEST)
 
 
+def fwd_fp32_v2_dim(d: int) -> int:
+    """The head dim fwd_fp32_v2 computes with (``kernels.perf.fwd_fp32.compute_dim_v2``): d rounded
+    up to a multiple of 32, the columns past d zeros in shared memory that no global access touches."""
+    return cdiv(d, 32) * 32
+
+
 def bwd_fp32_v2_dim(d: int) -> int:
     """The head dim bwd_fp32_v2 computes with (``kernels.perf.bwd_fp32.padded_dim_v2``): d rounded
     up to 32, 64 or 128, the columns past d zeros in shared memory that no global access touches."""
@@ -203,9 +209,8 @@ def supports(name: str, dtype: str, d: int) -> bool:
         return d % 8 == 0 and 16 <= d <= 256
     if name in ("fwd_fp32_v1", "bwd_fp32_v1"):
         return d % 4 == 0 and 4 <= d <= 128
-    if name == "fwd_fp32_v2":  # d padded on chip to a multiple of 32 with zero columns
-        return d % 8 == 0 and 8 <= d <= 128
-    return d % 8 == 0 and 8 <= d <= 128  # bwd_fp32_v2 (padded on chip to 32, 64 or 128)
+    # fwd_fp32_v2, bwd_fp32_v2: d padded on chip with zero columns (fwd_fp32_v2_dim, bwd_fp32_v2_dim)
+    return d % 8 == 0 and 8 <= d <= 128
 
 
 #: kernels.perf.BEST: (pass, dtype) -> (variant, smallest d, largest d) in order of preference
@@ -394,7 +399,7 @@ def block_resources(name: str, d: int, config=None) -> dict[str, tuple[int, int]
         br, bc = t["fwd"].block_m, t["fwd"].block_n
         return {"fwd": (nt, 4 * (br * (dp + 4) + bc * (dp + 4) + bc * cdiv(dp, 32) * 32 + br * (bc + 8)))}
     if name == "fwd_fp32_v2":  # Q as hi and lo fragments with qsplit, else rows of dp + 8 (dp: d to 32)
-        dp = cdiv(d, 32) * 32
+        dp = fwd_fp32_v2_dim(d)
         br, bc = t["fwd"].block_m, t["fwd"].block_n
         q = 2 * br * dp if c["qsplit"] else br * (dp + 8)
         return {"fwd": (nt, 4 * (q + bc * (dp + 8) + bc * (dp + 4)))}
