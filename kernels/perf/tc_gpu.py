@@ -372,15 +372,6 @@ extern "C" __device__ int fs_sts128_f32(int* ret, unsigned a, float x, float y, 
     return 0;
 }
 
-// 16 bytes shared -> global: one LDS.128 and one STG.E.128.
-extern "C" __device__ int fs_st_global16_f32(int* ret, float* gmem, long long goff, unsigned a) {
-    unsigned x, y, z, w;
-    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(x), "=r"(y), "=r"(z), "=r"(w) : "r"(a) : "memory");
-    asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};" :: "l"(gmem + goff), "r"(x), "r"(y), "r"(z), "r"(w)
-                 : "memory");
-    return 0;
-}
-
 // 4 floats global -> shared, asynchronously; src_bytes < 16 zero-fills the rest.
 extern "C" __device__ int fs_cp_async16_f32(int* ret, unsigned a, const float* gmem, long long goff, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
@@ -396,7 +387,8 @@ _sts32_f32_raw = cuda.declare_device("fs_sts32_f32", "int32(uint32, float32)", l
 _sts64_f32_raw = cuda.declare_device("fs_sts64_f32", "int32(uint32, float32, float32)", link=_link_f32)
 _sts128_f32_raw = cuda.declare_device("fs_sts128_f32", "int32(uint32, float32, float32, float32, float32)",
                                      link=_link_f32)
-_stg_f32_raw = cuda.declare_device("fs_st_global16_f32", "int32(CPointer(float32), int64, uint32)", link=_link_f32)
+# fp16's 16-byte shared -> global copy (one LDS.128, one STG.E.128), its offset in bytes.
+_stg_f32_raw = cuda.declare_device("fs_st_global16_a", "int32(CPointer(float32), int64, uint32)", link=_link)
 _sts32_u32_raw = cuda.declare_device("fs_sts32_u32", "int32(uint32, uint32)", link=_link_f32)
 _lds64_f32_raw = cuda.declare_device("fs_lds64_f32", "int32(CPointer(float32), uint32)", link=_link_f32)
 _cp_f32_raw = cuda.declare_device("fs_cp_async16_f32", "int32(uint32, CPointer(float32), int64, int32)",
@@ -440,7 +432,7 @@ def sts128_f32_a(smem, a, x, y, z, w):
 def st_global16_f32_a(gmem, goff, smem, a):
     """The 4 floats at shared byte address ``a`` (16-byte aligned) to ``gmem`` from flat element
     offset ``goff``: one LDS.128 and one 16-byte global store."""
-    _stg_f32_raw(_ffi.from_buffer(gmem), goff, uint32(a))
+    _stg_f32_raw(_ffi.from_buffer(gmem), goff * 4, uint32(a))
 
 
 @cuda.jit(device=True, forceinline=True)
