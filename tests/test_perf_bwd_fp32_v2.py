@@ -66,6 +66,20 @@ def test_the_other_loop_shapes(cfg):
     assert all(e <= 2e-6 for e in errs.values()), errs
 
 
+@pytest.mark.parametrize("cfg", [dict(bc=16, br=16, nw=1, ak=2), dict(bc=32, br=16, nw=1, ak=4),
+                                 dict(bc=32, br=32, nw=2, ak=1)], ids=["ak2", "ak4", "2warps"])
+def test_two_k_steps_an_iteration_change_no_bit(cfg):
+    """``unr``: phase A's k-steps two an iteration (where a chunk holds an even number: not at
+    ak = 4, d = 32), phases B's and C's too; the same mma in the same order, so dK and dV are the
+    same bits and dQ (summed by atomics, in no fixed order) the same up to that order."""
+    q, k, v, do = inputs(8, 2, 1, 37, 41, 32)
+    o, lse = (x.astype(np.float32) for x in attention_forward(q, k, v, causal=True))
+    a, b = (bwd_fp32_v2.backward(q, k, v, o, lse, do, causal=True, unr=u, **cfg) for u in (False, True))
+    print(cfg, [float(np.abs(x - y).max()) for x, y in zip(a, b)])
+    assert np.array_equal(a[1], b[1]) and np.array_equal(a[2], b[2])
+    np.testing.assert_allclose(a[0], b[0], rtol=0, atol=1e-6 * float(np.abs(a[0]).max()))
+
+
 @pytest.mark.skipif(not tc.SIM, reason="the simulator's twin; on a GPU the tests above check the PTX")
 def test_split_is_round_to_nearest_tf32():
     """hi = x rounded to 10 mantissa bits (ties away from zero) and x − hi exact: the split the
@@ -116,3 +130,16 @@ def test_backward_fp32_v2_on_gpu(d, causal):
     errs1 = gradient_errors(bwd_fp32_v1.backward(q, k, v, o, lse, do, causal=causal), q, k, v, do, causal, None,
                             f"gpu bwd_fp32_v1 d={d} causal={causal}")
     assert all(e <= max(2 * errs1[n], 2e-6) for n, e in errs.items()), (errs, errs1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 96, 128])
+def test_two_k_steps_an_iteration_on_gpu(d):
+    """``unr`` on the GPU, causal, 4 query heads on 2 kv heads, N = 1,000: dK and dV the same bits
+    as with one k-step an iteration, dQ the same up to its atomics' order."""
+    q, k, v, do = inputs(d, 4, 2, 1000, 1000, d)
+    o, lse = (x.astype(np.float32) for x in attention_forward(q, k, v, causal=True))
+    a, b = (bwd_fp32_v2.backward(q, k, v, o, lse, do, causal=True, unr=u) for u in (False, True))
+    print(d, [float(np.abs(x - y).max()) for x, y in zip(a, b)])
+    assert np.array_equal(a[1], b[1]) and np.array_equal(a[2], b[2])
+    np.testing.assert_allclose(a[0], b[0], rtol=0, atol=1e-6 * float(np.abs(a[0]).max()))

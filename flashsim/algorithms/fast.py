@@ -191,7 +191,7 @@ def default_config(name: str, d: int) -> dict:
     if name == "bwd_fp32_v2":  # d computed padded to 32, 64 or 128 (bwd_fp32.padded_dim_v2)
         dp = bwd_fp32_v2_dim(d)
         bc, br, nw = (64, 64, 8) if dp in (64, 128) else (32, 32, 2)
-        return dict(bc=bc, br=br, nw=nw, minb=1, ak=dp // 32, swz=True)
+        return dict(bc=bc, br=br, nw=nw, minb=1, ak=dp // 32, swz=True, unr=True)
     raise ValueError(f"kernel={name!r}: one of {', '.join(VARIANTS)}")
 
 

@@ -41,7 +41,7 @@ from functools import cache
 from types import SimpleNamespace
 
 import numpy as np
-from numba import cuda, float32, types
+from numba import cuda, float32, int32, types
 
 from ..flash2 import padded_head_dim
 from . import tc
@@ -400,7 +400,7 @@ def tiling_v2(d: int, bc: int, br: int, nw: int) -> dict:
     return dict(wa=wa, ma=ma, na=na, wb=wb, mb=mb, ub=ub, wc=wc, mc=mc, uc=uc)
 
 
-def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, AK: int = 1, SWZ: bool = False):
+def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, AK: int = 1, SWZ: bool = False, UNR: bool = False):
     DP = padded_dim_v2(D)  # the compute head dim; D (a multiple of 8) padded with zero columns
     PADC = DP - D
     S = DP + 8
@@ -429,6 +429,7 @@ def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, AK: int = 1, SWZ
     NQA = 2 * NA  # the queries of a lane in phase A
     NRAW = max(4 * MA + 2 * NA, 4 * MB + 8 * UB, 4 * MC + 8 * UC)  # one k-step's operands, as loaded
     assert BC % 16 == 0 and BR % 16 == 0 and D % 8 == 0 and 1 <= NW <= tc.MAX_WARPS and KS % AK == 0
+    UNR_A = UNR and (KS // AK) % 2 == 0  # phase A's chunks of k-steps taken two at a time
 
     start, load_step = _walk(BC, BR, NT, D, S, CAUSAL, KOFF, VOFF, QOFF, OOFF)
 
@@ -475,6 +476,15 @@ def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, AK: int = 1, SWZ
             split(raw[4 * MA + n], bh, bl, n)
 
     @_device
+    def a_step(ta, raw, ah, al, bh, bl, sm, aa, ba, ks, chk):
+        """One k-step of phase A: split the loaded operands, the mma, then load k-step ks + 1
+        (if ``chk``, only where there is one)."""
+        a_split(raw, ah, al, bh, bl)
+        tc.mma3_tf32(ta, ah, al, bh, bl, MA, NA)
+        if not chk or ks + 1 < KS:
+            a_load(raw, sm, aa, ba, ks + 1)
+
+    @_device
     def a_product(acc, ta, raw, ah, al, bh, bl, sm, aa, ba):
         """Sᵀ (dPᵀ) += K (V) Q_iᵀ (dO_iᵀ) over all d for the warp's tiles, summed in AK chunks of
         d / AK in zeroed registers ``ta`` (the tensor core's adds round toward zero; see phase B),
@@ -484,17 +494,24 @@ def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, AK: int = 1, SWZ
         aa = tc.opaque_u32(aa)
         ba = tc.opaque_u32(ba)
         a_load(raw, sm, aa, ba, 0)
-        for ck in range(AK):
-            for x in range(NACC_A):
-                ta[x] = 0.0
-            for kk in range(KS // AK):
-                ks = ck * (KS // AK) + kk
-                a_split(raw, ah, al, bh, bl)
-                tc.mma3_tf32(ta, ah, al, bh, bl, MA, NA)
-                if ks + 1 < KS:
-                    a_load(raw, sm, aa, ba, ks + 1)
-            for x in range(NACC_A):
-                acc[x] += ta[x]
+        if UNR_A:  # two k-steps an iteration, 32-bit counters; only the second checks for a next
+            for ck in range(int32(AK)):
+                for x in range(NACC_A):
+                    ta[x] = 0.0
+                for k2 in range(int32(KS // AK // 2)):
+                    k0 = ck * (KS // AK) + 2 * k2
+                    a_step(ta, raw, ah, al, bh, bl, sm, aa, ba, k0, False)
+                    a_step(ta, raw, ah, al, bh, bl, sm, aa, ba, k0 + 1, True)
+                for x in range(NACC_A):
+                    acc[x] += ta[x]
+        else:
+            for ck in range(AK):
+                for x in range(NACC_A):
+                    ta[x] = 0.0
+                for kk in range(KS // AK):
+                    a_step(ta, raw, ah, al, bh, bl, sm, aa, ba, ck * (KS // AK) + kk, True)
+                for x in range(NACC_A):
+                    acc[x] += ta[x]
 
     @_device
     def c_load(raw, sm, fa, ba, ks, M, U, TILE):
@@ -518,16 +535,27 @@ def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, AK: int = 1, SWZ
                 split(raw[4 * M + 8 * u + 4 + j], bh, bl, 2 * (4 * u + j) + 1)
 
     @_device
+    def c_step(acc, raw, ah, al, bh, bl, sm, fa, ba, NK, M, U, TILE, ks, chk):
+        """One k-step of phases B and C: split, the mma, then load k-step ks + 1 (if ``chk``, only
+        where there is one)."""
+        c_split(raw, ah, al, bh, bl, M, U)
+        tc.mma3_tf32(acc, ah, al, bh, bl, M, 4 * U)
+        if not chk or ks + 1 < NK:
+            c_load(raw, sm, fa + 512 * (ks + 1), ba, ks + 1, M, U, TILE)
+
+    @_device
     def c_product(acc, raw, ah, al, bh, bl, sm, fa, ba, NK, M, U, TILE):
         """acc += A B over NK k-steps (512 bytes of fragments between k-steps of A)."""
         fa = tc.opaque_u32(fa)
         ba = tc.opaque_u32(ba)
         c_load(raw, sm, fa, ba, 0, M, U, TILE)
-        for ks in range(NK):
-            c_split(raw, ah, al, bh, bl, M, U)
-            tc.mma3_tf32(acc, ah, al, bh, bl, M, 4 * U)
-            if ks + 1 < NK:
-                c_load(raw, sm, fa + 512 * (ks + 1), ba, ks + 1, M, U, TILE)
+        if UNR:  # two k-steps an iteration (NK, Br or Bc over 8, is even)
+            for k2 in range(int32(NK // 2)):
+                c_step(acc, raw, ah, al, bh, bl, sm, fa, ba, NK, M, U, TILE, 2 * k2, False)
+                c_step(acc, raw, ah, al, bh, bl, sm, fa, ba, NK, M, U, TILE, 2 * k2 + 1, True)
+        else:
+            for ks in range(NK):
+                c_step(acc, raw, ah, al, bh, bl, sm, fa, ba, NK, M, U, TILE, ks, True)
 
     def bwd(q, k, v, do, lse, dvec, dq, dk, dv, sl2, scale):
         sm = cuda.shared.array(0, float32)
@@ -687,26 +715,28 @@ def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, AK: int = 1, SWZ
 
 
 @cache
-def kernel_v2(d: int, causal: bool, bc: int, br: int, nw: int, minb: int = 1, ak: int = 1, swz: bool = False):
+def kernel_v2(d: int, causal: bool, bc: int, br: int, nw: int, minb: int = 1, ak: int = 1, swz: bool = False,
+              unr: bool = False):
     """The compiled kernel and its threads per block."""
-    fn, nt, _ = _source_v2(d, bc, br, nw, causal, ak, bool(swz))
+    fn, nt, _ = _source_v2(d, bc, br, nw, causal, ak, bool(swz), bool(unr))
     return tc.jit_kernel(fn, nt, minb), nt
 
 
 def default_config_v2(d: int) -> dict:
     """Bc keys per block, Br queries per step, nw warps, blocks per SM promised to ptxas: 64 x 64
     with eight warps where they tile all three products (d = 64, 128), else 32 x 32 with two;
-    phase A summed in chunks of 32 dims (ak = d / 32: 12 tensor-core adds a chunk).  A prefetch of
-    the next k-step's operands and Sᵀ, dPᵀ in one loop were options until 0f39089 (NOTES.md): both
-    were slower on the H100."""
+    phase A summed in chunks of 32 dims (ak = d / 32: 12 tensor-core adds a chunk); the product
+    loops two k-steps an iteration (unr: the same mma in the same order, with half the loop
+    counting and load checks; not timed yet).  A prefetch of the next k-step's operands and Sᵀ,
+    dPᵀ in one loop were options until 0f39089 (NOTES.md): both were slower on the H100."""
     ak = padded_dim_v2(d) // 32
     for bc, br, nw in ((64, 64, 8), (32, 32, 2)):
         try:
             tiling_v2(d, bc, br, nw)
         except ValueError:
             continue
-        return dict(bc=bc, br=br, nw=nw, minb=1, ak=ak, swz=True)
-    return dict(bc=64, br=64, nw=8, minb=1, ak=ak, swz=True)
+        return dict(bc=bc, br=br, nw=nw, minb=1, ak=ak, swz=True, unr=True)
+    return dict(bc=64, br=64, nw=8, minb=1, ak=ak, swz=True, unr=True)
 
 
 def supports_v2(dtype, d: int) -> bool:
