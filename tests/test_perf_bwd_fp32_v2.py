@@ -117,12 +117,12 @@ def test_config_checks():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("d", [32, 40, 64, 80, 96, 112, 128])
+@pytest.mark.parametrize("d", [16, 24, 32, 40, 64, 80, 96, 112, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_backward_fp32_v2_on_gpu(d, causal):
     """The compiled kernel at its default block shapes, 4 query heads on 2 kv heads, N = 1,000
     (ragged blocks): every gradient within 2e-6 of float64 or within 2x of bwd_fp32_v1's error
-    (FFMA) on the same inputs; d = 40, 80, 96, 112 run padded on chip to 64 or 128."""
+    (FFMA) on the same inputs; d = 16, 24, 40, 80, 96, 112 run padded on chip to 32, 64 or 128."""
     q, k, v, do = inputs(d + causal, 4, 2, 1000, 1000, d)
     o, lse = (x.astype(np.float32) for x in attention_forward(q, k, v, causal=causal))
     grads = bwd_fp32_v2.backward(q, k, v, o, lse, do, causal=causal)

@@ -38,11 +38,11 @@ import importlib
 #: too, not timed against v1), v1
 #: elsewhere and where the caller asks for a deterministic backward (v3's dQ is summed by
 #: atomics: :data:`ATOMIC`).  The fp32 backward takes bwd_fp32_v2 (3xTF32 on the tensor cores, as
-#: accurate as v1's FFMA) at d = 24, 32 and every d % 8 == 0 from 48 to 128 (padded on chip to 32,
-#: 64 or 128; with its swizzled fragment tiles, H200: 0.99x naive fp32 at d = 128, 1.16x at 64,
-#: 0.94-0.95x at 80 and 112 where v1 runs 0.74-0.75x, 1.55x at 24, 1.12x at 48;
-#: kernels/data/bwd_fp32_v2_swz_h200_af2b32e), v1 (any d % 4 == 0) elsewhere: at d = 16 and 40
-#: v1 measured 1.57x and 1.14x naive, v2 1.55x and 1.12x; the fp32 forward
+#: accurate as v1's FFMA) at every d % 8 == 0 from 16 to 128 (padded on chip to 32, 64 or 128;
+#: with its loops two k-steps an iteration, H200 at N = 4,096: 1.04x naive fp32 at d = 128, 1.23x
+#: at 64, 0.99x and 1.02x at 80 and 112 where v1 runs 0.74-0.75x, 1.77x and 1.19x at 16 and 40
+#: where v1 runs 1.60x and 1.14x; kernels/data/bwd_fp32_v2_unr_h200_250bb44), v1 (any d % 4 == 0)
+#: elsewhere: at d = 8 v1 1.77x naive, v2 1.73x; the fp32 forward
 #: takes fwd_fp32_v2 (3xTF32, 1.55-2.1x naive fp32 and 1.33-1.69x v1 on the H100, as accurate)
 #: at every d % 8 == 0 up to 128 (padded on chip to a multiple of 32: 1.09-1.57x v1 at d = 40, 80
 #: and 112 on the H200, kernels/data/fwd_fp32_v2_pad_h200_f93c02a), v1 elsewhere.  bf16 runs the
@@ -53,7 +53,7 @@ BEST = {("fwd", "float16"): (("fwd_fp16_v7", 64, 256), ("fwd_fp16_v4", 1, 1 << 3
         ("fwd", "bfloat16"): (("fwd_fp16_v7", 64, 256), ("fwd_fp16_v4", 1, 1 << 30)),
         ("bwd", "bfloat16"): (("bwd_fp16_v3", 32, 256), ("bwd_fp16_v1", 1, 1 << 30)),
         ("fwd", "float32"): (("fwd_fp32_v2", 8, 128), ("fwd_fp32_v1", 1, 1 << 30)),
-        ("bwd", "float32"): (("bwd_fp32_v2", 24, 32), ("bwd_fp32_v2", 48, 128),
+        ("bwd", "float32"): (("bwd_fp32_v2", 16, 128),
                               ("bwd_fp32_v1", 1, 1 << 30))}
 
 
