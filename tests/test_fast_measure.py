@@ -334,3 +334,18 @@ def test_fwd_fp32_v2_stores_before_and_after_ostage_agree_to_the_byte():
         o_bytes = 16 * 4096 * d * 4  # B·H = 16, N = 4,096, fp32
         l_bytes = 16 * 4096 * 4
         assert new == o_bytes + l_bytes and stores["fast_fwd"][cid] == 8 * o_bytes + l_bytes
+
+
+def test_bwd_fp32_v2_with_two_k_steps_an_iteration_to_the_byte():
+    """The H200 record of bwd_fp32_v2 after its loops took two k-steps an iteration (fast_unr,
+    ecb5be4; the global accesses are the ones before): loads, stores and dQ's reductions equal the
+    walker's on its 12 launches, as the committed comparison says."""
+    from analysis.compare import compare, read_measured, replay_dirty, summarize
+
+    root = Path(__file__).resolve().parents[1] / "analysis" / "data" / "h200" / "fast"
+    rows, meta = read_measured(root / "fast_unr" / "fast.csv")
+    s = summarize(list(compare(rows, "h200", replay_dirty(meta))))
+    print({k: v for k, v in s.items() if k.startswith("lsu")})
+    assert s["launches"] == 12 and s["lsu_ld_exact"] == s["lsu_st_exact"] == s["lsu_red_exact"] == 12
+    committed = json.loads((root / "compare_unr" / "compare_summary.json").read_text())["summary"]
+    assert (committed["lsu_ld_exact"], committed["lsu_st_exact"], committed["lsu_red_exact"]) == (12, 12, 12)
