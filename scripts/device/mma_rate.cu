@@ -13,36 +13,30 @@
 constexpr int ITERS = 4096;
 constexpr int CHAINS = 8;
 
-__global__ void tf32_k(float* out, long long* cycles) {
-    float c[CHAINS][4] = {};
-    unsigned a0 = threadIdx.x, a1 = a0 + 1, a2 = a0 + 2, a3 = a0 + 3, b0 = a0 * 3, b1 = a0 * 5;
-    long long t0 = clock64();
-    for (int i = 0; i < ITERS; ++i) {
-#pragma unroll
-        for (int j = 0; j < CHAINS; ++j)
-            asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-                         "{%8,%9}, {%0,%1,%2,%3};"
-                         : "+f"(c[j][0]), "+f"(c[j][1]), "+f"(c[j][2]), "+f"(c[j][3])
-                         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-    }
-    long long t1 = clock64();
-    float s = 0.f;
-    for (int j = 0; j < CHAINS; ++j) s += c[j][0] + c[j][1] + c[j][2] + c[j][3];
-    out[blockIdx.x * blockDim.x + threadIdx.x] = s;
-    if (threadIdx.x == 0) cycles[blockIdx.x] = t1 - t0;
+// One mma of the shape TF32 selects (m16n8k8 tf32, or m16n8k16 f16) into accumulator c.
+template <bool TF32>
+__device__ __forceinline__ void mma(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                                    unsigned b1) {
+    if constexpr (TF32)
+        asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                     "{%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                     "{%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-__global__ void f16_k(float* out, long long* cycles) {
+template <bool TF32>
+__global__ void rate_k(float* out, long long* cycles) {
     float c[CHAINS][4] = {};
     unsigned a0 = threadIdx.x, a1 = a0 + 1, a2 = a0 + 2, a3 = a0 + 3, b0 = a0 * 3, b1 = a0 * 5;
     long long t0 = clock64();
     for (int i = 0; i < ITERS; ++i) {
 #pragma unroll
-        for (int j = 0; j < CHAINS; ++j)
-            asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-                         "{%8,%9}, {%0,%1,%2,%3};"
-                         : "+f"(c[j][0]), "+f"(c[j][1]), "+f"(c[j][2]), "+f"(c[j][3])
-                         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+        for (int j = 0; j < CHAINS; ++j) mma<TF32>(c[j], a0, a1, a2, a3, b0, b1);
     }
     long long t1 = clock64();
     float s = 0.f;
@@ -65,7 +59,7 @@ int main() {
     printf("shape,warps_per_sm,tflops,cycles_per_mma_per_subpartition,ms\n");
     for (int shape = 0; shape < 2; ++shape) {
         for (int w : {4, 8, 16, 32}) {
-            auto k = shape == 0 ? tf32_k : f16_k;
+            auto k = shape == 0 ? rate_k<true> : rate_k<false>;
             k<<<sms, 32 * w>>>(out, cyc);  // warm-up
             cudaEventRecord(e0);
             k<<<sms, 32 * w>>>(out, cyc);
