@@ -403,11 +403,12 @@ PARAM = {"q": "Q", "k": "K", "v": "V", "o": "O", "lse": "L", "do": "dO", "dvec":
     ("fwd_fp32_v2", 32, 2, None), ("fwd_fp32_v2", 32, 1, dict(nw=1, mt=2, bc=16, qsplit=False, ostage=False)),
     ("fwd_fp32_v2", 40, 2, dict(nw=1, mt=1, bc=16, qfrag=False)),
     ("bwd_fp16_v1", 16, 2, None), ("bwd_fp16_v3", 32, 2, None), ("bwd_fp32_v1", 8, 2, None),
-    ("bwd_fp32_v2", 64, 1, None)])
+    ("bwd_fp32_v2", 64, 1, None), ("bwd_fp32_v2", 12, 2, dict(bc=16, br=16, nw=1))])
 def test_elements_equal_the_kernels_under_the_simulator(name, d, h, config):
     """Every launch touches, per tensor, the elements its schedule counts (ragged blocks: N = 21
-    and 19 with blocks of 16 or 32; causal; two query heads on one kv head, but for bwd_fp32_v2,
-    whose d = 64 is the simulator's slowest).  Threads that read
+    and 19 with blocks of 16 or 32; causal; two query heads on one kv head, but for bwd_fp32_v2
+    at d = 64, the simulator's slowest; bwd_fp32_v2 at d = 12 too, padded to 32, where dQ's
+    second red.v4 of a lane falls past d).  Threads that read
     one address together (a broadcast of L or D to a quad or a lane group) count once; every
     other element is touched by one thread once, so no tile is loaded twice by a block.
     fwd_fp32_v2's scalar loads of Q (qsplit; a fragment tile at a time with ``qfrag``, 16-byte

@@ -40,6 +40,9 @@ def cases(draw):
 # head dims padded on chip with zero columns: 24 -> 32, 40 -> 64 (two warps, GQA, causal Nq > Nk)
 @example(dict(hkv=1, h=2, nq=21, nk=19, d=24, causal=True, bc=16, br=16, nw=1, scale=None, fwd=False, seed=4))
 @example(dict(hkv=2, h=2, nq=40, nk=36, d=40, causal=True, bc=32, br=32, nw=2, scale=None, fwd=False, seed=5))
+# d % 8 == 4: 12 -> 32 and 44 -> 64, dQ's second red.v4 of the last columns past d
+@example(dict(hkv=1, h=2, nq=23, nk=18, d=12, causal=True, bc=16, br=16, nw=1, scale=None, fwd=False, seed=9))
+@example(dict(hkv=2, h=4, nq=35, nk=37, d=44, causal=False, bc=32, br=32, nw=2, scale=None, fwd=False, seed=10))
 def test_backward_fp32_v2(c):
     q, k, v, do = inputs(c["seed"], c["h"], c["hkv"], c["nq"], c["nk"], c["d"])
     if c["fwd"]:
@@ -102,27 +105,28 @@ def test_config_checks():
         with pytest.raises(ValueError) as e:
             bwd_fp32_v2.backward(q, k, v, o, lse, do, **bad)
         print(bad, e.value)
-    with pytest.raises(ValueError, match="head_dim a multiple of 8 up to 128"):
-        bwd_fp32_v2.backward(*(x[..., :12] for x in (q, k, v, o)), lse, do[..., :12])
-    assert all(bwd_fp32_v2.supports(np.float32, d) for d in range(8, 129, 8))
+    with pytest.raises(ValueError, match="head_dim a multiple of 4 up to 128"):
+        bwd_fp32_v2.backward(*(x[..., :10] for x in (q, k, v, o)), lse, do[..., :10])
+    assert all(bwd_fp32_v2.supports(np.float32, d) for d in range(4, 129, 4))
     assert not bwd_fp32_v2.supports(np.float16, 64) and not any(bwd_fp32_v2.supports(np.float32, d)
-                                                                for d in (4, 12, 36, 136))
-    assert [padded_dim_v2(d) for d in (8, 32, 40, 64, 72, 128)] == [32, 32, 64, 64, 128, 128]
+                                                                for d in (2, 6, 38, 132, 136))
+    assert [padded_dim_v2(d) for d in (4, 8, 32, 36, 40, 64, 68, 72, 128)] == [32, 32, 32, 64, 64, 64, 128, 128, 128]
     t = bwd_fp32_v2.tiling(128, 64, 64, 8)
     print(t)  # the d = 128 default: A 32 keys x 16 queries, B and C 32 x 32 a warp
     assert (t["ma"], t["na"], t["mb"], t["ub"], t["mc"], t["uc"]) == (2, 2, 2, 1, 2, 1)
-    for d in range(8, 129, 8):  # every supported head dim has a default its warps can tile
+    for d in range(4, 129, 4):  # every supported head dim has a default its warps can tile
         cfg = bwd_fp32_v2.default_config(d)
         bwd_fp32_v2.tiling(d, cfg["bc"], cfg["br"], cfg["nw"])
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("d", [16, 24, 32, 40, 64, 80, 96, 112, 128])
+@pytest.mark.parametrize("d", [12, 16, 24, 32, 40, 44, 64, 80, 96, 100, 112, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_backward_fp32_v2_on_gpu(d, causal):
     """The compiled kernel at its default block shapes, 4 query heads on 2 kv heads, N = 1,000
     (ragged blocks): every gradient within 2e-6 of float64 or within 2x of bwd_fp32_v1's error
-    (FFMA) on the same inputs; d = 16, 24, 40, 80, 96, 112 run padded on chip to 32, 64 or 128."""
+    (FFMA) on the same inputs; d = 12, 16, 24, 40, 44, 80, 96, 100, 112 run padded on chip to 32, 64
+    or 128 (d % 8 == 4: dQ's last red.v4 of a lane past d, skipped)."""
     q, k, v, do = inputs(d + causal, 4, 2, 1000, 1000, d)
     o, lse = (x.astype(np.float32) for x in attention_forward(q, k, v, causal=causal))
     grads = bwd_fp32_v2.backward(q, k, v, o, lse, do, causal=causal)

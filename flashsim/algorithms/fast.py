@@ -207,9 +207,9 @@ def supports(name: str, dtype: str, d: int) -> bool:
         return d % 8 == 0 and 8 <= d <= 256
     if name == "bwd_fp16_v3":
         return d % 8 == 0 and 16 <= d <= 256
-    if name in ("fwd_fp32_v1", "bwd_fp32_v1"):
+    if name in ("fwd_fp32_v1", "bwd_fp32_v1", "bwd_fp32_v2"):  # bwd_fp32_v2 padded (bwd_fp32_v2_dim)
         return d % 4 == 0 and 4 <= d <= 128
-    # fwd_fp32_v2, bwd_fp32_v2: d padded on chip with zero columns (fwd_fp32_v2_dim, bwd_fp32_v2_dim)
+    # fwd_fp32_v2: d padded on chip with zero columns (fwd_fp32_v2_dim)
     return d % 8 == 0 and 8 <= d <= 128
 
 

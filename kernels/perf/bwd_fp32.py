@@ -403,7 +403,7 @@ def tiling_v2(d: int, bc: int, br: int, nw: int) -> dict:
 
 
 def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, AK: int = 1, SWZ: bool = False, UNR: bool = False):
-    DP = padded_dim_v2(D)  # the compute head dim; D (a multiple of 8) padded with zero columns
+    DP = padded_dim_v2(D)  # the compute head dim; D (a multiple of 4) padded with zero columns
     PADC = DP - D
     S = DP + 8
     t_ = tiling_v2(D, BC, BR, NW)
@@ -430,7 +430,7 @@ def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, AK: int = 1, SWZ
     NFB = 2 * max(NA, 4 * UB, 4 * UC)  # B fragments
     NQA = 2 * NA  # the queries of a lane in phase A
     NRAW = max(4 * MA + 2 * NA, 4 * MB + 8 * UB, 4 * MC + 8 * UC)  # one k-step's operands, as loaded
-    assert BC % 16 == 0 and BR % 16 == 0 and D % 8 == 0 and 1 <= NW <= tc.MAX_WARPS and KS % AK == 0
+    assert BC % 16 == 0 and BR % 16 == 0 and D % 4 == 0 and 1 <= NW <= tc.MAX_WARPS and KS % AK == 0
     UNR_A = UNR and (KS // AK) % 2 == 0  # phase A's chunks of k-steps taken two at a time
 
     start, load_step = _walk(BC, BR, NT, D, S, CAUSAL, KOFF, VOFF, QOFF, OOFF)
@@ -691,11 +691,12 @@ def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, AK: int = 1, SWZ
                     if row < nq:
                         for u in range(UC):
                             x = 16 * (m * UC + u)
-                            col = cc + 32 * u + 8 * t  # and col + 4: both real or both padding
+                            col = cc + 32 * u + 8 * t  # and col + 4 (past D where D % 8 == 4)
                             off = (qrow + row) * D + col
                             if PADC == 0 or col < D:
                                 tc.red_v4(dq, off, acq[x + 2 * h], acq[x + 4 + 2 * h], acq[x + 8 + 2 * h],
                                           acq[x + 12 + 2 * h])
+                            if PADC == 0 or col + 4 < D:
                                 tc.red_v4(dq, off + 4, acq[x + 2 * h + 1], acq[x + 5 + 2 * h], acq[x + 9 + 2 * h],
                                           acq[x + 13 + 2 * h])
         tc.cp_async_wait(0)
@@ -742,7 +743,7 @@ def default_config_v2(d: int) -> dict:
 
 
 def supports_v2(dtype, d: int) -> bool:
-    return np.dtype(dtype) == np.float32 and d % 8 == 0 and 8 <= d <= 128
+    return np.dtype(dtype) == np.float32 and d % 4 == 0 and 4 <= d <= 128
 
 
 def _check_v2(cfg, d):
@@ -752,10 +753,10 @@ def _check_v2(cfg, d):
 
 
 def backward_v2(q, k, v, o, lse, do, *, causal=False, scale=None, **config):
-    """(dQ, dK, dV) for fp32 (B, H, N, d) inputs (d a multiple of 8 up to 128, computed padded
+    """(dQ, dK, dV) for fp32 (B, H, N, d) inputs (d a multiple of 4 up to 128, computed padded
     to 32, 64 or 128: :func:`padded_dim_v2`), O and L from the forward; ``config`` overrides
     :func:`default_config`.  dQ is summed over key blocks by atomics, in no fixed order."""
-    return launch_fp32_backward("bwd_fp32_v2 takes float32 with head_dim a multiple of 8 up to 128",
+    return launch_fp32_backward("bwd_fp32_v2 takes float32 with head_dim a multiple of 4 up to 128",
                                 VERSIONS["bwd_fp32_v2"], q, k, v, o, lse, do, causal=causal, scale=scale,
                                 config=config, check=_check_v2)
 
