@@ -101,7 +101,8 @@ def test_selection_and_bad_input():
     assert fast.variant_for(W(1, 1, 128, 48, dtype="fp32"), "bwd") == "bwd_fp32_v2"  # padded to 64
     assert fast.variant_for(W(1, 1, 128, 40, dtype="fp32"), "bwd") == "bwd_fp32_v2"  # since d2f3ac7 (H200)
     assert fast.variant_for(W(1, 1, 128, 8, dtype="fp32"), "bwd") == "bwd_fp32_v1"  # faster there (H200)
-    assert fast.variant_for(W(1, 1, 128, 36, dtype="fp32"), "bwd") == "bwd_fp32_v1"
+    assert fast.variant_for(W(1, 1, 128, 36, dtype="fp32"), "bwd") == "bwd_fp32_v2"  # since f840550: d % 4 == 0
+    assert fast.variant_for(W(1, 1, 128, 12, dtype="fp32"), "bwd") == "bwd_fp32_v1"
     assert fast.variant_for(W(1, 1, 128, 128, dtype="bf16"), "bwd") == "bwd_fp16_v3"
     for kernel, msg in (("fwd_fp16_v9", "one of"), ("bwd_fp16_v3", "a bwd kernel"), ("fwd_fp32_v1", "does not take"),
                         ("fwd_fp32_v2", "does not take")):

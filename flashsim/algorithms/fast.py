@@ -72,7 +72,8 @@ What is assumed, and where it is exact:
   memory, 16 bytes a thread a store: whole rows, as the fp16 forwards do.
 * Reductions: bwd_fp16_v3's ``red.v2`` cover a row's 32 bytes per lane quad (whole rows in all);
   bwd_fp32_v1's ``red.v4`` a row's 32-column chunk per request (rows 4 apart: counted row by
-  row); bwd_fp32_v2's ``red.v4`` 16 bytes in each of 4 sectors, two requests a sector.
+  row); bwd_fp32_v2's ``red.v4`` 16 bytes in each of 4 sectors, two requests a sector (at d %
+  8 == 4, rows 16-byte aligned, each request still within one sector).
 * The elementwise launches (``zero_fill``, ``dq_to_f16``: grid-stride loops, a warp 32
   consecutive elements) are stated per query head: exact when a head's slice is a whole number
   of sectors (Nq·d·4 bytes a multiple of 32), else a sector two heads share counts twice.

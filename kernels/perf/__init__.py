@@ -38,11 +38,12 @@ import importlib
 #: too, not timed against v1), v1
 #: elsewhere and where the caller asks for a deterministic backward (v3's dQ is summed by
 #: atomics: :data:`ATOMIC`).  The fp32 backward takes bwd_fp32_v2 (3xTF32 on the tensor cores, as
-#: accurate as v1's FFMA) at every d % 8 == 0 from 16 to 128 (padded on chip to 32, 64 or 128;
+#: accurate as v1's FFMA) at every d % 4 == 0 from 16 to 128 (padded on chip to 32, 64 or 128;
 #: with its loops two k-steps an iteration, H200 at N = 4,096: 1.04x naive fp32 at d = 128, 1.23x
 #: at 64, 0.99x and 1.02x at 80 and 112 where v1 runs 0.74-0.75x, 1.77x and 1.19x at 16 and 40
-#: where v1 runs 1.60x and 1.14x; kernels/data/bwd_fp32_v2_unr_h200_250bb44), v1 (any d % 4 == 0)
-#: elsewhere: at d = 8 v1 1.77x naive, v2 1.73x; the fp32 forward
+#: where v1 runs 1.60x and 1.14x; kernels/data/bwd_fp32_v2_unr_h200_250bb44; at d % 8 == 4 1.18x
+#: and 0.99x at d = 44 and 100 where v1 runs 1.10x and 0.76x: kernels/data/bwd_fp32_v2_d4_h200_f840550),
+#: v1 at d = 4, 8 and 12: at d = 8 v1 1.77x naive, v2 1.73x; the fp32 forward
 #: takes fwd_fp32_v2 (3xTF32, 1.55-2.1x naive fp32 and 1.33-1.69x v1 on the H100, as accurate)
 #: at every d % 8 == 0 up to 128 (padded on chip to a multiple of 32: 1.09-1.57x v1 at d = 40, 80
 #: and 112 on the H200, kernels/data/fwd_fp32_v2_pad_h200_f93c02a), v1 elsewhere.  bf16 runs the

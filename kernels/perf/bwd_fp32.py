@@ -22,19 +22,21 @@ computed.  The measurements behind each line are in ``kernels/perf/NOTES.md`` ("
 * ``bwd_fp32_v1``: every product on FFMA, register-tiled like an SGEMM (exact fp32, ~1e-6).
   H200: 34.9 TFLOP/s at d = 64, N = 4,096 (0.98x naive), d = 128 0.72x; H100 (bench_h100_single_run.csv):
   1.12-1.13x naive at d = 64, 0.77x at d = 128; H200 off the grid 1.14x at d = 40, 0.73-0.75x at
-  d = 80-112, 1.57x at d = 16.  Shipped at d = 8 and d % 8 == 4.
+  d = 80-112, 1.57x at d = 16.  Shipped at d = 4, 8 and 12.
 * ``bwd_fp32_v2``: v1's schedule with every product on the TF32 tensor cores as 3xTF32
   (x = hi + lo, A·B ≈ A_lo·B_hi + A_hi·B_lo + A_hi·B_hi), each product summed in chunks in
   zeroed registers (the tensor core's adds round toward zero).  H100 at d58f3a9: 1.01-1.03x
   naive at d = 128, 1.21-1.24x at d = 64; worst gradient error 9.6e-7 to 1.2e-6 (v1 1.3e-6 to
-  3.1e-6 in the same run).  Any d % 8 == 0 up to 128, computed padded on chip to 32, 64 or 128
-  (zero columns): H200 at fb2f674 0.90-0.94x naive at d = 80-112 (1.23-1.29x v1), 1.07x at d = 40
-  (v1 1.14x), 0.95x at d = 128 (6daf391).  Fragment tiles swizzled (``swz``, af2b32e: the
-  stores after phase A conflict-free or 2-way where 4-way): 1.04-1.07x its own time before, 0.99x
-  naive at d = 128, 1.16x at 64, 0.94-0.95x at 80 and 112.  Loops two k-steps an iteration
-  (``unr``, 250bb44: 32-bit counters, one load check in two; 6.45 instructions an mma before, the
-  issue slots 47% busy): 1.04-1.06x its own time before, 1.04x naive at d = 128, 1.23x at 64,
-  0.99-1.02x at 80 and 112, 1.77x at 16.  Shipped at every d % 8 == 0 from 16 to 128.
+  3.1e-6 in the same run).  Any d % 8 == 0 up to 128 (d % 4 == 0 since f840550), computed
+  padded on chip to 32, 64 or 128 (zero columns): H200 at fb2f674 0.90-0.94x naive at d =
+  80-112 (1.23-1.29x v1), 1.07x at d = 40 (v1 1.14x), 0.95x at d = 128 (6daf391).  Fragment
+  tiles swizzled (``swz``, af2b32e: the stores after phase A conflict-free or 2-way where
+  4-way): 1.04-1.07x its own time before, 0.99x naive at d = 128, 1.16x at 64, 0.94-0.95x at 80
+  and 112.  Loops two k-steps an iteration (``unr``, 250bb44: 32-bit counters, one load check
+  in two; 6.45 instructions an mma before, the issue slots 47% busy): 1.04-1.06x its own time
+  before, 1.04x naive at d = 128, 1.23x at 64, 0.99-1.02x at 80 and 112, 1.77x at 16; at d % 8
+  == 4 (f840550) 1.18x at 44 and 0.99x at 100, where v1 runs 1.10x and 0.76x.  Shipped at every
+  d % 4 == 0 from 16 to 128.
 """
 
 from __future__ import annotations
