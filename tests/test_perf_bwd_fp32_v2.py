@@ -78,7 +78,12 @@ def test_two_k_steps_an_iteration_change_no_bit(cfg):
     q, k, v, do = inputs(8, 2, 1, 37, 41, 32)
     o, lse = (x.astype(np.float32) for x in attention_forward(q, k, v, causal=True))
     a, b = (bwd_fp32_v2.backward(q, k, v, o, lse, do, causal=True, unr=u, **cfg) for u in (False, True))
-    print(cfg, [float(np.abs(x - y).max()) for x, y in zip(a, b)])
+    _same_but_dq_order(a, b, cfg)
+
+
+def _same_but_dq_order(a, b, what):
+    """dK and dV the same bits, dQ (summed by atomics, in no fixed order) the same up to that order."""
+    print(what, [float(np.abs(x - y).max()) for x, y in zip(a, b)])
     assert np.array_equal(a[1], b[1]) and np.array_equal(a[2], b[2])
     np.testing.assert_allclose(a[0], b[0], rtol=0, atol=1e-6 * float(np.abs(a[0]).max()))
 
@@ -144,6 +149,4 @@ def test_two_k_steps_an_iteration_on_gpu(d):
     q, k, v, do = inputs(d, 4, 2, 1000, 1000, d)
     o, lse = (x.astype(np.float32) for x in attention_forward(q, k, v, causal=True))
     a, b = (bwd_fp32_v2.backward(q, k, v, o, lse, do, causal=True, unr=u) for u in (False, True))
-    print(d, [float(np.abs(x - y).max()) for x, y in zip(a, b)])
-    assert np.array_equal(a[1], b[1]) and np.array_equal(a[2], b[2])
-    np.testing.assert_allclose(a[0], b[0], rtol=0, atol=1e-6 * float(np.abs(a[0]).max()))
+    _same_but_dq_order(a, b, d)

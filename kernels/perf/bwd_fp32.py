@@ -434,6 +434,7 @@ def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, AK: int = 1, SWZ
     NRAW = max(4 * MA + 2 * NA, 4 * MB + 8 * UB, 4 * MC + 8 * UC)  # one k-step's operands, as loaded
     assert BC % 16 == 0 and BR % 16 == 0 and D % 4 == 0 and 1 <= NW <= tc.MAX_WARPS and KS % AK == 0
     UNR_A = UNR and (KS // AK) % 2 == 0  # phase A's chunks of k-steps taken two at a time
+    NCK = np.int32(AK) if UNR_A else AK  # its chunk count, counted in 32 bits with UNR_A
 
     start, load_step = _walk(BC, BR, NT, D, S, CAUSAL, KOFF, VOFF, QOFF, OOFF)
 
@@ -498,24 +499,19 @@ def _source_v2(D: int, BC: int, BR: int, NW: int, CAUSAL: bool, AK: int = 1, SWZ
         aa = tc.opaque_u32(aa)
         ba = tc.opaque_u32(ba)
         a_load(raw, sm, aa, ba, 0)
-        if UNR_A:  # two k-steps an iteration, 32-bit counters; only the second checks for a next
-            for ck in range(int32(AK)):
-                for x in range(NACC_A):
-                    ta[x] = 0.0
+        for ck in range(NCK):
+            for x in range(NACC_A):
+                ta[x] = 0.0
+            if UNR_A:  # two k-steps an iteration, 32-bit counters; only the second checks for a next
                 for k2 in range(int32(KS // AK // 2)):
                     k0 = ck * (KS // AK) + 2 * k2
                     a_step(ta, raw, ah, al, bh, bl, sm, aa, ba, k0, False)
                     a_step(ta, raw, ah, al, bh, bl, sm, aa, ba, k0 + 1, True)
-                for x in range(NACC_A):
-                    acc[x] += ta[x]
-        else:
-            for ck in range(AK):
-                for x in range(NACC_A):
-                    ta[x] = 0.0
+            else:
                 for kk in range(KS // AK):
                     a_step(ta, raw, ah, al, bh, bl, sm, aa, ba, ck * (KS // AK) + kk, True)
-                for x in range(NACC_A):
-                    acc[x] += ta[x]
+            for x in range(NACC_A):
+                acc[x] += ta[x]
 
     @_device
     def c_load(raw, sm, fa, ba, ks, M, U, TILE):
@@ -732,8 +728,9 @@ def default_config_v2(d: int) -> dict:
     with eight warps where they tile all three products (d = 64, 128), else 32 x 32 with two;
     phase A summed in chunks of 32 dims (ak = d / 32: 12 tensor-core adds a chunk); the product
     loops two k-steps an iteration (unr: the same mma in the same order, with half the loop
-    counting and load checks; not timed yet).  A prefetch of the next k-step's operands and Sᵀ,
-    dPᵀ in one loop were options until 0f39089 (NOTES.md): both were slower on the H100."""
+    counting and load checks; 1.03-1.07x on the H200, kernels/data/bwd_fp32_v2_unr_h200_250bb44).
+    A prefetch of the next k-step's operands and Sᵀ, dPᵀ in one loop were options until 0f39089
+    (NOTES.md): both were slower on the H100."""
     ak = padded_dim_v2(d) // 32
     for bc, br, nw in ((64, 64, 8), (32, 32, 2)):
         try:
