@@ -7,7 +7,10 @@
 #   offgrid-fwd   --shapes offgrid (the fixed list and 6 sampled shapes, seed 0), forward
 #   offgrid-bwd   the same shapes, backward
 #
-# every part in fp16, bf16 and fp32, 5 rounds of 5 timed calls per variant.  It stops starting
+# every part in fp16, bf16 and fp32, 5 rounds of 5 timed calls per variant: every shipped variant of
+# ours (kernels.perf.BEST) beside the peers, or only the variants BENCH_VARIANTS names (as
+# kernels.bench --variants, e.g. "naive sdpa_flash sdpa_mem_eff sdpa_cudnn best": the peers and the
+# one impl="auto" runs).  It stops starting
 # configurations after BUDGET_S seconds (default 480; the .meta.json lists what was not run,
 # for a later `--only`), and is killed at BUDGET_S + 60.  Writes $OUT/bench_<part>.csv,
 # .meta.json and .log.  Then, here, each record extended in place (the record itself the first
@@ -33,7 +36,8 @@ python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 set -o pipefail
 start=$(date +%s)
+vflags=${BENCH_VARIANTS:+--variants $BENCH_VARIANTS}
 # shellcheck disable=SC2086
-timeout $(( budget + 60 )) python3 -m kernels.bench $flags --dtypes fp16,bf16,fp32 --rounds 5 --repeat 5 \
+timeout $(( budget + 60 )) python3 -m kernels.bench $flags $vflags --dtypes fp16,bf16,fp32 --rounds 5 --repeat 5 \
     --budget "$budget" --out "$OUT/bench_$part.csv" 2>&1 | tee "$OUT/bench_$part.log"
 echo "bench $part: exit $? (124: killed at the time limit) in $(( $(date +%s) - start )) s" | tee -a "$OUT/bench_$part.log"
