@@ -2,6 +2,7 @@
 
     python -m kernels.bench_table kernels/data/bench_h100.csv            # print the table
     python -m kernels.bench_table kernels/data/bench_h100.csv [OFFGRID.csv ...] --readme README.md
+    python -m kernels.bench_table GRID.csv OFFGRID.csv --readme README.md --block h200
     python -m kernels.bench_table --merge OUT.csv PART.csv [PART.csv ...] [--force]
 
 The table has one line per configuration of the grid (pass, dtype, d, causal, N): the TFLOP/s of
@@ -13,8 +14,10 @@ rounds).  Rows of the off-grid shapes (``--shapes offgrid``), from the same CSV 
 CSVs given after it, make a second table, one line per shape, pass and dtype.  A peer or ours
 that does not take a configuration shows "n/a", listed with its reason under the tables, as are
 the variants that failed.  The provenance line is the first CSV's.  ``--readme`` replaces the
-block between the markers ``<!-- perf-table:start -->`` and ``<!-- perf-table:end -->``; the
-tests hold the README's block equal to the committed CSV's table.
+block between the markers ``<!-- perf-table:start -->`` and ``<!-- perf-table:end -->``, or with
+``--block NAME`` between ``<!-- perf-table-NAME:start -->`` and ``<!-- perf-table-NAME:end -->``
+(the README has one block per record: the H100's, and the H200's at one commit); the tests hold
+each README block equal to its committed CSVs' table.
 
 ``--merge`` joins CSVs written by separate ``kernels.bench`` runs (e.g. ``--only fwd-`` and
 ``--only bwd-``, to stay within a device call's time limit) into one, with a ``.meta.json``
@@ -35,6 +38,15 @@ from pathlib import Path
 from .bench import write
 
 START, END = "<!-- perf-table:start -->", "<!-- perf-table:end -->"
+
+
+def markers(block: str | None = None) -> tuple[str, str]:
+    """The README markers around the table block ``block`` (None: the first, unnamed one)."""
+    if block is None:
+        return START, END
+    if not block.replace("-", "").replace("_", "").isalnum():
+        raise ValueError(f"block={block!r}: letters, digits, '-' and '_' only")
+    return f"<!-- perf-table-{block}:start -->", f"<!-- perf-table-{block}:end -->"
 PEERS = ("naive", "sdpa_flash", "sdpa_cudnn")
 SHOWN = PEERS + ("sdpa_mem_eff",)  # mem-eff: the one SDPA backend that takes fp32
 
@@ -285,6 +297,7 @@ def main(argv=None) -> int:
     ap.add_argument("--readme", default=None, help="rewrite the table block of this file")
     ap.add_argument("--merge", nargs="+", default=None, metavar=("OUT", "PART"), help="merge PART CSVs into OUT")
     ap.add_argument("--force", action="store_true", help="with --merge: overwrite an existing OUT")
+    ap.add_argument("--block", default=None, help="with --readme: the named table block (perf-table-NAME)")
     a = ap.parse_args(argv)
     if a.merge:
         if len(a.merge) < 2:
@@ -300,13 +313,18 @@ def main(argv=None) -> int:
         ap.error("give a CSV (or --merge)")
     try:
         table = render_file(*a.csv)
+        start, end = markers(a.block)
+        if a.readme:
+            p = Path(a.readme)
+            text = replace_block(p.read_text(), table, start, end)
     except ValueError as e:
         print(f"flashsim: error: {e}", file=sys.stderr)
         return 2
     if a.readme:
-        p = Path(a.readme)
-        p.write_text(replace_block(p.read_text(), table))
-        print(f"rewrote the table in {p}")
+        tmp = p.with_name(p.name + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(p)
+        print(f"rewrote the table block {a.block or 'perf-table'} in {p}")
     else:
         sys.stdout.write(table)
     return 0

@@ -103,6 +103,33 @@ def test_readme_table_is_the_committed_csvs():
     assert block == "\n" + bench_table.render_file(CSV, *more), f"README's performance table is stale: run {fix}"
 
 
+def test_readme_h200_table_is_its_committed_csvs():
+    """The second block, the H200 record at one commit (grid and off-grid CSVs of one folder)."""
+    readme = (ROOT / "README.md").read_text()
+    start, end = bench_table.markers("h200")
+    block = readme.split(start, 1)[1].split(end, 1)[0]
+    rec = ROOT / "kernels" / "data" / "bench_h200_add3580"
+    parts = [rec / "bench_grid.csv", rec / "bench_offgrid.csv"]
+    fix = ("python -m kernels.bench_table " + " ".join(str(p.relative_to(ROOT)) for p in parts)
+           + " --readme README.md --block h200")
+    assert block == "\n" + bench_table.render_file(*parts), f"README's H200 table is stale: run {fix}"
+
+
+def test_a_block_name_is_checked_and_names_its_markers(tmp_path, capsys):
+    assert bench_table.markers("h200") == ("<!-- perf-table-h200:start -->", "<!-- perf-table-h200:end -->")
+    assert bench_table.markers(None) == (bench_table.START, bench_table.END)
+    with pytest.raises(ValueError, match="block="):
+        bench_table.markers("a b")
+    readme = tmp_path / "R.md"
+    readme.write_text("no blocks\n")
+    assert bench_table.main([str(CSV), "--readme", str(readme), "--block", "a b"]) == 2
+    assert bench_table.main([str(CSV), "--readme", str(readme), "--block", "h200"]) == 2
+    err = capsys.readouterr().err
+    print(err)
+    assert err.count("flashsim: error:") == 2 and "perf-table-h200" in err
+    assert readme.read_text() == "no blocks\n"
+
+
 def test_several_records_render_as_their_rows_together(tmp_path):
     a, b = tmp_path / "a.csv", tmp_path / "b.csv"
     a.write_text(TINY)
