@@ -257,20 +257,24 @@ _LAST = 1 << 40
 
 
 def _query_block_tiles(w: Workload, cols, q0, qn, k0, kn, vis_of, reads, writes, kv_steps, reverse=False,
-                       slice_of=None):
+                       slice_of=None, order=None):
     """``tiles(lo, hi)`` of a query-block kernel: grid (Tr, B·H), block (x, p) runs query block
     i = x (Tr - 1 - x with ``reverse``: longest first) of query head p (``slice_of(p)`` where the
-    grid orders the heads otherwise).  Step 0 loads the block's rows of each tensor in
-    ``reads``; K_j and V_j of each visible key block j come at steps ``kv_steps(j, i)`` (a pair
-    of key arrays: K's, V's), the ``writes`` at the end."""
+    grid orders the heads otherwise; with ``order``, arrays (i, p) by issue order, the block issued
+    l-th runs query block order[0][l] of head order[1][l]: ``fast.lpt_order``).  Step 0 loads
+    the block's rows of each tensor in ``reads``; K_j and V_j of each visible key block j come at
+    steps ``kv_steps(j, i)`` (a pair of key arrays: K's, V's), the ``writes`` at the end."""
     tr = len(q0)
 
     def tiles(lo, hi):
         P = _Parts(lo, hi, cols)
         b, x, p, _ = _grid_index(lo, hi, tr)
-        if slice_of is not None:
-            p = slice_of(p)
-        i = tr - 1 - x if reverse else x
+        if order is not None:
+            i, p = order[0][b], order[1][b]
+        else:
+            if slice_of is not None:
+                p = slice_of(p)
+            i = tr - 1 - x if reverse else x
         for name in reads:
             P.add(name, False, b, 0, p, q0[i], qn[i])
         bi, j = np.nonzero(vis_of()[i])
@@ -678,17 +682,20 @@ def _fast(schedule, w: Workload, config) -> None:
     cols = _cols(schedule)
     reverse = bool(w.causal)  # kernels.perf._tiles.query_block: longest first when causal
 
-    def query_kernel(t: Tiling, reads, writes, kv_steps):
+    def query_kernel(t: Tiling, reads, writes, kv_steps, lpt_heads=0):
         q0, qn = _rows(w.nq, t.block_m)
         k0, kn = _rows(w.nk, t.block_n)
         vis_of = cache(lambda: visible_blocks(w, t))
+        order = fast.lpt_order(len(q0), w.bh, lpt_heads) if lpt_heads else None
         return (len(q0), w.bh, 1), _query_block_tiles(w, cols, q0, qn, k0, kn, vis_of, reads, writes, kv_steps,
-                                                      reverse)
+                                                      reverse, order=order)
 
     specs = {}
     if name in fast.VARIANTS and fast.VARIANTS[name][0] == "fwd":
         if name in ("fwd_fp16_v4", "fwd_fp16_v5", "fwd_fp16_v7"):  # K_j, V_j a step ahead
-            grid, fn = query_kernel(tl["fwd"], ("Q",), ("L", "O"), lambda j, i: (j, j))
+            lpt = (bool(w.causal) and fast.parse_config(name, w.d, config).get("lpt", False)
+                   and fast.lpt_heads(w.nk, w.d, w.elem_bytes, w.group))
+            grid, fn = query_kernel(tl["fwd"], ("Q",), ("L", "O"), lambda j, i: (j, j), lpt_heads=lpt or 0)
         else:  # fp32: Q_i, K_0; then V_j and K_{j+1} in steps of their own
             grid, fn = query_kernel(tl["fwd"], ("Q",), ("O", "L"), lambda j, i: (2 * j, 2 * j + 1))
         specs[name] = BlockSpec(grid, *res["fwd"], fn)

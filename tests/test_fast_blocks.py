@@ -153,6 +153,37 @@ def test_fwd_fp16_v4_causal_blocks_by_hand():
         assert _steps(spec, 3)[0][0] == ("Q", "r", 1, 0, 128)  # block (1, 1): head 1, query block 0
 
 
+def test_lpt_heads_and_order_by_hand():
+    """Sections of heads whose K and V fit in 50 MiB, a power of 2 (times the group); then, within a
+    section, query block Tr - 1 of every head, Tr - 2, ... (the last section may hold fewer)."""
+    assert fast.lpt_heads(4096, 64, 2) == 32  # 1 MiB a head: 50 heads fit, 32 a section
+    assert fast.lpt_heads(4096, 64, 2, group=4) == 128
+    assert fast.lpt_heads(16384, 128, 2) == 4  # 8 MiB a head: 6 fit, 4 a section
+    assert fast.lpt_heads(1 << 20, 256, 2) == 1  # one head larger than the L2: sections of one
+    i, p = fast.lpt_order(3, 5, 2)
+    assert list(zip(i.tolist(), p.tolist())) == [(2, 0), (2, 1), (1, 0), (1, 1), (0, 0), (0, 1),
+                                                  (2, 2), (2, 3), (1, 2), (1, 3), (0, 2), (0, 3),
+                                                  (2, 4), (1, 4), (0, 4)]
+
+
+def test_fwd_fp16_v7_causal_lpt_blocks_by_hand():
+    """d = 64, Br = 128: B = 1, H = 3, N = 256, grid (2, 3).  With ``lpt`` (one section: the heads'
+    K and V fit) blocks 0-2 run query block 1 of heads 0, 1, 2 and blocks 3-5 query block 0; without
+    it block x of head y runs query block 1 - x.  The same tiles either way, in another order; not
+    causal, the option changes nothing."""
+    w = W(1, 3, 256, 64, causal=True)
+    lpt, grid = (build_schedule(w, "fast", "fwd", None, kernel="fwd_fp16_v7", config=dict(lpt=on)).launches[0].blocks
+                 for on in (True, False))
+    assert lpt.grid == grid.grid == (2, 3, 1)
+    assert [_steps(lpt, b)[0][0][2:4] for b in range(6)] == [(0, 128), (1, 128), (2, 128), (0, 0), (1, 0), (2, 0)]
+    assert [_steps(grid, b)[0][0][2:4] for b in range(6)] == [(0, 128), (0, 0), (1, 128), (1, 0), (2, 128), (2, 0)]
+    assert sorted(map(str, (_steps(lpt, b) for b in range(6)))) == sorted(map(str, (_steps(grid, b)
+                                                                                    for b in range(6))))
+    full = [build_schedule(W(1, 3, 256, 64), "fast", "fwd", None, kernel="fwd_fp16_v7",
+                           config=dict(lpt=on)).launches[0].blocks for on in (True, False)]
+    assert [_steps(full[0], b) for b in range(6)] == [_steps(full[1], b) for b in range(6)]
+
+
 def test_bwd_fp16_v3_blocks_by_hand():
     """d = 32 with the 64 x 128 block (the default there until 128 x 128 timed faster): bq = 64, bk = 128, 8
     warps (256 threads).  B = 1, H = 2, N = 200: key-block grid

@@ -14,6 +14,7 @@ import pytest
 from _fp16 import make
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from numba import cuda  # a module global: the CUDA simulator swaps it inside the kernel below
 from test_perf_kernels import SETTINGS, check_forward
 
 from kernels.perf import fwd_fp16_v5, fwd_fp16_v7
@@ -57,6 +58,47 @@ def test_forward_two_warpgroups_ragged_causal_gqa(variant):
     q, k, v, _ = make(5, 1, 2, 1, 37, 30, 64)
     o, lse = WG[variant].forward(q, k, v, causal=True, return_lse=True, bc=16, nw=8)
     check_forward(o, lse, q, k, v, True, label=f"{variant} two warpgroups")
+
+
+@pytest.mark.parametrize("variant", sorted(WG))
+def test_lpt_order_gives_the_same_bits(variant):
+    """``lpt`` (causal blocks longest first across heads) moves blocks, not arithmetic: O and L equal
+    grid order's bit for bit (GQA 2:1, B = 2, Nq > Nk: rows that see no key)."""
+    q, k, v, _ = make(11, 2, 2, 1, 70, 60, 64)
+    on, off = (WG[variant].forward(q, k, v, causal=True, return_lse=True, bc=16, nw=4, lpt=x) for x in (True, False))
+    check_forward(*on, q, k, v, True, label=f"{variant} lpt")
+    assert np.array_equal(on[0], off[0]) and np.array_equal(on[1], off[1])
+
+
+@pytest.mark.parametrize("group", [1, 2])
+def test_lpt_block_order_is_flashsims(group):
+    """The kernels' block set-up (``_tiles.query_block`` with ``LPT_KV_BYTES``) gives each block the
+    query block and head that flashsim's ``fast.lpt_order`` gives it, sections included: an L2 of
+    2.5 keys' K and V rows x Nk holds 2 kv heads, so sections of 2·group query heads, the last
+    one short (B·H = 5·group heads)."""
+    from flashsim.algorithms import fast
+    from kernels.perf._tiles import query_block
+
+    nk, kvb, tr, br = 64, 16, 3, 16
+    start = query_block(br, 16, True, LPT_KV_BYTES=kvb, LPT_L2=nk * kvb * 5 // 2)
+
+    @cuda.jit
+    def order(q, k, out):
+        i, b, h, hk, nq, nk, shift, r0, nblk = start(q, k)
+        if cuda.threadIdx.x == 0:
+            lin = cuda.blockIdx.x + cuda.blockIdx.y * cuda.gridDim.x
+            out[lin, 0] = i
+            out[lin, 1] = b * q.shape[1] + h
+
+    heads = 5 * group
+    q = np.zeros((1, heads, tr * br, 4), np.float16)
+    k = np.zeros((1, heads // group, nk, 4), np.float16)
+    out = np.full((tr * heads, 2), -1, np.int64)
+    order[(tr, heads), 32](q, k, out)
+    i, p = fast.lpt_order(tr, heads, fast.lpt_heads(nk, kvb // 4, 2, group, l2_bytes=nk * kvb * 5 // 2))
+    print(out.T, i, p)
+    assert fast.lpt_heads(nk, kvb // 4, 2, group, l2_bytes=nk * kvb * 5 // 2) == 2 * group
+    assert out[:, 0].tolist() == i.tolist() and out[:, 1].tolist() == p.tolist()
 
 
 @pytest.mark.parametrize("variant", sorted(WG))
@@ -120,6 +162,25 @@ def test_gpu_forward_head_dims(d):
         for causal in (False, True):
             o, lse = fwd_fp16_v5.forward(q, k, v, causal=causal, return_lse=True)
             check_forward(o, lse, q, k, v, causal, label=f"gpu v5 n={n} d={d} causal={causal}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+def test_gpu_v7_lpt(d):
+    """v7 with ``lpt`` on the GPU: against float64 (GQA 2:1, ragged), and bit for bit grid order's
+    O and L, also where the grid holds several sections (Nk = 16,384: 8 heads a section at d = 64,
+    4 at d = 128, of B·H = 10)."""
+    from flashsim.algorithms import fast
+
+    q, k, v, _ = make(d + 3, 2, 4, 2, 1000, 993, d)
+    on, off = (fwd_fp16_v7.forward(q, k, v, causal=True, return_lse=True, lpt=x) for x in (True, False))
+    check_forward(*on, q, k, v, True, label=f"gpu v7 lpt d={d}")
+    assert np.array_equal(on[0], off[0]) and np.array_equal(on[1], off[1])
+    q, k, v, _ = make(d + 4, 1, 10, 10, 16384, 16384, d)
+    assert fast.lpt_heads(16384, d, 2) == (8 if d == 64 else 4)
+    on, off = (fwd_fp16_v7.forward(q, k, v, causal=True, return_lse=True, lpt=x) for x in (True, False))
+    print(f"d={d}: max |O| {np.abs(on[0].astype(np.float32)).max():.3f}")
+    assert np.array_equal(on[0], off[0]) and np.array_equal(on[1], off[1])
 
 
 @pytest.mark.gpu

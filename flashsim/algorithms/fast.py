@@ -162,10 +162,11 @@ def default_config(name: str, d: int) -> dict:
         return dict(bc=64 if d <= 64 else 16 if 112 < d <= 128 else 32, nw=4, mt=2, qreg=True)
     if name == "fwd_fp16_v5":
         if d <= 64 or d > 192:
-            return dict(bc=64, nw=8, mt=1, qreg=False)
-        return dict(bc=32 if 128 < d <= 160 else 64 if d <= 96 else 48, nw=4, mt=1, qreg=False)
+            return dict(bc=64, nw=8, mt=1, qreg=False, lpt=LPT_DEFAULT)
+        return dict(bc=32 if 128 < d <= 160 else 64 if d <= 96 else 48, nw=4, mt=1, qreg=False, lpt=LPT_DEFAULT)
     if name == "fwd_fp16_v7":
-        return default_config("fwd_fp16_v5", d) if d in (96, 112, 128) else dict(bc=64, nw=8, mt=1, qreg=False)
+        return (default_config("fwd_fp16_v5", d) if d in (96, 112, 128)
+                else dict(bc=64, nw=8, mt=1, qreg=False, lpt=LPT_DEFAULT))
     if name == "fwd_fp32_v1":
         return dict(bc=64, nw=4, rm=4, unroll=2, minb=2) if d <= 64 else dict(bc=32, nw=4, rm=4, unroll=2, minb=1)
     if name == "fwd_fp32_v2":
@@ -308,6 +309,39 @@ def _config_dict(config) -> dict:
     if not isinstance(config, dict):
         raise ValueError(f"config={config!r}: a dict or 'key=value,...'")
     return config
+
+
+#: fwd_fp16_v5's and v7's ``lpt`` (causal blocks longest first across heads: :func:`lpt_heads`).
+LPT_DEFAULT = False
+#: The L2 bytes a section of :func:`lpt_heads` may fill with K and V (kernels.perf._tiles.LPT_L2_BYTES).
+LPT_L2_BYTES = 50 << 20
+
+
+def lpt_heads(nk: int, d: int, elem_bytes: int, group: int = 1, l2_bytes: int = LPT_L2_BYTES) -> int:
+    """The query heads of a section of fwd_fp16_v5's and v7's causal grid with ``lpt``
+    (``kernels.perf._tiles.query_block``, the same rule): the largest power of 2 of kv heads whose K
+    and V (Nk rows of d elements each) fit in ``l2_bytes``, at least 1, times the ``group`` query
+    heads a kv head.  The blocks of a section run longest first (query block Tr − 1 of every head
+    of the section, then Tr − 2, ...), so that the longest blocks start in the first wave while the
+    blocks in flight share the K and V of at most that many heads through the L2
+    (FlashAttention's SingleTileLPTScheduler, whose L2 figure this is)."""
+    fit = l2_bytes // max(1, nk * 2 * d * elem_bytes)
+    big = 1
+    while big * 2 <= fit:
+        big *= 2
+    return big * group
+
+
+def lpt_order(tr: int, bh: int, heads: int) -> tuple[np.ndarray, np.ndarray]:
+    """(query block, head) of each block of a (Tr, B·H) grid in issue order under :func:`lpt_heads`'s
+    sections of ``heads`` query heads: block l is in section s = l // (heads·Tr), whose g heads
+    (``heads``, fewer in the last) take query blocks Tr − 1, Tr − 2, ... in turn."""
+    lin = np.arange(tr * bh, dtype=np.int64)
+    sec = lin // (heads * tr)
+    g = np.minimum(heads, bh - sec * heads)
+    w = lin - sec * heads * tr
+    x = w // g
+    return tr - 1 - x, sec * heads + w - x * g
 
 
 def longest_first_runs(bk: int, kv_blocks: int) -> bool:

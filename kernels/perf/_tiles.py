@@ -5,8 +5,9 @@ row strides, warps), it returns ``tc.device_inline`` device functions, so the ke
 if the code were written out in it (constant trip counts, no call frames).
 
 * Block set-up: :func:`query_block` (the forwards and bwd_fp16_v1's dQ kernel: one block per
-  query block, longest first when causal) and :func:`key_block` (the backwards' dK/dV kernels:
-  one block per key block, walking the query blocks of every query head of the group).
+  query block, longest first when causal, across heads in L2-sized sections with
+  ``LPT_KV_BYTES``) and :func:`key_block` (the backwards' dK/dV kernels: one block per key
+  block, walking the query blocks of every query head of the group).
 * Scalars: :func:`lse_log2` (a row's L·log2e, +inf where the row sees no key, so P = 0 there).
 * fp16 tiles (``fwd_fp16``, ``bwd_fp16``): :func:`f16_copy`, :func:`f16_chunks` (cp.async
   copies of a tile into shared memory, the copy of a finished tile out), :func:`f16_swizzled`
@@ -45,23 +46,55 @@ def lse_log2(lse, b, h, row, nq):
 # Block set-up
 
 
-def query_block(BR: int, BC: int, CAUSAL: bool):
+#: The L2 bytes a causal forward's section of heads may fill with K and V (``query_block``'s
+#: ``LPT``): FlashAttention's LPT tile scheduler takes 50 MiB on every Hopper
+#: (flash_attn/cute/tile_scheduler.py, SingleTileLPTScheduler); flashsim.algorithms.fast.lpt_heads
+#: is the same rule.
+LPT_L2_BYTES = 50 << 20
+
+
+def query_block(BR: int, BC: int, CAUSAL: bool, LPT_KV_BYTES: int = 0, LPT_L2: int = LPT_L2_BYTES):
     """``start(q, k)`` for a block of BR query rows (grid (Tr, B·H)): (i, b, h, hk, nq, nk, shift,
     r0, nblk), the block's index (launched longest first when causal: block x runs query block
     Tr - 1 - x), batch, head, kv head (grouped-query attention: nh / nhk query heads a kv head),
     lengths, the causal shift Nk - Nq (bottom-right alignment), first row, and the number of key
-    blocks of BC keys it sees (causal: up to the one holding its last row's last visible key)."""
+    blocks of BC keys it sees (causal: up to the one holding its last row's last visible key).
+
+    With ``LPT_KV_BYTES`` (causal only: the bytes of one key's K and V rows) the grid runs
+    longest first across heads too, in sections of G query heads whose K and V fit in
+    ``LPT_L2`` bytes (G = the largest power of 2 <= LPT_L2 // (Nk · LPT_KV_BYTES), at least 1,
+    times the query heads a kv head): the block the hardware issues l-th (l = x + y·Tr) is in
+    section s = l // (G·Tr) and takes, with g = min(G, B·H − s·G) heads in the section and
+    w = l − s·G·Tr, query block Tr − 1 − w // g of head s·G + w % g.  Without it each head's
+    blocks run longest first, but the last heads' longest blocks start in the last wave."""
+    LPT = CAUSAL and LPT_KV_BYTES > 0
 
     @_device
     def start(q, k):
-        i = cuda.gridDim.x - 1 - cuda.blockIdx.x if CAUSAL else cuda.blockIdx.x
-        bh = cuda.blockIdx.y
         nh = q.shape[1]
+        nq = q.shape[2]
+        nk = k.shape[2]
+        if LPT:
+            tr = cuda.gridDim.x
+            nbh = cuda.gridDim.y
+            fit = LPT_L2 // max(1, nk * LPT_KV_BYTES)
+            big = 1
+            while big * 2 <= fit:
+                big *= 2
+            big *= nh // k.shape[1]
+            lin = cuda.blockIdx.x + cuda.blockIdx.y * tr
+            sec = lin // (big * tr)
+            g = min(big, nbh - sec * big)
+            w = lin - sec * big * tr
+            x = w // g
+            bh = sec * big + w - x * g
+            i = tr - 1 - x
+        else:
+            i = cuda.gridDim.x - 1 - cuda.blockIdx.x if CAUSAL else cuda.blockIdx.x
+            bh = cuda.blockIdx.y
         b = bh // nh
         h = bh % nh
         hk = h // (nh // k.shape[1])
-        nq = q.shape[2]
-        nk = k.shape[2]
         shift = nk - nq
         r0 = i * BR
         tcount = (nk + BC - 1) // BC

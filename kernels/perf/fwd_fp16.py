@@ -123,7 +123,7 @@ def smem_bytes_v5(dp: int, br: int, bc: int) -> int:
 
 
 def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: bool = True, BF16: bool = False,
-            WG: bool = False, TMA: bool = False):
+            WG: bool = False, TMA: bool = False, LPT: bool = False):
     DP = padded_head_dim(D)
     BR = 16 * NW * MT
     NT = 32 * NW
@@ -187,7 +187,7 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
             acc[x + 2] *= alpha_1
             acc[x + 3] *= alpha_1
 
-    start = query_block(BR, BC, CAUSAL)
+    start = query_block(BR, BC, CAUSAL, LPT_KV_BYTES=4 * D if LPT else 0)  # K's and V's rows: 2·d halves
     q_load, _, q_store, _ = f16_copy(BR, D, S, NT)
     _, kv_load2, _, _ = f16_copy(BC, D, S, NT)
     CPT, kv_chunks, kv_load2c = f16_chunks(BC, D, S, NT)
@@ -396,8 +396,8 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
 
 @cache
 def kernel(d: int, bc: int, nw: int, mt: int, causal: bool, qreg: bool, lazy: bool = True, bf16: bool = False,
-           wg: bool = False, tma: bool = False):
-    fn, nt, br = _source(d, bc, nw, mt, causal, qreg, lazy, bf16, wg, tma)
+           wg: bool = False, tma: bool = False, lpt: bool = False):
+    fn, nt, br = _source(d, bc, nw, mt, causal, qreg, lazy, bf16, wg, tma, lpt)
     return tc.jit_kernel(fn, nt), nt, br
 
 
@@ -434,6 +434,11 @@ def default_config_v4(d: int) -> dict:
     return dict(bc=64 if d <= 64 else 16 if 112 < d <= 128 else 32, nw=4, mt=2, qreg=True)
 
 
+#: v5's and v7's ``lpt``: causal blocks longest first across heads, in sections of heads whose K
+#: and V fit in the L2 (:func:`kernels.perf._tiles.query_block`; not timed yet).
+LPT = False
+
+
 def default_config_v5(d: int) -> dict:
     """Two warpgroups (8 warps, 128 query rows) with Bc = 64 at d <= 64 (112 registers at d = 64: two
     blocks an SM); one warpgroup (4 warps, 64 rows) with Bc = 64 at 64 < d <= 96, Bc = 48 at
@@ -461,12 +466,12 @@ def default_config_v5(d: int) -> dict:
     (``flashsim.algorithms.fast.fit_to_grid``): one warpgroup at d <= 64 and above 192, Bc = 64 at
     96 < d <= 128."""
     if d <= 64:
-        return dict(bc=64, nw=8, mt=1, qreg=False)
+        return dict(bc=64, nw=8, mt=1, qreg=False, lpt=LPT)
     if d <= 128:
-        return dict(bc=64 if d <= 96 else 48, nw=4, mt=1, qreg=False)
+        return dict(bc=64 if d <= 96 else 48, nw=4, mt=1, qreg=False, lpt=LPT)
     if d <= 192:
-        return dict(bc=32 if d <= 160 else 48, nw=4, mt=1, qreg=False)
-    return dict(bc=64, nw=8, mt=1, qreg=False)
+        return dict(bc=32 if d <= 160 else 48, nw=4, mt=1, qreg=False, lpt=LPT)
+    return dict(bc=64, nw=8, mt=1, qreg=False, lpt=LPT)
 
 
 def default_config_v7(d: int) -> dict:
@@ -480,7 +485,7 @@ def default_config_v7(d: int) -> dict:
     1.04-1.18x v5 on the grid rows, N 1,024-16,384, causal or not (``grid_final.csv``)."""
     if d in (96, 112, 128):
         return default_config_v5(d)
-    return dict(bc=64, nw=8, mt=1, qreg=False)
+    return dict(bc=64, nw=8, mt=1, qreg=False, lpt=LPT)
 
 
 def supports(dtype, d: int) -> bool:
