@@ -29,8 +29,9 @@ DECODE_FIELDS = ("num_splits", "page_size")
 #: Configuration fields of the fast set beyond :data:`analysis.measure.CONFIG_FIELDS`
 #: (``longest_first``: bwd_fp16_v3's causal key-block order; ``bulkq``: its dQ by bulk reductions
 #: instead of ``red.v2``; ``ostage``: fwd_fp32_v2's O stored through shared memory; ``qfrag``: its Q
-#: split a fragment tile at a time), recorded when a set has them.
-FAST_FIELDS = ("longest_first", "bulkq", "ostage", "qfrag")
+#: split a fragment tile at a time; ``lpt``: fwd_fp16_v5's and v7's causal block order), recorded
+#: when a set has them.
+FAST_FIELDS = ("longest_first", "bulkq", "ostage", "qfrag", "lpt")
 
 
 def workload_of(cfg: dict) -> Workload:

@@ -43,9 +43,14 @@ FAST_KERNELS = tuple(fast.VARIANTS)
 #: reductions (``bulkq``; a default at f49547c above d = 128, at e4caee9 from d = 96, d = 112 since,
 #: d = 64 too since 2026-11-28; red.v2 without it), fwd_fp32_v2's O through shared memory
 #: (``ostage``, 88f4ef8; scalar stores without it) and its Q split a fragment tile at a time
-#: (``qfrag``, 2026-11-29; split_q's 16-byte chunks without it).  bwd_fp16_v3's ``longest_first``
-#: is a column too, of causal records only (:func:`sim_options`).
+#: (``qfrag``, 2026-11-29; split_q's 16-byte chunks without it).
 RECORD_KNOBS = {"bwd_fp16_v3": ("bulkq",), "fwd_fp32_v2": ("ostage", "qfrag")}
+
+#: variant -> the knob of its causal block order, a column of causal records only (absent: grid
+#: order, which every causal record made before the knob ran): bwd_fp16_v3's ``longest_first``
+#: (key blocks), fwd_fp16_v5's and v7's ``lpt`` (query blocks longest first across heads; v7's
+#: default since 2026-11-29).
+CAUSAL_ORDER = {"bwd_fp16_v3": "longest_first", "fwd_fp16_v5": "lpt", "fwd_fp16_v7": "lpt"}
 
 #: The SM count the sets are laid out for (the H100's and the H200's): where the launcher narrows a
 #: forward's blocks for a small grid (``fast.fit_to_grid``), a configuration names the tiles it runs.
@@ -63,8 +68,8 @@ def _cfg(kernel: str, n: int, d: int, causal: bool = False, batch: int = 1, head
     cfg = {"kernel": kernel, "pass": pass_, "batch": batch, "heads": heads, "kv_heads": kv_heads or heads,
            "seq_len_q": n, "seq_len_k": n, "head_dim": d, "dtype": dtype, "causal": causal,
            "block_m": t.block_m, "block_n": t.block_n}
-    if kernel == "bwd_fp16_v3" and causal:  # the key-block order the kernel runs (a column of the record)
-        cfg["longest_first"] = fast.default_config(kernel, d)["longest_first"]
+    if kernel in CAUSAL_ORDER and causal:  # the block order the kernel runs (a column of the record)
+        cfg[CAUSAL_ORDER[kernel]] = fast.default_config(kernel, d)[CAUSAL_ORDER[kernel]]
     for knob in RECORD_KNOBS.get(kernel, ()):  # the knob's value the kernel runs with (a column of the record)
         cfg[knob] = fast.default_config(kernel, d)[knob]
     return cfg
@@ -169,17 +174,19 @@ def sim_options(cfg: dict) -> dict:
     today (a record measured before a default changed keeps its own tiles: fwd_fp16_v4 at d = 128
     ran Bc = 32 until the tuner's Bc = 16; fwd_fp16_v5 at d = 128 two warpgroups, 128 x 128, until
     532db74's record gave it one, 64 x 64; a small grid's narrowed block, :func:`fast.fit_to_grid`).
-    ValueError where no block-shape override of the variant gives the record's tiles.  bwd_fp16_v3
-    causal: the key-block order of the record's ``longest_first`` column, grid order without it;
-    its dQ by bulk reductions where the record's ``bulkq`` column says so, by ``red.v2`` without it.
+    ValueError where no block-shape override of the variant gives the record's tiles.  Causal
+    bwd_fp16_v3, fwd_fp16_v5 and v7: the block order of the record's ``longest_first`` or ``lpt``
+    column (:data:`CAUSAL_ORDER`), grid order without it.  bwd_fp16_v3's dQ by bulk reductions
+    where the record's ``bulkq`` column says so, by ``red.v2`` without it.
     fwd_fp32_v2: O through shared memory where the record's ``ostage`` column says so, by scalar
     stores without it (every record made before that default); Q split a fragment tile at a time
     where its ``qfrag`` column says so, by split_q's chunks without it."""
     opts = _block_options(cfg)
-    if cfg["kernel"] == "bwd_fp16_v3" and cfg.get("causal") and not cfg.get("longest_first"):
-        # a causal record without the column (every record made before bwd_fp16_v3's knob
-        # longest_first) ran its key blocks in grid order: the L2 model issues them so
-        opts["config"] = {**opts.get("config", {}), "longest_first": False}
+    order = CAUSAL_ORDER.get(cfg["kernel"])
+    if order and cfg.get("causal") and not cfg.get(order):
+        # a causal record without the column (every record made before the variant's knob) ran
+        # its blocks in grid order: the L2 model issues them so
+        opts["config"] = {**opts.get("config", {}), order: False}
     for knob in RECORD_KNOBS.get(cfg["kernel"], ()):
         # a record without the column (every one made before the knob's default: see RECORD_KNOBS)
         # ran the kernel without it

@@ -24,7 +24,8 @@ kernels/standard.py, kernels/perf) and PyTorch's vendored FlashAttention-2 launc
 * **fast** (kernels/perf, :mod:`flashsim.algorithms.fast`), flash2's builders with the kernels'
   orders: threads 32 per warp and dynamic shared memory as the launchers ask
   (``fast.block_resources``).  Forwards: grid (Tr, B·H), block x runs query block i = x, or
-  Tr - 1 - x when causal (longest first); fwd_fp16_v4: step Q_i, K_0, V_0 (one cp.async
+  Tr - 1 - x when causal (longest first; fwd_fp16_v7 causal with ``lpt``, its default: longest
+  first across sections of ``fast.lpt_heads`` heads, ``fast.lpt_order``); fwd_fp16_v4: step Q_i, K_0, V_0 (one cp.async
   group), then one step per further visible key block (K_j, V_j, copied a step ahead), then L_i
   and O_i; the fp32 forwards: step Q_i, K_0, then V_j and K_{j+1} in steps of their own, then
   O_i, L_i.  Backwards: the preprocess (flash2's, Br = 64); the key-block kernel, grid (Tc,

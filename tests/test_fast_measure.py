@@ -297,6 +297,18 @@ def test_a_causal_bwd_fp16_v3_record_keeps_its_key_block_order():
     assert all(c.get("longest_first") is (True if c["causal"] else None) for c in sets)
 
 
+def test_a_causal_fwd_fp16_v7_record_keeps_its_block_order():
+    """Records made before v7's ``lpt`` ran causal blocks in grid order (no column): so does the L2
+    model for them; the fast set records the knob on its causal v7 configurations."""
+    row = {"kernel": "fwd_fp16_v7", "head_dim": 64, "block_m": 128, "block_n": 64, "causal": True}
+    assert fast_set.sim_options(row) == {"kernel": "fwd_fp16_v7", "config": {"lpt": False}}
+    assert fast_set.sim_options(dict(row, lpt=True)) == {"kernel": "fwd_fp16_v7"}
+    assert fast_set.sim_options(dict(row, causal=False)) == {"kernel": "fwd_fp16_v7"}
+    sets = [c for c in fast_set.fast_set() if c["kernel"] == "fwd_fp16_v7"]
+    assert any(c["causal"] for c in sets)
+    assert all(c.get("lpt") is (True if c["causal"] else None) for c in sets)
+
+
 def test_a_bwd_fp16_v3_record_keeps_its_dq_reductions():
     """Records made before dQ by bulk reductions became bwd_fp16_v3's default at d = 96-128
     (e4caee9; above d = 128 at f49547c) have no ``bulkq`` column and reduced dQ by red.v2: compare

@@ -48,7 +48,7 @@ def test_v5_rule_by_hand():
     assert fast.fit_to_grid("fwd_fp16_v5", c128, {"bc": 48}, 8192, 1, 132, d=128) == c128
     # d = 192 (Bc = 48 too): Bc = 64 would leave one block an SM (123 KB of shared memory): kept
     c192 = fast.default_config("fwd_fp16_v5", 192)
-    assert c192 == dict(bc=48, nw=4, mt=1, qreg=False, lpt=fast.LPT_DEFAULT)
+    assert c192 == dict(bc=48, nw=4, mt=1, qreg=False, lpt=False)
     assert fast.fit_to_grid("fwd_fp16_v5", c192, {}, 8192, 1, 132, d=192) == c192
     # above d = 192 two warpgroups, which a small grid narrows to one as at d = 64
     c256 = fast.default_config("fwd_fp16_v5", 256)

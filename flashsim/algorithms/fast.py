@@ -14,7 +14,7 @@ Variants (the names the records use) and their launches, in launch order:
   same loads and stores as v4's;
   ``fwd_fp16_v7`` v5 with K_j and V_j copied by the TMA unit, traffic class "bulk", not LSU
   loads, the same rows; Br = 128, Bc = 64 but at d = 96, 112 and 128, where it takes v5's
-  blocks),
+  blocks; causal, its blocks run longest first across sections of heads, ``lpt``: :func:`lpt_heads`),
   ``fwd_fp32_v1`` (fp32 forward, FFMA; what BEST runs at d not a multiple
   of 8 and above 128; Br = 4·rm·nw = 64, Bc = 64 at d <= 64, 32 above) and ``fwd_fp32_v2`` (fp32
   forward as 3xTF32 on the tensor cores, d % 8 == 0 up to 128, padded on chip with zero columns to
@@ -160,13 +160,13 @@ def default_config(name: str, d: int) -> dict:
         if d > 128:
             return dict(bc=32, nw=8, mt=1, qreg=True) if d > 192 else dict(bc=32, nw=8, mt=2, qreg=False)
         return dict(bc=64 if d <= 64 else 16 if 112 < d <= 128 else 32, nw=4, mt=2, qreg=True)
-    if name == "fwd_fp16_v5":
+    if name == "fwd_fp16_v5":  # lpt: causal blocks longest first across heads (lpt_heads)
         if d <= 64 or d > 192:
-            return dict(bc=64, nw=8, mt=1, qreg=False, lpt=LPT_DEFAULT)
-        return dict(bc=32 if 128 < d <= 160 else 64 if d <= 96 else 48, nw=4, mt=1, qreg=False, lpt=LPT_DEFAULT)
+            return dict(bc=64, nw=8, mt=1, qreg=False, lpt=False)
+        return dict(bc=32 if 128 < d <= 160 else 64 if d <= 96 else 48, nw=4, mt=1, qreg=False, lpt=False)
     if name == "fwd_fp16_v7":
-        return (default_config("fwd_fp16_v5", d) if d in (96, 112, 128)
-                else dict(bc=64, nw=8, mt=1, qreg=False, lpt=LPT_DEFAULT))
+        return dict(default_config("fwd_fp16_v5", d), lpt=True) if d in (96, 112, 128) else dict(
+            bc=64, nw=8, mt=1, qreg=False, lpt=True)
     if name == "fwd_fp32_v1":
         return dict(bc=64, nw=4, rm=4, unroll=2, minb=2) if d <= 64 else dict(bc=32, nw=4, rm=4, unroll=2, minb=1)
     if name == "fwd_fp32_v2":
@@ -311,8 +311,6 @@ def _config_dict(config) -> dict:
     return config
 
 
-#: fwd_fp16_v5's and v7's ``lpt`` (causal blocks longest first across heads: :func:`lpt_heads`).
-LPT_DEFAULT = False
 #: The L2 bytes a section of :func:`lpt_heads` may fill with K and V (kernels.perf._tiles.LPT_L2_BYTES).
 LPT_L2_BYTES = 50 << 20
 

@@ -434,11 +434,6 @@ def default_config_v4(d: int) -> dict:
     return dict(bc=64 if d <= 64 else 16 if 112 < d <= 128 else 32, nw=4, mt=2, qreg=True)
 
 
-#: v5's and v7's ``lpt``: causal blocks longest first across heads, in sections of heads whose K
-#: and V fit in the L2 (:func:`kernels.perf._tiles.query_block`; not timed yet).
-LPT = False
-
-
 def default_config_v5(d: int) -> dict:
     """Two warpgroups (8 warps, 128 query rows) with Bc = 64 at d <= 64 (112 registers at d = 64: two
     blocks an SM); one warpgroup (4 warps, 64 rows) with Bc = 64 at 64 < d <= 96, Bc = 48 at
@@ -466,12 +461,12 @@ def default_config_v5(d: int) -> dict:
     (``flashsim.algorithms.fast.fit_to_grid``): one warpgroup at d <= 64 and above 192, Bc = 64 at
     96 < d <= 128."""
     if d <= 64:
-        return dict(bc=64, nw=8, mt=1, qreg=False, lpt=LPT)
+        return dict(bc=64, nw=8, mt=1, qreg=False, lpt=False)
     if d <= 128:
-        return dict(bc=64 if d <= 96 else 48, nw=4, mt=1, qreg=False, lpt=LPT)
+        return dict(bc=64 if d <= 96 else 48, nw=4, mt=1, qreg=False, lpt=False)
     if d <= 192:
-        return dict(bc=32 if d <= 160 else 48, nw=4, mt=1, qreg=False, lpt=LPT)
-    return dict(bc=64, nw=8, mt=1, qreg=False, lpt=LPT)
+        return dict(bc=32 if d <= 160 else 48, nw=4, mt=1, qreg=False, lpt=False)
+    return dict(bc=64, nw=8, mt=1, qreg=False, lpt=False)
 
 
 def default_config_v7(d: int) -> dict:
@@ -482,10 +477,18 @@ def default_config_v7(d: int) -> dict:
     d = 136 where one ran 0.75x and 1.00x (``tune72/``, ``tune136/``), and 1.05-2.32x at every d from
     64 to 256 (``sweep_2wg.csv``), above v5's blocks everywhere but at d = 96 (1.05x against
     1.32-1.35x), 112 (1.45x against 1.51x) and 128 (1.29x against 1.39-1.40x); with v5's block there,
-    1.04-1.18x v5 on the grid rows, N 1,024-16,384, causal or not (``grid_final.csv``)."""
+    1.04-1.18x v5 on the grid rows, N 1,024-16,384, causal or not (``grid_final.csv``).
+
+    ``lpt`` (causal blocks longest first across heads, in sections of heads whose K and V fit in
+    50 MiB: :func:`kernels.perf._tiles.query_block`): on an H200 at 8a88e34
+    (kernels/data/fwd_fp16_v7_lpt_h200_8a88e34, ``kernels.perf.tune``, lpt off and on alternated
+    three times) 0.86x grid order's time at d = 64, N = 1,024, B·H = 64; 0.93x at N = 4,096 and at
+    N = 16,384, B·H = 16; at d = 128 0.91x, 0.97x and 0.95x there; one run at N = 16,384, B·H = 64
+    (16 sections of 4 heads at d = 128): 0.99x at d = 64, 1.04x and 0.99x at d = 128.  v5 keeps grid
+    order (not timed with it)."""
     if d in (96, 112, 128):
-        return default_config_v5(d)
-    return dict(bc=64, nw=8, mt=1, qreg=False, lpt=LPT)
+        return dict(default_config_v5(d), lpt=True)
+    return dict(bc=64, nw=8, mt=1, qreg=False, lpt=True)
 
 
 def supports(dtype, d: int) -> bool:
