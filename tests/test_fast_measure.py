@@ -284,29 +284,21 @@ def test_a_record_keeps_its_own_block_shape_when_the_default_moves():
         fast_set.sim_options(dict(row, block_m=96))
 
 
-def test_a_causal_bwd_fp16_v3_record_keeps_its_key_block_order():
-    """Records made before bwd_fp16_v3's longest_first have no such column: the L2 model issues
-    their causal key blocks in grid order.  The fast set now records the knob, and a record that
-    names it keeps the default order."""
-    row = {"kernel": "bwd_fp16_v3", "head_dim": 128, "block_m": 64, "block_n": 128, "causal": True, "bulkq": True}
-    assert fast_set.sim_options(row) == {"kernel": "bwd_fp16_v3", "config": {"longest_first": False}}
-    assert fast_set.sim_options(dict(row, longest_first=True)) == {"kernel": "bwd_fp16_v3"}
-    assert fast_set.sim_options(dict(row, causal=False)) == {"kernel": "bwd_fp16_v3"}
-    sets = [c for c in fast_set.fast_set() if c["kernel"] == "bwd_fp16_v3"]
+@pytest.mark.parametrize("row, knob", [
+    ({"kernel": "bwd_fp16_v3", "head_dim": 128, "block_m": 64, "block_n": 128, "bulkq": True}, "longest_first"),
+    ({"kernel": "fwd_fp16_v7", "head_dim": 64, "block_m": 128, "block_n": 64}, "lpt")], ids=lambda x: str(x)[:20])
+def test_a_causal_record_keeps_its_block_order(row, knob):
+    """Records made before bwd_fp16_v3's ``longest_first`` (key blocks) or fwd_fp16_v7's ``lpt``
+    (query blocks longest first across heads) have no such column: the L2 model issues their causal
+    blocks in grid order.  The fast set now records the knob on its causal configurations, and a
+    record that names it keeps the default order."""
+    name, row = row["kernel"], dict(row, causal=True)
+    assert fast_set.sim_options(row) == {"kernel": name, "config": {knob: False}}
+    assert fast_set.sim_options(dict(row, **{knob: True})) == {"kernel": name}
+    assert fast_set.sim_options(dict(row, causal=False)) == {"kernel": name}
+    sets = [c for c in fast_set.fast_set() if c["kernel"] == name]
     assert any(c["causal"] for c in sets)
-    assert all(c.get("longest_first") is (True if c["causal"] else None) for c in sets)
-
-
-def test_a_causal_fwd_fp16_v7_record_keeps_its_block_order():
-    """Records made before v7's ``lpt`` ran causal blocks in grid order (no column): so does the L2
-    model for them; the fast set records the knob on its causal v7 configurations."""
-    row = {"kernel": "fwd_fp16_v7", "head_dim": 64, "block_m": 128, "block_n": 64, "causal": True}
-    assert fast_set.sim_options(row) == {"kernel": "fwd_fp16_v7", "config": {"lpt": False}}
-    assert fast_set.sim_options(dict(row, lpt=True)) == {"kernel": "fwd_fp16_v7"}
-    assert fast_set.sim_options(dict(row, causal=False)) == {"kernel": "fwd_fp16_v7"}
-    sets = [c for c in fast_set.fast_set() if c["kernel"] == "fwd_fp16_v7"]
-    assert any(c["causal"] for c in sets)
-    assert all(c.get("lpt") is (True if c["causal"] else None) for c in sets)
+    assert all(c.get(knob) is (True if c["causal"] else None) for c in sets)
 
 
 def test_a_bwd_fp16_v3_record_keeps_its_dq_reductions():
