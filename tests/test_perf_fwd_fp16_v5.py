@@ -70,6 +70,24 @@ def test_lpt_order_gives_the_same_bits(variant):
     assert np.array_equal(on[0], off[0]) and np.array_equal(on[1], off[1])
 
 
+def _block_order(start, q, k, tr):
+    """(query block, batch·head) that ``start`` (a ``_tiles.query_block``) gives each block of a
+    (tr, B·H) grid, by the block's issue order (x fastest), run under the CUDA simulator."""
+    bh = q.shape[0] * q.shape[1]
+
+    @cuda.jit
+    def order(q, k, out):
+        i, b, h, hk, nq, nk, shift, r0, nblk = start(q, k)
+        if cuda.threadIdx.x == 0:
+            lin = cuda.blockIdx.x + cuda.blockIdx.y * cuda.gridDim.x
+            out[lin, 0] = i
+            out[lin, 1] = b * q.shape[1] + h
+
+    out = np.full((tr * bh, 2), -1, np.int64)
+    order[(tr, bh), 32](q, k, out)
+    return out
+
+
 @pytest.mark.parametrize("group", [1, 2])
 def test_lpt_block_order_is_flashsims(group):
     """The kernels' block set-up (``_tiles.query_block`` with ``LPT_KV_BYTES``) gives each block the
@@ -82,23 +100,35 @@ def test_lpt_block_order_is_flashsims(group):
     nk, kvb, tr, br = 64, 16, 3, 16
     start = query_block(br, 16, True, LPT_KV_BYTES=kvb, LPT_L2=nk * kvb * 5 // 2)
 
-    @cuda.jit
-    def order(q, k, out):
-        i, b, h, hk, nq, nk, shift, r0, nblk = start(q, k)
-        if cuda.threadIdx.x == 0:
-            lin = cuda.blockIdx.x + cuda.blockIdx.y * cuda.gridDim.x
-            out[lin, 0] = i
-            out[lin, 1] = b * q.shape[1] + h
-
     heads = 5 * group
     q = np.zeros((1, heads, tr * br, 4), np.float16)
     k = np.zeros((1, heads // group, nk, 4), np.float16)
-    out = np.full((tr * heads, 2), -1, np.int64)
-    order[(tr, heads), 32](q, k, out)
+    out = _block_order(start, q, k, tr)
     i, p = fast.lpt_order(tr, heads, fast.lpt_heads(nk, kvb // 4, 2, group, l2_bytes=nk * kvb * 5 // 2))
-    print(out.T, i, p)
+    print("kernel:", out.T.tolist(), "flashsim:", i.tolist(), p.tolist())
     assert fast.lpt_heads(nk, kvb // 4, 2, group, l2_bytes=nk * kvb * 5 // 2) == 2 * group
     assert out[:, 0].tolist() == i.tolist() and out[:, 1].tolist() == p.tolist()
+
+
+def test_lpt_sections_at_the_default_l2():
+    """The rule with the kernels' own numbers: K's and V's rows 4·d bytes (fp16, as ``_source``
+    passes them) and the default 50 MiB.  Nk = 10^6 keys of d = 8 are 32 MB a kv head, so one fits:
+    sections of one kv head's 2 query heads (GQA 2:1), two sections of B·H = 4."""
+    from flashsim.algorithms import fast
+    from kernels.perf._tiles import query_block
+
+    nk, d, tr, br = 10**6, 8, 2, 16
+    start = query_block(br, 16, True, LPT_KV_BYTES=4 * d)
+
+    q = np.zeros((1, 4, tr * br, d), np.float16)
+    k = np.zeros((1, 2, nk, d), np.float16)
+    out = _block_order(start, q, k, tr)
+    heads = fast.lpt_heads(nk, d, 2, group=2)
+    i, p = fast.lpt_order(tr, 4, heads)
+    print("kernel:", out.T.tolist(), "flashsim:", heads, i.tolist(), p.tolist())
+    assert heads == 2
+    assert out[:, 0].tolist() == i.tolist() == [1, 1, 0, 0, 1, 1, 0, 0]
+    assert out[:, 1].tolist() == p.tolist() == [0, 1, 0, 1, 2, 3, 2, 3]
 
 
 @pytest.mark.parametrize("variant", sorted(WG))
@@ -168,8 +198,9 @@ def test_gpu_forward_head_dims(d):
 @pytest.mark.parametrize("d", [64, 128])
 def test_gpu_v7_lpt(d):
     """v7 with ``lpt`` on the GPU: against float64 (GQA 2:1, ragged), and bit for bit grid order's
-    O and L, also where the grid holds several sections (Nk = 16,384: 8 heads a section at d = 64,
-    4 at d = 128, of B·H = 10)."""
+    O and L (every query block run once), also where the rule gives several sections (Nk = 16,384:
+    8 heads a section at d = 64, 4 at d = 128, of B·H = 10).  That the kernel's sections are
+    flashsim's is the simulator tests' (``test_lpt_block_order_is_flashsims``)."""
     from flashsim.algorithms import fast
 
     q, k, v, _ = make(d + 3, 2, 4, 2, 1000, 993, d)
@@ -258,15 +289,16 @@ def test_sm90a_ptx_and_sass(d, bc):
 
 
 def test_v7_sm90a_ptx_and_sass():
-    """v7 at d = 120 (the head dim it was made for) compiled for sm_90a without a GPU: its K and V
-    copies are TMA instructions (UTMALDG in the SASS, 2 an atom a buffer), its mbarrier waits are
-    there, and no cp.async is left but Q's; no spills."""
+    """v7 at d = 120 (the head dim it was made for), causal with ``lpt`` (its blocks longest first
+    across heads, as it ships), compiled for sm_90a without a GPU: its K and V copies are TMA
+    instructions (UTMALDG in the SASS, 2 an atom a buffer), its mbarrier waits are there, and no
+    cp.async is left but Q's; no spills."""
     from _ptx import run_without_simulator
 
     res = run_without_simulator(
         "from kernels.perf.inspect import lto_ptx, sass_report\n"
         "import tempfile, os\n"
-        "ptx = lto_ptx('fwd_fp16_v7', 120, 48, 4, 1, 0, 0)\n"
+        "ptx = lto_ptx('fwd_fp16_v7', 120, 48, 4, 1, 1, 0, LPT=True)\n"
         "f = tempfile.NamedTemporaryFile(suffix='.sass', delete=False).name\n"
         "r = sass_report(ptx, f)\n"
         "sass = open(f).read(); os.unlink(f)\n"

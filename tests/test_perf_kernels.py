@@ -262,3 +262,16 @@ class _deterministic:
 
     def __exit__(self, *exc):
         self.torch.use_deterministic_algorithms(self.before)
+
+
+@pytest.mark.parametrize("kw", [["LPT"], ["LPT=yes"], ["1=1"]])
+def test_inspect_refuses_a_bad_keyword(kw, capsys):
+    """``kernels.perf.inspect --kw KEY=INT`` (a keyword of the source, e.g. ``LPT=1``): anything else
+    ends in one usage error, exit 2, before any compiling."""
+    from kernels.perf import inspect
+
+    with pytest.raises(SystemExit) as e:
+        inspect.main(["fwd_fp16_v7", "64", "64", "8", "1", "1", "0", "--kw", *kw])
+    err = capsys.readouterr().err
+    print(err)
+    assert e.value.code == 2 and "--kw" in err

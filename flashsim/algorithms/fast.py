@@ -322,7 +322,8 @@ def lpt_heads(nk: int, d: int, elem_bytes: int, group: int = 1, l2_bytes: int = 
     heads a kv head.  The blocks of a section run longest first (query block Tr − 1 of every head
     of the section, then Tr − 2, ...), so that the longest blocks start in the first wave while the
     blocks in flight share the K and V of at most that many heads through the L2
-    (FlashAttention's SingleTileLPTScheduler, whose L2 figure this is)."""
+    (FlashAttention's SingleTileLPTScheduler, whose L2 figure this is; the factor of the group is
+    ours: a section holds its kv heads' query heads)."""
     fit = l2_bytes // max(1, nk * 2 * d * elem_bytes)
     big = 1
     while big * 2 <= fit:

@@ -49,7 +49,7 @@ def lse_log2(lse, b, h, row, nq):
 #: The L2 bytes a causal forward's section of heads may fill with K and V (``query_block``'s
 #: ``LPT``): FlashAttention's LPT tile scheduler takes 50 MiB on every Hopper
 #: (flash_attn/cute/tile_scheduler.py, SingleTileLPTScheduler); flashsim.algorithms.fast.lpt_heads
-#: is the same rule.
+#: is the same rule (with the GQA group's factor, ours).
 LPT_L2_BYTES = 50 << 20
 
 

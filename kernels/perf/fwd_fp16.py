@@ -481,11 +481,12 @@ def default_config_v7(d: int) -> dict:
 
     ``lpt`` (causal blocks longest first across heads, in sections of heads whose K and V fit in
     50 MiB: :func:`kernels.perf._tiles.query_block`): on an H200 at 8a88e34
-    (kernels/data/fwd_fp16_v7_lpt_h200_8a88e34, ``kernels.perf.tune``, lpt off and on alternated
-    three times) 0.86x grid order's time at d = 64, N = 1,024, B·H = 64; 0.93x at N = 4,096 and at
-    N = 16,384, B·H = 16; at d = 128 0.91x, 0.97x and 0.95x there; one run at N = 16,384, B·H = 64
-    (16 sections of 4 heads at d = 128): 0.99x at d = 64, 1.04x and 0.99x at d = 128.  v5 keeps grid
-    order (not timed with it)."""
+    (kernels/data/fwd_fp16_v7_lpt_h200_8a88e34, ``kernels.perf.tune``, fp16, lpt off and on
+    alternated; the median of the pairs' time on / time off) 0.86x grid order's time at d = 64, N =
+    1,024, B·H = 64; 0.93x at N = 4,096; 0.94x at N = 16,384, B·H = 16; at d = 128 0.91x, 0.96x and
+    0.94x there; at N = 16,384, B·H = 64 (sections of 8 and 4 heads), two pairs each: 0.99x at d =
+    64, 1.02x (1.04x and 0.99x) at d = 128.  Timed at d = 64 and 128 only, without GQA.  v5 keeps
+    grid order (not timed with it)."""
     if d in (96, 112, 128):
         return dict(default_config_v5(d), lpt=True)
     return dict(bc=64, nw=8, mt=1, qreg=False, lpt=True)

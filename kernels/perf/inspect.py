@@ -2,6 +2,7 @@
 
     python -m kernels.perf.inspect fwd_fp16_v4 64 64 4 2 0 1     # the variant's kernel source(*args)
     python -m kernels.perf.inspect bwd_fp16_v1:dq 64 64 4 1 1 1  # one of a variant's SOURCES
+    python -m kernels.perf.inspect fwd_fp16_v7 64 64 8 1 1 0 --kw LPT=1  # a keyword of the source
 
 Prints the post-link-time-optimisation PTX's size and ``mma.sync`` count, and, where ``ptxas``
 and ``cuobjdump`` are found (the ``nvidia-cuda-nvcc`` and ``nvidia-cuda-cuobjdump`` wheels of the
@@ -150,17 +151,26 @@ def main(argv=None) -> int:
     ap.add_argument("args", nargs="*", type=int, help="the variant's _source arguments (booleans as 0/1)")
     ap.add_argument("--minb", type=int, default=1, help="blocks per SM promised to ptxas (launch bounds)")
     ap.add_argument("--sass", metavar="FILE", help="also write the SASS listing to FILE")
+    ap.add_argument("--kw", nargs="*", default=[], metavar="KEY=INT",
+                    help="keyword arguments of the source (booleans as 0/1), e.g. LPT=1 or BF16=1")
     a = ap.parse_args(argv)
+    kw = {}
+    for item in a.kw:
+        key, sep, val = item.partition("=")
+        try:
+            kw[key] = int(val) if sep and key.isidentifier() else ap.error(f"--kw {item}: want KEY=INT")
+        except ValueError:
+            ap.error(f"--kw {item}: {val!r} is not an integer")
     if a.sass:
         try:
             open(a.sass, "a").close()  # writable, before minutes of compiling
         except OSError as e:
             ap.error(f"--sass {a.sass}: {e.strerror}")
     try:
-        ptx = lto_ptx(a.variant, *a.args, min_blocks=a.minb)
+        ptx = lto_ptx(a.variant, *a.args, min_blocks=a.minb, **kw)
     except (ValueError, TypeError) as e:  # an unknown variant, or arguments its source does not take
         ap.exit(2, f"{ap.prog}: error: {e}\n")
-    print(f"{a.variant}{tuple(a.args)}: PTX {len(ptx)} chars, {ptx.count('mma.sync')} mma.sync, "
+    print(f"{a.variant}{tuple(a.args)}{kw or ''}: PTX {len(ptx)} chars, {ptx.count('mma.sync')} mma.sync, "
           f"{'has' if '.local' in ptx else 'no'} .local")
     rep = sass_report(ptx, a.sass)
     missing = "(no ptxas/cuobjdump: the test extra's wheels or PATH)"
