@@ -26,8 +26,10 @@ import importlib
 #: (kernels/data/fwd_fp16_v7_h100: ``sweep_2wg.csv``, and ``grid_final.csv`` at d = 96, 112, 128,
 #: where v7 takes v5's blocks), and on the bench grid (N 1,024-16,384, d = 64 and 128, fp16 and
 #: bf16, causal or not: kernels/data/bench_fwd_v7_2eb1598) 1.02-1.23x v5 and 1.21-1.57x SDPA
-#: flash on all 40 rows (causal: its blocks longest first across heads since aa2c859, ``lpt``,
-#: 0.86-0.96x the time at d = 64 and 128 on an H200, NOTES.md); v5 had taken it from fwd_fp16_v4 (at
+#: flash on all 40 rows, before ``lpt`` (since aa2c859 its causal blocks run longest first across
+#: heads: 0.86-0.96x the time at d = 64 and 128 on an H200, 0.99-1.02x at N = 16,384, B·H = 64;
+#: NOTES.md);
+#: v5 had taken it from fwd_fp16_v4 (at
 #: d = 64 and 128 1.06-1.47x v4 on each of the 49 shapes of the H100 bench:
 #: kernels/data/bench_fwd_v5_20cf9ec).  v4 below d = 64
 #: (at d = 40 v4 1.48x flash, v5 1.44x: a tie; v7 not timed there).  The fp16
