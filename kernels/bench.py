@@ -262,7 +262,7 @@ def na_reason(var: str, cfg: dict) -> str | None:
     """Why ``var`` does not take ``cfg`` (known before running anything), or None."""
     t, d = cfg["dtype"], cfg["d"]
     if var == "ours":
-        return f"no {cfg['pass']} kernel of ours for {t} among the variants run"
+        return f"no {cfg['pass']} kernel of ours among the variants run takes {t} at d = {d}"
     if var in ("sdpa_flash", "sdpa_cudnn") and t == "fp32":
         return "SDPA's flash and cuDNN backends take fp16/bf16 only"
     if var.startswith("sdpa") and cfg["causal"] and cfg.get("nk", cfg["n"]) != cfg["n"]:
