@@ -694,9 +694,9 @@ def _fast(schedule, w: Workload, config) -> None:
     specs = {}
     if name in fast.VARIANTS and fast.VARIANTS[name][0] == "fwd":
         if name in ("fwd_fp16_v4", "fwd_fp16_v5", "fwd_fp16_v7"):  # K_j, V_j a step ahead
-            lpt = (bool(w.causal) and fast.parse_config(name, w.d, config).get("lpt", False)
-                   and fast.lpt_heads(w.nk, w.d, w.elem_bytes, w.group))
-            grid, fn = query_kernel(tl["fwd"], ("Q",), ("L", "O"), lambda j, i: (j, j), lpt_heads=lpt or 0)
+            lpt = w.causal and fast.parse_config(name, w.d, config).get("lpt", False)  # v4 has no such knob
+            heads = fast.lpt_heads(w.nk, w.d, w.elem_bytes, w.group) if lpt else 0
+            grid, fn = query_kernel(tl["fwd"], ("Q",), ("L", "O"), lambda j, i: (j, j), lpt_heads=heads)
         else:  # fp32: Q_i, K_0; then V_j and K_{j+1} in steps of their own
             grid, fn = query_kernel(tl["fwd"], ("Q",), ("O", "L"), lambda j, i: (2 * j, 2 * j + 1))
         specs[name] = BlockSpec(grid, *res["fwd"], fn)

@@ -38,6 +38,8 @@ from pathlib import Path
 from .bench import write
 
 START, END = "<!-- perf-table:start -->", "<!-- perf-table:end -->"
+PEERS = ("naive", "sdpa_flash", "sdpa_cudnn")
+SHOWN = PEERS + ("sdpa_mem_eff",)  # mem-eff: the one SDPA backend that takes fp32
 
 
 def markers(block: str | None = None) -> tuple[str, str]:
@@ -47,8 +49,6 @@ def markers(block: str | None = None) -> tuple[str, str]:
     if not block.replace("-", "").replace("_", "").isalnum():
         raise ValueError(f"block={block!r}: letters, digits, '-' and '_' only")
     return f"<!-- perf-table-{block}:start -->", f"<!-- perf-table-{block}:end -->"
-PEERS = ("naive", "sdpa_flash", "sdpa_cudnn")
-SHOWN = PEERS + ("sdpa_mem_eff",)  # mem-eff: the one SDPA backend that takes fp32
 
 
 def _num(x: str | None) -> float:

@@ -311,7 +311,8 @@ def _config_dict(config) -> dict:
     return config
 
 
-#: The L2 bytes a section of :func:`lpt_heads` may fill with K and V (kernels.perf._tiles.LPT_L2_BYTES).
+#: The L2 bytes a section of :func:`lpt_heads` may fill with K and V (FlashAttention's LPT tile
+#: scheduler takes 50 MiB on every Hopper; kernels.perf._tiles.query_block's default too).
 LPT_L2_BYTES = 50 << 20
 
 

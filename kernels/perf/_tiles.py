@@ -25,6 +25,8 @@ import math
 
 from numba import cuda, float32
 
+from flashsim.algorithms.fast import LPT_L2_BYTES
+
 from ..flash2 import padded_head_dim
 from . import tc
 from ._launch import LOG2E
@@ -46,13 +48,6 @@ def lse_log2(lse, b, h, row, nq):
 # Block set-up
 
 
-#: The L2 bytes a causal forward's section of heads may fill with K and V (``query_block``'s
-#: ``LPT``): FlashAttention's LPT tile scheduler takes 50 MiB on every Hopper
-#: (flash_attn/cute/tile_scheduler.py, SingleTileLPTScheduler); flashsim.algorithms.fast.lpt_heads
-#: is the same rule (with the GQA group's factor, ours).
-LPT_L2_BYTES = 50 << 20
-
-
 def query_block(BR: int, BC: int, CAUSAL: bool, LPT_KV_BYTES: int = 0, LPT_L2: int = LPT_L2_BYTES):
     """``start(q, k)`` for a block of BR query rows (grid (Tr, B·H)): (i, b, h, hk, nq, nk, shift,
     r0, nblk), the block's index (launched longest first when causal: block x runs query block
@@ -62,7 +57,8 @@ def query_block(BR: int, BC: int, CAUSAL: bool, LPT_KV_BYTES: int = 0, LPT_L2: i
 
     With ``LPT_KV_BYTES`` (causal only: the bytes of one key's K and V rows) the grid runs
     longest first across heads too, in sections of G query heads whose K and V fit in
-    ``LPT_L2`` bytes (G = the largest power of 2 <= LPT_L2 // (Nk · LPT_KV_BYTES), at least 1,
+    ``LPT_L2`` bytes (by default FlashAttention's 50 MiB: ``flashsim.algorithms.fast.lpt_heads``,
+    the same rule) (G = the largest power of 2 <= LPT_L2 // (Nk · LPT_KV_BYTES), at least 1,
     times the query heads a kv head): the block the hardware issues l-th (l = x + y·Tr) is in
     section s = l // (G·Tr) and takes, with g = min(G, B·H − s·G) heads in the section and
     w = l − s·G·Tr, query block Tr − 1 − w // g of head s·G + w % g.  Without it each head's

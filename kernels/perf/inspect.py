@@ -157,8 +157,10 @@ def main(argv=None) -> int:
     kw = {}
     for item in a.kw:
         key, sep, val = item.partition("=")
+        if not (sep and key.isidentifier()):
+            ap.error(f"--kw {item}: want KEY=INT")
         try:
-            kw[key] = int(val) if sep and key.isidentifier() else ap.error(f"--kw {item}: want KEY=INT")
+            kw[key] = int(val)
         except ValueError:
             ap.error(f"--kw {item}: {val!r} is not an integer")
     if a.sass:
