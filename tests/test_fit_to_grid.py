@@ -48,7 +48,7 @@ def test_v5_rule_by_hand():
     assert fast.fit_to_grid("fwd_fp16_v5", c128, {"bc": 48}, 8192, 1, 132, d=128) == c128
     # d = 192 (Bc = 48 too): Bc = 64 would leave one block an SM (123 KB of shared memory): kept
     c192 = fast.default_config("fwd_fp16_v5", 192)
-    assert c192 == dict(bc=48, nw=4, mt=1, qreg=False, lpt=False)
+    assert c192 == dict(bc=48, nw=4, mt=1, qreg=False, lpt=False, splits=1)
     assert fast.fit_to_grid("fwd_fp16_v5", c192, {}, 8192, 1, 132, d=192) == c192
     # above d = 192 two warpgroups, which a small grid narrows to one as at d = 64
     c256 = fast.default_config("fwd_fp16_v5", 256)
@@ -69,8 +69,12 @@ def test_simulator_option():
     assert k_wide == 4 * 32 * 4096 * 64 and k_narrow == 4 * 64 * 4096 * 64
     v4 = dict(kernel="fwd_fp16_v4")
     assert fast.blocks(w, None, sms=132, **v4) == (64, 64) and fast.blocks(w, None, **v4) == (128, 64)
-    # the warpgroup forward (BEST at d = 64 since its bench) keeps its 128-row blocks: no such rule
-    assert fast.blocks(w, None, sms=132) == (128, 64) == fast.blocks(w, None, sms=132, kernel="fwd_fp16_v5")
+    # the warpgroup forwards (v7 BEST at d = 64) narrow too: one warpgroup, 64 rows (this was (128, 64)
+    # until the simulator's sms option applied fit_to_grid to v5 and v7 as their launcher does)
+    assert fast.blocks(w, None, sms=132) == (64, 64) == fast.blocks(w, None, sms=132, kernel="fwd_fp16_v5")
+    assert fast.blocks(w, None) == (128, 64)
+    w128 = Workload(batch=1, heads=1, seq_len_q=8192, head_dim=128, dtype="bf16")  # 128 blocks: Bc 48 -> 64
+    assert fast.blocks(w128, None, sms=132) == (64, 64) and fast.blocks(w128, None) == (64, 48)
     # a grid that fills the GPU: unchanged
     big = Workload(batch=4, heads=16, seq_len_q=4096, head_dim=64, dtype="fp16")
     assert (simulate(big, "fast", "fwd", kernel="fwd_fp16_v4", sms=132).io.to_dict()

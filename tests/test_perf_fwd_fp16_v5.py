@@ -70,6 +70,30 @@ def test_lpt_order_gives_the_same_bits(variant):
     assert np.array_equal(on[0], off[0]) and np.array_equal(on[1], off[1])
 
 
+@pytest.mark.parametrize("variant,causal,splits", [("v7", True, 3), ("v5", False, 2)])
+def test_split_kv(variant, causal, splits):
+    """``splits`` (split-KV): split z of S walks its share of a query block's key blocks and writes
+    float32 partials that a second launch merges.  Against float64, and L within float32 rounding of
+    the one-launch kernel's; GQA 2:1, B = 2; causal with Nq > Nk (20 rows see no key: O = 0, L =
+    -inf), where the first query block has 3 key blocks (one a split) and the second 4 (2, 2 and an
+    empty third split)."""
+    q, k, v, _ = make(13, 2, 2, 1, 70, 50, 64)
+    one = WG[variant].forward(q, k, v, causal=causal, return_lse=True, bc=16, nw=4)
+    o, lse = WG[variant].forward(q, k, v, causal=causal, return_lse=True, bc=16, nw=4, splits=splits)
+    check_forward(o, lse, q, k, v, causal, label=f"{variant} splits={splits}")
+    fin = np.isfinite(one[1])
+    print("max |L - L_one|", np.abs(lse[fin] - one[1][fin]).max())
+    assert np.array_equal(np.isneginf(lse), np.isneginf(one[1]))
+    np.testing.assert_allclose(lse[fin], one[1][fin], rtol=1e-6, atol=2e-6)
+
+
+def test_split_kv_refuses():
+    q, k, v, _ = make(1, 1, 1, 1, 8, 8, 64)
+    for bad in (0, 65, 1.5):
+        with pytest.raises(ValueError, match="splits"):
+            fwd_fp16_v7.forward(q, k, v, splits=bad)
+
+
 def _block_order(start, q, k, tr):
     """(query block, batch·head) that ``start`` (a ``_tiles.query_block``) gives each block of a
     (tr, B·H) grid, by the block's issue order (x fastest), run under the CUDA simulator."""
@@ -212,6 +236,28 @@ def test_gpu_v7_lpt(d):
     on, off = (fwd_fp16_v7.forward(q, k, v, causal=True, return_lse=True, lpt=x) for x in (True, False))
     print(f"d={d}: max |O| {np.abs(on[0].astype(np.float32)).max():.3f}")
     assert np.array_equal(on[0], off[0]) and np.array_equal(on[1], off[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128, 200])
+def test_gpu_v7_split_kv(d):
+    """v7 split-KV on the GPU, fp16 (numpy) and bf16 (torch, a prepared second call): 2-5 splits,
+    causal (Nq > Nk: rows that see no key) and not, GQA 2:1, against float64."""
+    torch = pytest.importorskip("torch")
+    from test_bf16 import check_forward as check_bf16
+    from test_bf16 import make as make_bf16
+
+    q, k, v, _ = make(d + 5, 1, 4, 2, 1000, 777, d)
+    for causal in (False, True):
+        for s in (2, 5):
+            o, lse = fwd_fp16_v7.forward(q, k, v, causal=causal, return_lse=True, splits=s)
+            check_forward(o, lse, q, k, v, causal, label=f"gpu v7 splits={s} d={d} causal={causal}")
+    (q, k, v, _), (qf, kf, vf, _) = make_bf16(d, 4, 2, 1000, 1000, d, device="cuda")
+    for causal in (False, True):
+        for _ in range(2):
+            o, lse = fwd_fp16_v7.forward(q, k, v, causal=causal, return_lse=True, splits=3)
+            torch.cuda.synchronize()
+            check_bf16(o, lse, qf, kf, vf, causal, None, f"gpu v7 bf16 splits=3 d={d} causal={causal}")
 
 
 @pytest.mark.gpu

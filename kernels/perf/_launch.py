@@ -23,6 +23,8 @@ from .._direct import launch
 
 #: log2(e): the kernels exponentiate with ex2, in log2 units (the one definition).
 LOG2E = 1.4426950408889634
+#: Most key splits a split-KV forward takes (``splits`` in v5's and v7's block shape).
+MAX_SPLITS = 64
 
 
 _RAISED: dict = {}
@@ -71,7 +73,7 @@ def _merged_config(cfg: dict, config, who: str) -> dict:
 
 
 def launch_forward(name, kernel, smem_bytes, default_config, supports, q, k, v, *, causal=False, scale=None,
-                   return_lse=False, config=None, stream=None, maps=None):
+                   return_lse=False, config=None, stream=None, maps=None, split=None):
     """Run variant ``name``'s forward kernel on (B, H, N, d) inputs; O (and L) in the query's kind.
 
     ``kernel(d=..., causal=..., **cfg)`` returns (compiled kernel, threads, Br) for the block shape
@@ -79,6 +81,9 @@ def launch_forward(name, kernel, smem_bytes, default_config, supports, q, k, v, 
     (q, k, v, o, lse, τ·log2 e, τ) and its dynamic shared memory is ``smem_bytes(dp, Br, Bc)``.
     ``stream`` (also accepted inside ``config``): see :func:`kernels._arrays.launch_stream`.
     ``maps(k, v, d, bc)``: the kernel's one more argument, the tensor maps of K and V (v7).
+    ``split`` (v5, v7: ``combine(d, bf16)``, the combine launch's kernel, and ``smem(dp, Br)``, the
+    shared memory its epilogue needs): with ``splits`` > 1 in the block shape the kernel runs over
+    a grid (Tr, B·H, S) writing float32 partials, and a second launch merges them.
     A call on torch tensors that repeats an earlier one's key takes the launch that call
     prepared (:func:`with_plan`).
     """
@@ -87,11 +92,12 @@ def launch_forward(name, kernel, smem_bytes, default_config, supports, q, k, v, 
         opts["stream"] = stream
     return with_plan(plan_key(name, (q, k, v), opts), (q, k, v),
                      lambda: _forward(name, kernel, smem_bytes, default_config, supports, q, k, v, causal=causal,
-                                      scale=scale, return_lse=return_lse, config=config, stream=stream, maps=maps))
+                                      scale=scale, return_lse=return_lse, config=config, stream=stream, maps=maps,
+                                      split=split))
 
 
 def _forward(name, kernel, smem_bytes, default_config, supports, q, k, v, *, causal, scale, return_lse, config,
-             stream, maps=None):
+             stream, maps=None, split=None):
     from .._arrays import check_attention_shapes, check_fast_alignment, to_device
 
     config = dict(config or {})
@@ -110,6 +116,11 @@ def _forward(name, kernel, smem_bytes, default_config, supports, q, k, v, *, cau
     cfg = fit_to_grid(name.rsplit(".", 1)[-1], cfg, config, nq, nb * nh, num_sms(), d=d)
     if cfg["bc"] <= 0 or cfg["bc"] % 16:
         raise ValueError(f"bc={cfg['bc']}: must be a positive multiple of 16")
+    splits = cfg.get("splits", 1)
+    if not 1 <= splits <= MAX_SPLITS:
+        raise ValueError(f"splits={splits}: must be 1..{MAX_SPLITS}")
+    if splits > 1 and nb * splits > 65535:
+        raise ValueError(f"batch*splits={nb * splits}: at most 65535")
     from ..flash2 import padded_head_dim
 
     dp = padded_head_dim(d)
@@ -118,11 +129,22 @@ def _forward(name, kernel, smem_bytes, default_config, supports, q, k, v, *, cau
     o = inp.empty((nb, nh, nq, d), inp.dtype)
     lse = inp.empty((nb, nh, nq), np.float32)
     smem = smem_bytes(dp, br, cfg["bc"])
-    args = (*tc_view(inp, a["q"], a["k"], a["v"], o), lse, float32(sc * LOG2E), float32(sc))
+    grid = (-(-nq // br), nb * nh)
+    if splits > 1:  # the kernel writes float32 partials of S splits of the keys; a second launch merges them
+        op = inp.empty((splits * nb, nh, nq, d), np.float32)
+        lp = inp.empty((splits * nb, nh, nq), np.float32)
+        args = (*tc_view(inp, a["q"], a["k"], a["v"]), op, lp, float32(sc * LOG2E), float32(sc))
+        smem = max(smem, split.smem(dp, br))
+        grid = (*grid, splits)
+    else:
+        args = (*tc_view(inp, a["q"], a["k"], a["v"], o), lse, float32(sc * LOG2E), float32(sc))
     if maps is not None:
         args = (*args, maps(args[1], args[2], d, cfg["bc"]))
     raise_smem_limit(kern, args, smem)
-    launch(kern, (-(-nq // br), nb * nh), nt, inp.stream, smem, *args)
+    launch(kern, grid, nt, inp.stream, smem, *args)
+    if splits > 1:
+        launch(split.combine(d, inp.bf16), (-(-nq * d // split.threads), nb * nh), split.threads, inp.stream, 0,
+               op, lp, o, lse)
     if return_lse:
         return inp.out(o), inp.out(lse)
     return inp.out(o)

@@ -83,6 +83,7 @@ from types import SimpleNamespace
 from numba import cuda, float32, int32, types, uint32
 
 from .._arrays import dtype_name
+from .._bf16 import storer
 from ..flash2 import padded_head_dim
 from . import tc
 from ._launch import launch_forward
@@ -123,7 +124,7 @@ def smem_bytes_v5(dp: int, br: int, bc: int) -> int:
 
 
 def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: bool = True, BF16: bool = False,
-            WG: bool = False, TMA: bool = False, LPT: bool = False):
+            WG: bool = False, TMA: bool = False, LPT: bool = False, SPLIT: bool = False):
     DP = padded_head_dim(D)
     BR = 16 * NW * MT
     NT = 32 * NW
@@ -139,6 +140,9 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
     VOFF = KOFF + 2 * BC * S  # V buffers 0 and 1
     if TMA and not (WG and LAZY):
         raise ValueError(f"{TMA=}: a stage of v5 (WG, LAZY)")
+    if SPLIT and not WG:
+        raise ValueError(f"{SPLIT=}: v5 and v7 only (WG)")
+    OST = DP + 8  # SPLIT: row stride (floats) of the float32 partial O staged in shared memory
     if WG:  # v5: the products on warpgroups (4 warps, 64 rows each: MT = 1), tiles swizzled
         if MT != 1 or NW % 4 or D % 8 or not 8 <= D <= 256 or BC % 16 or not 16 <= BC <= 256:
             raise ValueError(f"{D=}, {BC=}, {NW=}, {MT=}: v5 takes d % 8 = 0 up to 256, MT = 1, whole warpgroups, "
@@ -202,12 +206,25 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
     def body(q, k, v, o, lse, sl2, scale, tm):
         sm = cuda.shared.array(0, types.float16)
         smw = cuda.shared.array(0, uint32)  # the same bytes as 32-bit words
+        smf = cuda.shared.array(0, float32)  # and as floats (SPLIT's partial O)
         tid = cuda.threadIdx.x
         warp = tid // 32
         lane = tid % 32
         g = lane // 4
         t = lane % 4
         i, b, h, hk, nq, nk, shift, r0, nblk = start(q, k)
+        # Split-KV (SPLIT; grid (Tr, B·H, S)): split z walks key blocks j0 .. j1 - 1 of the block's
+        # nblk, ceil(nblk / S) of them (the last splits may get fewer, or none), and writes its
+        # partial O and logsumexp in float32 (o, lse: (S·B, H, Nq, d) and (S·B, H, Nq)) for
+        # :func:`combine_source`'s launch.
+        j0 = 0
+        j1 = nblk
+        ob = b
+        if SPLIT:
+            per = (nblk + cuda.gridDim.z - 1) // cuda.gridDim.z
+            j0 = min(nblk, cuda.blockIdx.z * per)
+            j1 = min(nblk, j0 + per)
+            ob = cuda.blockIdx.z * q.shape[0] + b
         sbase = tc.smem_u32(sm)
         loff = tc.lane_offset(S)
         loffb = tc.lane_offset_b(S)
@@ -234,12 +251,13 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
                 if tid == 0:
                     tc.mbar_init(sm, sbase, 2 * ab + MB, 1)
                     tc.mbar_init(sm, sbase, 2 * ab + MB + 16, 1)
-                    if nblk > 0:
-                        tma_kv(sm, sbase, ab, tm, 0, 0, zk)
+                    if j1 > j0:
+                        tma_kv(sm, sbase, ab, tm, 0, j0 * BC, zk)
             else:
                 kv_chunks_sw(crow, cgof, csof, tid)
-                if nblk > 0:
-                    kv_load2c(sm, sbase, ab + KB // 2, ab + (VB // 2), k, v, kbase, 0, nk, crow, cgof, csof, tid)
+                if j1 > j0:
+                    kv_load2c(sm, sbase, ab + KB // 2, ab + (VB // 2), k, v, kbase, j0 * BC, nk, crow, cgof, csof,
+                              tid)
             # warpgroup warp // 4's 64 rows of Q; its first k-step (tc.wgmma_ss adds the others)
             da = tc.wg_desc(sb + QB + (warp // 4) * 64 * RB, 16, 8 * RB, MODE)
         else:
@@ -270,11 +288,11 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
             ll[e] = 0.0
         if not WG:
             kv_chunks(crow, cgof, csof, tid)
-        for j in range(nblk):
-            buf = j % 2
+        for j in range(j0, j1):
+            buf = (j - j0) % 2
             c0 = j * BC
-            if j + 1 < nblk:  # K_{j+1}, V_{j+1} into the other buffer
-                nb_ = (j + 1) % 2
+            if j + 1 < j1:  # K_{j+1}, V_{j+1} into the other buffer
+                nb_ = (j + 1 - j0) % 2
                 if TMA:
                     if tid == 0:  # every warp is done with buffer nb_ (the barrier ending block j - 1)
                         tma_kv(sm, sbase, ab, tm, nb_, c0 + BC, zk)
@@ -285,7 +303,7 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
                     kv_load2c(sm, sbase, KOFF + nb_ * BC * S, VOFF + nb_ * BC * S, k, v, kbase, c0 + BC, nk,
                               crow, cgof, csof, tid)
             if TMA:  # buffer buf's (j // 2)-th filling has landed
-                tc.mbar_wait(sm, sbase, 2 * ab + MB + 16 * buf, (j // 2) % 2)
+                tc.mbar_wait(sm, sbase, 2 * ab + MB + 16 * buf, ((j - j0) // 2) % 2)
             else:
                 tc.cp_async_commit()  # (empty on the last block) so that one wait fits every iteration
                 tc.cp_async_wait(1)  # everything but the newest group, i.e. K_j, V_j, has landed
@@ -372,15 +390,30 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
             inv_0 = float32(1.0) / l_0 if l_0 > 0 else float32(0.0)
             inv_1 = float32(1.0) / l_1 if l_1 > 0 else float32(0.0)
             rl = 16 * (NW * mt + warp) + g
-            pack(smw, (ab + QOFF + rl * S + 2 * t) // 2, acc, 4 * mt * NO, inv_0, inv_1)
+            if SPLIT:  # float32 rows of OST floats from the aligned base (the K, V buffers are free)
+                for nt in range(NO):
+                    x = 4 * (mt * NO + nt)
+                    f = ab // 2 + rl * OST + 8 * nt + 2 * t
+                    smf[f] = acc[x] * inv_0
+                    smf[f + 1] = acc[x + 1] * inv_0
+                    smf[f + 8 * OST] = acc[x + 2] * inv_1
+                    smf[f + 8 * OST + 1] = acc[x + 3] * inv_1
+            else:
+                pack(smw, (ab + QOFF + rl * S + 2 * t) // 2, acc, 4 * mt * NO, inv_0, inv_1)
             if t == 0:
                 row_0 = r0 + rl
                 if row_0 < nq:
-                    lse[b, h, row_0] = m[2 * mt] * scale + math.log(l_0) if l_0 != 0 else NEG_INF
+                    lse[ob, h, row_0] = m[2 * mt] * scale + math.log(l_0) if l_0 != 0 else NEG_INF
                 if row_0 + 8 < nq:
-                    lse[b, h, row_0 + 8] = m[2 * mt + 1] * scale + math.log(l_1) if l_1 != 0 else NEG_INF
+                    lse[ob, h, row_0 + 8] = m[2 * mt + 1] * scale + math.log(l_1) if l_1 != 0 else NEG_INF
         cuda.syncthreads()  # the whole O tile is in shared memory
-        q_store(o, qbase, r0, nq, sm, sbase, ab + QOFF, tid)
+        if SPLIT:  # a warp stores 32 consecutive floats of the tile's rows (whole sectors)
+            for e in range(tid, BR * D, NT):
+                rr = e // D
+                if r0 + rr < nq:
+                    o[ob, h, r0 + rr, e - rr * D] = smf[ab // 2 + rr * OST + e - rr * D]
+        else:
+            q_store(o, qbase, r0, nq, sm, sbase, ab + QOFF, tid)
 
     if TMA:  # v7 takes the tensor maps of K and V (kernels.perf.tma.kv_maps)
         def fwd_tma(q, k, v, o, lse, sl2, scale, tm):
@@ -394,11 +427,70 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
     return fwd, NT, BR
 
 
-@cache
 def kernel(d: int, bc: int, nw: int, mt: int, causal: bool, qreg: bool, lazy: bool = True, bf16: bool = False,
-           wg: bool = False, tma: bool = False, lpt: bool = False):
-    fn, nt, br = _source(d, bc, nw, mt, causal, qreg, lazy, bf16, wg, tma, lpt)
+           wg: bool = False, tma: bool = False, lpt: bool = False, splits: int = 1):
+    """(compiled kernel, threads, Br) of a block shape; ``splits`` > 1 (v5, v7): the split-KV
+    kernel, whose o and lse are the float32 partials that :func:`combine_kernel` merges."""
+    return _kernel(d, bc, nw, mt, causal, qreg, lazy, bf16, wg, tma, lpt, splits > 1)
+
+
+@cache
+def _kernel(d, bc, nw, mt, causal, qreg, lazy, bf16, wg, tma, lpt, split):
+    fn, nt, br = _source(d, bc, nw, mt, causal, qreg, lazy, bf16, wg, tma, lpt, split)
     return tc.jit_kernel(fn, nt), nt, br
+
+
+#: Threads of a block of :func:`combine_kernel`.
+COMBINE_THREADS = 256
+
+
+def combine_source(D: int, BF16: bool):
+    """The split-KV forward's second launch, grid (⌈Nq·d / 256⌉, B·H): thread e of a head's Nq·d
+    outputs (row e // d, column e % d) merges the S splits' partials of its row, m = max_s Lp_s,
+    w_s = exp(Lp_s − m), O = Σ_s w_s Op_s / Σ_s w_s, L = m + ln Σ_s w_s (a row no split saw: O = 0,
+    L = −inf, as the one-launch kernel writes it).  A warp reads 32 consecutive floats of each Op_s
+    and writes 32 consecutive elements of O; Lp_s is read by every thread of the row (one request a
+    warp a split: the row's d threads share its sector)."""
+    CV = storer(BF16)
+    CT = COMBINE_THREADS
+
+    def fwd_combine(op, lp, o, lse):
+        nb = o.shape[0]
+        nh = o.shape[1]
+        nq = o.shape[2]
+        ns = op.shape[0] // nb
+        b = cuda.blockIdx.y // nh
+        h = cuda.blockIdx.y % nh
+        e = cuda.blockIdx.x * CT + cuda.threadIdx.x
+        if e < nq * D:
+            row = e // D
+            col = e - row * D
+            mx = NEG_INF
+            for z in range(ns):
+                mx = max(mx, lp[z * nb + b, h, row])
+            mu = mx if mx != NEG_INF else float32(0.0)
+            tot = float32(0.0)
+            acc = float32(0.0)
+            for z in range(ns):
+                w = math.exp(lp[z * nb + b, h, row] - mu)
+                tot += w
+                acc += w * op[z * nb + b, h, row, col]
+            o[b, h, row, col] = CV(acc / tot if tot > 0 else float32(0.0))
+            if col == 0:
+                lse[b, h, row] = mu + math.log(tot) if tot > 0 else NEG_INF
+
+    return fwd_combine
+
+
+@cache
+def combine_kernel(d: int, bf16: bool):
+    return cuda.jit(combine_source(d, bf16))
+
+
+def smem_bytes_split(dp: int, br: int) -> int:
+    """Shared memory the split-KV epilogue stages its float32 partial O in (rows of dp + 8 floats
+    from the 1024-aligned base); the launch takes the larger of this and the version's own."""
+    return 1024 + 4 * br * (dp + 8)
 
 
 def signature():
@@ -461,12 +553,12 @@ def default_config_v5(d: int) -> dict:
     (``flashsim.algorithms.fast.fit_to_grid``): one warpgroup at d <= 64 and above 192, Bc = 64 at
     96 < d <= 128."""
     if d <= 64:
-        return dict(bc=64, nw=8, mt=1, qreg=False, lpt=False)
+        return dict(bc=64, nw=8, mt=1, qreg=False, lpt=False, splits=1)
     if d <= 128:
-        return dict(bc=64 if d <= 96 else 48, nw=4, mt=1, qreg=False, lpt=False)
+        return dict(bc=64 if d <= 96 else 48, nw=4, mt=1, qreg=False, lpt=False, splits=1)
     if d <= 192:
-        return dict(bc=32 if d <= 160 else 48, nw=4, mt=1, qreg=False, lpt=False)
-    return dict(bc=64, nw=8, mt=1, qreg=False, lpt=False)
+        return dict(bc=32 if d <= 160 else 48, nw=4, mt=1, qreg=False, lpt=False, splits=1)
+    return dict(bc=64, nw=8, mt=1, qreg=False, lpt=False, splits=1)
 
 
 def default_config_v7(d: int) -> dict:
@@ -489,7 +581,7 @@ def default_config_v7(d: int) -> dict:
     grid order (not timed with it)."""
     if d in (96, 112, 128):
         return dict(default_config_v5(d), lpt=True)
-    return dict(bc=64, nw=8, mt=1, qreg=False, lpt=True)
+    return dict(bc=64, nw=8, mt=1, qreg=False, lpt=True, splits=1)
 
 
 def supports(dtype, d: int) -> bool:
@@ -511,6 +603,10 @@ def _tma_maps(k, v, d: int, bc: int):
     return kv_maps(k, v, swizzle_bytes(d) // 2, bc, swizzle_bytes(d))
 
 
+#: What the launcher needs for a split-KV forward (v5, v7; ``splits`` > 1).
+SPLIT = SimpleNamespace(combine=combine_kernel, smem=smem_bytes_split, threads=COMBINE_THREADS)
+
+
 def _version(name: str, lazy: bool, default_config, wg: bool = False, tma: bool = False):
     kern = partial(kernel, lazy=lazy, wg=wg, tma=tma)
     sizes, accepts = ((smem_bytes_v7 if tma else smem_bytes_v5, supports_v5) if wg
@@ -520,7 +616,8 @@ def _version(name: str, lazy: bool, default_config, wg: bool = False, tma: bool 
         """O (and L) for fp16 or bf16 (B, H, N, d) inputs; ``config`` overrides the version's
         ``default_config``."""
         return launch_forward(name, kern, sizes, default_config, accepts, q, k, v, causal=causal,
-                              scale=scale, return_lse=return_lse, config=config, maps=_tma_maps if tma else None)
+                              scale=scale, return_lse=return_lse, config=config, maps=_tma_maps if tma else None,
+                              split=SPLIT if wg else None)
 
     # v5's products exist only on sm_90a (numba-cuda compiles for it on a 9.0 GPU by itself;
     # kernels.perf.inspect asks for it by CC)
