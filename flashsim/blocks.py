@@ -674,6 +674,71 @@ def _elementwise_spec(w: Workload, schedule, reads: tuple[str, ...], writes: tup
     return BlockSpec((grid, 1, 1), ELEMENTWISE_THREADS, 0, tiles)
 
 
+def _split_main(w: Workload, cols, t: Tiling, splits: int, reverse: bool, lpt_heads: int):
+    """The split-KV forward's main launch (``fast._forward_split``): grid (Tr, B·H, S); block
+    (x, y, z) runs the query block and head that (x, y) runs unsplit (grid order, longest first
+    when causal, ``lpt`` sections), Q_i at step 0, key blocks z·⌈n_i/S⌉ .. of the n_i it sees
+    (K_j, V_j at step j - its first), Op_i (flat rows) and Lp_i into slice z·B·H + p at the end."""
+    from .algorithms import fast
+
+    q0, qn = _rows(w.nq, t.block_m)
+    k0, kn = _rows(w.nk, t.block_n)
+    tr, d = len(q0), w.d
+    nvis = cache(lambda: visible_blocks(w, t).sum(axis=1))  # a prefix of the key blocks (no block mask)
+    order = fast.lpt_order(tr, w.bh, lpt_heads) if lpt_heads else None
+
+    def tiles(lo, hi):
+        P = _Parts(lo, hi, cols)
+        b, x, y, z = _grid_index(lo, hi, tr, w.bh)
+        if order is not None:
+            lin = x + y * tr
+            i, p = order[0][lin], order[1][lin]
+        else:
+            i, p = (tr - 1 - x if reverse else x), y
+        P.add("Q", False, b, 0, p, q0[i], qn[i])
+        nb = nvis()[i]
+        per = -(-nb // splits)
+        j0 = np.minimum(nb, z * per)
+        bi, k = _expand(np.minimum(nb, j0 + per) - j0)
+        j = j0[bi] + k
+        P.add("K", False, b[bi], k, p[bi] // w.group, k0[j], kn[j])  # the first with Q (step 0)
+        P.add("V", False, b[bi], k, p[bi] // w.group, k0[j], kn[j])
+        P.add("Op", True, b, _LAST, z * w.bh + p, q0[i] * d, qn[i] * d)
+        P.add("Lp", True, b, _LAST, z * w.bh + p, q0[i], qn[i])
+        return P.pack()
+
+    return (tr, w.bh, splits), tiles
+
+
+def _split_combine(w: Workload, cols, splits: int) -> BlockSpec:
+    """The split-KV forward's combine launch: grid (⌈Nq·d/256⌉, B·H); block (x, p) reads, for
+    each split z, the Lp of rows of its elements 256x .. and their run of Op (slice z·B·H + p),
+    then writes their run of O and the L of the rows it starts."""
+    from .algorithms.fast import COMBINE_THREADS as T
+
+    n, d = w.nq * w.d, w.d
+    nx = -(-n // T)
+
+    def tiles(lo, hi):
+        P = _Parts(lo, hi, cols)
+        b, x, p, _ = _grid_index(lo, hi, nx)
+        e0 = x * T
+        cnt = np.minimum(T, n - e0)
+        bi, k = _expand(-(-cnt // 32))  # the block's warps: Lp's rows and the L stores are a warp's requests
+        we = e0[bi] + 32 * k
+        ra, rb = we // d, (we + np.minimum(32, n - we) - 1) // d
+        la = -(-we // d)
+        has = rb >= la
+        for z in range(splits):
+            P.add("Lp", False, b[bi], 0, z * w.bh + p[bi], ra, rb - ra + 1)
+            P.add("Op", False, b, 0, z * w.bh + p, e0, cnt)
+        P.add("O", True, b, _LAST, p, e0, cnt)
+        P.add("L", True, b[bi][has], _LAST, p[bi][has], la[has], (rb - la + 1)[has])
+        return P.pack()
+
+    return BlockSpec((nx, w.bh, 1), T, 0, tiles)
+
+
 def _fast(schedule, w: Workload, config) -> None:
     from .algorithms import fast
 
@@ -692,7 +757,15 @@ def _fast(schedule, w: Workload, config) -> None:
                                                       reverse, order=order)
 
     specs = {}
-    if name in fast.VARIANTS and fast.VARIANTS[name][0] == "fwd":
+    splits = fast.parse_config(name, w.d, config).get("splits", 1) if fast.VARIANTS[name][0] == "fwd" else 1
+    if splits > 1:
+        lpt = w.causal and fast.parse_config(name, w.d, config)["lpt"]
+        heads = fast.lpt_heads(w.nk, w.d, w.elem_bytes, w.group) if lpt else 0
+        grid, fn = _split_main(w, cols, tl["fwd"], splits, reverse, heads)
+        smem = max(res["fwd"][1], fast.split_smem(w.d, tl["fwd"].block_m))
+        specs[name] = BlockSpec(grid, res["fwd"][0], smem, fn)
+        specs["fwd_combine"] = _split_combine(w, cols, splits)
+    elif name in fast.VARIANTS and fast.VARIANTS[name][0] == "fwd":
         if name in ("fwd_fp16_v4", "fwd_fp16_v5", "fwd_fp16_v7"):  # K_j, V_j a step ahead
             lpt = w.causal and fast.parse_config(name, w.d, config).get("lpt", False)  # v4 has no such knob
             heads = fast.lpt_heads(w.nk, w.d, w.elem_bytes, w.group) if lpt else 0

@@ -410,3 +410,53 @@ def test_torch_flash_dram_level_of_the_h100_record():
     want = [r for r in committed if r["config_id"] == cid]
     assert [int(g["sim_dram_read_bytes"]) for g in got] == [int(float(r["sim_dram_read_bytes"])) for r in want]
     assert [int(g["sim_dram_write_bytes"]) for g in got] == [int(float(r["sim_dram_write_bytes"])) for r in want]
+
+
+@pytest.mark.parametrize("kernel,w,splits", [("fwd_fp16_v7", W(1, 2, 70, 40, hkv=1, nk=50, causal=True), 3),
+                                             ("fwd_fp16_v5", W(2, 2, 130, 64, nk=200), 2)])
+def test_split_kv_tiles_move_the_walkers_elements(kernel, w, splits):
+    """The split-KV forward (``splits``): its two launches' tiles move the walker's elements, tensor by
+    tensor; the main grid is (Tr, B·H, S), the combine's (⌈Nq·d/256⌉, B·H); chunks add up."""
+    config = {"splits": splits, "nw": 4, "bc": 16}
+    sched = build_schedule(w, "fast", "fwd", None, kernel=kernel, config=config)
+    io = walk(sched)
+    assert [la.name for la in sched.launches] == [kernel, "fwd_combine"]
+    tr = -(-w.nq // 64)
+    assert sched.launches[0].blocks.grid == (tr, w.bh, splits)
+    assert sched.launches[1].blocks.grid == (-(-w.nq * w.d // 256), w.bh, 1)
+    for launch, (name, c) in zip(sched.launches, io.per_launch.items()):
+        want = Counter({(k[0], BLOCK_KIND.get(k[1], k[1])): t.elements for k, t in c.breakdown.items() if t.elements})
+        got = _tile_elements(launch.blocks)
+        print(name, dict(got))
+        assert got == want, name
+        n = launch.blocks.num_blocks
+        assert _tile_elements(launch.blocks, 0, n // 3) + _tile_elements(launch.blocks, n // 3, n) == want, name
+
+
+def test_split_kv_blocks_by_hand():
+    """B = 1, H = 1, Nq = 70, Nk = 50, d = 40, causal (shift -20), Br = 64, Bc = 16, S = 3: grid
+    (2, 1, 3).  Block x = 0 runs query block 1 (rows 64..69, longest first), which sees all 4 key
+    blocks: ⌈4/3⌉ = 2 a split, so z = 0 takes K_0, K_1, z = 1 K_2, K_3, z = 2 none; query block 0
+    (rows 0..63: the last sees keys up to 43) sees 3: one each.  Every block reads its Q rows and
+    writes its Op rows (flat: 40 floats a row) and Lp rows into slice z."""
+    w = W(1, 1, 70, 40, nk=50, causal=True)
+    sched = build_schedule(w, "fast", "fwd", None, kernel="fwd_fp16_v7", config={"splits": 3, "nw": 4, "bc": 16})
+    main = sched.launches[0].blocks
+    got = {blk: _steps(main, blk) for blk in range(6)}
+    for blk, (rows, keys, z) in {0: ((64, 6), (0, 1), 0), 1: ((0, 64), (0,), 0), 2: ((64, 6), (2, 3), 1),
+                                 3: ((0, 64), (1,), 1), 4: ((64, 6), (), 2), 5: ((0, 64), (2,), 2)}.items():
+        want = [[("Q", "r", 0, *rows)] + ([("K", "r", 0, 16 * keys[0], min(16, 50 - 16 * keys[0])),
+                                           ("V", "r", 0, 16 * keys[0], min(16, 50 - 16 * keys[0]))] if keys else [])]
+        want += [[("K", "r", 0, 16 * j, min(16, 50 - 16 * j)), ("V", "r", 0, 16 * j, min(16, 50 - 16 * j))]
+                 for j in keys[1:]]
+        want += [[("Op", "w", z, 40 * rows[0], 40 * rows[1]), ("Lp", "w", z, *rows)]]
+        print(blk, got[blk])
+        assert got[blk] == want, blk
+    # the combine: block 0 holds elements 0..255 (rows 0..6 of 40); warp k (32k .. 32k + 31) reads
+    # the Lp of its rows, (first, count): (0,1) (0,2) (1,2) (2,2) (3,1) (4,1) (4,2) (5,2), and
+    # writes the L of the rows whose column 0 it holds: rows 0..6 but none in warp 4 (128..159)
+    comb = _steps(sched.launches[1].blocks, 0)
+    lp = [t[3:] for t in comb[0] if t[0] == "Lp" and t[2] == 0]
+    assert lp == [(0, 1), (0, 2), (1, 2), (2, 2), (3, 1), (4, 1), (4, 2), (5, 2)]
+    assert ("Op", "r", 2, 0, 256) in comb[0] and ("O", "w", 0, 0, 256) in comb[1]
+    assert [t[3:] for t in comb[1] if t[0] == "L"] == [(r, 1) for r in range(7)]

@@ -481,3 +481,52 @@ def test_elements_equal_the_kernels_under_the_simulator(name, d, h, config):
         for (param, what), n in total.items():
             if param not in ("lse", "dvec"):
                 assert n == distinct[(param, what)], (lname, param, what)
+
+
+def test_split_kv_counts_by_hand():
+    """fwd_fp16_v7 with splits = 3 (B = 1, 2 query heads on 1 kv head, Nq = 70, Nk = 50, d = 40,
+    causal, Br = 64, Bc = 16).  Main launch: Q read by all 3 splits, 3·2·70·40 = 16,800; K, V by the
+    TMA unit, each visible (query block, key block) pair once as unsplit: query block 0 sees 3 key
+    blocks (48 rows), block 1 all 4 (50): 98·40·2 = 7,840; Op written 3·2·70·40 = 16,800 floats
+    (rows of 160 bytes: 2,100 sectors), Lp 3·2·70 = 420.  Combine: 2,800 outputs a head in 88 warps;
+    a warp reads the Lp of the rows its 32 elements span: 88 + 52 warps that cross a row (69 row
+    starts, 17 of them at a warp's first element, r = 4, 8, .., 68) = 140 a head and split, 840;
+    Op 16,800; O 5,600, L 140."""
+    w = W(1, 2, 70, 40, seq_len_k=50, kv_heads=1, causal=True)
+    r = simulate(w, "fast", "fwd", kernel="fwd_fp16_v7", config="splits=3,nw=4,bc=16")
+    assert list(r.io.per_launch) == ["fwd_fp16_v7", "fwd_combine"] and r.agrees
+    el = {k: v.elements for k, v in r.io.breakdown.items()}
+    print(el)
+    assert el == {("Q", "read"): 16800, ("K", "bulk_read"): 7840, ("V", "bulk_read"): 7840, ("Op", "write"): 16800,
+                  ("Lp", "write"): 420, ("Lp", "read"): 840, ("Op", "read"): 16800, ("O", "write"): 5600,
+                  ("L", "write"): 140}
+    assert r.io.breakdown[("Op", "write")].sectors == 2100
+    # unsplit, the same K and V; Q once; O and L from the one launch
+    one = simulate(w, "fast", "fwd", kernel="fwd_fp16_v7", config="nw=4,bc=16").io.breakdown
+    assert one[("K", "bulk_read")].elements == 7840 and one[("Q", "read")].elements == 16800 // 3
+
+
+def test_split_kv_elements_equal_the_kernels_under_the_simulator():
+    """The split-KV kernels under the CUDA simulator touch the schedule's elements: the main launch
+    (its o and lse are Op and Lp) reads Q and writes Op, Lp; the combine reads Op and writes O, L;
+    its Lp reads, every lane of a warp one per split, make the schedule's sectors (Nq·d = 2,048:
+    whole warps, whole blocks)."""
+    from kernels.perf import fwd_fp16_v7
+
+    rng = np.random.default_rng(4)
+    q = rng.standard_normal((1, 2, 32, 64)).astype(np.float16)
+    k, v = (rng.standard_normal((1, 1, 40, 64)).astype(np.float16) for _ in range(2))
+    config = dict(splits=3, nw=4, bc=16)
+    with trace() as got:
+        fwd_fp16_v7.forward(q, k, v, causal=True, **config)
+    w = W(1, 2, 32, 64, seq_len_k=40, kv_heads=1, causal=True)
+    io = simulate(w, "fast", "fwd", kernel="fwd_fp16_v7", config=config).io
+    (_, _, main, _), (_, _, comb, req) = got
+    lm, lc = (c.breakdown for c in io.per_launch.values())
+    print(main, comb, req)
+    assert main[("q", "read")] == lm[("Q", "read")].elements
+    assert main[("o", "write")] == lm[("Op", "write")].elements
+    assert main[("lse", "write")] == lm[("Lp", "write")].elements
+    assert comb[("op", "read")] == lc[("Op", "read")].elements
+    assert comb[("o", "write")] == lc[("O", "write")].elements and comb[("lse", "write")] == lc[("L", "write")].elements
+    assert req[("lp", "read")] == lc[("Lp", "read")].sectors

@@ -145,3 +145,29 @@ def test_gpu_narrowed_forward(dtype, bh, n, d, monkeypatch):
     j = judge_low_precision(f[0], *f[1:], dtype="bf16" if dtype == "bfloat16" else np.float16)
     print(dtype, bh, n, d, j)
     assert j.ok, str(j)
+
+
+def test_split_rule_by_hand():
+    """Split-KV where the grid (after the narrowing above) still gives each SM at most one block and
+    d <= 128: 4 splits at d <= 64, 2 above, fewer where a split would keep under 32 key blocks;
+    ``nk`` not given, splits given, or d > 128: none."""
+    c64, c128 = fast.default_config("fwd_fp16_v7", 64), fast.default_config("fwd_fp16_v7", 128)
+    # B·H = 1, N = 8,192: 128 blocks of 64 rows; 128 key blocks of 64
+    assert fast.fit_to_grid("fwd_fp16_v7", c64, {}, 8192, 1, 132, d=64, nk=8192) == dict(c64, nw=4, splits=4)
+    assert fast.fit_to_grid("fwd_fp16_v7", c128, {}, 8192, 1, 132, d=128, nk=8192) == dict(c128, bc=64, splits=2)
+    assert fast.fit_to_grid("fwd_fp16_v7", c64, {}, 8192, 1, 132, d=64) == dict(c64, nw=4)  # no nk
+    assert fast.fit_to_grid("fwd_fp16_v7", c64, {"splits": 1}, 8192, 1, 132, d=64, nk=8192) == dict(c64, nw=4)
+    # N = 4,096: 64 key blocks, so 2 splits of 32 at d = 64 (4 would keep 16); N = 2,048: none
+    assert fast.fit_to_grid("fwd_fp16_v7", c64, {}, 4096, 2, 132, d=64, nk=4096)["splits"] == 2
+    assert fast.fit_to_grid("fwd_fp16_v7", c128, {}, 2048, 4, 132, d=128, nk=2048)["splits"] == 1
+    # 136 blocks of 64 rows (B·H = 17, N = 512): more than the SMs, no split; d = 192: none
+    assert fast.fit_to_grid("fwd_fp16_v7", c64, {}, 512, 17, 132, d=64, nk=1 << 20)["splits"] == 1
+    c192 = fast.default_config("fwd_fp16_v7", 192)
+    assert fast.fit_to_grid("fwd_fp16_v7", c192, {}, 8192, 1, 132, d=192, nk=8192)["splits"] == 1
+    # v4 has no splits
+    assert "splits" not in fast.fit_to_grid("fwd_fp16_v4", CFG64, {}, 8192, 1, 132, d=64, nk=8192)
+    # the simulator's sms option takes the rule: two launches, Q read by each split
+    w = Workload(batch=1, heads=1, seq_len_q=8192, head_dim=128, dtype="bf16")
+    r = simulate(w, "fast", "fwd", sms=132)
+    assert list(r.io.per_launch) == ["fwd_fp16_v7", "fwd_combine"] and r.agrees
+    assert r.io.breakdown[("Q", "read")].elements == 2 * 8192 * 128

@@ -254,7 +254,12 @@ def variant_for(w: Workload, pass_: str, kernel: str | None = None) -> str:
     return name
 
 
-def fit_to_grid(name: str, cfg: dict, given, nq: int, bh: int, num_sms: int, d: int) -> dict:
+#: Split-KV on small grids (:func:`fit_to_grid`): the most splits at d <= 64 and at 64 < d <= 128,
+#: and the fewest key blocks a split keeps.
+SPLITS_D64, SPLITS_D128, SPLIT_MIN_KEY_BLOCKS = 4, 2, 32
+
+
+def fit_to_grid(name: str, cfg: dict, given, nq: int, bh: int, num_sms: int, d: int, nk: int | None = None) -> dict:
     """The block shape ``name`` runs for Nq query rows and B·H heads on a GPU of ``num_sms`` SMs:
     ``cfg`` (:func:`default_config` updated by the keys in ``given``), except where a grid of
     128-row blocks would give each SM at most one block: then the fp16/bf16 forwards take 64-row
@@ -272,22 +277,43 @@ def fit_to_grid(name: str, cfg: dict, given, nq: int, bh: int, num_sms: int, d: 
     Nq = 512, Nk = 4,096 (512 blocks) 1.09x where Bc = 64 ran 1.21x.  Not above d = 128 (``d``,
     the head dim): Bc = 64 there takes 123 KB of shared memory at d = 192, one block an SM,
     and ran 0.72x Bc = 48 (kernels/data/fwd_fp16_v5_wide_h100_1133a8a).  The kernel launcher
-    (``kernels.perf``) calls it with the device's SM count."""
+    (``kernels.perf``) calls it with the device's SM count.
+
+    Then v5 and v7 split the keys (``splits``, unless given; ``nk``, the key count, given) where
+    the grid of the blocks chosen so far still gives each SM at most one block, d <= 128: S = 4
+    at d <= 64 and 2 above (blocks of ``SPLITS_D64``, ``SPLITS_D128``; at d = 128 three splits
+    leave 384 blocks for 264 places, two an SM), fewer where a split would keep under 32 key
+    blocks (``SPLIT_MIN_KEY_BLOCKS``), none below 2.  On an H200 at 5224174
+    (kernels/data/fwd_fp16_v7_split_h200_5224174, ``kernels.perf.tune``, S = 1-4 in one run):
+    B·H = 1, N = 8,192 (128 blocks of 64 rows, 128 key blocks each) d = 128 0.128 ms unsplit, S = 2
+    0.107 (0.96x -> 1.15x SDPA flash; bf16 0.85x -> 1.16x; causal 0.95x -> 1.18x, S = 3 1.28x), d = 64
+    0.095 ms, S = 4 0.071 (0.76x -> 1.01x); at 32 key blocks a block (B·H = 4, N = 2,048, d = 128) S = 2
+    ran 0.056 ms for 0.036 (the partials' traffic and the second launch cost more than the split
+    saves), hence the least split length."""
     given = given or ()
     br = 16 * cfg.get("nw", 0) * cfg.get("mt", 0)
     blocks = -(-nq // br) * bh if br else 0
     wg = name in ("fwd_fp16_v5", "fwd_fp16_v7")  # v7 (v5's loop, TMA copies): v5's rules, not timed apart
+    out = cfg
     if wg and "bc" not in given and cfg.get("bc") == 48 and cfg.get("nw") == 4:
-        if d > 128:  # Bc = 64 there leaves one block an SM (d = 192: 0.72x Bc = 48)
-            return cfg
-        return dict(cfg, bc=64) if blocks <= 4 * num_sms else cfg
-    if name == "fwd_fp16_v4" and "mt" not in given and cfg.get("mt") == 2:
-        small = dict(cfg, mt=1)
+        if d <= 128 and blocks <= 4 * num_sms:  # above d = 128 Bc = 64 leaves one block an SM (d = 192: 0.72x)
+            out = dict(cfg, bc=64)
+    elif name == "fwd_fp16_v4" and "mt" not in given and cfg.get("mt") == 2:
+        if blocks <= num_sms:
+            out = dict(cfg, mt=1)
     elif wg and "nw" not in given and cfg.get("nw") == 8:
-        small = dict(cfg, nw=4)
-    else:
-        return cfg
-    return small if blocks <= num_sms else cfg
+        if blocks <= num_sms:
+            out = dict(cfg, nw=4)
+    if not wg or "splits" in given or nk is None or d > 128 or out.get("splits", 1) != 1:
+        return out
+    br = 16 * out["nw"] * out["mt"]
+    if -(-nq // br) * bh > num_sms:
+        return out
+    tc = -(-nk // out["bc"])
+    s = SPLITS_D64 if d <= 64 else SPLITS_D128
+    while s > 1 and -(-tc // s) < SPLIT_MIN_KEY_BLOCKS:
+        s -= 1
+    return dict(out, splits=s) if s > 1 else out
 
 
 def _config_dict(config) -> dict:
@@ -514,7 +540,7 @@ def _forward(w: Workload, name: str, config=None) -> Schedule:
     t = tiles(name, w.d, config)["fwd"]
     c = parse_config(name, w.d, config)
     if c.get("splits", 1) > 1:
-        raise ValueError(f"splits={c['splits']}: the split-KV forward is not modelled yet")
+        return _forward_split(w, name, t, c["splits"])
     qsplit, ostage = (c["qsplit"], c["ostage"]) if name == "fwd_fp32_v2" else (False, False)
     qfrag = qsplit and c["qfrag"]
     q0, qn = block_rows(w.nq, t.block_m)
@@ -547,6 +573,88 @@ def _forward(w: Workload, name: str, config=None) -> Schedule:
 
     launch = Launch(name, w.bh, per_query_head_slices(w, names), counts, counts)
     return Schedule("fast", layouts(w, names), [launch], _meta(name, "fwd", t))
+
+
+#: Threads of a block of the split-KV forward's combine launch (``kernels.perf.fwd_fp16.COMBINE_THREADS``).
+COMBINE_THREADS = 256
+
+
+def split_smem(d: int, br: int) -> int:
+    """Shared memory of the split-KV epilogue (``kernels.perf.fwd_fp16.smem_bytes_split``): Br rows of
+    d (to 16) + 8 floats from the 1024-aligned base; the launch takes the larger of this and v5's or v7's own."""
+    return 1024 + 4 * br * (cdiv(d, 16) * 16 + 8)
+
+
+def split_layouts(w: Workload, splits: int) -> dict[str, TensorLayout]:
+    """The tensors of the split-KV forward: Q, K, V, L as always, O and the float32 partials Op
+    (S·B·H slices, split z of head p in slice z·B·H + p) and Lp flat (Nq·d rows of one element: the
+    combine reads and writes runs of 32 consecutive elements, which cross rows where d % 32 != 0;
+    the same bytes and addresses as (Nq, d) rows)."""
+    out = layouts(w, ("Q", "K", "V", "L"))
+    out["O"] = TensorLayout("O", w.nq * w.d, 1, w.elem_bytes, w.bh)
+    out["Op"] = TensorLayout("Op", w.nq * w.d, 1, STAT_BYTES, splits * w.bh)
+    out["Lp"] = TensorLayout("Lp", w.nq, 1, STAT_BYTES, splits * w.bh)
+    return out
+
+
+def combine_warps(nq: int, d: int) -> dict[str, np.ndarray]:
+    """The warps of a head in the combine launch (thread e of the head's Nq·d outputs: row e // d,
+    column e % d; warp w: e = 32w .. 32w + 31, those below Nq·d): the first flat element and the
+    count of each warp's run (Op reads, O writes), its rows (first, count: every thread reads its
+    row's Lp_s, one request a split) and the rows whose column 0 it holds (their L; count 0 where
+    none)."""
+    n = nq * d
+    e0 = np.arange(0, n, 32, dtype=np.int64)
+    cnt = np.minimum(32, n - e0)
+    ra, rb = e0 // d, (e0 + cnt - 1) // d
+    la = -(-e0 // d)
+    return {"e0": e0, "n": cnt, "row0": ra, "rows": rb - ra + 1, "l0": la, "ln": np.maximum(0, rb - la + 1)}
+
+
+def _forward_split(w: Workload, name: str, t: Tiling, splits: int) -> Schedule:
+    """fwd_fp16_v5 / v7 with ``splits`` = S > 1 (split-KV: ``kernels.perf.fwd_fp16``).  Main launch,
+    grid (Tr, B·H, S): block (i, p, z) reads Q_i (every split, an empty one too), walks key blocks
+    z·⌈n_i/S⌉ .. of the n_i its query block sees (K_j, V_j once per visible pair, as unsplit), and
+    writes its float32 partial O_i (whole rows, 32 consecutive floats a warp) into Op slice
+    z·B·H + p and L_i into Lp (8 rows a request); no O or L.  Combine launch (``fwd_combine``),
+    grid (⌈Nq·d/256⌉, B·H): per warp of a head (:func:`combine_warps`) and split, its rows of Lp
+    (one request) and its run of Op; then its run of O and the L of the rows it starts."""
+    q0, qn = block_rows(w.nq, t.block_m)
+    k0, kn = block_rows(w.nk, t.block_n)
+    d = w.d
+    lay = split_layouts(w, splits)
+    names = tuple(lay)
+    slices = per_query_head_slices(w, names)
+    kv = bulk_read if name == "fwd_fp16_v7" else read
+
+    def main():
+        _, seen_by = visible_counts(w, t)
+        qc = classes(q0, qn)
+        kc = classes(k0, kn, seen_by)
+        oc = classes(q0 * d, qn * d)  # O_i's rows, flat
+        gs, gn = _groups(q0, qn, 8)
+        lc = classes(gs, gn)
+        yield read("Q", qc[0], qc[1], repeat=splits * qc[2])
+        yield kv("K", kc[0], kc[1], repeat=kc[2])
+        yield kv("V", kc[0], kc[1], repeat=kc[2])
+        for z in range(splits):
+            yield write("Op", oc[0], oc[1], slice_offset=z * w.bh, repeat=oc[2])
+            yield write("Lp", lc[0], lc[1], slice_offset=z * w.bh, repeat=lc[2])
+
+    def combine():
+        cw = combine_warps(w.nq, d)
+        rc = classes(cw["e0"], cw["n"])
+        lpc = classes(cw["row0"], cw["rows"])
+        has = cw["ln"] > 0
+        lw = classes(cw["l0"][has], cw["ln"][has])
+        for z in range(splits):
+            yield read("Lp", lpc[0], lpc[1], slice_offset=z * w.bh, repeat=lpc[2])
+            yield read("Op", rc[0], rc[1], slice_offset=z * w.bh, repeat=rc[2])
+        yield write("O", rc[0], rc[1], repeat=rc[2])
+        yield write("L", lw[0], lw[1], repeat=lw[2])
+
+    launches = [Launch(name, w.bh, slices, main, main), Launch("fwd_combine", w.bh, slices, combine, combine)]
+    return Schedule("fast", lay, launches, _meta(name, "fwd", t, {"splits": splits}))
 
 
 def _preprocess(w: Workload, slices) -> Launch:
@@ -740,7 +848,8 @@ def _config(w: Workload, name: str, options: dict):
         raise ValueError(f"sms={sms!r}: must be a positive integer")
     if VARIANTS[name][0] != "fwd":
         return config
-    return fit_to_grid(name, parse_config(name, w.d, config), _config_dict(config), w.nq, w.bh, int(sms), d=w.d)
+    return fit_to_grid(name, parse_config(name, w.d, config), _config_dict(config), w.nq, w.bh, int(sms), d=w.d,
+                       nk=w.nk)
 
 
 def schedule(w: Workload, tiling: Tiling | None, pass_: str, **options) -> Schedule:
@@ -786,8 +895,16 @@ def closed_form(w: Workload, tiling: Tiling | None, pass_: str, **options) -> di
         t = tiles(name, d, config)["fwd"]
         kv = bh * _kv_rows_fwd(w, t) * d
         how = "bulk_read" if name == "fwd_fp16_v7" else "read"  # v7: the TMA unit's copies
-        return {("Q", "read"): bh * nq * d, ("K", how): kv, ("V", how): kv,
-                ("O", "write"): bh * nq * d, ("L", "write"): bh * nq}
+        out = {("Q", "read"): bh * nq * d, ("K", how): kv, ("V", how): kv,
+               ("O", "write"): bh * nq * d, ("L", "write"): bh * nq}
+        s = parse_config(name, d, config).get("splits", 1)
+        if s > 1:  # split-KV: Q read by every split; the partials written, then read by the combine
+            cw = combine_warps(nq, d)
+            out[("Q", "read")] *= s
+            out[("Op", "write")] = out[("Op", "read")] = s * bh * nq * d
+            out[("Lp", "write")] = s * bh * nq
+            out[("Lp", "read")] = s * bh * int(cw["rows"].sum())
+        return out
     tl = tiles(name, d, config)
     q_rows = _q_rows_dkdv(w, tl["dkdv"])  # per query head
     rep = key_warps(name, d, config)  # warps that read each step's L and D

@@ -113,7 +113,7 @@ def _forward(name, kernel, smem_bytes, default_config, supports, q, k, v, *, cau
     cfg = _merged_config(default_config(d), config, "this variant")
     from flashsim.algorithms.fast import fit_to_grid
 
-    cfg = fit_to_grid(name.rsplit(".", 1)[-1], cfg, config, nq, nb * nh, num_sms(), d=d)
+    cfg = fit_to_grid(name.rsplit(".", 1)[-1], cfg, config, nq, nb * nh, num_sms(), d=d, nk=nk)
     if cfg["bc"] <= 0 or cfg["bc"] % 16:
         raise ValueError(f"bc={cfg['bc']}: must be a positive multiple of 16")
     splits = cfg.get("splits", 1)

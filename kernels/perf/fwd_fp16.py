@@ -448,9 +448,9 @@ def combine_source(D: int, BF16: bool):
     """The split-KV forward's second launch, grid (⌈Nq·d / 256⌉, B·H): thread e of a head's Nq·d
     outputs (row e // d, column e % d) merges the S splits' partials of its row, m = max_s Lp_s,
     w_s = exp(Lp_s − m), O = Σ_s w_s Op_s / Σ_s w_s, L = m + ln Σ_s w_s (a row no split saw: O = 0,
-    L = −inf, as the one-launch kernel writes it).  A warp reads 32 consecutive floats of each Op_s
-    and writes 32 consecutive elements of O; Lp_s is read by every thread of the row (one request a
-    warp a split: the row's d threads share its sector)."""
+    L = −inf, as the one-launch kernel writes it), in one pass over s.  A warp reads 32 consecutive
+    floats of each Op_s and writes 32 consecutive elements of O; every thread reads its row's Lp_s
+    (one request a warp a split, for the rows its 32 elements span)."""
     CV = storer(BF16)
     CT = COMBINE_THREADS
 
@@ -465,19 +465,24 @@ def combine_source(D: int, BF16: bool):
         if e < nq * D:
             row = e // D
             col = e - row * D
-            mx = NEG_INF
-            for z in range(ns):
-                mx = max(mx, lp[z * nb + b, h, row])
-            mu = mx if mx != NEG_INF else float32(0.0)
+            # one pass, each Lp_s and Op_s loaded once: the running max m, and tot, acc rescaled
+            # when it grows (exp(-inf) = 0 keeps a split that saw nothing out, with its zeros)
+            m = NEG_INF
             tot = float32(0.0)
             acc = float32(0.0)
             for z in range(ns):
-                w = math.exp(lp[z * nb + b, h, row] - mu)
-                tot += w
-                acc += w * op[z * nb + b, h, row, col]
+                lz = lp[z * nb + b, h, row]
+                x = op[z * nb + b, h, row, col]
+                mn = max(m, lz)
+                mu = mn if mn != NEG_INF else float32(0.0)
+                c = math.exp(m - mu)
+                w = math.exp(lz - mu)
+                tot = tot * c + w
+                acc = acc * c + w * x
+                m = mn
             o[b, h, row, col] = CV(acc / tot if tot > 0 else float32(0.0))
             if col == 0:
-                lse[b, h, row] = mu + math.log(tot) if tot > 0 else NEG_INF
+                lse[b, h, row] = m + math.log(tot) if tot > 0 else NEG_INF
 
     return fwd_combine
 
