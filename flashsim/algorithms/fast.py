@@ -14,7 +14,8 @@ Variants (the names the records use) and their launches, in launch order:
   same loads and stores as v4's;
   ``fwd_fp16_v7`` v5 with K_j and V_j copied by the TMA unit, traffic class "bulk", not LSU
   loads, the same rows; Br = 128, Bc = 64 but at d = 96, 112 and 128, where it takes v5's
-  blocks; causal, its blocks run longest first across sections of heads, ``lpt``: :func:`lpt_heads`),
+  blocks; causal, its blocks run longest first across sections of heads, ``lpt``: :func:`lpt_heads`;
+  v5 and v7 with ``splits`` = S > 1, split-KV, two launches: :func:`_forward_split`),
   ``fwd_fp32_v1`` (fp32 forward, FFMA; what BEST runs at d not a multiple
   of 8 and above 128; Br = 4·rm·nw = 64, Bc = 64 at d <= 64, 32 above) and ``fwd_fp32_v2`` (fp32
   forward as 3xTF32 on the tensor cores, d % 8 == 0 up to 128, padded on chip with zero columns to
@@ -281,7 +282,7 @@ def fit_to_grid(name: str, cfg: dict, given, nq: int, bh: int, num_sms: int, d: 
 
     Then v5 and v7 split the keys (``splits``, unless given; ``nk``, the key count, given) where
     the grid of the blocks chosen so far still gives each SM at most one block, d <= 128: S = 4
-    at d <= 64 and 2 above (blocks of ``SPLITS_D64``, ``SPLITS_D128``; at d = 128 three splits
+    at d <= 64 and 2 above (``SPLITS_D64``, ``SPLITS_D128``; at d = 128 three splits
     leave 384 blocks for 264 places, two an SM), fewer where a split would keep under 32 key
     blocks (``SPLIT_MIN_KEY_BLOCKS``), none below 2.  On an H200 at 5224174
     (kernels/data/fwd_fp16_v7_split_h200_5224174, ``kernels.perf.tune``, S = 1-4 in one run):
@@ -289,7 +290,12 @@ def fit_to_grid(name: str, cfg: dict, given, nq: int, bh: int, num_sms: int, d: 
     0.107 (0.96x -> 1.15x SDPA flash; bf16 0.85x -> 1.16x; causal 0.95x -> 1.18x, S = 3 1.28x), d = 64
     0.095 ms, S = 4 0.071 (0.76x -> 1.01x); at 32 key blocks a block (B·H = 4, N = 2,048, d = 128) S = 2
     ran 0.056 ms for 0.036 (the partials' traffic and the second launch cost more than the split
-    saves), hence the least split length."""
+    saves), hence the least split length.  The rule at d3e3777
+    (kernels/data/fwd_fp16_v7_split_h200_d3e3777, unsplit and the rule alternated): B·H = 1, N =
+    8,192, 4 pairs of 30 calls, d = 64 0.095-0.099 -> 0.070-0.072 ms, d = 128 0.122-0.136 ->
+    0.104-0.126 ms; causal, 2 pairs of 10, d = 64 0.094-0.103 -> 0.064-0.065, d = 128 0.122 -> 0.102-0.103;
+    at 64 key blocks (B·H = 2, N = 4,096), 2 pairs of 10, no gain either way (d = 64 0.050 and 0.051
+    -> 0.050 and 0.059; d = 128 0.086 and 0.065 -> 0.069 and 0.069)."""
     given = given or ()
     br = 16 * cfg.get("nw", 0) * cfg.get("mt", 0)
     blocks = -(-nq // br) * bh if br else 0

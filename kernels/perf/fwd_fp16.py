@@ -68,6 +68,18 @@ tile copies and the products (Q Kᵀ, P V) are :mod:`kernels.perf._tiles`'s.
   (kernels/data/bench_fwd_v7_2eb1598, 5 rounds, fp16 and bf16): 1.21-1.57x SDPA flash on all 40
   rows, 1.31-1.57x at N >= 4,096 (the moonshot's 1.3x on all 24), 0.70-0.90x cuDNN, 1.02-1.23x v5.
 
+* Split-KV (v5 and v7, ``splits`` = S > 1 in the block shape; ``SPLIT`` in :func:`_source`): the
+  grid (Tr, B·H, S), split z walking key blocks z·⌈n/S⌉ .. of the n its query block sees, its
+  epilogue staging O_i = acc/ℓ in float32 in shared memory (the K and V buffers are free by then:
+  :func:`smem_bytes_split`) and storing it 32 consecutive floats a warp into the partial Op, its
+  logsumexp into Lp; then :func:`combine_source`'s launch merges the splits.  Why: a grid of at
+  most one block an SM (B·H = 1, N = 8,192: 128 blocks of 64 rows on 132 SMs) leaves each SM one
+  warpgroup, nothing to overlap its softmax with; S blocks of 1/S the keys give it S.  The
+  launcher's rule (``flashsim.algorithms.fast.fit_to_grid``, measured there): H200, B·H = 1, N =
+  8,192, d = 64 0.74-0.78x -> 1.02-1.05x SDPA flash, d = 128 0.94-1.06x -> 1.02-1.24x, causal
+  0.71-0.98x -> 1.12-1.16x (kernels/data/fwd_fp16_v7_split_h200_d3e3777).  The unsplit kernel's
+  SASS is unchanged by it (sm_90a, d = 64 and 128, compared line by line).
+
 All four compile for bf16 too (``bf16=True``: the ``.bf16`` mma and ``cvt.rn.bf16x2.f32``; the tiles
 are the inputs' bits, moved unchanged), timed on the H100 beside fp16 (NOTES.md, "bf16").
 
