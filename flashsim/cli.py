@@ -331,7 +331,8 @@ TENSORS = {
     "dS": "gradient of S, N x N", "dP": "gradient of P, N x N",
     "BT": "decode's block table, int32, one entry per page of a paged KV cache",
     "Lens": "decode's cache lengths L_b, int32, one per sequence (read by every main-launch program)",
-    "Op": "decode's partial outputs of the splits, fp32, S x N x d", "Lp": "decode's partial logsumexps, fp32, S x N",
+    "Op": "partial outputs of the key splits (decode, split-KV forward), fp32, S x N x d",
+    "Lp": "partial logsumexps of the key splits, fp32, S x N",
     "dQacc": "the fast fp16 backward's float32 dQ accumulator (zeroed, reduced into, converted to dQ), N x d",
 }
 
