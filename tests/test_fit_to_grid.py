@@ -171,3 +171,5 @@ def test_split_rule_by_hand():
     r = simulate(w, "fast", "fwd", sms=132)
     assert list(r.io.per_launch) == ["fwd_fp16_v7", "fwd_combine"] and r.agrees
     assert r.io.breakdown[("Q", "read")].elements == 2 * 8192 * 128
+    with pytest.raises(ValueError, match="splits=65"):  # the kernels' bound (kernels.perf._launch checks it)
+        simulate(w, "fast", "fwd", config="splits=65")

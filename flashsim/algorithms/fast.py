@@ -258,6 +258,8 @@ def variant_for(w: Workload, pass_: str, kernel: str | None = None) -> str:
 #: Split-KV on small grids (:func:`fit_to_grid`): the most splits at d <= 64 and at 64 < d <= 128,
 #: and the fewest key blocks a split keeps.
 SPLITS_D64, SPLITS_D128, SPLIT_MIN_KEY_BLOCKS = 4, 2, 32
+#: Most key splits the split-KV forward takes (``splits``; the kernels' launcher checks it too).
+MAX_SPLITS = 64
 
 
 def fit_to_grid(name: str, cfg: dict, given, nq: int, bh: int, num_sms: int, d: int, nk: int | None = None) -> dict:
@@ -546,6 +548,8 @@ def _forward(w: Workload, name: str, config=None) -> Schedule:
     t = tiles(name, w.d, config)["fwd"]
     c = parse_config(name, w.d, config)
     if c.get("splits", 1) > 1:
+        if c["splits"] > MAX_SPLITS:
+            raise ValueError(f"splits={c['splits']}: must be 1..{MAX_SPLITS}")
         return _forward_split(w, name, t, c["splits"])
     qsplit, ostage = (c["qsplit"], c["ostage"]) if name == "fwd_fp32_v2" else (False, False)
     qfrag = qsplit and c["qfrag"]

@@ -23,8 +23,6 @@ from .._direct import launch
 
 #: log2(e): the kernels exponentiate with ex2, in log2 units (the one definition).
 LOG2E = 1.4426950408889634
-#: Most key splits a split-KV forward takes (``splits`` in v5's and v7's block shape).
-MAX_SPLITS = 64
 
 
 _RAISED: dict = {}
@@ -116,11 +114,11 @@ def _forward(name, kernel, smem_bytes, default_config, supports, q, k, v, *, cau
     cfg = fit_to_grid(name.rsplit(".", 1)[-1], cfg, config, nq, nb * nh, num_sms(), d=d, nk=nk)
     if cfg["bc"] <= 0 or cfg["bc"] % 16:
         raise ValueError(f"bc={cfg['bc']}: must be a positive multiple of 16")
+    from flashsim.algorithms.fast import MAX_SPLITS
+
     splits = cfg.get("splits", 1)
     if not 1 <= splits <= MAX_SPLITS:
         raise ValueError(f"splits={splits}: must be 1..{MAX_SPLITS}")
-    if splits > 1 and nb * splits > 65535:
-        raise ValueError(f"batch*splits={nb * splits}: at most 65535")
     from ..flash2 import padded_head_dim
 
     dp = padded_head_dim(d)
