@@ -696,10 +696,10 @@ def _split_main(w: Workload, cols, t: Tiling, splits: int, reverse: bool, lpt_he
         else:
             i, p = (tr - 1 - x if reverse else x), y
         P.add("Q", False, b, 0, p, q0[i], qn[i])
-        nb = nvis()[i]
-        per = -(-nb // splits)
-        j0 = np.minimum(nb, z * per)
-        bi, k = _expand(np.minimum(nb, j0 + per) - j0)
+        n_i = nvis()[i]
+        per = -(-n_i // splits)
+        j0 = np.minimum(n_i, z * per)
+        bi, k = _expand(np.minimum(n_i, j0 + per) - j0)
         j = j0[bi] + k
         P.add("K", False, b[bi], k, p[bi] // w.group, k0[j], kn[j])  # the first with Q (step 0)
         P.add("V", False, b[bi], k, p[bi] // w.group, k0[j], kn[j])

@@ -39,8 +39,10 @@ def _shape(pass_="fwd", d=64, n=4096, causal=False, dtype="fp16"):
 def test_candidates_are_the_kernels_knobs_and_hold_the_default(name, d):
     v = variant(name)
     kept, dropped = at.candidates(name, d)
-    assert kept and all(set(c) == set(v.default_config(d)) for c in kept)
-    assert v.default_config(d) in kept  # the shipped shape fits the H100
+    # every knob but v5's and v7's splits, which the tuner leaves to fit_to_grid's small-grid rule
+    default = {k: val for k, val in v.default_config(d).items() if k != "splits"}
+    assert kept and all(set(c) == set(default) for c in kept)
+    assert default in kept  # the shipped shape fits the H100
     assert len(kept) + len(dropped) == len(at.knob_grid(name, d))
     for _, why in dropped:
         assert why.split(":")[0] in ("shared memory", "registers", "layout", "occupancy")

@@ -433,6 +433,22 @@ def test_split_kv_tiles_move_the_walkers_elements(kernel, w, splits):
         assert _tile_elements(launch.blocks, 0, n // 3) + _tile_elements(launch.blocks, n // 3, n) == want, name
 
 
+def test_split_kv_constants_equal_the_kernels():
+    """The combine's threads and the split epilogue's shared memory, restated in flashsim, are the
+    kernels' (and the main launch's block asks for the larger of it and v7's own)."""
+    from kernels.flash2 import padded_head_dim
+    from kernels.perf import fwd_fp16
+
+    assert fast.COMBINE_THREADS == fwd_fp16.COMBINE_THREADS == fwd_fp16.SPLIT_KV.threads
+    for d in (8, 40, 64, 72, 128, 200, 256):
+        for br in (64, 128):
+            assert fast.split_smem(d, br) == fwd_fp16.smem_bytes_split(padded_head_dim(d), br)
+    w = W(1, 1, 70, 64, nk=50)
+    sched = build_schedule(w, "fast", "fwd", None, kernel="fwd_fp16_v7", config={"splits": 2, "nw": 4, "bc": 16})
+    own = fwd_fp16.smem_bytes_v7(64, 64, 16)
+    assert sched.launches[0].blocks.smem_bytes == max(own, fwd_fp16.smem_bytes_split(64, 64)) > own
+
+
 def test_split_kv_blocks_by_hand():
     """B = 1, H = 1, Nq = 70, Nk = 50, d = 40, causal (shift -20), Br = 64, Bc = 16, S = 3: grid
     (2, 1, 3).  Block x = 0 runs query block 1 (rows 64..69, longest first), which sees all 4 key

@@ -506,21 +506,23 @@ def test_split_kv_counts_by_hand():
     assert one[("K", "bulk_read")].elements == 7840 and one[("Q", "read")].elements == 16800 // 3
 
 
-def test_split_kv_elements_equal_the_kernels_under_the_simulator():
+@pytest.mark.parametrize("kernel,nq,nk,d", [("fwd_fp16_v7", 32, 40, 64), ("fwd_fp16_v5", 70, 50, 40)])
+def test_split_kv_elements_equal_the_kernels_under_the_simulator(kernel, nq, nk, d):
     """The split-KV kernels under the CUDA simulator touch the schedule's elements: the main launch
     (its o and lse are Op and Lp) reads Q and writes Op, Lp; the combine reads Op and writes O, L;
-    its Lp reads, every lane of a warp one per split, make the schedule's sectors (Nq·d = 2,048:
-    whole warps, whole blocks)."""
-    from kernels.perf import fwd_fp16_v7
+    its Lp reads, every lane of a warp one per split, make the schedule's sectors: at d = 64 a warp
+    holds half a row, at d = 40 (Nq·d = 2,800: a partial last warp) 32 elements that cross a row
+    in 52 of a head's 88 warps, so a request spans two rows there."""
+    from kernels.perf import variant
 
     rng = np.random.default_rng(4)
-    q = rng.standard_normal((1, 2, 32, 64)).astype(np.float16)
-    k, v = (rng.standard_normal((1, 1, 40, 64)).astype(np.float16) for _ in range(2))
+    q = rng.standard_normal((1, 2, nq, d)).astype(np.float16)
+    k, v = (rng.standard_normal((1, 1, nk, d)).astype(np.float16) for _ in range(2))
     config = dict(splits=3, nw=4, bc=16)
     with trace() as got:
-        fwd_fp16_v7.forward(q, k, v, causal=True, **config)
-    w = W(1, 2, 32, 64, seq_len_k=40, kv_heads=1, causal=True)
-    io = simulate(w, "fast", "fwd", kernel="fwd_fp16_v7", config=config).io
+        variant(kernel).forward(q, k, v, causal=True, **config)
+    w = W(1, 2, nq, d, seq_len_k=nk, kv_heads=1, causal=True)
+    io = simulate(w, "fast", "fwd", kernel=kernel, config=config).io
     (_, _, main, _), (_, _, comb, req) = got
     lm, lc = (c.breakdown for c in io.per_launch.values())
     print(main, comb, req)

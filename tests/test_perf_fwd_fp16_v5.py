@@ -74,9 +74,10 @@ def test_lpt_order_gives_the_same_bits(variant):
 def test_split_kv(variant, causal, splits):
     """``splits`` (split-KV): split z of S walks its share of a query block's key blocks and writes
     float32 partials that a second launch merges.  Against float64, and L within float32 rounding of
-    the one-launch kernel's; GQA 2:1, B = 2; causal with Nq > Nk (20 rows see no key: O = 0, L =
-    -inf), where the first query block has 3 key blocks (one a split) and the second 4 (2, 2 and an
-    empty third split)."""
+    the one-launch kernel's; GQA 2:1, B = 2, Bc = 16, 64-row blocks (whose float32 staging, 18,432
+    bytes, reaches past v7's buffers: its mbarriers lie beyond it).  v7 causal, S = 3: Nq > Nk (20
+    rows see no key: O = 0, L = -inf), the first query block with 3 key blocks (one a split), the
+    second 4 (2, 2 and an empty third split); v5 not causal, S = 2: 2 key blocks each."""
     q, k, v, _ = make(13, 2, 2, 1, 70, 50, 64)
     one = WG[variant].forward(q, k, v, causal=causal, return_lse=True, bc=16, nw=4)
     o, lse = WG[variant].forward(q, k, v, causal=causal, return_lse=True, bc=16, nw=4, splits=splits)

@@ -285,8 +285,9 @@ def fit_to_grid(name: str, cfg: dict, given, nq: int, bh: int, num_sms: int, d: 
     Then v5 and v7 split the keys (``splits``, unless given; ``nk``, the key count, given) where
     the grid of the blocks chosen so far still gives each SM at most one block, d <= 128: S = 4
     at d <= 64 and 2 above (``SPLITS_D64``, ``SPLITS_D128``; at d = 128 three splits
-    leave 384 blocks for 264 places, two an SM), fewer where a split would keep under 32 key
-    blocks (``SPLIT_MIN_KEY_BLOCKS``), none below 2.  On an H200 at 5224174
+    leave 384 blocks for 264 places, two an SM), fewer where ⌈Tc/S⌉ would be under 32 for the Tc
+    key blocks of Nk (``SPLIT_MIN_KEY_BLOCKS``; a causal query block sees fewer, and its splits get
+    fewer), none below 2.  On an H200 at 5224174
     (kernels/data/fwd_fp16_v7_split_h200_5224174, ``kernels.perf.tune``, S = 1-4 in one run):
     B·H = 1, N = 8,192 (128 blocks of 64 rows, 128 key blocks each) d = 128 0.128 ms unsplit, S = 2
     0.107 (0.96x -> 1.15x SDPA flash; bf16 0.85x -> 1.16x; causal 0.95x -> 1.18x, S = 3 1.28x), d = 64
@@ -591,8 +592,9 @@ COMBINE_THREADS = 256
 
 def split_smem(d: int, br: int) -> int:
     """Shared memory of the split-KV epilogue (``kernels.perf.fwd_fp16.smem_bytes_split``): Br rows of
-    d (to 16) + 8 floats from the 1024-aligned base; the launch takes the larger of this and v5's or v7's own."""
-    return 1024 + 4 * br * (cdiv(d, 16) * 16 + 8)
+    d (to 16) + 8 floats from the 1024-aligned base, then v7's two mbarriers; the launch takes the
+    larger of this and v5's or v7's own."""
+    return 1024 + 4 * br * (cdiv(d, 16) * 16 + 8) + 32
 
 
 def split_layouts(w: Workload, splits: int) -> dict[str, TensorLayout]:
@@ -908,6 +910,8 @@ def closed_form(w: Workload, tiling: Tiling | None, pass_: str, **options) -> di
         out = {("Q", "read"): bh * nq * d, ("K", how): kv, ("V", how): kv,
                ("O", "write"): bh * nq * d, ("L", "write"): bh * nq}
         s = parse_config(name, d, config).get("splits", 1)
+        if s > MAX_SPLITS:
+            raise ValueError(f"splits={s}: must be 1..{MAX_SPLITS}")
         if s > 1:  # split-KV: Q read by every split; the partials written, then read by the combine
             cw = combine_warps(nq, d)
             out[("Q", "read")] *= s

@@ -314,8 +314,10 @@ def knob_grid(name: str, d: int) -> list[dict]:
     if name in ("fwd_fp16_v5", "fwd_fp16_v7"):  # whole warpgroups of 64 rows; Q in shared memory (wgmma reads it)
         from . import variant
 
-        dflt = variant(name).default_config(d)  # lpt (an order) and splits (split-KV): the default's
-        return [dict(bc=bc, nw=nw, mt=1, qreg=False, lpt=dflt["lpt"], splits=dflt["splits"])
+        # lpt (an order, not a block shape): the default's; splits (split-KV) left out, so that a
+        # cached entry leaves it to fit_to_grid's small-grid rule (the tuner times full grids)
+        lpt = variant(name).default_config(d)["lpt"]
+        return [dict(bc=bc, nw=nw, mt=1, qreg=False, lpt=lpt)
                 for bc, nw in product((32, 48, 64, 96, 128, 160, 192), (4, 8))]
     if name == "bwd_fp16_v1":
         grid = product((16, 32, 64, 128), (16, 32, 64, 128), (2, 4, 8), (1, 2), (True, False))

@@ -70,15 +70,16 @@ tile copies and the products (Q Kᵀ, P V) are :mod:`kernels.perf._tiles`'s.
 
 * Split-KV (v5 and v7, ``splits`` = S > 1 in the block shape; ``SPLIT`` in :func:`_source`): the
   grid (Tr, B·H, S), split z walking key blocks z·⌈n/S⌉ .. of the n its query block sees, its
-  epilogue staging O_i = acc/ℓ in float32 in shared memory (the K and V buffers are free by then:
-  :func:`smem_bytes_split`) and storing it 32 consecutive floats a warp into the partial Op, its
-  logsumexp into Lp; then :func:`combine_source`'s launch merges the splits.  Why: a grid of at
-  most one block an SM (B·H = 1, N = 8,192: 128 blocks of 64 rows on 132 SMs) leaves each SM one
-  warpgroup, nothing to overlap its softmax with; S blocks of 1/S the keys give it S.  The
-  launcher's rule (``flashsim.algorithms.fast.fit_to_grid``, measured there): H200, B·H = 1, N =
-  8,192, d = 64 0.74-0.78x -> 1.02-1.05x SDPA flash, d = 128 0.94-1.06x -> 1.02-1.24x, causal
-  0.71-0.98x -> 1.12-1.16x (kernels/data/fwd_fp16_v7_split_h200_d3e3777).  The unsplit kernel's
-  SASS is unchanged by it (sm_90a, d = 64 and 128, compared line by line).
+  epilogue staging O_i = acc/ℓ in float32 in shared memory (over Q and the K and V buffers, free
+  by then, v7's mbarriers placed past it: :func:`smem_bytes_split`) and storing it 32 consecutive
+  floats a warp into the partial Op, its logsumexp into Lp; then :func:`combine_source`'s launch
+  merges the splits.  Why: a grid of at most one block an SM (B·H = 1, N = 8,192: 128 blocks of
+  64 rows on 132 SMs) leaves each SM one warpgroup, nothing to overlap its softmax with; S blocks
+  of 1/S the keys give it S.  The launcher's rule (``flashsim.algorithms.fast.fit_to_grid``,
+  measured there): H200, B·H = 1, N = 8,192, d = 64 0.74-0.78x -> 1.02-1.05x SDPA flash, d = 128
+  0.94-1.06x -> 1.02-1.24x, causal 0.71-0.98x -> 1.12-1.16x
+  (kernels/data/fwd_fp16_v7_split_h200_d3e3777).  The unsplit kernel's SASS is unchanged by it
+  (sm_90a, d = 64 and 128: kernels/data/fwd_fp16_v7_split_h200_d3e3777/sass.txt).
 
 All four compile for bf16 too (``bf16=True``: the ``.bf16`` mma and ``cvt.rn.bf16x2.f32``; the tiles
 are the inputs' bits, moved unchanged), timed on the H100 beside fp16 (NOTES.md, "bf16").
@@ -181,7 +182,9 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
         if TMA:  # v7: K_j, V_j copied by the TMA unit, one box an atom (ATOMC columns x Bc rows)
             ATOMC = RB // 2
             NATOM = DA // ATOMC
-            MB = VB + 2 * KSZ  # two mbarriers (16 bytes each; the twin keeps its state there)
+            # two mbarriers (16 bytes each; the twin keeps its state there); SPLIT: past the float32
+            # staging of the epilogue too, which may reach beyond the buffers (small Bc, wide Br)
+            MB = max(VB + 2 * KSZ, 4 * BR * OST) if SPLIT else VB + 2 * KSZ
             TXB = 2 * BC * DA * 2  # bytes a K_j, V_j pair brings (zeros past d and past N counted)
 
             @tc.device_inline
@@ -402,7 +405,9 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
             inv_0 = float32(1.0) / l_0 if l_0 > 0 else float32(0.0)
             inv_1 = float32(1.0) / l_1 if l_1 > 0 else float32(0.0)
             rl = 16 * (NW * mt + warp) + g
-            if SPLIT:  # float32 rows of OST floats from the aligned base (the K, V buffers are free)
+            if SPLIT:  # float32 rows of OST floats from the aligned base, over Q and the K, V buffers
+                # (no copy or product is in flight past the loop's last barrier; v7's mbarriers lie
+                # beyond: MB)
                 for nt in range(NO):
                     x = 4 * (mt * NO + nt)
                     f = ab // 2 + rl * OST + 8 * nt + 2 * t
@@ -506,8 +511,9 @@ def combine_kernel(d: int, bf16: bool):
 
 def smem_bytes_split(dp: int, br: int) -> int:
     """Shared memory the split-KV epilogue stages its float32 partial O in (rows of dp + 8 floats
-    from the 1024-aligned base); the launch takes the larger of this and the version's own."""
-    return 1024 + 4 * br * (dp + 8)
+    from the 1024-aligned base, Q's and the K, V buffers' bytes and maybe more), and v7's two
+    mbarriers after it; the launch takes the larger of this and the version's own."""
+    return 1024 + 4 * br * (dp + 8) + 32
 
 
 def signature():
@@ -621,7 +627,7 @@ def _tma_maps(k, v, d: int, bc: int):
 
 
 #: What the launcher needs for a split-KV forward (v5, v7; ``splits`` > 1).
-SPLIT = SimpleNamespace(combine=combine_kernel, smem=smem_bytes_split, threads=COMBINE_THREADS)
+SPLIT_KV = SimpleNamespace(combine=combine_kernel, smem=smem_bytes_split, threads=COMBINE_THREADS)
 
 
 def _version(name: str, lazy: bool, default_config, wg: bool = False, tma: bool = False):
@@ -634,7 +640,7 @@ def _version(name: str, lazy: bool, default_config, wg: bool = False, tma: bool 
         ``default_config``."""
         return launch_forward(name, kern, sizes, default_config, accepts, q, k, v, causal=causal,
                               scale=scale, return_lse=return_lse, config=config, maps=_tma_maps if tma else None,
-                              split=SPLIT if wg else None)
+                              split=SPLIT_KV if wg else None)
 
     # v5's products exist only on sm_90a (numba-cuda compiles for it on a 9.0 GPU by itself;
     # kernels.perf.inspect asks for it by CC)
