@@ -257,6 +257,16 @@ def _f2_smem(kind: str, eb: int, d: int, br: int, bc: int) -> int:
 _LAST = 1 << 40
 
 
+def _query_of(x, y, tr: int, reverse: bool, order, slice_of=None):
+    """(query block, head) that block (x, y) of a (Tr, B·H) grid runs: with ``order`` (arrays (i, p)
+    by issue order l = x + y·Tr: ``fast.lpt_order``) its l-th entry, else query block x (Tr - 1 - x
+    with ``reverse``) of head y (``slice_of(y)`` where the grid orders the heads otherwise)."""
+    if order is not None:
+        lin = x + y * tr
+        return order[0][lin], order[1][lin]
+    return (tr - 1 - x if reverse else x), (y if slice_of is None else slice_of(y))
+
+
 def _query_block_tiles(w: Workload, cols, q0, qn, k0, kn, vis_of, reads, writes, kv_steps, reverse=False,
                        slice_of=None, order=None):
     """``tiles(lo, hi)`` of a query-block kernel: grid (Tr, B·H), block (x, p) runs query block
@@ -269,13 +279,8 @@ def _query_block_tiles(w: Workload, cols, q0, qn, k0, kn, vis_of, reads, writes,
 
     def tiles(lo, hi):
         P = _Parts(lo, hi, cols)
-        b, x, p, _ = _grid_index(lo, hi, tr)
-        if order is not None:
-            i, p = order[0][b], order[1][b]
-        else:
-            if slice_of is not None:
-                p = slice_of(p)
-            i = tr - 1 - x if reverse else x
+        b, x, y, _ = _grid_index(lo, hi, tr)
+        i, p = _query_of(x, y, tr, reverse, order, slice_of)
         for name in reads:
             P.add(name, False, b, 0, p, q0[i], qn[i])
         bi, j = np.nonzero(vis_of()[i])
@@ -690,11 +695,7 @@ def _split_main(w: Workload, cols, t: Tiling, splits: int, reverse: bool, lpt_he
     def tiles(lo, hi):
         P = _Parts(lo, hi, cols)
         b, x, y, z = _grid_index(lo, hi, tr, w.bh)
-        if order is not None:
-            lin = x + y * tr
-            i, p = order[0][lin], order[1][lin]
-        else:
-            i, p = (tr - 1 - x if reverse else x), y
+        i, p = _query_of(x, y, tr, reverse, order)
         P.add("Q", False, b, 0, p, q0[i], qn[i])
         n_i = nvis()[i]
         per = -(-n_i // splits)
@@ -715,25 +716,26 @@ def _split_combine(w: Workload, cols, splits: int) -> BlockSpec:
     each split z, the Lp of rows of its elements 256x .. and their run of Op (slice z·B·H + p),
     then writes their run of O and the L of the rows it starts."""
     from .algorithms.fast import COMBINE_THREADS as T
+    from .algorithms.fast import combine_warps
 
-    n, d = w.nq * w.d, w.d
+    n = w.nq * w.d
     nx = -(-n // T)
+    cw = cache(lambda: combine_warps(w.nq, w.d))  # a head's warps: Lp's rows and the L stores are a warp's
 
     def tiles(lo, hi):
         P = _Parts(lo, hi, cols)
         b, x, p, _ = _grid_index(lo, hi, nx)
         e0 = x * T
         cnt = np.minimum(T, n - e0)
-        bi, k = _expand(-(-cnt // 32))  # the block's warps: Lp's rows and the L stores are a warp's requests
-        we = e0[bi] + 32 * k
-        ra, rb = we // d, (we + np.minimum(32, n - we) - 1) // d
-        la = -(-we // d)
-        has = rb >= la
+        bi, k = _expand(-(-cnt // 32))  # the block's warps, T // 32 from warp x·T // 32 on
+        c = cw()
+        wi = x[bi] * (T // 32) + k
+        has = c["ln"][wi] > 0
         for z in range(splits):
-            P.add("Lp", False, b[bi], 0, z * w.bh + p[bi], ra, rb - ra + 1)
+            P.add("Lp", False, b[bi], 0, z * w.bh + p[bi], c["row0"][wi], c["rows"][wi])
             P.add("Op", False, b, 0, z * w.bh + p, e0, cnt)
         P.add("O", True, b, _LAST, p, e0, cnt)
-        P.add("L", True, b[bi][has], _LAST, p[bi][has], la[has], (rb - la + 1)[has])
+        P.add("L", True, b[bi][has], _LAST, p[bi][has], c["l0"][wi][has], c["ln"][wi][has])
         return P.pack()
 
     return BlockSpec((nx, w.bh, 1), T, 0, tiles)
@@ -757,18 +759,17 @@ def _fast(schedule, w: Workload, config) -> None:
                                                       reverse, order=order)
 
     specs = {}
-    splits = fast.parse_config(name, w.d, config).get("splits", 1) if fast.VARIANTS[name][0] == "fwd" else 1
+    c = fast.parse_config(name, w.d, config)
+    splits = c.get("splits", 1)
+    lpt = w.causal and c.get("lpt", False)  # v5, v7 (v4 and the fp32 forwards have no such knob)
+    heads = fast.lpt_heads(w.nk, w.d, w.elem_bytes, w.group) if lpt else 0
     if splits > 1:
-        lpt = w.causal and fast.parse_config(name, w.d, config)["lpt"]
-        heads = fast.lpt_heads(w.nk, w.d, w.elem_bytes, w.group) if lpt else 0
         grid, fn = _split_main(w, cols, tl["fwd"], splits, reverse, heads)
         smem = max(res["fwd"][1], fast.split_smem(w.d, tl["fwd"].block_m))
         specs[name] = BlockSpec(grid, res["fwd"][0], smem, fn)
         specs["fwd_combine"] = _split_combine(w, cols, splits)
     elif name in fast.VARIANTS and fast.VARIANTS[name][0] == "fwd":
         if name in ("fwd_fp16_v4", "fwd_fp16_v5", "fwd_fp16_v7"):  # K_j, V_j a step ahead
-            lpt = w.causal and fast.parse_config(name, w.d, config).get("lpt", False)  # v4 has no such knob
-            heads = fast.lpt_heads(w.nk, w.d, w.elem_bytes, w.group) if lpt else 0
             grid, fn = query_kernel(tl["fwd"], ("Q",), ("L", "O"), lambda j, i: (j, j), lpt_heads=heads)
         else:  # fp32: Q_i, K_0; then V_j and K_{j+1} in steps of their own
             grid, fn = query_kernel(tl["fwd"], ("Q",), ("O", "L"), lambda j, i: (2 * j, 2 * j + 1))
@@ -786,7 +787,6 @@ def _fast(schedule, w: Workload, config) -> None:
             qgrid, qfn = query_kernel(tl["dq"], ("Q", "dO", "L", "D"), ("dQ",), lambda j, i: (j, j))
             specs[f"{name}_dq"] = BlockSpec(qgrid, *res["dq"], qfn)
         elif name == "bwd_fp16_v3":  # L, D of a step read a step before its Q, dO copies
-            c = fast.parse_config(name, w.d, config)
             first = bool(w.causal) and c["longest_first"] and fast.longest_first_runs(c["bk"], w.batch * w.hkv)
             fn = _key_block_tiles(w, cols, q0, qn, k0, kn, vis_of, q_lead=0, stat_lead=-1, red="dQacc",
                                   heads_first=first)

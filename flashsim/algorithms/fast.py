@@ -258,7 +258,8 @@ def variant_for(w: Workload, pass_: str, kernel: str | None = None) -> str:
 #: Split-KV on small grids (:func:`fit_to_grid`): the most splits at d <= 64 and at 64 < d <= 128,
 #: and the fewest key blocks a split keeps.
 SPLITS_D64, SPLITS_D128, SPLIT_MIN_KEY_BLOCKS = 4, 2, 32
-#: Most key splits the split-KV forward takes (``splits``; the kernels' launcher checks it too).
+#: Most key splits the split-KV forward takes (``splits``: :func:`check_config_values`, which the
+#: kernels' launcher calls too).
 MAX_SPLITS = 64
 
 
@@ -399,13 +400,16 @@ def longest_first_runs(bk: int, kv_blocks: int) -> bool:
 def check_config_values(defaults: dict, config: dict) -> None:
     """ValueError naming the first key of ``config`` whose value is not of its default's kind: true
     or false (numpy bools too) for a flag, a positive integer (numpy integers too, not a bool)
-    otherwise.  Shared with the kernels' launchers (``kernels.perf._launch``)."""
+    otherwise, and ``splits`` at most :data:`MAX_SPLITS`.  Shared with the kernels' launchers
+    (``kernels.perf._launch``)."""
     for key, val in config.items():
         if isinstance(defaults[key], bool):
             if not isinstance(val, bool | np.bool_):
                 raise ValueError(f"config={config!r}: {key} must be true or false")
         elif isinstance(val, bool) or not isinstance(val, int | np.integer) or val < 1:
             raise ValueError(f"config={config!r}: {key} must be a positive integer")
+        elif key == "splits" and val > MAX_SPLITS:
+            raise ValueError(f"config={config!r}: splits={val} must be 1..{MAX_SPLITS}")
 
 
 def parse_config(name: str, d: int, config=None) -> dict:
@@ -549,8 +553,6 @@ def _forward(w: Workload, name: str, config=None) -> Schedule:
     t = tiles(name, w.d, config)["fwd"]
     c = parse_config(name, w.d, config)
     if c.get("splits", 1) > 1:
-        if c["splits"] > MAX_SPLITS:
-            raise ValueError(f"splits={c['splits']}: must be 1..{MAX_SPLITS}")
         return _forward_split(w, name, t, c["splits"])
     qsplit, ostage = (c["qsplit"], c["ostage"]) if name == "fwd_fp32_v2" else (False, False)
     qfrag = qsplit and c["qfrag"]
@@ -586,7 +588,7 @@ def _forward(w: Workload, name: str, config=None) -> Schedule:
     return Schedule("fast", layouts(w, names), [launch], _meta(name, "fwd", t))
 
 
-#: Threads of a block of the split-KV forward's combine launch (``kernels.perf.fwd_fp16.COMBINE_THREADS``).
+#: Threads of a block of the split-KV forward's combine launch (``kernels.perf.fwd_fp16`` takes it).
 COMBINE_THREADS = 256
 
 
@@ -910,8 +912,6 @@ def closed_form(w: Workload, tiling: Tiling | None, pass_: str, **options) -> di
         out = {("Q", "read"): bh * nq * d, ("K", how): kv, ("V", how): kv,
                ("O", "write"): bh * nq * d, ("L", "write"): bh * nq}
         s = parse_config(name, d, config).get("splits", 1)
-        if s > MAX_SPLITS:
-            raise ValueError(f"splits={s}: must be 1..{MAX_SPLITS}")
         if s > 1:  # split-KV: Q read by every split; the partials written, then read by the combine
             cw = combine_warps(nq, d)
             out[("Q", "read")] *= s

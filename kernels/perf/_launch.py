@@ -114,11 +114,7 @@ def _forward(name, kernel, smem_bytes, default_config, supports, q, k, v, *, cau
     cfg = fit_to_grid(name.rsplit(".", 1)[-1], cfg, config, nq, nb * nh, num_sms(), d=d, nk=nk)
     if cfg["bc"] <= 0 or cfg["bc"] % 16:
         raise ValueError(f"bc={cfg['bc']}: must be a positive multiple of 16")
-    from flashsim.algorithms.fast import MAX_SPLITS
-
-    splits = cfg.get("splits", 1)
-    if not 1 <= splits <= MAX_SPLITS:
-        raise ValueError(f"splits={splits}: must be 1..{MAX_SPLITS}")
+    splits = cfg.get("splits", 1)  # checked with the others (1..MAX_SPLITS) by _merged_config
     from ..flash2 import padded_head_dim
 
     dp = padded_head_dim(d)

@@ -95,6 +95,8 @@ from types import SimpleNamespace
 
 from numba import cuda, float32, int32, types, uint32
 
+from flashsim.algorithms.fast import COMBINE_THREADS  # the combine's block (flashsim's schedule states it)
+
 from .._arrays import dtype_name
 from .._bf16 import storer
 from ..flash2 import padded_head_dim
@@ -457,8 +459,6 @@ def _kernel(d, bc, nw, mt, causal, qreg, lazy, bf16, wg, tma, lpt, split):
     return tc.jit_kernel(fn, nt), nt, br
 
 
-#: Threads of a block of :func:`combine_kernel`.
-COMBINE_THREADS = 256
 
 
 def combine_source(D: int, BF16: bool):
