@@ -682,7 +682,7 @@ def _elementwise_spec(w: Workload, schedule, reads: tuple[str, ...], writes: tup
 def _split_main(w: Workload, cols, t: Tiling, splits: int, reverse: bool, lpt_heads: int):
     """The split-KV forward's main launch (``fast._forward_split``): grid (Tr, B·H, S); block
     (x, y, z) runs the query block and head that (x, y) runs unsplit (grid order, longest first
-    when causal, ``lpt`` sections), Q_i at step 0, key blocks z·⌈n_i/S⌉ .. of the n_i it sees
+    when causal, ``lpt`` sections), Q_i at step 0, key blocks z·n_i//S .. (z+1)·n_i//S - 1 of the n_i it sees
     (K_j, V_j at step j - its first), Op_i (flat rows) and Lp_i into slice z·B·H + p at the end."""
     from .algorithms import fast
 
@@ -698,9 +698,8 @@ def _split_main(w: Workload, cols, t: Tiling, splits: int, reverse: bool, lpt_he
         i, p = _query_of(x, y, tr, reverse, order)
         P.add("Q", False, b, 0, p, q0[i], qn[i])
         n_i = nvis()[i]
-        per = -(-n_i // splits)
-        j0 = np.minimum(n_i, z * per)
-        bi, k = _expand(np.minimum(n_i, j0 + per) - j0)
+        j0 = z * n_i // splits
+        bi, k = _expand((z + 1) * n_i // splits - j0)
         j = j0[bi] + k
         P.add("K", False, b[bi], k, p[bi] // w.group, k0[j], kn[j])  # the first with Q (step 0)
         P.add("V", False, b[bi], k, p[bi] // w.group, k0[j], kn[j])

@@ -452,15 +452,16 @@ def test_split_kv_constants_equal_the_kernels():
 def test_split_kv_blocks_by_hand():
     """B = 1, H = 1, Nq = 70, Nk = 50, d = 40, causal (shift -20), Br = 64, Bc = 16, S = 3: grid
     (2, 1, 3).  Block x = 0 runs query block 1 (rows 64..69, longest first), which sees all 4 key
-    blocks: ⌈4/3⌉ = 2 a split, so z = 0 takes K_0, K_1, z = 1 K_2, K_3, z = 2 none; query block 0
-    (rows 0..63: the last sees keys up to 43) sees 3: one each.  Every block reads its Q rows and
+    blocks: split z takes z·4//3 .. (z+1)·4//3 - 1, so z = 0 K_0, z = 1 K_1, z = 2 K_2, K_3 (the
+    ⌈4/3⌉ = 2 a split before had left z = 2 empty); query block 0 (rows 0..63: the last sees keys
+    up to 43) sees 3: one each.  Every block reads its Q rows and
     writes its Op rows (flat: 40 floats a row) and Lp rows into slice z."""
     w = W(1, 1, 70, 40, nk=50, causal=True)
     sched = build_schedule(w, "fast", "fwd", None, kernel="fwd_fp16_v7", config={"splits": 3, "nw": 4, "bc": 16})
     main = sched.launches[0].blocks
     got = {blk: _steps(main, blk) for blk in range(6)}
-    for blk, (rows, keys, z) in {0: ((64, 6), (0, 1), 0), 1: ((0, 64), (0,), 0), 2: ((64, 6), (2, 3), 1),
-                                 3: ((0, 64), (1,), 1), 4: ((64, 6), (), 2), 5: ((0, 64), (2,), 2)}.items():
+    for blk, (rows, keys, z) in {0: ((64, 6), (0,), 0), 1: ((0, 64), (0,), 0), 2: ((64, 6), (1,), 1),
+                                 3: ((0, 64), (1,), 1), 4: ((64, 6), (2, 3), 2), 5: ((0, 64), (2,), 2)}.items():
         want = [[("Q", "r", 0, *rows)] + ([("K", "r", 0, 16 * keys[0], min(16, 50 - 16 * keys[0])),
                                            ("V", "r", 0, 16 * keys[0], min(16, 50 - 16 * keys[0]))] if keys else [])]
         want += [[("K", "r", 0, 16 * j, min(16, 50 - 16 * j)), ("V", "r", 0, 16 * j, min(16, 50 - 16 * j))]

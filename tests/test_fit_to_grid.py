@@ -126,7 +126,7 @@ def test_gpu_narrowed_forward(dtype, bh, n, d, monkeypatch):
     """On the GPU the launcher narrows these grids (64 and 128 blocks of 128 rows, at most the
     SM count of an H100 or H200: fwd_fp16_v4 one m-tile a warp, v5 and v7 one warpgroup or Bc =
     64) and the narrowed forward is within 2x plain attention's error in the same dtype against
-    float64 (on the first head's rows)."""
+    float64 (on the first head's rows); B·H = 1 also split (split-KV)."""
     torch = pytest.importorskip("torch")
     import kernels
     from kernels.reference import judge_low_precision
@@ -141,6 +141,10 @@ def test_gpu_narrowed_forward(dtype, bh, n, d, monkeypatch):
     torch.cuda.synchronize()
     print(seen[-1])
     assert seen and seen[-1][1] != seen[-1][0]  # the launcher narrowed the default block
+    # and split B·H = 1's 128 blocks of 64 rows in 2 (d = 128) where they fill at most the SMs
+    from kernels.perf import _launch
+
+    assert seen[-1][1].get("splits", 1) == (2 if bh == 1 and _launch.num_sms() >= 128 else 1)
     f = [x[:, :1].float().cpu().numpy() for x in (o, q, k, v)]
     j = judge_low_precision(f[0], *f[1:], dtype="bf16" if dtype == "bfloat16" else np.float16)
     print(dtype, bh, n, d, j)

@@ -70,14 +70,15 @@ def test_lpt_order_gives_the_same_bits(variant):
     assert np.array_equal(on[0], off[0]) and np.array_equal(on[1], off[1])
 
 
-@pytest.mark.parametrize("variant,causal,splits", [("v7", True, 3), ("v5", False, 2)])
+@pytest.mark.parametrize("variant,causal,splits", [("v7", True, 5), ("v5", False, 2)])
 def test_split_kv(variant, causal, splits):
     """``splits`` (split-KV): split z of S walks its share of a query block's key blocks and writes
     float32 partials that a second launch merges.  Against float64, and L within float32 rounding of
     the one-launch kernel's; GQA 2:1, B = 2, Bc = 16, 64-row blocks (whose float32 staging, 18,432
-    bytes, reaches past v7's buffers: its mbarriers lie beyond it).  v7 causal, S = 3: Nq > Nk (20
-    rows see no key: O = 0, L = -inf), the first query block with 3 key blocks (one a split), the
-    second 4 (2, 2 and an empty third split); v5 not causal, S = 2: 2 key blocks each."""
+    bytes, reaches past v7's buffers: its mbarriers lie beyond it).  v7 causal, S = 5 (split z takes
+    key blocks z·n//5 .. (z+1)·n//5 - 1): Nq > Nk (20 rows see no key: O = 0, L = -inf), the
+    first query block with n = 3 key blocks (splits of 0, 1, 0, 1, 1), the second 4 (0, 1, 1, 1,
+    1): empty splits first and between; v5 not causal, S = 2: 2 key blocks each."""
     q, k, v, _ = make(13, 2, 2, 1, 70, 50, 64)
     one = WG[variant].forward(q, k, v, causal=causal, return_lse=True, bc=16, nw=4)
     o, lse = WG[variant].forward(q, k, v, causal=causal, return_lse=True, bc=16, nw=4, splits=splits)

@@ -628,7 +628,7 @@ def combine_warps(nq: int, d: int) -> dict[str, np.ndarray]:
 def _forward_split(w: Workload, name: str, t: Tiling, splits: int) -> Schedule:
     """fwd_fp16_v5 / v7 with ``splits`` = S > 1 (split-KV: ``kernels.perf.fwd_fp16``).  Main launch,
     grid (Tr, B·H, S): block (i, p, z) reads Q_i (every split, an empty one too), walks key blocks
-    z·⌈n_i/S⌉ .. of the n_i its query block sees (K_j, V_j once per visible pair, as unsplit), and
+    z·n_i//S .. (z+1)·n_i//S - 1 of the n_i its query block sees (K_j, V_j once per visible pair, as unsplit), and
     writes its float32 partial O_i (whole rows, 32 consecutive floats a warp) into Op slice
     z·B·H + p and L_i into Lp (8 rows a request); no O or L.  Combine launch (``fwd_combine``),
     grid (⌈Nq·d/256⌉, B·H): per warp of a head (:func:`combine_warps`) and split, its rows of Lp

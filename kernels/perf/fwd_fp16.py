@@ -69,7 +69,7 @@ tile copies and the products (Q Kᵀ, P V) are :mod:`kernels.perf._tiles`'s.
   rows, 1.31-1.57x at N >= 4,096 (the moonshot's 1.3x on all 24), 0.70-0.90x cuDNN, 1.02-1.23x v5.
 
 * Split-KV (v5 and v7, ``splits`` = S > 1 in the block shape; ``SPLIT`` in :func:`_source`): the
-  grid (Tr, B·H, S), split z walking key blocks z·⌈n/S⌉ .. of the n its query block sees, its
+  grid (Tr, B·H, S), split z walking key blocks z·n//S .. (z+1)·n//S - 1 of the n its query block sees, its
   epilogue staging O_i = acc/ℓ in float32 in shared memory (over Q and the K and V buffers, free
   by then, v7's mbarriers placed past it: :func:`smem_bytes_split`) and storing it 32 consecutive
   floats a warp into the partial Op, its logsumexp into Lp; then :func:`combine_source`'s launch
@@ -230,17 +230,16 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
         g = lane // 4
         t = lane % 4
         i, b, h, hk, nq, nk, shift, r0, nblk = start(q, k)
-        # Split-KV (SPLIT; grid (Tr, B·H, S)): split z walks key blocks j0 .. j1 - 1 of the block's
-        # nblk, ceil(nblk / S) of them (the last splits may get fewer, or none), and writes its
-        # partial O and logsumexp in float32 (o, lse: (S·B, H, Nq, d) and (S·B, H, Nq)) for
-        # :func:`combine_source`'s launch.
+        # Split-KV (SPLIT; grid (Tr, B·H, S)): split z walks key blocks j0 = z·nblk // S .. j1 - 1 of
+        # the block's nblk (even shares, the longer ones last: none empty unless nblk < S), and
+        # writes its partial O and logsumexp in float32 (o, lse: (S·B, H, Nq, d) and (S·B, H, Nq))
+        # for :func:`combine_source`'s launch.
         j0 = 0
         j1 = nblk
         ob = b
         if SPLIT:
-            per = (nblk + cuda.gridDim.z - 1) // cuda.gridDim.z
-            j0 = min(nblk, cuda.blockIdx.z * per)
-            j1 = min(nblk, j0 + per)
+            j0 = cuda.blockIdx.z * nblk // cuda.gridDim.z
+            j1 = (cuda.blockIdx.z + 1) * nblk // cuda.gridDim.z
             ob = cuda.blockIdx.z * q.shape[0] + b
         sbase = tc.smem_u32(sm)
         loff = tc.lane_offset(S)
