@@ -62,14 +62,14 @@ def _cfg(kernel: str, n: int, d: int, causal: bool = False, batch: int = 1, head
     pass_, dtype0 = fast.VARIANTS[kernel]
     dtype = dtype or dtype0
     assert fast.supports(kernel, dtype, d), (kernel, dtype, d)
-    t = fast.tiles(kernel, d, fast.fit_to_grid(kernel, fast.default_config(kernel, d), {}, n, batch * heads, SET_SMS,
-                                                     d=d))
+    fitted = fast.fit_to_grid(kernel, fast.default_config(kernel, d), {}, n, batch * heads, SET_SMS, d=d)
+    t = fast.tiles(kernel, d, fitted)
     t = t.get("fwd", t.get("dkdv"))
     cfg = {"kernel": kernel, "pass": pass_, "batch": batch, "heads": heads, "kv_heads": kv_heads or heads,
            "seq_len_q": n, "seq_len_k": n, "head_dim": d, "dtype": dtype, "causal": causal,
            "block_m": t.block_m, "block_n": t.block_n}
     if kernel in CAUSAL_ORDER and causal:  # the block order the kernel runs (a column of the record)
-        cfg[CAUSAL_ORDER[kernel]] = fast.default_config(kernel, d)[CAUSAL_ORDER[kernel]]
+        cfg[CAUSAL_ORDER[kernel]] = fitted[CAUSAL_ORDER[kernel]]  # (lpt: off where B·H > the SMs)
     for knob in RECORD_KNOBS.get(kernel, ()):  # the knob's value the kernel runs with (a column of the record)
         cfg[knob] = fast.default_config(kernel, d)[knob]
     return cfg

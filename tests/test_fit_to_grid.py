@@ -151,6 +151,22 @@ def test_gpu_narrowed_forward(dtype, bh, n, d, monkeypatch):
     assert j.ok, str(j)
 
 
+def test_lpt_rule_by_hand():
+    """v5 and v7 keep grid order (``lpt`` off) where B·H exceeds the SM count, unless ``lpt`` is
+    given; the other forwards have no ``lpt``."""
+    c = fast.default_config("fwd_fp16_v7", 96)
+    assert c["lpt"]
+    for bh, want in ((132, True), (133, False), (512, False), (64, True)):
+        got = fast.fit_to_grid("fwd_fp16_v7", c, (), 512, bh, 132, 96, nk=512)
+        print(bh, got)
+        assert got["lpt"] is want
+    assert fast.fit_to_grid("fwd_fp16_v7", c, ("lpt",), 512, 512, 132, 96, nk=512)["lpt"]
+    v5 = dict(fast.default_config("fwd_fp16_v5", 64), lpt=True)
+    assert not fast.fit_to_grid("fwd_fp16_v5", v5, (), 512, 512, 132, 64, nk=512)["lpt"]
+    v4 = fast.default_config("fwd_fp16_v4", 64)
+    assert "lpt" not in fast.fit_to_grid("fwd_fp16_v4", v4, (), 512, 512, 132, 64, nk=512)
+
+
 def test_split_rule_by_hand():
     """Split-KV where the grid (after the narrowing above) still gives each SM at most one block and
     d <= 128: 4 splits at d <= 64, 2 above, fewer where a split would keep under 32 key blocks;

@@ -299,7 +299,15 @@ def fit_to_grid(name: str, cfg: dict, given, nq: int, bh: int, num_sms: int, d: 
     8,192, 4 pairs of 30 calls, d = 64 0.095-0.099 -> 0.070-0.072 ms, d = 128 0.122-0.136 ->
     0.104-0.126 ms; causal, 2 pairs of 10, d = 64 0.094-0.103 -> 0.064-0.065, d = 128 0.122 -> 0.102-0.103;
     at 64 key blocks (B·H = 2, N = 4,096), 2 pairs of 10, no gain either way (d = 64 0.050 and 0.051
-    -> 0.050 and 0.059; d = 128 0.086 and 0.065 -> 0.069 and 0.069)."""
+    -> 0.050 and 0.059; d = 128 0.086 and 0.065 -> 0.069 and 0.069).
+
+    And v5 and v7 keep grid order (``lpt`` off, unless given) where B·H exceeds the SM count: on an
+    H200 at 994ad49 (kernels/data/fwd_fp16_v7_lpt_rule_h200_994ad49, causal, fp16, lpt off and on
+    alternated, three pairs of 20 calls) ``lpt`` cost 7-8% at N = 512 with B·H = 512 (d = 64 and
+    128), 13% at d = 96 (GQA 16:8), 4% at d = 96, N = 1,024, B·H = 256 (GQA) and at d = 224, N =
+    576, B·H = 448, 1.5% at d = 128, N = 1,024, B·H = 256, and tied at d = 64 there; with B·H <=
+    132 it gained: 14-16% at d = 64, N = 1,024, B·H = 64, 4-5% at N = 2,048, B·H = 128, and tied at
+    d = 96, N = 512, B·H = 128 (as at 8a88e34: 2-15% at B·H = 16 and 64, N = 1,024-16,384)."""
     given = given or ()
     br = 16 * cfg.get("nw", 0) * cfg.get("mt", 0)
     blocks = -(-nq // br) * bh if br else 0
@@ -314,6 +322,8 @@ def fit_to_grid(name: str, cfg: dict, given, nq: int, bh: int, num_sms: int, d: 
     elif wg and "nw" not in given and cfg.get("nw") == 8:
         if blocks <= num_sms:
             out = dict(cfg, nw=4)
+    if wg and out.get("lpt") and "lpt" not in given and bh > num_sms:
+        out = dict(out, lpt=False)
     if not wg or "splits" in given or nk is None or d > 128 or out.get("splits", 1) != 1:
         return out
     br = 16 * out["nw"] * out["mt"]
