@@ -303,11 +303,12 @@ def fit_to_grid(name: str, cfg: dict, given, nq: int, bh: int, num_sms: int, d: 
 
     And v5 and v7 keep grid order (``lpt`` off, unless given) where B·H exceeds the SM count: on an
     H200 at 994ad49 (kernels/data/fwd_fp16_v7_lpt_rule_h200_994ad49, causal, fp16, lpt off and on
-    alternated, three pairs of 20 calls) ``lpt`` cost 7-8% at N = 512 with B·H = 512 (d = 64 and
-    128), 13% at d = 96 (GQA 16:8), 4% at d = 96, N = 1,024, B·H = 256 (GQA) and at d = 224, N =
-    576, B·H = 448, 1.5% at d = 128, N = 1,024, B·H = 256, and tied at d = 64 there; with B·H <=
-    132 it gained: 14-16% at d = 64, N = 1,024, B·H = 64, 4-5% at N = 2,048, B·H = 128, and tied at
-    d = 96, N = 512, B·H = 128 (as at 8a88e34: 2-15% at B·H = 16 and 64, N = 1,024-16,384)."""
+    alternated, three pairs of 20 calls, the median of the pairs) ``lpt`` cost 7% and 9% at N = 512
+    with B·H = 512 (d = 64 and 128), 13% at d = 96 (GQA 16:8), 4-5% at d = 96, N = 1,024, B·H = 256
+    (GQA) and at d = 224, N = 576, B·H = 448, 1.5% at d = 128, N = 1,024, B·H = 256, and tied at d =
+    64 there; with B·H <= 132 it gained 14% at d = 64, N = 1,024, B·H = 64 and 4% at N = 2,048, B·H
+    = 128, and tied at d = 96, N = 512, B·H = 128 (as at 8a88e34: 2-15% at B·H = 16 and 64, N =
+    1,024-16,384)."""
     given = given or ()
     br = 16 * cfg.get("nw", 0) * cfg.get("mt", 0)
     blocks = -(-nq // br) * bh if br else 0

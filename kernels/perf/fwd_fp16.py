@@ -600,7 +600,8 @@ def default_config_v7(d: int) -> dict:
     1,024, B·H = 64; 0.93x at N = 4,096; 0.94x at N = 16,384, B·H = 16; at d = 128 0.91x, 0.96x and
     0.94x there; at N = 16,384, B·H = 64 (sections of 8 and 4 heads), two pairs each: 0.99x at d =
     64, 1.02x (1.04x and 0.99x) at d = 128.  Timed at d = 64 and 128 only, without GQA.  v5 keeps
-    grid order (not timed with it)."""
+    grid order (not timed with it).  The launcher turns it off where B·H exceeds the SM count, where
+    it cost 4-13% (``flashsim.algorithms.fast.fit_to_grid``, measured there)."""
     if d in (96, 112, 128):
         return dict(default_config_v5(d), lpt=True)
     return dict(bc=64, nw=8, mt=1, qreg=False, lpt=True, splits=1)
