@@ -711,12 +711,13 @@ def _split_main(w: Workload, cols, t: Tiling, splits: int, reverse: bool, lpt_he
 
 
 def _split_combine(w: Workload, cols, splits: int) -> BlockSpec:
-    """The split-KV forward's combine launch: grid (⌈Nq·d/256⌉, B·H); block (x, p) reads, for
-    each split z, the Lp of rows of its elements 256x .. and their run of Op (slice z·B·H + p),
-    then writes their run of O and the L of the rows it starts."""
-    from .algorithms.fast import COMBINE_THREADS as T
-    from .algorithms.fast import combine_warps
+    """The split-KV forward's combine launch: grid (⌈Nq·d/1,024⌉, B·H), 256 threads; block (x, p)
+    reads, for each split z, the Lp of rows of its elements 1,024x .. (a warp instruction's 32 at
+    a time) and their run of Op (slice z·B·H + p), then writes their run of O and the L of the
+    rows it starts."""
+    from .algorithms.fast import COMBINE_ELEMS, COMBINE_THREADS, combine_warps
 
+    T = COMBINE_THREADS * COMBINE_ELEMS  # elements a block
     n = w.nq * w.d
     nx = -(-n // T)
     cw = cache(lambda: combine_warps(w.nq, w.d))  # a head's warps: Lp's rows and the L stores are a warp's
@@ -726,7 +727,7 @@ def _split_combine(w: Workload, cols, splits: int) -> BlockSpec:
         b, x, p, _ = _grid_index(lo, hi, nx)
         e0 = x * T
         cnt = np.minimum(T, n - e0)
-        bi, k = _expand(-(-cnt // 32))  # the block's warps, T // 32 from warp x·T // 32 on
+        bi, k = _expand(-(-cnt // 32))  # the block's warp instructions, T // 32 from x·T // 32 on
         c = cw()
         wi = x[bi] * (T // 32) + k
         has = c["ln"][wi] > 0
@@ -737,7 +738,7 @@ def _split_combine(w: Workload, cols, splits: int) -> BlockSpec:
         P.add("L", True, b[bi][has], _LAST, p[bi][has], c["l0"][wi][has], c["ln"][wi][has])
         return P.pack()
 
-    return BlockSpec((nx, w.bh, 1), T, 0, tiles)
+    return BlockSpec((nx, w.bh, 1), COMBINE_THREADS, 0, tiles)
 
 
 def _fast(schedule, w: Workload, config) -> None:

@@ -423,7 +423,7 @@ def test_split_kv_tiles_move_the_walkers_elements(kernel, w, splits):
     assert [la.name for la in sched.launches] == [kernel, "fwd_combine"]
     tr = -(-w.nq // 64)
     assert sched.launches[0].blocks.grid == (tr, w.bh, splits)
-    assert sched.launches[1].blocks.grid == (-(-w.nq * w.d // 256), w.bh, 1)
+    assert sched.launches[1].blocks.grid == (-(-w.nq * w.d // 1024), w.bh, 1)
     for launch, (name, c) in zip(sched.launches, io.per_launch.items()):
         want = Counter({(k[0], BLOCK_KIND.get(k[1], k[1])): t.elements for k, t in c.breakdown.items() if t.elements})
         got = _tile_elements(launch.blocks)
@@ -440,6 +440,7 @@ def test_split_kv_constants_equal_the_kernels():
     from kernels.perf import fwd_fp16
 
     assert fast.COMBINE_THREADS == fwd_fp16.COMBINE_THREADS == fwd_fp16.SPLIT_KV.threads
+    assert fast.COMBINE_ELEMS == fwd_fp16.COMBINE_ELEMS == fwd_fp16.SPLIT_KV.elems
     for d in (8, 40, 64, 72, 128, 200, 256):
         for br in (64, 128):
             assert fast.split_smem(d, br) == fwd_fp16.smem_bytes_split(padded_head_dim(d), br)
@@ -469,11 +470,16 @@ def test_split_kv_blocks_by_hand():
         want += [[("Op", "w", z, 40 * rows[0], 40 * rows[1]), ("Lp", "w", z, *rows)]]
         print(blk, got[blk])
         assert got[blk] == want, blk
-    # the combine: block 0 holds elements 0..255 (rows 0..6 of 40); warp k (32k .. 32k + 31) reads
-    # the Lp of its rows, (first, count): (0,1) (0,2) (1,2) (2,2) (3,1) (4,1) (4,2) (5,2), and
-    # writes the L of the rows whose column 0 it holds: rows 0..6 but none in warp 4 (128..159)
+    # the combine: block 0 (256 threads, 4 outputs each) holds elements 0..1,023 (rows 0..25 of
+    # 40); warp instruction k (elements 32k .. 32k + 31) reads the Lp of its rows, (first, count):
+    # (0,1) (0,2) (1,2) (2,2) (3,1) (4,1) (4,2) (5,2) for k < 8, ..., (24,2) for k = 31, and writes
+    # the L of the rows whose column 0 it holds: rows 0..25 (none in instruction 4, 128..159)
     comb = _steps(sched.launches[1].blocks, 0)
+    assert sched.launches[1].blocks.grid == (3, 1, 1) and sched.launches[1].blocks.threads == 256
     lp = [t[3:] for t in comb[0] if t[0] == "Lp" and t[2] == 0]
-    assert lp == [(0, 1), (0, 2), (1, 2), (2, 2), (3, 1), (4, 1), (4, 2), (5, 2)]
-    assert ("Op", "r", 2, 0, 256) in comb[0] and ("O", "w", 0, 0, 256) in comb[1]
-    assert [t[3:] for t in comb[1] if t[0] == "L"] == [(r, 1) for r in range(7)]
+    assert lp[:8] == [(0, 1), (0, 2), (1, 2), (2, 2), (3, 1), (4, 1), (4, 2), (5, 2)]
+    assert len(lp) == 32 and lp[-1] == (24, 2)
+    assert ("Op", "r", 2, 0, 1024) in comb[0] and ("O", "w", 0, 0, 1024) in comb[1]
+    assert [t[3:] for t in comb[1] if t[0] == "L"] == [(r, 1) for r in range(26)]
+    last = _steps(sched.launches[1].blocks, 2)  # elements 2,048..2,799: 752, 24 instructions (the last 16)
+    assert ("O", "w", 0, 2048, 752) in last[1] and len([t for t in last[0] if t[0] == "Lp" and t[2] == 0]) == 24

@@ -506,13 +506,16 @@ def test_split_kv_counts_by_hand():
     assert one[("K", "bulk_read")].elements == 7840 and one[("Q", "read")].elements == 16800 // 3
 
 
-@pytest.mark.parametrize("kernel,nq,nk,d", [("fwd_fp16_v7", 32, 40, 64), ("fwd_fp16_v5", 70, 50, 40)])
+@pytest.mark.parametrize("kernel,nq,nk,d", [("fwd_fp16_v7", 32, 40, 64), ("fwd_fp16_v5", 128, 50, 40)])
 def test_split_kv_elements_equal_the_kernels_under_the_simulator(kernel, nq, nk, d):
     """The split-KV kernels under the CUDA simulator touch the schedule's elements: the main launch
     (its o and lse are Op and Lp) reads Q and writes Op, Lp; the combine reads Op and writes O, L;
-    its Lp reads, every lane of a warp one per split, make the schedule's sectors: at d = 64 a warp
-    holds half a row, at d = 40 (Nq·d = 2,800: a partial last warp) 32 elements that cross a row
-    in 52 of a head's 88 warps, so a request spans two rows there."""
+    its Lp reads, every lane of a warp instruction one per split, make the schedule's sectors: at
+    d = 64 an instruction holds half a row, at d = 40 32 elements that cross a row in 96 of a
+    head's 160 instructions, so a request spans two rows there.  Nq·d a multiple of the combine
+    block's 1,024 outputs: the trace pairs each lane's k-th access, which a partial last
+    instruction (whose lanes past Nq·d skip one of their four outputs) would misalign; the
+    schedule's partial instructions are in test_fast_blocks' by-hand combine block."""
     from kernels.perf import variant
 
     rng = np.random.default_rng(4)

@@ -599,8 +599,11 @@ def _forward(w: Workload, name: str, config=None) -> Schedule:
     return Schedule("fast", layouts(w, names), [launch], _meta(name, "fwd", t))
 
 
-#: Threads of a block of the split-KV forward's combine launch (``kernels.perf.fwd_fp16`` takes it).
+#: Threads of a block of the split-KV forward's combine launch, and the outputs each thread merges
+#: (``kernels.perf.fwd_fp16`` takes both): block x holds a head's elements 1,024x .., thread t
+#: elements 1,024x + 256k + t (k < 4), so a warp's instruction k moves 32 consecutive elements.
 COMBINE_THREADS = 256
+COMBINE_ELEMS = 4
 
 
 def split_smem(d: int, br: int) -> int:
@@ -642,7 +645,7 @@ def _forward_split(w: Workload, name: str, t: Tiling, splits: int) -> Schedule:
     z·n_i//S .. (z+1)·n_i//S - 1 of the n_i its query block sees (K_j, V_j once per visible pair, as unsplit), and
     writes its float32 partial O_i (whole rows, 32 consecutive floats a warp) into Op slice
     z·B·H + p and L_i into Lp (8 rows a request); no O or L.  Combine launch (``fwd_combine``),
-    grid (⌈Nq·d/256⌉, B·H): per warp of a head (:func:`combine_warps`) and split, its rows of Lp
+    grid (⌈Nq·d/1,024⌉, B·H): per warp instruction of a head (:func:`combine_warps`) and split, its rows of Lp
     (one request) and its run of Op; then its run of O and the L of the rows it starts."""
     q0, qn = block_rows(w.nq, t.block_m)
     k0, kn = block_rows(w.nk, t.block_n)

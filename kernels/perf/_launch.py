@@ -137,8 +137,9 @@ def _forward(name, kernel, smem_bytes, default_config, supports, q, k, v, *, cau
     raise_smem_limit(kern, args, smem)
     launch(kern, grid, nt, inp.stream, smem, *args)
     if splits > 1:
-        launch(split.combine(d, inp.bf16), (-(-nq * d // split.threads), nb * nh), split.threads, inp.stream, 0,
-               op, lp, o, lse)
+        flat = (x.reshape(x.size) for x in (op, lp, o, lse))  # the combine indexes them flat
+        launch(split.combine(d, inp.bf16), (-(-nq * d // (split.threads * split.elems)), nb * nh), split.threads,
+               inp.stream, 0, *flat, nq, nb * nh)
     if return_lse:
         return inp.out(o), inp.out(lse)
     return inp.out(o)

@@ -95,7 +95,8 @@ from types import SimpleNamespace
 
 from numba import cuda, float32, int32, types, uint32
 
-from flashsim.algorithms.fast import COMBINE_THREADS  # the combine's block (flashsim's schedule states it)
+# the combine's block (flashsim's schedule states it)
+from flashsim.algorithms.fast import COMBINE_ELEMS, COMBINE_THREADS
 
 from .._arrays import dtype_name
 from .._bf16 import storer
@@ -461,44 +462,61 @@ def _kernel(d, bc, nw, mt, causal, qreg, lazy, bf16, wg, tma, lpt, split):
 
 
 def combine_source(D: int, BF16: bool):
-    """The split-KV forward's second launch, grid (⌈Nq·d / 256⌉, B·H): thread e of a head's Nq·d
-    outputs (row e // d, column e % d) merges the S splits' partials of its row, m = max_s Lp_s,
-    w_s = exp(Lp_s − m), O = Σ_s w_s Op_s / Σ_s w_s, L = m + ln Σ_s w_s (a row no split saw: O = 0,
-    L = −inf, as the one-launch kernel writes it), in one pass over s.  A warp reads 32 consecutive
-    floats of each Op_s and writes 32 consecutive elements of O; every thread reads its row's Lp_s
-    (one request a warp a split, for the rows its 32 elements span)."""
+    """The split-KV forward's second launch, grid (⌈Nq·d / 1,024⌉, B·H), on flat views of Op, Lp, O and L
+    (with Nq and B·H: one offset a load, where 4-d indexing had cost registers and occupancy):
+    thread t of block x merges a head's outputs e = 1,024x + 256k + t, k < 4 (row e // d, column e %
+    d), over the S splits' partials of its row, m = max_s Lp_s, w_s = exp(Lp_s − m), O = Σ_s w_s
+    Op_s / Σ_s w_s, L = m + ln Σ_s w_s (a row no split saw: O = 0, L = −inf, as the one-launch
+    kernel writes it), in one pass over s. A warp's instruction k reads 32 consecutive floats of
+    each Op_s and writes 32 consecutive elements of O; each thread reads its elements' Lp_s (one
+    request a warp instruction a split, for the rows its 32 elements span). Four outputs a thread,
+    their loads independent, keep four of Op's loads in flight where one output a thread waited for
+    each (fwd_combine took 20 us of 104 at B·H = 1, N = 8,192, d = 128, S = 2 on an H200, reading 8
+    MB: ``kernels/perf/NOTES.md``)."""
     CV = storer(BF16)
     CT = COMBINE_THREADS
+    CE = COMBINE_ELEMS
 
-    def fwd_combine(op, lp, o, lse):
-        nb = o.shape[0]
-        nh = o.shape[1]
-        nq = o.shape[2]
-        ns = op.shape[0] // nb
-        b = cuda.blockIdx.y // nh
-        h = cuda.blockIdx.y % nh
-        e = cuda.blockIdx.x * CT + cuda.threadIdx.x
-        if e < nq * D:
-            row = e // D
-            col = e - row * D
-            # one pass, each Lp_s and Op_s loaded once: the running max m, and tot, acc rescaled
-            # when it grows (exp(-inf) = 0 keeps a split that saw nothing out, with its zeros)
-            m = NEG_INF
-            tot = float32(0.0)
-            acc = float32(0.0)
-            for z in range(ns):
-                lz = lp[z * nb + b, h, row]
-                x = op[z * nb + b, h, row, col]
-                mn = max(m, lz)
-                mu = mn if mn != NEG_INF else float32(0.0)
-                c = math.exp(m - mu)
-                w = math.exp(lz - mu)
-                tot = tot * c + w
-                acc = acc * c + w * x
-                m = mn
-            o[b, h, row, col] = CV(acc / tot if tot > 0 else float32(0.0))
-            if col == 0:
-                lse[b, h, row] = m + math.log(tot) if tot > 0 else NEG_INF
+    def fwd_combine(op, lp, o, lse, nq, heads):
+        # flat views: op, lp (S·B·H, Nq, d) and (S·B·H, Nq); o, lse (B·H, Nq, d) and (B·H, Nq)
+        p = cuda.blockIdx.y  # b·H + h
+        n = nq * D
+        base = cuda.blockIdx.x * (CT * CE) + cuda.threadIdx.x
+        # one pass, each Lp_s and Op_s loaded once: the running max m, and tot, acc rescaled when
+        # it grows (exp(-inf) = 0 keeps a split that saw nothing out, with its zeros)
+        m = cuda.local.array(CE, float32)
+        tot = cuda.local.array(CE, float32)
+        acc = cuda.local.array(CE, float32)
+        lzs = cuda.local.array(CE, float32)
+        xs = cuda.local.array(CE, float32)
+        for u in range(CE):
+            m[u] = NEG_INF
+            tot[u] = float32(0.0)
+            acc[u] = float32(0.0)
+        for z in range(lp.shape[0] // (heads * nq)):
+            zp = z * heads + p
+            for u in range(CE):  # the loads first, all in flight before the first is used
+                e = base + u * CT
+                if e < n:
+                    lzs[u] = lp[zp * nq + e // D]
+                    xs[u] = op[zp * n + e]
+            for u in range(CE):
+                if base + u * CT < n:
+                    lz = lzs[u]
+                    mn = max(m[u], lz)
+                    mu = mn if mn != NEG_INF else float32(0.0)
+                    c = math.exp(m[u] - mu)
+                    w = math.exp(lz - mu)
+                    tot[u] = tot[u] * c + w
+                    acc[u] = acc[u] * c + w * xs[u]
+                    m[u] = mn
+        for u in range(CE):
+            e = base + u * CT
+            if e < n:
+                t = tot[u]
+                o[p * n + e] = CV(acc[u] / t if t > 0 else float32(0.0))
+                if e % D == 0:
+                    lse[p * nq + e // D] = m[u] + math.log(t) if t > 0 else NEG_INF
 
     return fwd_combine
 
@@ -627,7 +645,8 @@ def _tma_maps(k, v, d: int, bc: int):
 
 
 #: What the launcher needs for a split-KV forward (v5, v7; ``splits`` > 1).
-SPLIT_KV = SimpleNamespace(combine=combine_kernel, smem=smem_bytes_split, threads=COMBINE_THREADS)
+SPLIT_KV = SimpleNamespace(combine=combine_kernel, smem=smem_bytes_split, threads=COMBINE_THREADS,
+                           elems=COMBINE_ELEMS)
 
 
 def _version(name: str, lazy: bool, default_config, wg: bool = False, tma: bool = False):
