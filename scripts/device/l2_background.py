@@ -31,7 +31,8 @@ ncu's ``profiler__replayer_passes`` (the ``passes`` column) says whether a launc
 If ``sleep`` writes in every mode, the GPU writes whatever the kernel does; if it writes only
 when a launch is replayed, the writes are the profiler's restore of memory reaching DRAM during
 the measured launch.  (On the H100, at 580.159.04 and ncu 2025.3.1, every mode took one pass,
-and ``sleep`` wrote in every mode: ``analysis/data/l2calib/h100_l2_background.csv``.)
+and ``sleep`` wrote in every mode: ``analysis/data/l2calib/h100_l2_background.csv``; the H200
+alike: ``analysis/data/l2calib/h200_l2_background/``.)
 """
 
 from __future__ import annotations
