@@ -39,8 +39,8 @@ def _shape(pass_="fwd", d=64, n=4096, causal=False, dtype="fp16"):
 def test_candidates_are_the_kernels_knobs_and_hold_the_default(name, d):
     v = variant(name)
     kept, dropped = at.candidates(name, d)
-    # every knob but v5's and v7's splits, which the tuner leaves to fit_to_grid's small-grid rule
-    default = {k: val for k, val in v.default_config(d).items() if k != "splits"}
+    # every knob but v5's and v7's lpt and splits, which the tuner leaves to fit_to_grid's rules
+    default = {k: val for k, val in v.default_config(d).items() if k not in at.RULED}
     assert kept and all(set(c) == set(default) for c in kept)
     assert default in kept  # the shipped shape fits the H100
     assert len(kept) + len(dropped) == len(at.knob_grid(name, d))
@@ -206,6 +206,21 @@ def test_flash_attention_passes_the_cached_config_of_its_key(tune_cache, monkeyp
     assert {x: calls[-1][x] for x in cfg} == cfg
     kernels.flash_attention(q, k, v, causal=False)  # another key: the default again
     assert "bc" not in calls[-1]
+
+
+def test_a_cached_entry_leaves_the_ruled_knobs_to_the_launcher(tune_cache, monkeypatch):
+    """An entry that holds lpt or splits (as v5's and v7's entries did before they were ruled)
+    passes its block shape only: fit_to_grid decides those from B·H, which the key does not hold."""
+    q, k, v = (np.zeros((1, 2, 32, 64), np.float16) for _ in range(3))
+    calls = _spy(monkeypatch, variant("fwd_fp16_v7"), "forward", run=False)
+    cfg = dict(bc=64, nw=4, mt=1, qreg=False, lpt=True, splits=1)
+    key = at.cache_key(at.gpu_name(), "fwd_fp16_v7", "fwd", "fp16", 64, True, 32, 32)
+    at.write_cache({key: {"config": cfg}}, tune_cache)
+    at.reset()
+    kernels.flash_attention(q, k, v, causal=True)
+    print(calls[-1])
+    assert {x: calls[-1][x] for x in ("bc", "nw")} == {"bc": 64, "nw": 4}
+    assert "lpt" not in calls[-1] and "splits" not in calls[-1]
 
 
 def test_the_cached_config_runs_under_the_simulator(tune_cache, monkeypatch):

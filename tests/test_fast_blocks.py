@@ -416,7 +416,7 @@ def test_torch_flash_dram_level_of_the_h100_record():
                                              ("fwd_fp16_v5", W(2, 2, 130, 64, nk=200), 2)])
 def test_split_kv_tiles_move_the_walkers_elements(kernel, w, splits):
     """The split-KV forward (``splits``): its two launches' tiles move the walker's elements, tensor by
-    tensor; the main grid is (Tr, B·H, S), the combine's (⌈Nq·d/256⌉, B·H); chunks add up."""
+    tensor; the main grid is (Tr, B·H, S), the combine's (⌈Nq·d/1,024⌉, B·H); chunks add up."""
     config = {"splits": splits, "nw": 4, "bc": 16}
     sched = build_schedule(w, "fast", "fwd", None, kernel=kernel, config=config)
     io = walk(sched)

@@ -153,7 +153,7 @@ def test_gpu_narrowed_forward(dtype, bh, n, d, monkeypatch):
 
 def test_lpt_rule_by_hand():
     """v5 and v7 keep grid order (``lpt`` off) where B·H exceeds the SM count, unless ``lpt`` is
-    given; the other forwards have no ``lpt``."""
+    given or there is no SM count (0, the CUDA simulator's); the other forwards have no ``lpt``."""
     c = fast.default_config("fwd_fp16_v7", 96)
     assert c["lpt"]
     for bh, want in ((132, True), (133, False), (512, False), (64, True)):
@@ -161,6 +161,7 @@ def test_lpt_rule_by_hand():
         print(bh, got)
         assert got["lpt"] is want
     assert fast.fit_to_grid("fwd_fp16_v7", c, ("lpt",), 512, 512, 132, 96, nk=512)["lpt"]
+    assert fast.fit_to_grid("fwd_fp16_v7", c, (), 512, 512, 0, 96, nk=512)["lpt"]  # no SM count (the simulator)
     v5 = dict(fast.default_config("fwd_fp16_v5", 64), lpt=True)
     assert not fast.fit_to_grid("fwd_fp16_v5", v5, (), 512, 512, 132, 64, nk=512)["lpt"]
     v4 = fast.default_config("fwd_fp16_v4", 64)

@@ -323,7 +323,7 @@ def fit_to_grid(name: str, cfg: dict, given, nq: int, bh: int, num_sms: int, d: 
     elif wg and "nw" not in given and cfg.get("nw") == 8:
         if blocks <= num_sms:
             out = dict(cfg, nw=4)
-    if wg and out.get("lpt") and "lpt" not in given and bh > num_sms:
+    if wg and out.get("lpt") and "lpt" not in given and 0 < num_sms < bh:  # (0: the CUDA simulator)
         out = dict(out, lpt=False)
     if not wg or "splits" in given or nk is None or d > 128 or out.get("splits", 1) != 1:
         return out

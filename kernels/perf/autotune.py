@@ -296,13 +296,19 @@ def tuned_config(pass_: str, mod, q, k, causal) -> dict:
         cfg = lookup(pass_, mod.name, dt, d, causal, nq, nk, nhk != nh)
         if cfg is None or not cfg or not set(cfg) <= set(mod.default_config(d)):
             return {}  # (a knob the entry leaves out keeps the variant's default)
-        return cfg
+        return {key: val for key, val in cfg.items() if key not in RULED}  # (an entry made before held lpt)
     except Exception as e:  # noqa: BLE001 - the tuner must never break an attention call
         warnings.warn(f"flashsim tune cache: lookup failed ({e!r}); default config", stacklevel=2)
         return {}
 
 
 # --------------------------------------------------------------------------------- candidates
+
+#: Knobs that ``flashsim.algorithms.fast.fit_to_grid`` sets by rule from B·H and the SM count
+#: (fwd_fp16_v5/v7: ``lpt``, the causal block order; ``splits``, split-KV), which the cache key
+#: does not hold: the tuner's candidates leave them out, and :func:`tuned_config` drops them from
+#: a cached entry, since a knob the caller passes is one the rules leave alone.
+RULED = ("lpt", "splits")
 
 
 def knob_grid(name: str, d: int) -> list[dict]:
@@ -312,13 +318,9 @@ def knob_grid(name: str, d: int) -> list[dict]:
         grid = product((16, 32, 64, 128), (2, 4, 8), (1, 2, 4), (True, False))
         return [dict(bc=bc, nw=nw, mt=mt, qreg=qr) for bc, nw, mt, qr in grid if 16 * nw * mt <= 256]
     if name in ("fwd_fp16_v5", "fwd_fp16_v7"):  # whole warpgroups of 64 rows; Q in shared memory (wgmma reads it)
-        from . import variant
-
-        # lpt (an order, not a block shape): the default's; splits (split-KV) left out, so that a
-        # cached entry leaves it to fit_to_grid's small-grid rule (the tuner times full grids)
-        lpt = variant(name).default_config(d)["lpt"]
-        return [dict(bc=bc, nw=nw, mt=1, qreg=False, lpt=lpt)
-                for bc, nw in product((32, 48, 64, 96, 128, 160, 192), (4, 8))]
+        # lpt (the causal block order) and splits (split-KV) left out (RULED): a cached entry
+        # leaves them to fit_to_grid's rules, which depend on B·H, not in the cache key
+        return [dict(bc=bc, nw=nw, mt=1, qreg=False) for bc, nw in product((32, 48, 64, 96, 128, 160, 192), (4, 8))]
     if name == "bwd_fp16_v1":
         grid = product((16, 32, 64, 128), (16, 32, 64, 128), (2, 4, 8), (1, 2), (True, False))
         return [dict(bq=bq, bk=bk, nw=nw, mt=mt, reg=r) for bq, bk, nw, mt, r in grid if 16 * nw * mt <= 128]

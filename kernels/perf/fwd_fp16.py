@@ -232,7 +232,7 @@ def _source(D: int, BC: int, NW: int, MT: int, CAUSAL: bool, QREG: bool, LAZY: b
         t = lane % 4
         i, b, h, hk, nq, nk, shift, r0, nblk = start(q, k)
         # Split-KV (SPLIT; grid (Tr, B·H, S)): split z walks key blocks j0 = z·nblk // S .. j1 - 1 of
-        # the block's nblk (even shares, the longer ones last: none empty unless nblk < S), and
+        # the block's nblk (shares that differ by at most one: none empty unless nblk < S), and
         # writes its partial O and logsumexp in float32 (o, lse: (S·B, H, Nq, d) and (S·B, H, Nq))
         # for :func:`combine_source`'s launch.
         j0 = 0
