@@ -34,16 +34,27 @@ def _ptr(a) -> int:
     return a.__array_interface__["data"][0]
 
 
+class Launches(list):
+    """:func:`trace`'s list of launches, with ``sequences``: per launch, {(block, thread id, param,
+    "read"|"write"): the byte offsets from the array's start that thread accessed, in order}, for
+    a test that groups accesses into instructions by what it knows of the kernel."""
+
+    def __init__(self):
+        super().__init__()
+        self.sequences: list = []
+
+
 @contextlib.contextmanager
 def trace():
-    """Yields a list that fills with one (kernel name, total, distinct, requests) per launch made
-    inside the block, ``total`` a Counter {(param, "read"|"write"): accesses}, ``distinct`` the
-    same keys -> elements distinct within each thread block, summed over blocks, ``requests`` the
-    same keys -> sectors of the warps' requests (see the module docstring)."""
+    """Yields a list (:class:`Launches`) that fills with one (kernel name, total, distinct,
+    requests) per launch made inside the block, ``total`` a Counter {(param, "read"|"write"):
+    accesses}, ``distinct`` the same keys -> elements distinct within each thread block, summed
+    over blocks, ``requests`` the same keys -> sectors of the warps' requests (see the module
+    docstring)."""
     from numba.cuda.simulator import kernel as sk
     from numba.cuda.simulator.cudadrv import devicearray as da
 
-    launches: list = []
+    launches = Launches()
     lock = threading.Lock()
     state = {"ranges": []}  # (start, end, param) of the current launch's arrays
 
@@ -97,6 +108,7 @@ def trace():
             name, total, distinct, seen, seq = launches[-1]
             distinct.update({k: len(v) for k, v in seen.items()})
             launches[-1] = (name, total, distinct, _requests(seq))
+            launches.sequences.append(seq)
 
     da.FakeCUDAArray.__getitem__, da.FakeCUDAArray.__setitem__ = getitem, setitem
     sk.FakeCUDAKernel.__call__ = call

@@ -506,16 +506,17 @@ def test_split_kv_counts_by_hand():
     assert one[("K", "bulk_read")].elements == 7840 and one[("Q", "read")].elements == 16800 // 3
 
 
-@pytest.mark.parametrize("kernel,nq,nk,d", [("fwd_fp16_v7", 32, 40, 64), ("fwd_fp16_v5", 128, 50, 40)])
+@pytest.mark.parametrize("kernel,nq,nk,d", [("fwd_fp16_v7", 32, 40, 64), ("fwd_fp16_v5", 70, 50, 40)])
 def test_split_kv_elements_equal_the_kernels_under_the_simulator(kernel, nq, nk, d):
     """The split-KV kernels under the CUDA simulator touch the schedule's elements: the main launch
     (its o and lse are Op and Lp) reads Q and writes Op, Lp; the combine reads Op and writes O, L;
     its Lp reads, every lane of a warp instruction one per split, make the schedule's sectors: at
-    d = 64 an instruction holds half a row, at d = 40 32 elements that cross a row in 96 of a
-    head's 160 instructions, so a request spans two rows there.  Nq·d a multiple of the combine
-    block's 1,024 outputs: the trace pairs each lane's k-th access, which a partial last
-    instruction (whose lanes past Nq·d skip one of their four outputs) would misalign; the
-    schedule's partial instructions are in test_fast_blocks' by-hand combine block."""
+    d = 64 an instruction holds half a row, at d = 40 (Nq·d = 2,800: a partial last block and
+    instruction) 32 elements that cross a row in 52 of a head's 88 instructions, so a request
+    spans two rows there.  The combine's instructions are told apart by the element each lane's Op
+    load names (thread t of block x loads elements 1,024x + 256k + t, its Lp load beside each):
+    the trace's pairing of each lane's k-th access would misalign where lanes past Nq·d skip an
+    output."""
     from kernels.perf import variant
 
     rng = np.random.default_rng(4)
@@ -534,4 +535,19 @@ def test_split_kv_elements_equal_the_kernels_under_the_simulator(kernel, nq, nk,
     assert main[("lse", "write")] == lm[("Lp", "write")].elements
     assert comb[("op", "read")] == lc[("Op", "read")].elements
     assert comb[("o", "write")] == lc[("O", "write")].elements and comb[("lse", "write")] == lc[("L", "write")].elements
-    assert req[("lp", "read")] == lc[("Lp", "read")].sectors
+    # a combine instruction: (block, warp, slice z·B·H + p, k), from the element its Op load names
+    n, span = nq * d, fast.COMBINE_THREADS * fast.COMBINE_ELEMS
+    seq, lp_sec, op_sec = got.sequences[1], {}, {}
+    for (block, tid, nm, what), offs in seq.items():
+        if (nm, what) != ("op", "read"):
+            continue
+        lps = seq[(block, tid, "lp", "read")]
+        assert len(lps) == len(offs)  # an Lp load beside each Op load
+        for op_off, lp_off in zip(offs, lps):
+            zp, e = divmod(op_off // 4, n)
+            key = (block, tid // 32, zp, e % span // fast.COMBINE_THREADS)
+            lp_sec.setdefault(key, set()).add(lp_off // 32)
+            op_sec.setdefault(key, set()).add(op_off // 32)
+    print("instructions", len(lp_sec), "Lp sectors", sum(map(len, lp_sec.values())))
+    assert sum(map(len, lp_sec.values())) == lc[("Lp", "read")].sectors
+    assert sum(map(len, op_sec.values())) == lc[("Op", "read")].sectors
