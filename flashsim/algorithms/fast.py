@@ -310,8 +310,12 @@ def fit_to_grid(name: str, cfg: dict, given, nq: int, bh: int, num_sms: int, d: 
     = 128, and tied at d = 96, N = 512, B·H = 128 (as at 8a88e34: 2-15% at B·H = 16 and 64, N =
     1,024-16,384)."""
     given = given or ()
-    br = 16 * cfg.get("nw", 0) * cfg.get("mt", 0)
-    blocks = -(-nq // br) * bh if br else 0
+
+    def grid_blocks(c):  # the blocks of a grid of c's query blocks (Br = 16·nw·mt rows)
+        br = 16 * c.get("nw", 0) * c.get("mt", 0)
+        return -(-nq // br) * bh if br else 0
+
+    blocks = grid_blocks(cfg)
     wg = name in ("fwd_fp16_v5", "fwd_fp16_v7")  # v7 (v5's loop, TMA copies): v5's rules, not timed apart
     out = cfg
     if wg and "bc" not in given and cfg.get("bc") == 48 and cfg.get("nw") == 4:
@@ -327,8 +331,7 @@ def fit_to_grid(name: str, cfg: dict, given, nq: int, bh: int, num_sms: int, d: 
         out = dict(out, lpt=False)
     if not wg or "splits" in given or nk is None or d > 128 or out.get("splits", 1) != 1:
         return out
-    br = 16 * out["nw"] * out["mt"]
-    if -(-nq // br) * bh > num_sms:
+    if grid_blocks(out) > num_sms:
         return out
     tc = -(-nk // out["bc"])
     s = SPLITS_D64 if d <= 64 else SPLITS_D128
@@ -626,9 +629,10 @@ def split_layouts(w: Workload, splits: int) -> dict[str, TensorLayout]:
 
 
 def combine_warps(nq: int, d: int) -> dict[str, np.ndarray]:
-    """The warps of a head in the combine launch (thread e of the head's Nq·d outputs: row e // d,
-    column e % d; warp w: e = 32w .. 32w + 31, those below Nq·d): the first flat element and the
-    count of each warp's run (Op reads, O writes), its rows (first, count: every thread reads its
+    """The warp instructions of a head in the combine launch (output e of the head's Nq·d: row
+    e // d, column e % d; instruction w moves e = 32w .. 32w + 31, those below Nq·d; a warp issues
+    :data:`COMBINE_ELEMS` of them, 256 elements apart): the first flat element and the count of
+    each instruction's run (Op reads, O writes), its rows (first, count: every lane reads its
     row's Lp_s, one request a split) and the rows whose column 0 it holds (their L; count 0 where
     none)."""
     n = nq * d

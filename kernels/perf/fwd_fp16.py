@@ -459,20 +459,18 @@ def _kernel(d, bc, nw, mt, causal, qreg, lazy, bf16, wg, tma, lpt, split):
     return tc.jit_kernel(fn, nt), nt, br
 
 
-
-
 def combine_source(D: int, BF16: bool):
-    """The split-KV forward's second launch, grid (⌈Nq·d / 1,024⌉, B·H), on flat views of Op, Lp, O and L
-    (with Nq and B·H: one offset a load, where 4-d indexing had cost registers and occupancy):
-    thread t of block x merges a head's outputs e = 1,024x + 256k + t, k < 4 (row e // d, column e %
-    d), over the S splits' partials of its row, m = max_s Lp_s, w_s = exp(Lp_s − m), O = Σ_s w_s
-    Op_s / Σ_s w_s, L = m + ln Σ_s w_s (a row no split saw: O = 0, L = −inf, as the one-launch
-    kernel writes it), in one pass over s. A warp's instruction k reads 32 consecutive floats of
-    each Op_s and writes 32 consecutive elements of O; each thread reads its elements' Lp_s (one
-    request a warp instruction a split, for the rows its 32 elements span). Four outputs a thread,
-    their loads independent, keep four of Op's loads in flight where one output a thread waited for
-    each (fwd_combine took 20 us of 104 at B·H = 1, N = 8,192, d = 128, S = 2 on an H200, reading 8
-    MB: ``kernels/perf/NOTES.md``)."""
+    """The split-KV forward's second launch, grid (⌈Nq·d / 1,024⌉, B·H), on flat views of Op, Lp, O and
+    L (with Nq and B·H: one offset a load, where 4-d indexing had cost registers and occupancy):
+    thread t of block x merges a head's outputs e = 1,024x + 256k + t, k < 4 (row e // d, column
+    e % d), over the S splits' partials of its row, m = max_s Lp_s, w_s = exp(Lp_s − m), O = Σ_s
+    w_s Op_s / Σ_s w_s, L = m + ln Σ_s w_s (a row no split saw: O = 0, L = −inf, as the
+    one-launch kernel writes it), in one pass over s. A warp's instruction k reads 32
+    consecutive floats of each Op_s and writes 32 consecutive elements of O; each thread reads
+    its elements' Lp_s (one request a warp instruction a split, for the rows its 32 elements
+    span). Four outputs a thread, their loads independent, keep four of Op's loads in flight
+    where one output a thread waited for each (fwd_combine took 20 us of 104 at B·H = 1, N =
+    8,192, d = 128, S = 2 on an H200, reading 8 MB: ``kernels/perf/NOTES.md``)."""
     CV = storer(BF16)
     CT = COMBINE_THREADS
     CE = COMBINE_ELEMS
