@@ -236,19 +236,25 @@ def test_naive_received_boxes_by_hand():
     assert reads == 495_616 - 2 * (8 * 64 + 24 * 64 + 1024 * 4) == 483_328
     assert received_read_sectors(wl(1024, 64, dtype="fp32"), "fwd")[1] is None  # fp32: LSU, no boxes
     # N = 1,000 (H200 torch_edge), nvjet 64x8, K step 64, 1x2 clusters: 125 row tiles of 8 padded
-    # to 126 CTAs; K = 1,000 in 16 whole boxes of 64 columns (1,024); P's rows are 2,000 bytes, so
-    # each box row of 128 bytes spans 4 sectors on even rows and 5 on odd ones (16 bytes in):
-    # 4 x 64 + 4 x 80 of P, and 1,024 rows of V's 128 bytes (4 sectors) = 4,672 a CTA; measured
-    # 589,108 (+0.07%)
+    # to 126 CTAs.  P (A, read by each CTA itself): rows of 2,000 bytes, so a box row of 128 bytes
+    # spans 4 sectors on even rows and 5 on odd ones (16 bytes in), 15 such boxes; the 16th holds
+    # columns 960..999 (80 bytes: 3 sectors either way) and 48 bytes of zeros (2 sectors): 4 x 15
+    # x 4 + 4 x 15 x 5 + 8 x 5 = 580 a CTA; the padding CTA's 8 rows lie past N, all zeros: 16 x 8
+    # x 4 = 512.  V (B, multicast by the 1 x 2 clusters): 1,024 whole rows of 128 bytes, 4,096.
+    # 125 x (580 + 4,096) + 512 + 4,096 = 589,108, the measured count to the sector (whole boxes
+    # as if the tensor went on, the rule before the TMA box sweep, gave 588,672)
     got = received_read_sectors(wl(1000, 64), "fwd", gemm_tiles="256x40,64x8", gemm_clusters="4x2,1x2")
-    assert got[3] == 126 * (4 * 64 + 4 * 80 + 1024 * 4) == 588_672
+    assert got[3] == 125 * (4 * 15 * 4 + 4 * 15 * 5 + 8 * 5 + 1024 * 4) + 16 * 8 * 4 + 1024 * 4 == 589_108
+    # K step 128 (boxes of 256 bytes): 7 whole boxes (8 sectors even, 9 odd) and one of 104
+    # columns (208 bytes: 7 sectors) and 48 bytes of zeros (2): 4 x 7 x 8 + 4 x 7 x 9 + 8 x 9
     assert received_read_sectors(wl(1000, 64), "fwd", ksteps="32,128", gemm_tiles="256x40,64x8",
-                                 gemm_clusters="4x2,1x2")[3] == 126 * (4 * 64 + 4 * 72 + 1024 * 4)  # boxes of 256 B
+                                 gemm_clusters="4x2,1x2")[3] == (125 * (4 * 7 * 8 + 4 * 7 * 9 + 8 * 9 + 1024 * 4)
+                                                                 + 8 * 8 * 8 + 1024 * 4)
     for bad in ("64,64,64", None, "0", "1000000000", "x"):
         with pytest.raises(ValueError, match="ksteps"):
             received_read_sectors(wl(1000, 64), "fwd", ksteps=bad)
     assert received_read_sectors(wl(1000, 64), "fwd", ksteps=np.int64(64), gemm_tiles="256x40,64x8",
-                                 gemm_clusters="4x2,1x2")[3] == 588_672
+                                 gemm_clusters="4x2,1x2")[3] == 589_108
 
 
 def test_naive_warp_softmax_pieces_by_hand():

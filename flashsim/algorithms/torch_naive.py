@@ -81,6 +81,7 @@ import numpy as np
 
 from ..blocks import attach
 from ..config import Tiling, Workload, cdiv
+from ..tma import SECTOR, box_row_sectors, whole_row_sectors
 from ..traffic import Launch, Schedule, TensorLayout, bulk_read, bulk_write, read, write
 from ._common import block_rows, check_programs, classes
 
@@ -235,38 +236,59 @@ class _Gemm:
 
     def received_sectors(self, eb: int, slices: int, kstep: int = 64) -> int:
         """Sectors of A and B the SMs receive over ``slices`` programs when the operands come by
-        TMA (``bulk``): whole boxes.  The grid is padded to whole clusters (⌈row tiles / cr⌉·cr x
-        ⌈column tiles / cc⌉·cc CTAs), and every CTA, those past the matrix's edge included,
-        receives for each K step (``kstep`` elements) a box of A tm rows by kstep columns and one
-        of B tn by kstep: rows past M or N and columns past K too, as if the tensor went on.  Each
-        box row counts the 32-byte sectors its bytes span where they lie (a row of 2,000 bytes
-        makes every other box row span one sector more); a multicast band counts once per
-        receiving CTA (measured on an H200: analysis/data/h200/torch_tma, torch_edge)."""
+        TMA (``bulk``): the sum of :meth:`received_by_operand`."""
+        return sum(self.received_by_operand(eb, slices, kstep))
+
+    def received_by_operand(self, eb: int, slices: int, kstep: int = 64) -> tuple[int, int]:
+        """(A's, B's) sectors the SMs receive over ``slices`` programs when the operands come by
+        TMA (``bulk``), by :mod:`flashsim.tma`'s rules.  The grid is padded to whole clusters
+        (⌈row tiles / cr⌉·cr x ⌈column tiles / cc⌉·cc CTAs), and every CTA, those past the
+        matrix's edge included, receives for each K step (``kstep`` elements) a box of A tm rows
+        by kstep columns and one of B tn by kstep, of which the parts past M, N or K are zeros; a
+        box row wider than 128 bytes (a transposed operand's tile, tn or tm columns) comes as
+        pieces of 128 bytes, one swizzle row each.  A band read by one CTA counts each box row's
+        in-bounds sectors where they lie plus a sector for each 32 bytes of zeros
+        (:func:`flashsim.tma.box_row_sectors`); a multicast band (A where cc > 1, B where cr > 1)
+        counts once per receiving CTA, its box rows' bytes where they would lie if the tensor went
+        on (:func:`flashsim.tma.whole_row_sectors`: exact for whole, aligned boxes; the partial
+        ones are measured, not modelled).  Measured on an H200: analysis/data/h200/torch_tma,
+        torch_edge, tma_box_sweep."""
         kp = cdiv(self.k, kstep) * kstep
         prt = cdiv(len(self.r0), self.cr) * self.cr
         pct = cdiv(len(self.c0), self.cc) * self.cc
 
-        def boxes(spec, width, tiles, extent):
-            """Sectors of one slice's ``tiles`` boxes of an operand, summed over the slices: its
-            tensor is extent x K ("rows": a box is width rows by kp columns) or K x extent ("cols":
-            kp rows by width columns), slices back to back."""
+        def boxes(spec, width, tiles, extent, multicast):
+            """Sectors of one receiving of ``tiles`` boxes of an operand, summed over the slices:
+            its tensor is extent x K ("rows": a box is width rows by kstep columns, per K step) or
+            K x extent ("cols": kstep rows by width columns, in pieces of 128 bytes), slices back
+            to back."""
             if spec[1] == "rows":
-                pitch = self.k * eb
-                start = (np.arange(tiles * width, dtype=np.int64)[:, None] * pitch
-                         + np.arange(0, kp, kstep, dtype=np.int64)[None, :] * eb)
-                nbytes = kstep * eb
+                row = np.arange(tiles * width, dtype=np.int64)[:, None]
+                c0 = np.arange(0, kp, kstep, dtype=np.int64)[None, :]
+                cols = np.full_like(c0, kstep)
+                pitch, live = self.k, row < extent
             else:
-                pitch = extent * eb
-                start = (np.arange(kp, dtype=np.int64)[:, None] * pitch
-                         + np.arange(tiles, dtype=np.int64)[None, :] * (width * eb))
-                nbytes = width * eb
-            base = np.arange(slices, dtype=np.int64) * (extent * self.k * eb) % 32  # a slice's first byte
+                row = np.arange(kp, dtype=np.int64)[:, None]
+                piece = max(1, min(width, 128 // eb))  # columns of a 128-byte swizzle row
+                off = np.arange(0, width, piece, dtype=np.int64)
+                c0 = (np.arange(tiles, dtype=np.int64)[:, None] * width + off[None, :]).reshape(1, -1)
+                cols = np.tile(np.minimum(piece, width - off), tiles)[None, :]
+                pitch, live = extent, row < self.k
+            shape = np.broadcast_shapes(row.shape, c0.shape)
+            start = np.broadcast_to(row * pitch * eb + c0 * eb, shape)
+            inb = np.broadcast_to(np.where(live, np.clip(pitch - c0, 0, cols), 0), shape)
+            cols = np.broadcast_to(cols, shape)
+            base = np.arange(slices, dtype=np.int64) * (extent * self.k * eb) % SECTOR  # a slice's first byte
             total = 0
             for b0, count in zip(*np.unique(base, return_counts=True)):
-                st = start + b0
-                total += int(count) * int(((st + nbytes - 1) // 32 - st // 32 + 1).sum())
+                for c in np.unique(cols):
+                    m = cols == c
+                    got = (whole_row_sectors(start[m] + b0, int(c) * eb) if multicast
+                           else box_row_sectors(start[m] + b0, inb[m] * eb, int(c) * eb))
+                    total += int(count) * int(got.sum())
             return total
-        return pct * boxes(self.a, self.tm, prt, self.m) + prt * boxes(self.b, self.tn, pct, self.n)
+        return (pct * boxes(self.a, self.tm, prt, self.m, self.cc > 1),
+                prt * boxes(self.b, self.tn, pct, self.n, self.cr > 1))
 
     def elements(self) -> dict[tuple[str, str], int]:
         """The same counts by formula: A read ⌈(N/tn)/cc⌉ times, B ⌈(M/tm)/cr⌉ times, C once."""

@@ -2,7 +2,7 @@
 # On the GPU machine (the device tool), from the repository root: the TMA box sweep
 # (scripts/device/tma_box_sweep.py) under Nsight Compute, each workload an NVTX range: the sectors
 # the SMs receive by TMA (all, multicast, self), L2's read and write sectors, per launch.  Output
-# under $OUT/tma_box: raw.csv (ncu's raw page), manifest.json, err.txt.  PY: the python with torch.
+# under $OUT/tma_box: raw.csv (ncu's raw page), manifest.json, meta.json (provenance), err.txt.  PY: the python with torch.
 #   usage: PY=python3 bash scripts/device/tma_box_sweep.sh
 set -u
 PY=${PY:-python3}
@@ -16,3 +16,13 @@ ncu --clock-control none --nvtx --metrics "$m" --csv --page raw \
     "$PY" scripts/device/tma_box_sweep.py "$o" > "$o/raw.csv" 2> "$o/err.txt"
 echo "exit $? $(wc -l < "$o/raw.csv") lines"
 tail -3 "$o/err.txt"
+# provenance: the GPU, driver, tools and commit (FLASHSIM_GIT_COMMIT where the tree has no .git)
+"$PY" - "$o/meta.json" "$m" <<'PY'
+import json, subprocess, sys
+import torch
+from kernels.gpucheck import provenance
+meta = provenance()
+meta.update(ncu=subprocess.run(["ncu", "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1],
+            torch=torch.__version__, metrics=sys.argv[2].split(","))
+open(sys.argv[1], "w").write(json.dumps(meta, indent=1) + "\n")
+PY

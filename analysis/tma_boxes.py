@@ -1,0 +1,175 @@
+"""The TMA box sweep against :mod:`flashsim.tma`'s rules: the record of
+``scripts/device/tma_box_sweep.sh`` (per NVTX range, one workload's launches under Nsight Compute:
+the sectors the SMs receive by TMA, all, multicast and to the issuing CTA itself).
+
+    python -m analysis.tma_boxes analysis/data/h200/tma_box_sweep [--csv OUT.csv]
+
+For ``fwd_fp16_v7`` (K and V copied in boxes of one swizzle atom, 32 or 64 columns, zeros past d;
+no clusters) the prediction is :func:`flashsim.tma.box_row_sectors` over every CTA's boxes; for
+cuBLAS's GEMMs (S = Q·Kᵀ, O = P·V, dV = Pᵀ·dO) the tile, K step and cluster come from the kernel's
+name and the prediction is torch_naive's :meth:`_Gemm.received_by_operand`, A and B apart, so
+that the multicast operand (A where the cluster spans C's columns, B where it spans its rows) is
+compared with Nsight Compute's multicast count and the other with its count of copies to the
+issuing CTA.  Prints a line a workload and a summary (:func:`summary`).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+
+from flashsim.algorithms.torch_naive import _Gemm, parse_tiles
+from flashsim.tma import box_row_sectors
+
+from .torch_set import NVJET_KSTEP, gemm_shape
+
+RECORD = Path(__file__).resolve().parents[1] / "analysis/data/h200/tma_box_sweep"
+_P = "l1tex__m_xbar2l1tex_read_sectors"
+METRICS = {"tma": f"{_P}_mem_global_op_tma_ld.sum", "multicast": f"{_P}_mem_global_op_tma_ld_dest_multicast.sum",
+           "self": f"{_P}_mem_global_op_tma_ld_dest_self.sum", "l2_write": "lts__t_sectors_srcunit_tex_op_write.sum"}
+#: The record's workload kinds (scripts/device/tma_box_sweep.py)
+OPS = ("v7", "qk", "pv", "ptv")
+
+
+def _int(text: str) -> int:
+    return int(float(text.replace(",", "")))
+
+
+def load(folder: Path) -> list[dict]:
+    """The record's launches inside a workload's NVTX range, in order: the manifest's workload
+    (op, d, n, bh, dtype) with ``range``, ``kernel``, ``grid`` (x, y, z) and the METRICS' counts."""
+    folder = Path(folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    lines = (folder / "raw.csv").read_text().splitlines()
+    head = next((i for i, ln in enumerate(lines) if ln.startswith('"ID"')), None)
+    if head is None:
+        raise ValueError(f"{folder / 'raw.csv'}: no Nsight Compute raw-page header (\"ID\", ...)")
+    rows = list(csv.DictReader(io.StringIO("\n".join(lines[head:]))))
+    nvtx = next((k for k in rows[0] if "Push/Pop_Range" in k), None)
+    if nvtx is None:
+        raise ValueError(f"{folder / 'raw.csv'}: no NVTX column (the sweep runs ncu with --nvtx)")
+    out = []
+    for r in rows[1:]:  # the units row first
+        m = re.search(r":(w\d+):", r[nvtx] or "")
+        if not m:
+            continue  # the random buffers and the kernels' compilation calls, outside every range
+        w = manifest.get(m.group(1))
+        if w is None or w.get("op") not in OPS:
+            raise ValueError(f"range {m.group(1)}: not a workload of the manifest")
+        rec = dict(w, range=m.group(1), kernel=r["Kernel Name"],
+                   grid=tuple(int(x) for x in re.findall(r"\d+", r["Grid Size"])))
+        rec.update({k: _int(r[v]) for k, v in METRICS.items()})
+        out.append(rec)
+    return out
+
+
+def v7_sectors(rec: dict) -> int:
+    """``fwd_fp16_v7``'s K and V as its CTAs receive them: each CTA (the grid's, not causal, N a
+    multiple of Bc) copies every key row of its head in atoms of ``swizzle_bytes(d)`` bytes
+    (kernels.perf.fwd_fp16), the last running past d into zeros."""
+    from kernels.perf.fwd_fp16 import swizzle_bytes
+
+    d, n, rb = rec["d"], rec["n"], swizzle_bytes(rec["d"])
+    atom = rb // 2
+    c0 = np.arange(0, -(-d // atom) * atom, atom, dtype=np.int64)[None, :]
+    start = np.arange(n, dtype=np.int64)[:, None] * (d * 2) + c0 * 2
+    inb = np.broadcast_to(np.clip(d - c0, 0, atom) * 2, start.shape)
+    per_head = int(box_row_sectors(start, inb, rb).sum())  # heads start on a sector: N·d·2 % 32 == 0
+    return math.prod(rec["grid"]) * 2 * per_head
+
+
+def gemm_of(rec: dict) -> tuple[_Gemm, int]:
+    """The record's GEMM as torch_naive's :class:`_Gemm` (tile and cluster from the kernel's
+    name) and its K step."""
+    shape, ks = gemm_shape(rec["kernel"]), NVJET_KSTEP.search(rec["kernel"])
+    if shape is None or ks is None:
+        raise ValueError(f"{rec['range']}: {rec['kernel'][:60]!r} is not an nvjet GEMM")
+    (tm, tn), = parse_tiles(shape[0], 1)
+    (cr, cc), = parse_tiles(shape[1], 1, "gemm_clusters")
+    n, d = rec["n"], rec["d"]
+    if rec["op"] == "qk":  # S = Q Kᵀ
+        g = _Gemm(n, n, d, ("Q", "rows"), ("K", "rows"), "S", tm, tn, True, cr, cc)
+    elif rec["op"] == "pv":  # O = P V
+        g = _Gemm(n, d, n, ("P", "rows"), ("V", "cols"), "O", tm, tn, True, cr, cc)
+    else:  # dV = Pᵀ dO
+        g = _Gemm(n, d, n, ("P", "cols"), ("dO", "cols"), "dV", tm, tn, True, cr, cc)
+    return g, int(ks.group(1))
+
+
+def table(recs: list[dict]) -> list[dict]:
+    """Each launch with its predictions: ``sim_tma`` (all), ``sim_multicast`` and ``sim_self``
+    (the GEMMs' operands by cluster; v7: all to itself), and their errors (measured / sim - 1)."""
+    out = []
+    for r in recs:
+        r = dict(r)
+        if r["op"] == "v7":
+            r.update(tile="", cluster="1x1", sim_self=v7_sectors(r), sim_multicast=0)
+        else:
+            g, ks = gemm_of(r)
+            a, b = g.received_by_operand(2, r["bh"], ks)
+            mc = (a if g.cc > 1 else 0) + (b if g.cr > 1 else 0)
+            r.update(tile=f"{g.tm}x{g.tn}", cluster=f"{g.cr}x{g.cc}", sim_multicast=mc, sim_self=a + b - mc)
+        r["sim_tma"] = r["sim_self"] + r["sim_multicast"]
+        for k in ("tma", "multicast", "self"):
+            r[f"{k}_err"] = (r[k] / r[f"sim_{k}"] - 1) if r[f"sim_{k}"] else (0.0 if r[k] == 0 else math.inf)
+        out.append(r)
+    return out
+
+
+def summary(rows: list[dict]) -> dict:
+    """v7 launches exact; GEMM operands copied to one CTA exact (of those with any); multicast
+    parts exact, and their errors' range; GEMM launches within 2% and exact."""
+    v7 = [r for r in rows if r["op"] == "v7"]
+    gm = [r for r in rows if r["op"] != "v7"]
+    selfs = [r for r in gm if r["sim_self"] or r["self"]]
+    mcs = [r for r in gm if r["sim_multicast"] or r["multicast"]]
+    errs = [r["multicast_err"] for r in mcs]
+    return {"v7": len(v7), "v7_exact": sum(r["tma"] == r["sim_tma"] for r in v7),
+            "gemms": len(gm), "self_parts": len(selfs), "self_exact": sum(r["self"] == r["sim_self"] for r in selfs),
+            "multicast_parts": len(mcs), "multicast_exact": sum(r["multicast"] == r["sim_multicast"] for r in mcs),
+            "multicast_err_min": min(errs, default=0.0), "multicast_err_max": max(errs, default=0.0),
+            "gemm_within_2pct": sum(abs(r["tma_err"]) <= 0.02 for r in gm),
+            "gemm_exact": sum(r["tma"] == r["sim_tma"] for r in gm)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m analysis.tma_boxes", description=__doc__.splitlines()[0])
+    ap.add_argument("folder", nargs="?", default=str(RECORD), help="the sweep's record (raw.csv, manifest.json)")
+    ap.add_argument("--csv", default=None, help="write the table here")
+    a = ap.parse_args(argv)
+    try:
+        rows = table(load(Path(a.folder)))
+    except (OSError, ValueError, KeyError) as e:
+        ap.exit(2, f"flashsim: error: {e}\n")
+    for r in rows:
+        name = "fwd_fp16_v7" if r["op"] == "v7" else re.sub(r"^nvjet_sm\d+_", "", r["kernel"])[:34]
+        print(f"{r['op']:4} d={r['d']:<4} N={r['n']:<5} {r['dtype']} {name:34} cluster {r['cluster']:4}"
+              f" self {r['self']:>9} sim {r['sim_self']:>9} ({r['self_err']:+.2%})"
+              f"  multicast {r['multicast']:>9} sim {r['sim_multicast']:>9} ({r['multicast_err']:+.2%})")
+    s = summary(rows)
+    print(f"fwd_fp16_v7 (boxes to one CTA): {s['v7_exact']}/{s['v7']} launches to the sector")
+    print(f"GEMMs: operands copied to one CTA {s['self_exact']}/{s['self_parts']} to the sector; multicast "
+          f"operands {s['multicast_exact']}/{s['multicast_parts']} to the sector, measured/sim - 1 from "
+          f"{s['multicast_err_min']:+.1%} to {s['multicast_err_max']:+.1%} (whole box rows as if the tensor went on: "
+          f"flashsim.tma.whole_row_sectors); launches within 2%: {s['gemm_within_2pct']}/{s['gemms']}, "
+          f"to the sector: {s['gemm_exact']}/{s['gemms']}")
+    if a.csv:
+        keys = [k for k in rows[0] if k != "grid"] + ["grid"] if rows else []
+        tmp = Path(a.csv + ".tmp")
+        with tmp.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=keys)
+            w.writeheader()
+            for r in rows:
+                w.writerow({**r, "grid": "x".join(map(str, r["grid"]))})
+        tmp.replace(a.csv)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,64 @@
+"""flashsim.tma's box rules by hand, and the committed TMA box sweep (H200) against them."""
+import numpy as np
+import pytest
+
+from flashsim.tma import box_row_sectors, whole_row_sectors
+
+
+def test_box_row_sectors_by_hand():
+    # a box row of 128 bytes inside the tensor: 4 sectors where it starts on one, 5 where it
+    # starts 16 bytes in
+    assert box_row_sectors([0, 144], [128, 128], 128).tolist() == [4, 5]
+    # 16 bytes in bounds and 48 of zeros (fwd_fp16_v7's third atom of 64 bytes at d = 72): the
+    # in-bounds sector and ⌈48 / 32⌉ = 2 for the zeros, wherever the 16 bytes lie
+    assert box_row_sectors([128, 272], [16, 16], 64).tolist() == [3, 3]
+    # 80 bytes in bounds (3 sectors from 0 or from 16) and 48 of zeros: 5
+    assert box_row_sectors([0, 16], [80, 80], 128).tolist() == [5, 5]
+    # a row past the tensor's last: zeros only, 4 sectors for 128 bytes, 1 for 16
+    assert box_row_sectors([0, 0], [0, 0], 128).tolist() == [4, 4]
+    assert box_row_sectors(np.int64(7), np.int64(0), 16).tolist() == 1
+    # the multicast stand-in: the bytes where they would lie
+    assert whole_row_sectors([0, 16, 112], 128).tolist() == [4, 5, 5]
+    for width, inb in ((0, 0), (64, 65), (64, -1)):
+        with pytest.raises(ValueError, match="width"):
+            box_row_sectors(0, inb, width)
+
+
+def test_v7_boxes_by_hand():
+    # fwd_fp16_v7 at d = 72: atoms of 32 columns (64 bytes), three a row, the third 16 bytes in
+    # bounds; rows of 144 bytes start on a sector (even rows: 2 + 2 + 3) or 16 bytes in (odd
+    # rows: 3 + 3 + 3): 8 a row; each of the grid's CTAs receives K and V whole
+    from analysis.tma_boxes import v7_sectors
+
+    rec = {"op": "v7", "d": 72, "n": 1536, "grid": (12, 48, 1)}
+    assert v7_sectors(rec) == 12 * 48 * 2 * 1536 * 8 == 14_155_776
+    rec = {"op": "v7", "d": 80, "n": 1536, "grid": (12, 48, 1)}  # rows of 160 bytes: 2 + 2 + (1 + 1)
+    assert v7_sectors(rec) == 12 * 48 * 2 * 1536 * 6
+
+
+def test_tma_box_sweep_record():
+    # the committed H200 sweep: every copy to one CTA to the sector (v7's 13 launches, the
+    # GEMMs' 81 operands read by one CTA), the multicast operands only where whole and aligned
+    from analysis.tma_boxes import RECORD, load, summary, table
+
+    rows = table(load(RECORD))
+    s = summary(rows)
+    print(s)
+    assert (s["v7"], s["v7_exact"]) == (13, 13)
+    assert (s["gemms"], s["self_parts"], s["self_exact"]) == (120, 81, 81)
+    assert (s["multicast_parts"], s["multicast_exact"]) == (120, 24)
+    assert s["multicast_err_min"] == 0.0 and 1.4 < s["multicast_err_max"] < 1.6
+
+
+def test_tma_boxes_cli_refuses_a_missing_record(tmp_path, capsys):
+    from analysis.tma_boxes import main
+
+    with pytest.raises(SystemExit) as e:
+        main([str(tmp_path / "none")])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.startswith("flashsim: error:")
+    (tmp_path / "manifest.json").write_text("{}")
+    (tmp_path / "raw.csv").write_text("not ncu\n")
+    with pytest.raises(SystemExit) as e:
+        main([str(tmp_path)])
+    assert e.value.code == 2
