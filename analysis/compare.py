@@ -571,7 +571,7 @@ def run(data: str | Path, out_dir: str | Path | None = None, gpu: str | None = N
               f"{s['torch_l2_within']}/{s['torch_l2_launches']}")
         if s.get("torch_l2_xbar_launches"):
             print(f"  TMA launches, reads as the SMs receive them (xbar_read_sectors, against every CTA's own tiles, "
-                  f"the GEMMs' whole boxes) and L2 writes within 2%: "
+                  f"the GEMMs' boxes by flashsim.tma's rules) and L2 writes within 2%: "
                   f"{s['torch_l2_xbar_within']}/{s['torch_l2_xbar_launches']}")
     if "lsu_ld_exact" in s:
         n = s["launches"]

@@ -116,7 +116,8 @@ def torch_edge_set() -> list[dict]:
     backward.  It tested the TMA GEMMs' box rule
     (:func:`flashsim.algorithms.torch_naive.received_read_sectors`), stated from the four P·V
     GEMMs of ``torch_tma`` before these were measured (at 5fe40f2); its K steps and sector spans
-    were settled on it (README, "L2 level (TMA launches)")."""
+    were settled on it, and its zeros past the edge on the TMA box sweep (flashsim.tma; README,
+    "L2 level (TMA launches)")."""
     out = [_cfg("torch_naive", "fwd", 1000, 64, heads=h) for h in (1, 3, 8)]
     out += [_cfg("torch_naive", "fwd", 1024, 64, heads=h) for h in (6, 12)]
     out += [_cfg("torch_naive", "fwd", 1536, 80, heads=3), _cfg("torch_naive", "fwd", 2000, 128, "bf16", heads=2),
@@ -344,7 +345,7 @@ def records(cid: str, launches: list[dict], gpu: str = "h100", start_dirty: int 
     io = walk(sched)
     dram = _dram(sched, launches, gpu, start_dirty)
     # What the SMs receive (xbar_read_sectors): every CTA's own tiles, a multicast band once per
-    # receiving CTA; the TMA GEMMs' whole boxes on a cluster-padded grid (torch_naive's rule)
+    # receiving CTA; the TMA GEMMs' boxes on a cluster-padded grid (torch_naive's rule, flashsim.tma)
     per_cta = [(c.read_sectors or 0) + _bulk_sectors(c, "bulk_read") for c in io.per_launch.values()]
     if cfg["kernel"] == "torch_naive":
         from .configs import workload_of
