@@ -1,8 +1,15 @@
-"""The TMA box sweep against :mod:`flashsim.tma`'s rules: the record of
-``scripts/device/tma_box_sweep.sh`` (per NVTX range, one workload's launches under Nsight Compute:
-the sectors the SMs receive by TMA, all, multicast and to the issuing CTA itself).
+"""The TMA records against :mod:`flashsim.tma`'s rules: the box sweep
+(``scripts/device/tma_box_sweep.sh``: per NVTX range, one workload's launches under Nsight
+Compute, the sectors the SMs receive by TMA, all, multicast and to the issuing CTA itself) and
+the multicast probe (``scripts/device/tma_mc_probe.sh``: one launch a box geometry).
 
-    python -m analysis.tma_boxes analysis/data/h200/tma_box_sweep [--csv OUT.csv]
+    python -m analysis.tma_boxes [analysis/data/h200/tma_box_sweep] [--csv OUT.csv]
+    python -m analysis.tma_boxes --mc analysis/data/h200/tma_mc_probe
+
+In the probe a cluster of c CTAs takes the 4,096 rows of a (4,096 x d) fp16 tensor 64 at a time,
+in boxes of W columns at column col0, each CTA copying one piece (a slice of the box's rows or of
+its columns) multicast to the whole cluster (c = 1: a plain copy); :func:`mc_sectors` is the
+rule's count, every CTA receiving every piece.
 
 For ``fwd_fp16_v7`` (K and V copied in boxes of one swizzle atom, 32 or 64 columns, zeros past d;
 no clusters) the prediction is :func:`flashsim.tma.box_row_sectors` over every CTA's boxes; for
@@ -25,11 +32,14 @@ from pathlib import Path
 import numpy as np
 
 from flashsim.algorithms.torch_naive import _Gemm, parse_tiles
-from flashsim.tma import box_row_sectors
+from flashsim.tma import box_row_sectors, multicast_row_sectors
 
 from .torch_set import NVJET_KSTEP, gemm_shape
 
 RECORD = Path(__file__).resolve().parents[1] / "analysis/data/h200/tma_box_sweep"
+MC_RECORD = Path(__file__).resolve().parents[1] / "analysis/data/h200/tma_mc_probe"
+#: The multicast probe's tensor rows and box rows (scripts/device/tma_mc_probe.cu)
+MC_ROWS = 4096
 _P = "l1tex__m_xbar2l1tex_read_sectors"
 METRICS = {"tma": f"{_P}_mem_global_op_tma_ld.sum", "multicast": f"{_P}_mem_global_op_tma_ld_dest_multicast.sum",
            "self": f"{_P}_mem_global_op_tma_ld_dest_self.sum", "l2_write": "lts__t_sectors_srcunit_tex_op_write.sum"}
@@ -41,21 +51,58 @@ def _int(text: str) -> int:
     return int(float(text.replace(",", "")))
 
 
+def _raw_rows(path: Path) -> list[dict]:
+    """The launches of an Nsight Compute raw-page CSV (the units row dropped)."""
+    lines = path.read_text().splitlines()
+    head = next((i for i, ln in enumerate(lines) if ln.startswith('"ID"')), None)
+    if head is None:
+        raise ValueError(f"{path}: no Nsight Compute raw-page header (\"ID\", ...)")
+    return list(csv.DictReader(io.StringIO("\n".join(lines[head:]))))[1:]
+
+
+def load_mc(folder: Path) -> list[dict]:
+    """The multicast probe's launches: the manifest's (d, w, col0, c, split: "rows" or "cols")
+    with the METRICS' read counts, in launch order."""
+    folder = Path(folder)
+    man = [ln.split() for ln in (folder / "manifest.txt").read_text().splitlines() if ln.strip()]
+    rows = _raw_rows(folder / "raw.csv")
+    if len(rows) != len(man) or any(len(m) != 6 for m in man):
+        raise ValueError(f"{folder}: {len(rows)} launches in raw.csv, {len(man)} manifest lines of 6 fields")
+    out = []
+    for r, m in zip(rows, man):
+        d, w, col0, c, split, _ = (int(x) for x in m)
+        out.append({"d": d, "w": w, "col0": col0, "c": c, "split": "cols" if split else "rows",
+                    **{k: _int(r[v]) for k, v in METRICS.items() if k != "l2_write"}})
+    return out
+
+
+def mc_sectors(rec: dict, rows: int = MC_ROWS) -> int:
+    """The rule's count for a launch of the multicast probe: every row of the tensor in one box
+    per cluster; each CTA copies a piece (the box's rows: its row geometry; or a slice of w / c
+    columns) that all c CTAs receive, by :func:`flashsim.tma.multicast_row_sectors` (c = 1:
+    :func:`flashsim.tma.box_row_sectors`)."""
+    d, w, col0, c = rec["d"], rec["w"], rec["col0"], rec["c"]
+    pieces = [(col0, w)] if c == 1 or rec["split"] == "rows" else [(col0 + k * (w // c), w // c) for k in range(c)]
+    rule = box_row_sectors if c == 1 else multicast_row_sectors
+    total = 0
+    for c0, pw in pieces:
+        start = np.arange(rows, dtype=np.int64) * (d * 2) + c0 * 2
+        inb = np.full(rows, max(0, min(d - c0, pw)) * 2, dtype=np.int64)
+        total += int(rule(start, inb, pw * 2).sum())
+    return c * total
+
+
 def load(folder: Path) -> list[dict]:
     """The record's launches inside a workload's NVTX range, in order: the manifest's workload
     (op, d, n, bh, dtype) with ``range``, ``kernel``, ``grid`` (x, y, z) and the METRICS' counts."""
     folder = Path(folder)
     manifest = json.loads((folder / "manifest.json").read_text())
-    lines = (folder / "raw.csv").read_text().splitlines()
-    head = next((i for i, ln in enumerate(lines) if ln.startswith('"ID"')), None)
-    if head is None:
-        raise ValueError(f"{folder / 'raw.csv'}: no Nsight Compute raw-page header (\"ID\", ...)")
-    rows = list(csv.DictReader(io.StringIO("\n".join(lines[head:]))))
-    nvtx = next((k for k in rows[0] if "Push/Pop_Range" in k), None)
+    rows = _raw_rows(folder / "raw.csv")
+    nvtx = next((k for k in rows[0] if "Push/Pop_Range" in k), None) if rows else None
     if nvtx is None:
         raise ValueError(f"{folder / 'raw.csv'}: no NVTX column (the sweep runs ncu with --nvtx)")
     out = []
-    for r in rows[1:]:  # the units row first
+    for r in rows:
         m = re.search(r":(w\d+):", r[nvtx] or "")
         if not m:
             continue  # the random buffers and the kernels' compilation calls, outside every range
@@ -142,7 +189,23 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m analysis.tma_boxes", description=__doc__.splitlines()[0])
     ap.add_argument("folder", nargs="?", default=str(RECORD), help="the sweep's record (raw.csv, manifest.json)")
     ap.add_argument("--csv", default=None, help="write the table here")
+    ap.add_argument("--mc", default=None, metavar="FOLDER",
+                    help="read the multicast probe's record instead (tma_mc_probe.sh: raw.csv, manifest.txt)")
     a = ap.parse_args(argv)
+    if a.mc:
+        try:
+            recs = load_mc(Path(a.mc))
+        except (OSError, ValueError, KeyError) as e:
+            ap.exit(2, f"flashsim: error: {e}\n")
+        exact = 0
+        for r in recs:
+            sim = mc_sectors(r)
+            exact += sim == r["tma"]
+            print(f"d={r['d']:<4} W={r['w']:<3} col0={r['col0']:<4} c={r['c']} {r['split']:4} "
+                  f"received {r['tma']:>7} (multicast {r['multicast']:>7}, self {r['self']:>7}) sim {sim:>7}"
+                  f" ({r['tma'] / sim - 1:+.2%})")
+        print(f"multicast probe: {exact}/{len(recs)} launches to the sector")
+        return 0
     try:
         rows = table(load(Path(a.folder)))
     except (OSError, ValueError, KeyError) as e:
@@ -155,10 +218,9 @@ def main(argv=None) -> int:
     s = summary(rows)
     print(f"fwd_fp16_v7 (boxes to one CTA): {s['v7_exact']}/{s['v7']} launches to the sector")
     print(f"GEMMs: operands copied to one CTA {s['self_exact']}/{s['self_parts']} to the sector; multicast "
-          f"operands {s['multicast_exact']}/{s['multicast_parts']} to the sector, measured/sim - 1 from "
-          f"{s['multicast_err_min']:+.1%} to {s['multicast_err_max']:+.1%} (whole box rows as if the tensor went on: "
-          f"flashsim.tma.whole_row_sectors); launches within 2%: {s['gemm_within_2pct']}/{s['gemms']}, "
-          f"to the sector: {s['gemm_exact']}/{s['gemms']}")
+          f"operands {s['multicast_exact']}/{s['multicast_parts']} to the sector (measured/sim - 1 from "
+          f"{s['multicast_err_min']:+.2%} to {s['multicast_err_max']:+.2%}); launches within 2%: "
+          f"{s['gemm_within_2pct']}/{s['gemms']}, to the sector: {s['gemm_exact']}/{s['gemms']}")
     if a.csv:
         keys = [k for k in rows[0] if k != "grid"] + ["grid"] if rows else []
         tmp = Path(a.csv + ".tmp")

@@ -3,8 +3,10 @@ Compute counts as ``l1tex__m_xbar2l1tex_read_sectors_mem_global_op_tma_ld``.
 
 A TMA copy moves a box (``width`` bytes of a row, for each of its rows) of a tensor in global
 memory into shared memory; where the box runs past the tensor's edge (columns past the row's
-length, or rows past the last) the unit fills in zeros.  Measured on an H200
-(``scripts/device/tma_box_sweep.sh``, record ``analysis/data/h200/tma_box_sweep/``):
+length, or rows past the last) the unit fills in zeros.  Measured on an H200 by two probes
+(``scripts/device/tma_box_sweep.sh``, record ``analysis/data/h200/tma_box_sweep/``; and
+``scripts/device/tma_mc_probe.sh``, record ``analysis/data/h200/tma_mc_probe/``), both read by
+``python -m analysis.tma_boxes``:
 
 * **a copy to one CTA** (no multicast): each box row brings the 32-byte sectors its in-bounds
   bytes span, where they lie, plus one sector for each 32 bytes (rounded up) of it that lie past
@@ -13,19 +15,25 @@ length, or rows past the last) the unit fills in zeros.  Measured on an H200
   from 64 to 256 (boxes of 32 or 64 columns, rows of 128 to 512 bytes, 16 bytes into a sector on
   every other row at d = 72, 88, 104, 120, 136 and 200) and the operand copied to one CTA in 81 of
   120 cuBLAS GEMMs (d = 8 to 256, N = 1,000 to 2,000; the other 39 multicast both operands);
-* **a copy multicast to a cluster's CTAs**: each receiving CTA gets the whole box.  Where the box's
-  rows are whole sectors inside the tensor, that is :func:`box_row_sectors` again (24 of the 120
-  GEMMs' multicast operands, and the torch_tma probe's 1 x 4 clusters, to the sector).  Where
-  they are not, the SMs receive more: 0-150% more than the box rows' bytes where they would lie
-  if the tensor went on (:func:`whole_row_sectors`, which stands for them here), +17% at the
-  median; no rule of the box's width, split or alignment that was tried fits them, so their error
-  is stated where they are compared (``python -m analysis.tma_boxes``).
+* **a copy multicast to a cluster's CTAs** (each CTA copies a piece of the box, a slice of its rows
+  or of its columns, and every CTA of the cluster receives every piece): each piece's row brings
+  the sectors from its first byte rounded down to 64 bytes to its last in-bounds byte, at least
+  two, and, where it runs past the edge, max(3, ⌈zero bytes / 32⌉) sectors for the zeros.
+  :func:`multicast_row_sectors`.  Read off ``scripts/device/tma_mc_probe.cu`` (record
+  ``analysis/data/h200/tma_mc_probe/``: 265 launches, d = 16 to 160, boxes of 32 and 64
+  columns, pieces of 8 to 64 columns, clusters of 2 and 4, slices by rows and by columns, every
+  one to the sector) and then held, to the sector, on the multicast operands of all 120 GEMMs
+  of the box sweep, each box row taken whole (as a slice of the box's rows is: cuBLAS's slices
+  are of rows, or count as such).  Where the box rows are whole 64-byte granules inside the
+  tensor this equals :func:`box_row_sectors`.
 """
 from __future__ import annotations
 
 import numpy as np
 
 SECTOR = 32
+#: Multicast pieces start on this many bytes (their first byte rounded down to it)
+GRANULE = 64
 
 
 def _span(start: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
@@ -44,12 +52,19 @@ def box_row_sectors(start, inbounds, width: int) -> np.ndarray:
     return _span(start, inb) + -(-(width - inb) // SECTOR)
 
 
-def whole_row_sectors(start, width: int) -> np.ndarray:
-    """Sectors of ``width`` bytes from ``start``, as if the tensor went on past its edge (the
-    stand-in for multicast copies; equal to :func:`box_row_sectors` wherever the box row lies in
-    the tensor)."""
+def multicast_row_sectors(start, inbounds, width: int) -> np.ndarray:
+    """Sectors each receiving CTA gets for pieces of box rows multicast to a cluster: ``width``
+    bytes a piece, ``inbounds`` (0 to width) of them in the tensor from byte address ``start``:
+    the sectors from ``start`` rounded down to 64 bytes to the last in-bounds byte, at least 2
+    (none without in-bounds bytes), plus max(3, ⌈(width - inbounds) / 32⌉) where the piece runs
+    past the edge."""
     start = np.asarray(start, dtype=np.int64)
-    return _span(start, np.full_like(start, width))
+    inb = np.asarray(inbounds, dtype=np.int64)
+    if width < 1 or np.any(inb < 0) or np.any(inb > width):
+        raise ValueError(f"{width=}, inbounds in [{inb.min()}, {inb.max()}]: need 0 <= inbounds <= width, width >= 1")
+    first = start // GRANULE * GRANULE
+    data = np.where(inb > 0, np.maximum(2, (start + np.maximum(inb, 1) - 1) // SECTOR - first // SECTOR + 1), 0)
+    return data + np.where(inb < width, np.maximum(3, -(-(width - inb) // SECTOR)), 0)
 
 
-__all__ = ["SECTOR", "box_row_sectors", "whole_row_sectors"]
+__all__ = ["SECTOR", "GRANULE", "box_row_sectors", "multicast_row_sectors"]

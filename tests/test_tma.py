@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from flashsim.tma import box_row_sectors, whole_row_sectors
+from flashsim.tma import box_row_sectors, multicast_row_sectors
 
 
 def test_box_row_sectors_by_hand():
@@ -17,11 +17,23 @@ def test_box_row_sectors_by_hand():
     # a row past the tensor's last: zeros only, 4 sectors for 128 bytes, 1 for 16
     assert box_row_sectors([0, 0], [0, 0], 128).tolist() == [4, 4]
     assert box_row_sectors(np.int64(7), np.int64(0), 16).tolist() == 1
-    # the multicast stand-in: the bytes where they would lie
-    assert whole_row_sectors([0, 16, 112], 128).tolist() == [4, 5, 5]
     for width, inb in ((0, 0), (64, 65), (64, -1)):
         with pytest.raises(ValueError, match="width"):
             box_row_sectors(0, inb, width)
+            multicast_row_sectors(0, inb, width)
+
+
+def test_multicast_row_sectors_by_hand():
+    # a piece inside the tensor: its sectors from its first byte rounded down to 64 bytes, at
+    # least 2: 128 bytes from 0, 16, 32, 48 (mod 64): [0, 128), [0, 144), [0, 160), [0, 176)
+    assert multicast_row_sectors([0, 16, 96, 112], [128] * 4, 128).tolist() == [4, 5, 5, 6]
+    assert multicast_row_sectors(0, 16, 16).tolist() == 2  # a 16-byte piece: 2, not 1
+    assert multicast_row_sectors(32, 32, 32).tolist() == 2  # [0, 64)
+    # past the edge: the in-bounds part so, plus max(3, zero sectors): 32 bytes in a piece of 64
+    # (2 + 3), 16 in a piece of 128 (2 + 4: the probe's d = 72 at column 64), 64 in 128 (2 + 3)
+    assert multicast_row_sectors([0, 128, 0], [32, 16, 64], 128).tolist() == [5, 6, 5]
+    assert multicast_row_sectors(32, 32, 64).tolist() == 2 + 3
+    assert multicast_row_sectors(0, 0, 64).tolist() == 3  # a piece wholly past the edge
 
 
 def test_v7_boxes_by_hand():
@@ -38,7 +50,7 @@ def test_v7_boxes_by_hand():
 
 def test_tma_box_sweep_record():
     # the committed H200 sweep: every copy to one CTA to the sector (v7's 13 launches, the
-    # GEMMs' 81 operands read by one CTA), the multicast operands only where whole and aligned
+    # GEMMs' 81 operands read by one CTA), and every multicast operand (the 120 GEMMs')
     from analysis.tma_boxes import RECORD, load, summary, table
 
     rows = table(load(RECORD))
@@ -46,8 +58,21 @@ def test_tma_box_sweep_record():
     print(s)
     assert (s["v7"], s["v7_exact"]) == (13, 13)
     assert (s["gemms"], s["self_parts"], s["self_exact"]) == (120, 81, 81)
-    assert (s["multicast_parts"], s["multicast_exact"]) == (120, 24)
-    assert s["multicast_err_min"] == 0.0 and 1.4 < s["multicast_err_max"] < 1.6
+    assert (s["multicast_parts"], s["multicast_exact"]) == (120, 120)
+    assert (s["gemm_exact"], s["gemm_within_2pct"]) == (120, 120)
+
+
+def test_tma_multicast_probe_record():
+    # the committed H200 multicast probe, the rule read off it: 265 launches to the sector
+    from analysis.tma_boxes import MC_RECORD, load_mc, mc_sectors
+
+    recs = load_mc(MC_RECORD)
+    bad = [(r["d"], r["w"], r["col0"], r["c"], r["split"], r["tma"], mc_sectors(r)) for r in recs
+           if mc_sectors(r) != r["tma"]]
+    print(len(recs), bad[:5])
+    assert len(recs) == 265 and not bad
+    # multicast and self apart: a cluster's launches count only multicast, c = 1 only self
+    assert all((r["multicast"] == 0) == (r["c"] == 1) and (r["self"] == 0) == (r["c"] > 1) for r in recs)
 
 
 def test_tma_boxes_cli_refuses_a_missing_record(tmp_path, capsys):

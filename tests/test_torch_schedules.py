@@ -240,9 +240,10 @@ def test_naive_received_boxes_by_hand():
     # spans 4 sectors on even rows and 5 on odd ones (16 bytes in), 15 such boxes; the 16th holds
     # columns 960..999 (80 bytes: 3 sectors either way) and 48 bytes of zeros (2 sectors): 4 x 15
     # x 4 + 4 x 15 x 5 + 8 x 5 = 580 a CTA; the padding CTA's 8 rows lie past N, all zeros: 16 x 8
-    # x 4 = 512.  V (B, multicast by the 1 x 2 clusters): 1,024 whole rows of 128 bytes, 4,096.
-    # 125 x (580 + 4,096) + 512 + 4,096 = 589,108, the measured count to the sector (whole boxes
-    # as if the tensor went on, the rule before the TMA box sweep, gave 588,672)
+    # x 4 = 512.  V (B, multicast by the 1 x 2 clusters, flashsim.tma.multicast_row_sectors): 1,000
+    # rows of 128 bytes from a 64-byte boundary, 4 sectors each, and 24 past K, zeros: max(3, 4);
+    # 4,096.  125 x (580 + 4,096) + 512 + 4,096 = 589,108, the measured count to the sector (whole
+    # boxes as if the tensor went on, the rule before the TMA probes, gave 588,672)
     got = received_read_sectors(wl(1000, 64), "fwd", gemm_tiles="256x40,64x8", gemm_clusters="4x2,1x2")
     assert got[3] == 125 * (4 * 15 * 4 + 4 * 15 * 5 + 8 * 5 + 1024 * 4) + 16 * 8 * 4 + 1024 * 4 == 589_108
     # K step 128 (boxes of 256 bytes): 7 whole boxes (8 sectors even, 9 odd) and one of 104

@@ -81,7 +81,7 @@ import numpy as np
 
 from ..blocks import attach
 from ..config import Tiling, Workload, cdiv
-from ..tma import SECTOR, box_row_sectors, whole_row_sectors
+from ..tma import box_row_sectors, multicast_row_sectors
 from ..traffic import Launch, Schedule, TensorLayout, bulk_read, bulk_write, read, write
 from ._common import block_rows, check_programs, classes
 
@@ -249,10 +249,8 @@ class _Gemm:
         pieces of 128 bytes, one swizzle row each.  A band read by one CTA counts each box row's
         in-bounds sectors where they lie plus a sector for each 32 bytes of zeros
         (:func:`flashsim.tma.box_row_sectors`); a multicast band (A where cc > 1, B where cr > 1)
-        counts once per receiving CTA, its box rows' bytes where they would lie if the tensor went
-        on (:func:`flashsim.tma.whole_row_sectors`: exact for whole, aligned boxes; the partial
-        ones are measured, not modelled).  Measured on an H200: analysis/data/h200/torch_tma,
-        torch_edge, tma_box_sweep."""
+        counts once per receiving CTA, by :func:`flashsim.tma.multicast_row_sectors`.  Measured on
+        an H200: analysis/data/h200/torch_tma, torch_edge, tma_box_sweep, tma_mc_probe."""
         kp = cdiv(self.k, kstep) * kstep
         prt = cdiv(len(self.r0), self.cr) * self.cr
         pct = cdiv(len(self.c0), self.cc) * self.cc
@@ -278,13 +276,13 @@ class _Gemm:
             start = np.broadcast_to(row * pitch * eb + c0 * eb, shape)
             inb = np.broadcast_to(np.where(live, np.clip(pitch - c0, 0, cols), 0), shape)
             cols = np.broadcast_to(cols, shape)
-            base = np.arange(slices, dtype=np.int64) * (extent * self.k * eb) % SECTOR  # a slice's first byte
+            base = np.arange(slices, dtype=np.int64) * (extent * self.k * eb) % 128  # a slice's first byte
             total = 0
             for b0, count in zip(*np.unique(base, return_counts=True)):
                 for c in np.unique(cols):
                     m = cols == c
-                    got = (whole_row_sectors(start[m] + b0, int(c) * eb) if multicast
-                           else box_row_sectors(start[m] + b0, inb[m] * eb, int(c) * eb))
+                    rule = multicast_row_sectors if multicast else box_row_sectors
+                    got = rule(start[m] + b0, inb[m] * eb, int(c) * eb)
                     total += int(count) * int(got.sum())
             return total
         return (pct * boxes(self.a, self.tm, prt, self.m, self.cc > 1),
@@ -466,7 +464,8 @@ def closed_form(w: Workload, tiling: Tiling | None, pass_: str, **options) -> di
 def received_read_sectors(w: Workload, pass_: str, ksteps="64", **options) -> list[int | None]:
     """Per launch of the pass: the read sectors its SMs receive from L2 (what Nsight Compute
     counts as ``l1tex__m_xbar2l1tex_read_sectors``) for the TMA GEMMs (:meth:`_Gemm.received_sectors`:
-    whole boxes on a cluster-padded grid, K in steps of ``ksteps`` elements, one for all GEMMs or
+    the boxes of a cluster-padded grid by :mod:`flashsim.tma`'s rules, K in steps of ``ksteps``
+    elements, one for all GEMMs or
     a comma-separated list, one per GEMM launch, as nvjet's names give them:
     ``nvjet_sm90_hsh_64x8_64x16_``, K step 64), None for the other launches (their SMs receive
     what the schedule loads, without multicast)."""
