@@ -51,6 +51,22 @@ def _int(text: str) -> int:
     return int(float(text.replace(",", "")))
 
 
+def _counts(r: dict, path: Path, keys=tuple(METRICS)) -> dict:
+    """The METRICS' counts of one raw-page row (ValueError naming the file and a missing column)."""
+    try:
+        return {k: _int(r[METRICS[k]]) for k in keys}
+    except KeyError as e:
+        raise ValueError(f"{path}: no column {e.args[0]} (the probes' metrics)") from None
+    except (TypeError, ValueError):
+        raise ValueError(f"{path}: a launch's counts are not numbers") from None
+
+
+def _positive(where: str, name: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"{where}: {name}={v!r}: a positive integer")
+    return v
+
+
 def _raw_rows(path: Path) -> list[dict]:
     """The launches of an Nsight Compute raw-page CSV (the units row dropped)."""
     lines = path.read_text().splitlines()
@@ -62,17 +78,27 @@ def _raw_rows(path: Path) -> list[dict]:
 
 def load_mc(folder: Path) -> list[dict]:
     """The multicast probe's launches: the manifest's (d, w, col0, c, split: "rows" or "cols")
-    with the METRICS' read counts, in launch order."""
+    with the METRICS' read counts, in launch order (ValueError naming the line and field of a
+    manifest that is not the probe's)."""
     folder = Path(folder)
-    man = [ln.split() for ln in (folder / "manifest.txt").read_text().splitlines() if ln.strip()]
+    path = folder / "manifest.txt"
+    man = [(i, ln.split()) for i, ln in enumerate(path.read_text().splitlines(), 1) if ln.strip()]
     rows = _raw_rows(folder / "raw.csv")
-    if len(rows) != len(man) or any(len(m) != 6 for m in man):
-        raise ValueError(f"{folder}: {len(rows)} launches in raw.csv, {len(man)} manifest lines of 6 fields")
+    if len(rows) != len(man):
+        raise ValueError(f"{folder}: {len(rows)} launches in raw.csv, {len(man)} lines in manifest.txt")
     out = []
-    for r, m in zip(rows, man):
+    for r, (i, m) in zip(rows, man):
+        where = f"{path}:{i}"
+        if len(m) != 6 or not all(x.lstrip("-").isdigit() for x in m):
+            raise ValueError(f"{where}: {' '.join(m)!r}: six integers (d W col0 c split index)")
         d, w, col0, c, split, _ = (int(x) for x in m)
+        for name, v in (("d", d), ("W", w), ("c", c)):
+            _positive(where, name, v)
+        if split not in (0, 1) or w % c or not 0 <= col0 < d:
+            raise ValueError(f"{where}: {split=}, W={w}, {c=}, {col0=}: split 0 (rows) or 1 (columns), "
+                             "W a multiple of c, 0 <= col0 < d")
         out.append({"d": d, "w": w, "col0": col0, "c": c, "split": "cols" if split else "rows",
-                    **{k: _int(r[v]) for k, v in METRICS.items() if k != "l2_write"}})
+                    **_counts(r, folder / "raw.csv", ("tma", "multicast", "self"))})
     return out
 
 
@@ -97,6 +123,8 @@ def load(folder: Path) -> list[dict]:
     (op, d, n, bh, dtype) with ``range``, ``kernel``, ``grid`` (x, y, z) and the METRICS' counts."""
     folder = Path(folder)
     manifest = json.loads((folder / "manifest.json").read_text())
+    if not isinstance(manifest, dict) or not all(isinstance(v, dict) for v in manifest.values()):
+        raise ValueError(f"{folder / 'manifest.json'}: a mapping of range names to workloads")
     rows = _raw_rows(folder / "raw.csv")
     nvtx = next((k for k in rows[0] if "Push/Pop_Range" in k), None) if rows else None
     if nvtx is None:
@@ -107,11 +135,16 @@ def load(folder: Path) -> list[dict]:
         if not m:
             continue  # the random buffers and the kernels' compilation calls, outside every range
         w = manifest.get(m.group(1))
+        where = f"{folder / 'manifest.json'}: {m.group(1)}"
         if w is None or w.get("op") not in OPS:
-            raise ValueError(f"range {m.group(1)}: not a workload of the manifest")
-        rec = dict(w, range=m.group(1), kernel=r["Kernel Name"],
-                   grid=tuple(int(x) for x in re.findall(r"\d+", r["Grid Size"])))
-        rec.update({k: _int(r[v]) for k, v in METRICS.items()})
+            raise ValueError(f"{where}: not a workload of the sweep (op one of {', '.join(OPS)})")
+        for name in ("d", "n", "bh"):
+            _positive(where, name, w.get(name))
+        if w.get("dtype") not in ("fp16", "bf16"):
+            raise ValueError(f"{where}: dtype={w.get('dtype')!r}: fp16 or bf16")
+        rec = dict(w, range=m.group(1), kernel=r.get("Kernel Name", ""),
+                   grid=tuple(int(x) for x in re.findall(r"\d+", r.get("Grid Size", ""))))
+        rec.update(_counts(r, folder / "raw.csv"))
         out.append(rec)
     return out
 
@@ -189,27 +222,35 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m analysis.tma_boxes", description=__doc__.splitlines()[0])
     ap.add_argument("folder", nargs="?", default=str(RECORD), help="the sweep's record (raw.csv, manifest.json)")
     ap.add_argument("--csv", default=None, help="write the table here")
+    ap.add_argument("--force", action="store_true", help="overwrite an existing --csv file")
     ap.add_argument("--mc", default=None, metavar="FOLDER",
                     help="read the multicast probe's record instead (tma_mc_probe.sh: raw.csv, manifest.txt)")
     a = ap.parse_args(argv)
+    err = lambda msg: ap.exit(2, f"flashsim: error: {msg}\n")  # noqa: E731
+    if a.mc and a.folder != str(RECORD):
+        err(f"give the sweep's folder ({a.folder}) or --mc {a.mc}, not both")
+    if a.csv:
+        out = Path(a.csv)
+        if not out.parent.is_dir() or out.is_dir():
+            err(f"--csv {a.csv}: not a file in an existing folder")
+        if out.exists() and not a.force:
+            err(f"--csv {a.csv}: exists (--force to overwrite)")
     if a.mc:
         try:
             recs = load_mc(Path(a.mc))
-        except (OSError, ValueError, KeyError) as e:
-            ap.exit(2, f"flashsim: error: {e}\n")
-        exact = 0
-        for r in recs:
-            sim = mc_sectors(r)
-            exact += sim == r["tma"]
+            sims = [mc_sectors(r) for r in recs]
+        except (OSError, ValueError) as e:
+            err(e)
+        for r, sim in zip(recs, sims):
             print(f"d={r['d']:<4} W={r['w']:<3} col0={r['col0']:<4} c={r['c']} {r['split']:4} "
                   f"received {r['tma']:>7} (multicast {r['multicast']:>7}, self {r['self']:>7}) sim {sim:>7}"
                   f" ({r['tma'] / sim - 1:+.2%})")
-        print(f"multicast probe: {exact}/{len(recs)} launches to the sector")
+        print(f"multicast probe: {sum(s == r['tma'] for r, s in zip(recs, sims))}/{len(recs)} launches to the sector")
         return 0
     try:
         rows = table(load(Path(a.folder)))
-    except (OSError, ValueError, KeyError) as e:
-        ap.exit(2, f"flashsim: error: {e}\n")
+    except (OSError, ValueError) as e:
+        err(e)
     for r in rows:
         name = "fwd_fp16_v7" if r["op"] == "v7" else re.sub(r"^nvjet_sm\d+_", "", r["kernel"])[:34]
         print(f"{r['op']:4} d={r['d']:<4} N={r['n']:<5} {r['dtype']} {name:34} cluster {r['cluster']:4}"
@@ -221,15 +262,19 @@ def main(argv=None) -> int:
           f"operands {s['multicast_exact']}/{s['multicast_parts']} to the sector (measured/sim - 1 from "
           f"{s['multicast_err_min']:+.2%} to {s['multicast_err_max']:+.2%}); launches within 2%: "
           f"{s['gemm_within_2pct']}/{s['gemms']}, to the sector: {s['gemm_exact']}/{s['gemms']}")
-    if a.csv:
-        keys = [k for k in rows[0] if k != "grid"] + ["grid"] if rows else []
+    if a.csv and rows:
+        keys = [k for k in rows[0] if k != "grid"] + ["grid"]
         tmp = Path(a.csv + ".tmp")
-        with tmp.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=keys)
-            w.writeheader()
-            for r in rows:
-                w.writerow({**r, "grid": "x".join(map(str, r["grid"]))})
-        tmp.replace(a.csv)
+        try:
+            with tmp.open("w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=keys)
+                w.writeheader()
+                for r in rows:
+                    w.writerow({**r, "grid": "x".join(map(str, r["grid"]))})
+            tmp.replace(a.csv)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            err(f"--csv {a.csv}: {e}")
     return 0
 
 

@@ -21,13 +21,16 @@ length, or rows past the last) the unit fills in zeros.  Measured on an H200 by 
   two, and, where it runs past the edge, max(3, ⌈zero bytes / 32⌉) sectors for the zeros.
   :func:`multicast_row_sectors`.  Read off ``scripts/device/tma_mc_probe.cu`` (record
   ``analysis/data/h200/tma_mc_probe/``: 265 launches, d = 16 to 160, boxes of 32 and 64
-  columns, pieces of 8 to 64 columns, clusters of 2 and 4, slices by rows and by columns, every
-  one to the sector) and then held, to the sector, on the multicast operands of all 120 GEMMs
+  columns, pieces of 8 to 64 columns, clusters of 2 and 4, slices by rows and by columns: 212
+  multicast launches, and 53 plain copies that :func:`box_row_sectors` counts; every one to
+  the sector) and then held, to the sector, on the multicast operands of all 120 GEMMs
   of the box sweep, each box row taken whole (as a slice of the box's rows is: cuBLAS's slices
   are of rows, or count as such).  Where the box rows are whole 64-byte granules inside the
   tensor this equals :func:`box_row_sectors`.
 """
 from __future__ import annotations
+
+import operator
 
 import numpy as np
 
@@ -41,14 +44,43 @@ def _span(start: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
     return np.where(nbytes > 0, (start + np.maximum(nbytes, 1) - 1) // SECTOR - start // SECTOR + 1, 0)
 
 
+def _ints(name: str, x) -> np.ndarray:
+    """``x`` as an int64 array of non-negative integers (ValueError naming ``name`` otherwise)."""
+    a = np.asarray(x)
+    if a.size == 0:
+        return a.astype(np.int64)
+    if a.dtype == bool or not np.issubdtype(a.dtype, np.integer):
+        raise ValueError(f"{name}: integers (byte counts or addresses), not {a.dtype}")
+    if a.size and (a.min() < 0 or (a.dtype.kind == "u" and a.max() > np.iinfo(np.int64).max)):
+        raise ValueError(f"{name}: must be non-negative int64 values")
+    return a.astype(np.int64)
+
+
+def _checked(start, inbounds, width) -> tuple[np.ndarray, np.ndarray, int]:
+    """The rules' inputs checked and broadcast together (ValueError naming the field)."""
+    try:
+        w = operator.index(width)
+    except TypeError:
+        w = None
+    if w is None or isinstance(width, bool):
+        raise ValueError(f"width={width!r}: an integer number of bytes")
+    if w < 1:
+        raise ValueError(f"width={width!r}: at least 1 byte")
+    st, inb = _ints("start", start), _ints("inbounds", inbounds)
+    try:
+        st, inb = np.broadcast_arrays(st, inb)
+    except ValueError:
+        raise ValueError(f"start {st.shape} and inbounds {inb.shape}: shapes that do not broadcast together") from None
+    if inb.size and inb.max() > w:
+        raise ValueError(f"inbounds up to {inb.max()}: at most width={w}")
+    return st, inb, w
+
+
 def box_row_sectors(start, inbounds, width: int) -> np.ndarray:
     """Sectors a CTA receives for box rows of ``width`` bytes whose in-bounds part is
     ``inbounds`` bytes (0 to width) from byte address ``start``: the sectors those bytes span,
     plus ⌈(width - inbounds) / 32⌉ for the zeros past the edge."""
-    start = np.asarray(start, dtype=np.int64)
-    inb = np.asarray(inbounds, dtype=np.int64)
-    if width < 1 or np.any(inb < 0) or np.any(inb > width):
-        raise ValueError(f"{width=}, inbounds in [{inb.min()}, {inb.max()}]: need 0 <= inbounds <= width, width >= 1")
+    start, inb, width = _checked(start, inbounds, width)
     return _span(start, inb) + -(-(width - inb) // SECTOR)
 
 
@@ -58,10 +90,7 @@ def multicast_row_sectors(start, inbounds, width: int) -> np.ndarray:
     the sectors from ``start`` rounded down to 64 bytes to the last in-bounds byte, at least 2
     (none without in-bounds bytes), plus max(3, ⌈(width - inbounds) / 32⌉) where the piece runs
     past the edge."""
-    start = np.asarray(start, dtype=np.int64)
-    inb = np.asarray(inbounds, dtype=np.int64)
-    if width < 1 or np.any(inb < 0) or np.any(inb > width):
-        raise ValueError(f"{width=}, inbounds in [{inb.min()}, {inb.max()}]: need 0 <= inbounds <= width, width >= 1")
+    start, inb, width = _checked(start, inbounds, width)
     first = start // GRANULE * GRANULE
     data = np.where(inb > 0, np.maximum(2, (start + np.maximum(inb, 1) - 1) // SECTOR - first // SECTOR + 1), 0)
     return data + np.where(inb < width, np.maximum(3, -(-(width - inb) // SECTOR)), 0)

@@ -17,10 +17,15 @@ def test_box_row_sectors_by_hand():
     # a row past the tensor's last: zeros only, 4 sectors for 128 bytes, 1 for 16
     assert box_row_sectors([0, 0], [0, 0], 128).tolist() == [4, 4]
     assert box_row_sectors(np.int64(7), np.int64(0), 16).tolist() == 1
-    for width, inb in ((0, 0), (64, 65), (64, -1)):
-        with pytest.raises(ValueError, match="width"):
-            box_row_sectors(0, inb, width)
-            multicast_row_sectors(0, inb, width)
+    for rule in (box_row_sectors, multicast_row_sectors):
+        for start, inb, width, field in ((0, 0, 0, "width"), (0, 65, 64, "inbounds"), (0, -1, 64, "inbounds"),
+                                         (-32, 0, 64, "start"), (0, 0, "64", "width"), (0, 0, 64.5, "width"),
+                                         (0, 0, True, "width"), (0, [1.5], 64, "inbounds"),
+                                         ([0, 32, 64], [1, 2], 64, "broadcast")):
+            with pytest.raises(ValueError, match=field):
+                rule(start, inb, width)
+        assert rule([], [], 64).tolist() == []
+        assert rule(np.int32(0), np.uint8(64), np.int16(64)).tolist() == 2
 
 
 def test_multicast_row_sectors_by_hand():
@@ -87,3 +92,54 @@ def test_tma_boxes_cli_refuses_a_missing_record(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main([str(tmp_path)])
     assert e.value.code == 2
+
+
+def _exit2(capsys, argv):
+    from analysis.tma_boxes import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    print(argv, err)
+    assert e.value.code == 2 and err.startswith("flashsim: error:") and err.count("\n") == 1
+    return err
+
+
+def test_tma_boxes_cli_refuses_careless_records(tmp_path, capsys):
+    import json
+    import shutil
+
+    from analysis.tma_boxes import MC_RECORD, RECORD
+
+    # the multicast probe's manifest: a line that is not the probe's names the line and field
+    lines = (MC_RECORD / "manifest.txt").read_text().splitlines()
+    for bad, field in (("16 64 0 0 0 0", "c="), ("16 64 0 2 7 0", "split="), ("16 64 16 1 0 0", "col0="),
+                       ("16 64 0 1 0", "six integers"), ("16 x 0 1 0 0", "six integers"), ("16 64 0 3 1 0", "W=")):
+        f = tmp_path / f"mc{abs(hash(bad))}"
+        f.mkdir()
+        shutil.copy(MC_RECORD / "raw.csv", f / "raw.csv")
+        (f / "manifest.txt").write_text("\n".join([bad] + lines[1:]) + "\n")
+        assert field in _exit2(capsys, ["--mc", str(f)])
+    # the sweep's manifest: not a mapping, or a workload's field out of range
+    man = json.loads((RECORD / "manifest.json").read_text())
+    first = next(k for k, v in man.items() if v["op"] == "v7")
+    for bad, field in ((list(man.values()), "mapping"), ({**man, first: {**man[first], "d": "64"}}, "d="),
+                       ({**man, first: {**man[first], "bh": 0}}, "bh="),
+                       ({**man, first: {**man[first], "dtype": "fp8"}}, "dtype="),
+                       ({**man, first: {**man[first], "op": "conv"}}, "op")):
+        f = tmp_path / f"sw{field.strip('=')}"
+        f.mkdir()
+        shutil.copy(RECORD / "raw.csv", f / "raw.csv")
+        (f / "manifest.json").write_text(json.dumps(bad))
+        assert field in _exit2(capsys, [str(f)])
+    # --csv: a missing folder, an existing file without --force; a folder and --mc together
+    assert "--csv" in _exit2(capsys, ["--csv", str(tmp_path / "no" / "t.csv")])
+    (tmp_path / "t.csv").write_text("keep")
+    assert "exists" in _exit2(capsys, ["--csv", str(tmp_path / "t.csv")])
+    assert (tmp_path / "t.csv").read_text() == "keep"
+    assert "not both" in _exit2(capsys, [str(tmp_path), "--mc", str(MC_RECORD)])
+    from analysis.tma_boxes import main
+
+    assert main(["--csv", str(tmp_path / "t.csv"), "--force"]) == 0
+    assert (tmp_path / "t.csv").read_text().startswith("op,d,n,bh,dtype,range,kernel")
+    assert not (tmp_path / "t.csv.tmp").exists()

@@ -245,9 +245,10 @@ class _Gemm:
         (⌈row tiles / cr⌉·cr x ⌈column tiles / cc⌉·cc CTAs), and every CTA, those past the
         matrix's edge included, receives for each K step (``kstep`` elements) a box of A tm rows
         by kstep columns and one of B tn by kstep, of which the parts past M, N or K are zeros; a
-        box row wider than 128 bytes (a transposed operand's tile, tn or tm columns) comes as
-        pieces of 128 bytes, one swizzle row each.  A band read by one CTA counts each box row's
-        in-bounds sectors where they lie plus a sector for each 32 bytes of zeros
+        box row wider than 128 bytes (a transposed operand's tile, tn or tm columns, or a K step
+        over 128 bytes) comes as pieces of 128 bytes, one swizzle row each.  A band read by one
+        CTA counts each box row's in-bounds sectors where they lie plus a sector for each 32
+        bytes of zeros
         (:func:`flashsim.tma.box_row_sectors`); a multicast band (A where cc > 1, B where cr > 1)
         counts once per receiving CTA, by :func:`flashsim.tma.multicast_row_sectors`.  Measured on
         an H200: analysis/data/h200/torch_tma, torch_edge, tma_box_sweep, tma_mc_probe."""
@@ -258,20 +259,20 @@ class _Gemm:
         def boxes(spec, width, tiles, extent, multicast):
             """Sectors of one receiving of ``tiles`` boxes of an operand, summed over the slices:
             its tensor is extent x K ("rows": a box is width rows by kstep columns, per K step) or
-            K x extent ("cols": kstep rows by width columns, in pieces of 128 bytes), slices back
-            to back."""
-            if spec[1] == "rows":
+            K x extent ("cols": kstep rows by width columns), a box row in pieces of at most 128
+            bytes, slices back to back."""
+            if spec[1] == "rows":  # a box row: kstep columns of a row, at each K step
                 row = np.arange(tiles * width, dtype=np.int64)[:, None]
-                c0 = np.arange(0, kp, kstep, dtype=np.int64)[None, :]
-                cols = np.full_like(c0, kstep)
+                first, span = np.arange(0, kp, kstep, dtype=np.int64), kstep
                 pitch, live = self.k, row < extent
-            else:
+            else:  # a box row: the tile's width columns of a K row, at each tile
                 row = np.arange(kp, dtype=np.int64)[:, None]
-                piece = max(1, min(width, 128 // eb))  # columns of a 128-byte swizzle row
-                off = np.arange(0, width, piece, dtype=np.int64)
-                c0 = (np.arange(tiles, dtype=np.int64)[:, None] * width + off[None, :]).reshape(1, -1)
-                cols = np.tile(np.minimum(piece, width - off), tiles)[None, :]
+                first, span = np.arange(tiles, dtype=np.int64) * width, width
                 pitch, live = extent, row < self.k
+            piece = max(1, min(span, 128 // eb))  # columns of a 128-byte swizzle row
+            off = np.arange(0, span, piece, dtype=np.int64)
+            c0 = (first[:, None] + off[None, :]).reshape(1, -1)
+            cols = np.tile(np.minimum(piece, span - off), len(first))[None, :]
             shape = np.broadcast_shapes(row.shape, c0.shape)
             start = np.broadcast_to(row * pitch * eb + c0 * eb, shape)
             inb = np.broadcast_to(np.where(live, np.clip(pitch - c0, 0, cols), 0), shape)
