@@ -33,6 +33,7 @@ import numpy as np
 
 from flashsim.algorithms.torch_naive import _Gemm, parse_tiles
 from flashsim.tma import box_row_sectors, multicast_row_sectors
+from flashsim.traffic import Launch, Schedule, TensorLayout, walk
 
 from .torch_set import NVJET_KSTEP, gemm_shape
 
@@ -182,9 +183,23 @@ def gemm_of(rec: dict) -> tuple[_Gemm, int]:
     return g, int(ks.group(1))
 
 
+def written_sectors(g: _Gemm, rec: dict) -> int:
+    """The walker's count of C's TMA store sectors for the record's GEMM (torch_naive's tiles of
+    C, stored in 128-byte pieces): A, B and C laid out as the walker lays tensors, 256-byte
+    aligned, each head's matrix after the last."""
+    n, d, bh = rec["n"], rec["d"], rec["bh"]
+    shapes = {"qk": {"Q": (n, d), "K": (n, d), "S": (n, n)}, "pv": {"P": (n, n), "V": (n, d), "O": (n, d)},
+              "ptv": {"P": (n, n), "dO": (n, d), "dV": (n, d)}}[rec["op"]]
+    tensors = {k: TensorLayout(k, r, c, 2, bh) for k, (r, c) in shapes.items()}
+    launch = Launch("gemm", bh, {k: np.arange(bh, dtype=np.int64) for k in tensors}, g.accesses, g.counts)
+    io = walk(Schedule("tma_box_sweep", tensors, [launch]))
+    return sum(t.sectors for (_, kind), t in io.per_launch["gemm"].breakdown.items() if kind == "bulk_write")
+
+
 def table(recs: list[dict]) -> list[dict]:
     """Each launch with its predictions: ``sim_tma`` (all), ``sim_multicast`` and ``sim_self``
-    (the GEMMs' operands by cluster; v7: all to itself), and their errors (measured / sim - 1)."""
+    (the GEMMs' operands by cluster; v7: all to itself), and their errors (measured / sim - 1);
+    the GEMMs' ``sim_l2_write`` (:func:`written_sectors`)."""
     out = []
     for r in recs:
         r = dict(r)
@@ -194,7 +209,8 @@ def table(recs: list[dict]) -> list[dict]:
             g, ks = gemm_of(r)
             a, b = g.received_by_operand(2, r["bh"], ks)
             mc = (a if g.cc > 1 else 0) + (b if g.cr > 1 else 0)
-            r.update(tile=f"{g.tm}x{g.tn}", cluster=f"{g.cr}x{g.cc}", sim_multicast=mc, sim_self=a + b - mc)
+            r.update(tile=f"{g.tm}x{g.tn}", cluster=f"{g.cr}x{g.cc}", sim_multicast=mc, sim_self=a + b - mc,
+                     sim_l2_write=written_sectors(g, r))
         r["sim_tma"] = r["sim_self"] + r["sim_multicast"]
         for k in ("tma", "multicast", "self"):
             r[f"{k}_err"] = (r[k] / r[f"sim_{k}"] - 1) if r[f"sim_{k}"] else (0.0 if r[k] == 0 else math.inf)
@@ -204,7 +220,7 @@ def table(recs: list[dict]) -> list[dict]:
 
 def summary(rows: list[dict]) -> dict:
     """v7 launches exact; GEMM operands copied to one CTA exact (of those with any); multicast
-    parts exact, and their errors' range; GEMM launches within 2% and exact."""
+    parts exact, and their errors' range; GEMM launches within 2% and exact; GEMMs' L2 writes exact."""
     v7 = [r for r in rows if r["op"] == "v7"]
     gm = [r for r in rows if r["op"] != "v7"]
     selfs = [r for r in gm if r["sim_self"] or r["self"]]
@@ -215,7 +231,8 @@ def summary(rows: list[dict]) -> dict:
             "multicast_parts": len(mcs), "multicast_exact": sum(r["multicast"] == r["sim_multicast"] for r in mcs),
             "multicast_err_min": min(errs, default=0.0), "multicast_err_max": max(errs, default=0.0),
             "gemm_within_2pct": sum(abs(r["tma_err"]) <= 0.02 for r in gm),
-            "gemm_exact": sum(r["tma"] == r["sim_tma"] for r in gm)}
+            "gemm_exact": sum(r["tma"] == r["sim_tma"] for r in gm),
+            "writes_exact": sum(r["l2_write"] == r["sim_l2_write"] for r in gm)}
 
 
 def main(argv=None) -> int:
@@ -261,9 +278,10 @@ def main(argv=None) -> int:
     print(f"GEMMs: operands copied to one CTA {s['self_exact']}/{s['self_parts']} to the sector; multicast "
           f"operands {s['multicast_exact']}/{s['multicast_parts']} to the sector (measured/sim - 1 from "
           f"{s['multicast_err_min']:+.2%} to {s['multicast_err_max']:+.2%}); launches within 2%: "
-          f"{s['gemm_within_2pct']}/{s['gemms']}, to the sector: {s['gemm_exact']}/{s['gemms']}")
+          f"{s['gemm_within_2pct']}/{s['gemms']}, to the sector: {s['gemm_exact']}/{s['gemms']}; their L2 write "
+          f"sectors (TMA stores of C in 128-byte pieces) to the sector: {s['writes_exact']}/{s['gemms']}")
     if a.csv and rows:
-        keys = [k for k in rows[0] if k != "grid"] + ["grid"]
+        keys = [k for k in dict.fromkeys(k for r in rows for k in r) if k != "grid"] + ["grid"]
         tmp = Path(a.csv + ".tmp")
         try:
             with tmp.open("w", newline="") as f:

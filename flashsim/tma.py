@@ -27,6 +27,10 @@ length, or rows past the last) the unit fills in zeros.  Measured on an H200 by 
   of the box sweep, each box row taken whole (as a slice of the box's rows is: cuBLAS's slices
   are of rows, or count as such).  Where the box rows are whole 64-byte granules inside the
   tensor this equals :func:`box_row_sectors`.
+* **a store** (``cp.async.bulk.tensor`` from shared memory): each box row in pieces of 128 bytes
+  (one swizzle row), each piece writing the L2 sectors its bytes span, rows apart: the L2 write
+  sectors of all 120 GEMMs of the box sweep, to the sector.  The walker counts every bulk copy's
+  rows apart (:mod:`flashsim.traffic`), and torch_naive cuts C's tile rows into those pieces.
 """
 from __future__ import annotations
 

@@ -20,7 +20,9 @@ Sector counting.  Global memory is served in 32-byte sectors.  A transfer of ``n
 starts ``o`` bytes into a sector touches ``⌈(o + n)/32⌉`` sectors.  A tile of whole rows
 (``ncols`` equal to the row length) is one contiguous byte range; a tile of partial rows (a
 Br x Bc block of the N x N matrix S, say) is ``nrows`` separate ranges, one per row, and counts
-the distinct sectors of their union (neighbouring rows may share one).  Start
+the distinct sectors of their union (neighbouring rows may share one).  A bulk (TMA) copy counts
+each row's sectors apart, whole rows too: the TMA unit asks for a box row at a time (measured on
+an H200: the TMA box sweep's stores, analysis/data/h200/tma_box_sweep).  Start
 offsets are computed from the tensor's real layout ((B, H, rows, cols) row-major, each tensor
 starting at a 256-byte-aligned address, as cudaMalloc guarantees), so ragged sizes (d = 59 in
 fp16: 118-byte rows) are counted exactly.  Sector counts are an upper bound on what a kernel
@@ -361,9 +363,11 @@ def _tensor_bases(tensors: dict[str, TensorLayout]) -> dict[str, int]:
     return bases
 
 
-def _sectors_of_rows(start_mod: np.ndarray, stride: int, nrows: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+def _sectors_of_rows(start_mod: np.ndarray, stride: int, nrows: np.ndarray, nbytes: np.ndarray,
+                     shared: bool = True) -> np.ndarray:
     """Distinct sectors touched by ``nrows`` byte ranges of ``nbytes`` each (``nbytes <= stride``),
-    the k-th starting at ``a_k = start_mod + k*stride``.
+    the k-th starting at ``a_k = start_mod + k*stride`` (``shared=False``: each range's sectors
+    counted apart, a sector two rows touch twice).
 
     Row k spans sectors ⌊a_k/32⌋ .. ⌊(a_k + n - 1)/32⌋; the ranges are disjoint and increasing,
     so the only sector row k can share with earlier rows is its first with row k-1's last, which
@@ -379,9 +383,8 @@ def _sectors_of_rows(start_mod: np.ndarray, stride: int, nrows: np.ndarray, nbyt
         off = (start_mod + k * stride) % SECTOR_BYTES
         span = (off + nbytes + SECTOR_BYTES - 1) // SECTOR_BYTES  # sectors of one row at this phase
         total += count * span
-        # rows k' >= 1 in this phase class share their first sector with the row before
-        shared = count - (1 if k == 0 else 0) * (nrows > 0)
-        total -= np.where(off >= gap, shared, 0)
+        if shared:  # rows k' >= 1 in this phase class share their first sector with the row before
+            total -= np.where(off >= gap, count - (1 if k == 0 else 0) * (nrows > 0), 0)
     return np.where(nbytes > 0, total, 0)
 
 
@@ -477,6 +480,8 @@ def _walk_launch(launch: Launch, tensors: dict[str, TensorLayout], bases: dict[s
             s_whole = np.where(nbytes_whole > 0, (start + nbytes_whole + SECTOR_BYTES - 1) // SECTOR_BYTES, 0)
             if a.per_thread_rows:
                 per = _per_thread_sectors(start, t.row_bytes, t.elem_bytes, nrows, ncols)
+            elif a.traffic == "bulk":  # the TMA unit's requests are per row: no sector shared
+                per = _sectors_of_rows(start, t.row_bytes, nrows, nbytes_part, shared=False)
             elif whole.all():
                 per = s_whole
             else:

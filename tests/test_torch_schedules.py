@@ -396,3 +396,17 @@ def test_naive_tril_requests_brute_force(nq, nk):
     io = walk(sched).per_launch["mask_tril"]
     print(nq, nk, loads, stores, io.breakdown)
     assert (io.breakdown[("Mask1", "read")].sectors, io.breakdown[("Mask", "write")].sectors) == (loads, stores)
+
+
+def test_naive_tma_store_pieces_by_hand():
+    # S = QKᵀ at N = 100, fp16, one 128 x 128 tile clipped to 100 x 100: C's rows are 200 bytes,
+    # row r starting 8r mod 32 bytes into a sector.  A TMA store writes each row in pieces of
+    # 128 bytes (one swizzle row), rows apart: the first piece spans 4 sectors from a sector's
+    # start, 5 otherwise; the second (72 bytes) 3 at every phase: 7 + 8 + 8 + 8 = 31 every 4 rows,
+    # 775 in all (the rows as one contiguous range, which the LSU count takes, 625)
+    for ordered in (False, True):
+        io = walk(build_schedule(wl(100, 64, heads=1), "torch_naive", "fwd", gemm_tiles="128x128"), ordered=ordered)
+        assert io.per_launch["gemm_qk"].breakdown[("S", "bulk_write")] == Traffic(10_000, 20_000, 25 * 31)
+    # fp32 GEMMs store through the LSU: the rows' union, as before (whole rows: 100 x 400 bytes)
+    io = walk(build_schedule(wl(100, 64, heads=1, dtype="fp32"), "torch_naive", "fwd", gemm_tiles="128x128"))
+    assert io.per_launch["gemm_qk"].breakdown[("S", "write")].sectors == 100 * 400 // 32

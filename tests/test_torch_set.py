@@ -252,3 +252,5 @@ def test_h200_edge_record_boxes_by_the_tma_rules():
     assert all(0 <= r["xbar_read_err"] < 0.0007 for r in recs)
     assert sum(r["xbar_read_err"] == 0 for r in recs) == 17
     assert all(int(r["xbar_tma_read_sectors"]) == r["sim_xbar_read_sectors"] for r in recs)
+    # the TMA stores of C in 128-byte pieces of each tile row, rows apart: every write to the sector
+    assert all(int(r["l2_write_sectors"]) == r["sim_l2_write_sectors"] for r in recs)

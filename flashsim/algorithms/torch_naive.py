@@ -198,8 +198,8 @@ class _Gemm:
     B by the cr tiles of a cluster column; a partial cluster at the edge still reads once.
     """
 
-    def __init__(self, m, n, k, a, b, c, tm, tn, bulk, cr=1, cc=1):
-        self.m, self.n, self.k, self.a, self.b, self.c, self.bulk = m, n, k, a, b, c, bulk
+    def __init__(self, m, n, k, a, b, c, tm, tn, bulk, cr=1, cc=1, eb=2):
+        self.m, self.n, self.k, self.a, self.b, self.c, self.bulk, self.eb = m, n, k, a, b, c, bulk, eb
         self.r0, self.rn = block_rows(m, tm)
         self.c0, self.cn = block_rows(n, tn)
         self.tm, self.tn, self.cr, self.cc = tm, tn, cr, cc
@@ -215,14 +215,29 @@ class _Gemm:
         """How many times each band of A and of B is read: ⌈column tiles / cc⌉, ⌈row tiles / cr⌉."""
         return cdiv(len(self.c0), self.cc), cdiv(len(self.r0), self.cr)
 
+    def _c_pieces(self, c0, cn) -> tuple[np.ndarray, np.ndarray]:
+        """(first column, columns) of the pieces in which C's tile columns c0 .. c0 + cn - 1 are
+        stored: the tile whole through the LSU; by TMA, pieces of 128 bytes from the tile's first
+        column, one swizzle row each, each counting the sectors its bytes span (measured on an
+        H200: the 120 GEMMs of analysis/data/h200/tma_box_sweep, L2 write sectors to the sector,
+        where whole tile rows give up to 11.5% too few on rows that start inside a sector)."""
+        c0, cn = np.atleast_1d(np.asarray(c0, dtype=np.int64)), np.atleast_1d(np.asarray(cn, dtype=np.int64))
+        if not self.bulk:
+            return c0, cn
+        p = max(1, 128 // self.eb)
+        k = cdiv(cn, p)
+        first = np.repeat(c0, k) + (np.arange(int(k.sum()), dtype=np.int64) - np.repeat(np.cumsum(k) - k, k)) * p
+        return first, np.minimum(p, np.repeat(c0 + cn, k) - first)
+
     def counts(self):
         na, nb = self._loads()
         rc, cc = classes(self.r0, self.rn), classes(self.c0, self.cn)
         yield self._band(self.a, rc[0], rc[1], self.k, rc[2] * na)
         yield self._band(self.b, cc[0], cc[1], self.k, cc[2] * nb)
         wr = bulk_write if self.bulk else write
-        yield wr(self.c, rc[0][:, None], rc[1][:, None], cc[0][None, :], cc[1][None, :],
-                 repeat=rc[2][:, None] * cc[2][None, :])
+        pc = classes(*self._c_pieces(self.c0, self.cn))
+        yield wr(self.c, rc[0][:, None], rc[1][:, None], pc[0][None, :], pc[1][None, :],
+                 repeat=rc[2][:, None] * pc[2][None, :])
 
     def accesses(self):
         wr = bulk_write if self.bulk else write
@@ -232,7 +247,8 @@ class _Gemm:
                     yield self._band(self.a, self.r0[i], self.rn[i], self.k, 1)
                 if i % self.cr == 0:
                     yield self._band(self.b, self.c0[j], self.cn[j], self.k, 1)
-                yield wr(self.c, self.r0[i], self.rn[i], self.c0[j], self.cn[j])
+                pc = self._c_pieces(self.c0[j], self.cn[j])
+                yield wr(self.c, self.r0[i], self.rn[i], pc[0], pc[1])
 
     def received_sectors(self, eb: int, slices: int, kstep: int = 64) -> int:
         """Sectors of A and B the SMs receive over ``slices`` programs when the operands come by
@@ -320,10 +336,14 @@ def _parts(w: Workload, pass_: str, tiles: str, clusters: str = "1x1"):
     mat("NotMask", nq, nk, 1, 1)
     parts = []
     causal = w.causal
+
+    def gemm(m, n, k, a, b, c, tile, cluster):
+        return _Gemm(m, n, k, a, b, c, *tile, bulk, *cluster, eb)
+
     if pass_ == "fwd":
         tl, cl = parse_tiles(tiles, 2), parse_tiles(clusters, 2, "gemm_clusters")
         parts.append(("scale", "ew", (["Q"], ["Qs"])))
-        parts.append(("gemm_qk", "gemm", _Gemm(nq, nk, d, ("Qs", "rows"), ("K", "rows"), "S", *tl[0], bulk, *cl[0])))
+        parts.append(("gemm_qk", "gemm", gemm(nq, nk, d, ("Qs", "rows"), ("K", "rows"), "S", tl[0], cl[0])))
         s = "S"
         if causal:  # clone (a memcpy, no launch), then masked_fill_ of the clone in place
             parts += [("mask_ones", "ew", ([], ["Mask1"])), ("mask_tril", "tril", None),
@@ -331,19 +351,19 @@ def _parts(w: Workload, pass_: str, tiles: str, clusters: str = "1x1"):
                       ("masked_fill", "fill", (["Sm", "NotMask"], ["Sm"]))]
             s = "Sm"
         parts.append(("softmax", "ew", ([s], ["P"])))
-        parts.append(("gemm_pv", "gemm", _Gemm(nq, d, nk, ("P", "rows"), ("V", "cols"), "O", *tl[1], bulk, *cl[1])))
+        parts.append(("gemm_pv", "gemm", gemm(nq, d, nk, ("P", "rows"), ("V", "cols"), "O", tl[1], cl[1])))
     else:  # autograd's order: each matmul's second operand's gradient first
         tl, cl = parse_tiles(tiles, 4), parse_tiles(clusters, 4, "gemm_clusters")
-        parts.append(("gemm_dv", "gemm", _Gemm(nk, d, nq, ("P", "cols"), ("dO", "cols"), "dV", *tl[0], bulk, *cl[0])))
-        parts.append(("gemm_dp", "gemm", _Gemm(nq, nk, d, ("dO", "rows"), ("V", "rows"), "dP", *tl[1], bulk, *cl[1])))
+        parts.append(("gemm_dv", "gemm", gemm(nk, d, nq, ("P", "cols"), ("dO", "cols"), "dV", tl[0], cl[0])))
+        parts.append(("gemm_dp", "gemm", gemm(nq, nk, d, ("dO", "rows"), ("V", "rows"), "dP", tl[1], cl[1])))
         parts.append(("softmax_mul", "ew", (["dP", "P"], ["T"])))
         parts.append(("softmax_bwd", "ew", (["T", "P"], ["dS"])))
         ds = "dS"
         if causal:  # masked_fill's backward: clone of dS (a memcpy, no launch), masked_fill_ in place
             parts.append(("mask_bwd_fill", "fill", (["dSm", "NotMask"], ["dSm"])))
             ds = "dSm"
-        parts.append(("gemm_dk", "gemm", _Gemm(d, nk, nq, ("Qs", "cols"), (ds, "cols"), "dKT", *tl[2], bulk, *cl[2])))
-        parts.append(("gemm_dq", "gemm", _Gemm(nq, d, nk, (ds, "rows"), ("K", "cols"), "dQs", *tl[3], bulk, *cl[3])))
+        parts.append(("gemm_dk", "gemm", gemm(d, nk, nq, ("Qs", "cols"), (ds, "cols"), "dKT", tl[2], cl[2])))
+        parts.append(("gemm_dq", "gemm", gemm(nq, d, nk, (ds, "rows"), ("K", "cols"), "dQs", tl[3], cl[3])))
         parts.append(("scale_bwd", "ew", (["dQs"], ["dQ"])))
     used = set()
     for _, kind, p in parts:
