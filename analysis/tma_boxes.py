@@ -175,11 +175,11 @@ def gemm_of(rec: dict) -> tuple[_Gemm, int]:
     (cr, cc), = parse_tiles(shape[1], 1, "gemm_clusters")
     n, d = rec["n"], rec["d"]
     if rec["op"] == "qk":  # S = Q Kᵀ
-        g = _Gemm(n, n, d, ("Q", "rows"), ("K", "rows"), "S", tm, tn, True, cr, cc)
+        g = _Gemm(n, n, d, ("Q", "rows"), ("K", "rows"), "S", tm, tn, True, cr, cc, eb=2)
     elif rec["op"] == "pv":  # O = P V
-        g = _Gemm(n, d, n, ("P", "rows"), ("V", "cols"), "O", tm, tn, True, cr, cc)
+        g = _Gemm(n, d, n, ("P", "rows"), ("V", "cols"), "O", tm, tn, True, cr, cc, eb=2)
     else:  # dV = Pᵀ dO
-        g = _Gemm(n, d, n, ("P", "cols"), ("dO", "cols"), "dV", tm, tn, True, cr, cc)
+        g = _Gemm(n, d, n, ("P", "cols"), ("dO", "cols"), "dV", tm, tn, True, cr, cc, eb=2)
     return g, int(ks.group(1))
 
 

@@ -21,8 +21,12 @@ starts ``o`` bytes into a sector touches ``⌈(o + n)/32⌉`` sectors.  A tile o
 (``ncols`` equal to the row length) is one contiguous byte range; a tile of partial rows (a
 Br x Bc block of the N x N matrix S, say) is ``nrows`` separate ranges, one per row, and counts
 the distinct sectors of their union (neighbouring rows may share one).  A bulk (TMA) copy counts
-each row's sectors apart, whole rows too: the TMA unit asks for a box row at a time (measured on
-an H200: the TMA box sweep's stores, analysis/data/h200/tma_box_sweep).  Start
+each row it is given apart, whole rows too, its in-bounds bytes only: the TMA unit asks for a
+box row at a time, and a box row is at most 128 bytes (one swizzle row), so a schedule passes
+wider rows as pieces of 128 bytes (torch_naive's C stores; measured on an H200 for stores, the
+TMA box sweep's L2 write sectors, analysis/data/h200/tma_box_sweep).  What the SMs receive from
+TMA loads, zeros past the tensor's edge and multicast included, is :mod:`flashsim.tma`'s, not
+this count.  Start
 offsets are computed from the tensor's real layout ((B, H, rows, cols) row-major, each tensor
 starting at a 256-byte-aligned address, as cudaMalloc guarantees), so ragged sizes (d = 59 in
 fp16: 118-byte rows) are counted exactly.  Sector counts are an upper bound on what a kernel
@@ -41,7 +45,8 @@ The totals ``read_*``, ``write_*``, ``bytes``, ``elements`` and ``sectors`` (and
 :meth:`IOCount.by_class` gives every class's elements, bytes and sectors apart.  The schedules of
 PyTorch's kernels use them: reductions (``torch_flash``'s dQ atomics), bulk copies (``torch_naive``'s
 fp16 GEMMs, ``torch_cudnn``) and per-thread rows (``torch_naive``'s ``tril``); so do the fast
-kernels' backwards (:mod:`flashsim.algorithms.fast`: the dQ reductions).
+kernels (:mod:`flashsim.algorithms.fast`: the backwards' dQ reductions, ``bwd_fp16_v3``'s
+``bulkq`` dQ by bulk reductions, ``fwd_fp16_v7``'s K and V by bulk loads).
 """
 
 from __future__ import annotations

@@ -198,7 +198,7 @@ class _Gemm:
     B by the cr tiles of a cluster column; a partial cluster at the edge still reads once.
     """
 
-    def __init__(self, m, n, k, a, b, c, tm, tn, bulk, cr=1, cc=1, eb=2):
+    def __init__(self, m, n, k, a, b, c, tm, tn, bulk, cr=1, cc=1, *, eb: int):
         self.m, self.n, self.k, self.a, self.b, self.c, self.bulk, self.eb = m, n, k, a, b, c, bulk, eb
         self.r0, self.rn = block_rows(m, tm)
         self.c0, self.cn = block_rows(n, tn)
@@ -220,7 +220,9 @@ class _Gemm:
         stored: the tile whole through the LSU; by TMA, pieces of 128 bytes from the tile's first
         column, one swizzle row each, each counting the sectors its bytes span (measured on an
         H200: the 120 GEMMs of analysis/data/h200/tma_box_sweep, L2 write sectors to the sector,
-        where whole tile rows give up to 11.5% too few on rows that start inside a sector)."""
+        where whole tile rows give up to 11.5% too few on rows that start inside a sector; its
+        tiles are whole multiples of 64 columns or the matrix's only tile, so pieces from the
+        tile's first column and pieces at multiples of 64 columns are not told apart)."""
         c0, cn = np.atleast_1d(np.asarray(c0, dtype=np.int64)), np.atleast_1d(np.asarray(cn, dtype=np.int64))
         if not self.bulk:
             return c0, cn
@@ -338,7 +340,7 @@ def _parts(w: Workload, pass_: str, tiles: str, clusters: str = "1x1"):
     causal = w.causal
 
     def gemm(m, n, k, a, b, c, tile, cluster):
-        return _Gemm(m, n, k, a, b, c, *tile, bulk, *cluster, eb)
+        return _Gemm(m, n, k, a, b, c, *tile, bulk, *cluster, eb=eb)
 
     if pass_ == "fwd":
         tl, cl = parse_tiles(tiles, 2), parse_tiles(clusters, 2, "gemm_clusters")
