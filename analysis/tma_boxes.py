@@ -272,7 +272,8 @@ def main(argv=None) -> int:
         name = "fwd_fp16_v7" if r["op"] == "v7" else re.sub(r"^nvjet_sm\d+_", "", r["kernel"])[:34]
         print(f"{r['op']:4} d={r['d']:<4} N={r['n']:<5} {r['dtype']} {name:34} cluster {r['cluster']:4}"
               f" self {r['self']:>9} sim {r['sim_self']:>9} ({r['self_err']:+.2%})"
-              f"  multicast {r['multicast']:>9} sim {r['sim_multicast']:>9} ({r['multicast_err']:+.2%})")
+              f"  multicast {r['multicast']:>9} sim {r['sim_multicast']:>9} ({r['multicast_err']:+.2%})"
+              + ("" if r["op"] == "v7" else f"  L2 writes {r['l2_write']:>8} sim {r['sim_l2_write']:>8}"))
     s = summary(rows)
     print(f"fwd_fp16_v7 (boxes to one CTA): {s['v7_exact']}/{s['v7']} launches to the sector")
     print(f"GEMMs: operands copied to one CTA {s['self_exact']}/{s['self_parts']} to the sector; multicast "
