@@ -143,3 +143,28 @@ def test_tma_boxes_cli_refuses_careless_records(tmp_path, capsys):
     assert main(["--csv", str(tmp_path / "t.csv"), "--force"]) == 0
     assert (tmp_path / "t.csv").read_text().startswith("op,d,n,bh,dtype,range,kernel")
     assert not (tmp_path / "t.csv.tmp").exists()
+
+
+def test_fast_v7_schedule_against_the_sweep():
+    # flashsim's schedule of fwd_fp16_v7 states K and V as the TMA unit copies them, one box of a
+    # swizzle atom's columns a row, in-bounds bytes only: with the zeros of each row's last atom
+    # added (what the SMs also receive) it is the sweep's count, to the sector, at all 13 head dims
+    import math
+
+    from analysis.tma_boxes import RECORD, load
+    from flashsim import Workload
+    from flashsim.algorithms.fast import atom_columns
+    from flashsim.api import build_schedule
+    from flashsim.traffic import walk
+
+    recs = [r for r in load(RECORD) if r["op"] == "v7"]
+    assert len(recs) == 13
+    for r in recs:
+        d, n, (tr, bh, _) = r["d"], r["n"], r["grid"]
+        w = Workload(batch=3, heads=bh // 3, seq_len_q=n, head_dim=d)
+        io = walk(build_schedule(w, "fast", "fwd", kernel="fwd_fp16_v7", config={"nw": n // tr // 16, "mt": 1}))
+        bulk = sum(t.sectors for (_, kind), t in io.breakdown.items() if kind == "bulk_read")
+        aw = atom_columns(d)
+        zeros = -(-(aw * math.ceil(d / aw) - d) * 2 // 32)
+        print(d, bulk, zeros, r["tma"])
+        assert bulk + tr * bh * 2 * n * zeros == r["tma"]

@@ -89,6 +89,8 @@ What is assumed, and where it is exact:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 
 from ..blocks import attach
@@ -481,7 +483,7 @@ def block_resources(name: str, d: int, config=None) -> dict[str, tuple[int, int]
         # rows of whole swizzle atoms (32 columns where d % 64 is 1..32, else 64), 1 KiB to align
         # them; v7: two mbarriers of 16 bytes
         br, bc = t["fwd"].block_m, t["fwd"].block_n
-        aw = 32 if 0 < d % 64 <= 32 else 64
+        aw = atom_columns(d)
         bars = 32 if name == "fwd_fp16_v7" else 0
         return {"fwd": (nt, 2 * cdiv(d, aw) * aw * (br + 4 * bc) + 1024 + bars)}
     if name == "fwd_fp32_v1":  # row strides: Q/K dp + 4, V dp rounded up to 32, P̃ Bc + 8 floats
@@ -587,9 +589,7 @@ def _forward(w: Workload, name: str, config=None) -> Schedule:
             yield from _scalar_pairs(read, "Q", q0, qn, w.d)
         else:
             yield read("Q", qc[0], qc[1], repeat=qc[2])
-        kv = bulk_read if name == "fwd_fp16_v7" else read  # v7: the TMA unit's copies
-        yield kv("K", kc[0], kc[1], repeat=kc[2])
-        yield kv("V", kc[0], kc[1], repeat=kc[2])
+        yield from _kv_reads(name, w.d, kc)
         if name in ("fwd_fp16_v4", "fwd_fp16_v5", "fwd_fp16_v7") or ostage:  # O through shared memory
             yield write("O", qc[0], qc[1], repeat=qc[2])
         elif name == "fwd_fp32_v1":
@@ -643,6 +643,26 @@ def combine_warps(nq: int, d: int) -> dict[str, np.ndarray]:
     return {"e0": e0, "n": cnt, "row0": ra, "rows": rb - ra + 1, "l0": la, "ln": np.maximum(0, rb - la + 1)}
 
 
+def atom_columns(d: int) -> int:
+    """Columns of fwd_fp16_v5's and v7's swizzle atom (kernels.perf.fwd_fp16.swizzle_bytes / 2):
+    32 where d % 64 is 1..32, else 64."""
+    return 32 if 0 < d % 64 <= 32 else 64
+
+
+def _kv_reads(name: str, d: int, kc) -> Iterator:
+    """K_j and V_j of the key-block classes ``kc``: plain loads of whole rows, or for
+    fwd_fp16_v7 the TMA unit's copies, one box of a swizzle atom's columns a row (the walker
+    counts a bulk copy's rows apart, so a copy is stated at the width the unit copies)."""
+    if name != "fwd_fp16_v7":
+        yield read("K", kc[0], kc[1], repeat=kc[2])
+        yield read("V", kc[0], kc[1], repeat=kc[2])
+        return
+    aw = atom_columns(d)
+    for t in ("K", "V"):
+        for c0 in range(0, d, aw):
+            yield bulk_read(t, kc[0], kc[1], c0, min(aw, d - c0), repeat=kc[2])
+
+
 def _forward_split(w: Workload, name: str, t: Tiling, splits: int) -> Schedule:
     """fwd_fp16_v5 / v7 with ``splits`` = S > 1 (split-KV: ``kernels.perf.fwd_fp16``).  Main launch,
     grid (Tr, B·H, S): block (i, p, z) reads Q_i (every split, an empty one too), walks key blocks
@@ -657,7 +677,6 @@ def _forward_split(w: Workload, name: str, t: Tiling, splits: int) -> Schedule:
     lay = split_layouts(w, splits)
     names = tuple(lay)
     slices = per_query_head_slices(w, names)
-    kv = bulk_read if name == "fwd_fp16_v7" else read
 
     def main():
         _, seen_by = visible_counts(w, t)
@@ -667,8 +686,7 @@ def _forward_split(w: Workload, name: str, t: Tiling, splits: int) -> Schedule:
         gs, gn = _groups(q0, qn, 8)
         lc = classes(gs, gn)
         yield read("Q", qc[0], qc[1], repeat=splits * qc[2])
-        yield kv("K", kc[0], kc[1], repeat=kc[2])
-        yield kv("V", kc[0], kc[1], repeat=kc[2])
+        yield from _kv_reads(name, w.d, kc)
         for z in range(splits):
             yield write("Op", oc[0], oc[1], slice_offset=z * w.bh, repeat=oc[2])
             yield write("Lp", lc[0], lc[1], slice_offset=z * w.bh, repeat=lc[2])
