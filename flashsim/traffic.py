@@ -23,8 +23,9 @@ Br x Bc block of the N x N matrix S, say) is ``nrows`` separate ranges, one per 
 the distinct sectors of their union (neighbouring rows may share one).  A bulk (TMA) copy counts
 each row it is given apart, whole rows too, its in-bounds bytes only: the TMA unit asks for a
 box row at a time, and a box row is at most 128 bytes (one swizzle row), so a schedule passes
-wider rows as pieces of 128 bytes (torch_naive's C stores; measured on an H200 for stores, the
-TMA box sweep's L2 write sectors, analysis/data/h200/tma_box_sweep).  What the SMs receive from
+wider rows as pieces of 128 bytes (torch_naive's GEMM bands and C stores, fwd_fp16_v7's K and
+V; measured on an H200 for stores, the TMA box sweep's L2 write sectors,
+analysis/data/h200/tma_box_sweep).  What the SMs receive from
 TMA loads, zeros past the tensor's edge and multicast included, is :mod:`flashsim.tma`'s, not
 this count.  Start
 offsets are computed from the tensor's real layout ((B, H, rows, cols) row-major, each tensor

@@ -205,11 +205,24 @@ class _Gemm:
         self.tm, self.tn, self.cr, self.cc = tm, tn, cr, cc
 
     def _band(self, spec, starts, sizes, rows_of_k, weight):
+        """The reads of an operand's band: rows ``starts`` .. of all K columns ("rows") or
+        columns ``starts`` .. of all K rows ("cols"); by TMA in rows of at most 128 bytes, a
+        piece of 128 bytes a K step ("rows") or of the tile's width ("cols"), as the unit asks."""
         t, how = spec
-        rd = bulk_read if self.bulk else read
+        if not self.bulk:
+            yield read(t, starts, sizes, repeat=weight) if how == "rows" else read(t, 0, rows_of_k, starts, sizes,
+                                                                                    repeat=weight)
+            return
+        p = max(1, 128 // self.eb)
         if how == "rows":
-            return rd(t, starts, sizes, repeat=weight)
-        return rd(t, 0, rows_of_k, starts, sizes, repeat=weight)
+            for c0 in range(0, self.k, p):
+                yield bulk_read(t, starts, sizes, c0, min(p, self.k - c0), repeat=weight)
+            return
+        starts, sizes, weight = (np.atleast_1d(np.asarray(x, dtype=np.int64)) for x in (starts, sizes, weight))
+        k = cdiv(sizes, p)
+        idx = np.repeat(np.arange(starts.size), k)
+        off = (np.arange(int(k.sum()), dtype=np.int64) - np.repeat(np.cumsum(k) - k, k)) * p
+        yield bulk_read(t, 0, rows_of_k, starts[idx] + off, np.minimum(p, sizes[idx] - off), repeat=weight[idx])
 
     def _loads(self) -> tuple[int, int]:
         """How many times each band of A and of B is read: ⌈column tiles / cc⌉, ⌈row tiles / cr⌉."""
@@ -234,8 +247,8 @@ class _Gemm:
     def counts(self):
         na, nb = self._loads()
         rc, cc = classes(self.r0, self.rn), classes(self.c0, self.cn)
-        yield self._band(self.a, rc[0], rc[1], self.k, rc[2] * na)
-        yield self._band(self.b, cc[0], cc[1], self.k, cc[2] * nb)
+        yield from self._band(self.a, rc[0], rc[1], self.k, rc[2] * na)
+        yield from self._band(self.b, cc[0], cc[1], self.k, cc[2] * nb)
         wr = bulk_write if self.bulk else write
         pc = classes(*self._c_pieces(self.c0, self.cn))
         yield wr(self.c, rc[0][:, None], rc[1][:, None], pc[0][None, :], pc[1][None, :],
@@ -246,9 +259,9 @@ class _Gemm:
         for i in range(len(self.r0)):
             for j in range(len(self.c0)):
                 if j % self.cc == 0:  # the first tile of its cluster row loads (multicasts) A's band
-                    yield self._band(self.a, self.r0[i], self.rn[i], self.k, 1)
+                    yield from self._band(self.a, self.r0[i], self.rn[i], self.k, 1)
                 if i % self.cr == 0:
-                    yield self._band(self.b, self.c0[j], self.cn[j], self.k, 1)
+                    yield from self._band(self.b, self.c0[j], self.cn[j], self.k, 1)
                 pc = self._c_pieces(self.c0[j], self.cn[j])
                 yield wr(self.c, self.r0[i], self.rn[i], pc[0], pc[1])
 
