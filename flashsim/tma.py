@@ -30,7 +30,8 @@ length, or rows past the last) the unit fills in zeros.  Measured on an H200 by 
 * **a store** (``cp.async.bulk.tensor`` from shared memory): each box row in pieces of 128 bytes
   (one swizzle row), each piece writing the L2 sectors its bytes span, rows apart: the L2 write
   sectors of all 120 GEMMs of the box sweep, to the sector.  The walker counts every bulk copy's
-  rows apart (:mod:`flashsim.traffic`), and torch_naive cuts C's tile rows into those pieces.
+  rows apart (:mod:`flashsim.traffic`); torch_naive cuts its GEMMs' band rows and C's tile rows
+  into those pieces, and fwd_fp16_v7's schedule its K and V rows into swizzle atoms.
 """
 from __future__ import annotations
 
