@@ -1,5 +1,6 @@
 """The sectors the SMs receive from the TMA unit's tensor copies, a box row at a time: what Nsight
-Compute counts as ``l1tex__m_xbar2l1tex_read_sectors_mem_global_op_tma_ld``.
+Compute counts as ``l1tex__m_xbar2l1tex_read_sectors_mem_global_op_tma_ld`` (and, for the unit's
+stores, how the L2 write sectors count; last bullet below).
 
 A TMA copy moves a box (``width`` bytes of a row, for each of its rows) of a tensor in global
 memory into shared memory; where the box runs past the tensor's edge (columns past the row's
