@@ -41,6 +41,8 @@ import operator
 import numpy as np
 
 SECTOR = 32
+#: Bytes of a TMA box row at most (one 128-byte swizzle row); wider rows come as pieces of it
+BOX_ROW_BYTES = 128
 #: Multicast pieces start on this many bytes (their first byte rounded down to it)
 GRANULE = 64
 
@@ -57,7 +59,7 @@ def _ints(name: str, x) -> np.ndarray:
         return a.astype(np.int64)
     if a.dtype == bool or not np.issubdtype(a.dtype, np.integer):
         raise ValueError(f"{name}: integers (byte counts or addresses), not {a.dtype}")
-    if a.size and (a.min() < 0 or (a.dtype.kind == "u" and a.max() > np.iinfo(np.int64).max)):
+    if (a.min() < 0 or (a.dtype.kind == "u" and a.max() > np.iinfo(np.int64).max)):
         raise ValueError(f"{name}: must be non-negative int64 values")
     return a.astype(np.int64)
 
@@ -102,4 +104,4 @@ def multicast_row_sectors(start, inbounds, width: int) -> np.ndarray:
     return data + np.where(inb < width, np.maximum(3, -(-(width - inb) // SECTOR)), 0)
 
 
-__all__ = ["SECTOR", "GRANULE", "box_row_sectors", "multicast_row_sectors"]
+__all__ = ["SECTOR", "GRANULE", "BOX_ROW_BYTES", "box_row_sectors", "multicast_row_sectors"]

@@ -81,7 +81,7 @@ import numpy as np
 
 from ..blocks import attach
 from ..config import Tiling, Workload, cdiv
-from ..tma import box_row_sectors, multicast_row_sectors
+from ..tma import BOX_ROW_BYTES, box_row_sectors, multicast_row_sectors
 from ..traffic import Launch, Schedule, TensorLayout, bulk_read, bulk_write, read, write
 from ._common import block_rows, check_programs, classes
 
@@ -213,16 +213,12 @@ class _Gemm:
             yield read(t, starts, sizes, repeat=weight) if how == "rows" else read(t, 0, rows_of_k, starts, sizes,
                                                                                     repeat=weight)
             return
-        p = max(1, 128 // self.eb)
         if how == "rows":
-            for c0 in range(0, self.k, p):
-                yield bulk_read(t, starts, sizes, c0, min(p, self.k - c0), repeat=weight)
+            for c0, cn in zip(*self._pieces(0, self.k)[:2]):
+                yield bulk_read(t, starts, sizes, c0, cn, repeat=weight)
             return
-        starts, sizes, weight = (np.atleast_1d(np.asarray(x, dtype=np.int64)) for x in (starts, sizes, weight))
-        k = cdiv(sizes, p)
-        idx = np.repeat(np.arange(starts.size), k)
-        off = (np.arange(int(k.sum()), dtype=np.int64) - np.repeat(np.cumsum(k) - k, k)) * p
-        yield bulk_read(t, 0, rows_of_k, starts[idx] + off, np.minimum(p, sizes[idx] - off), repeat=weight[idx])
+        c0, cn, owner = self._pieces(starts, sizes)
+        yield bulk_read(t, 0, rows_of_k, c0, cn, repeat=np.broadcast_to(weight, np.shape(sizes) or (1,))[owner])
 
     def _loads(self) -> tuple[int, int]:
         """How many times each band of A and of B is read: ⌈column tiles / cc⌉, ⌈row tiles / cr⌉."""
@@ -236,13 +232,19 @@ class _Gemm:
         where whole tile rows give up to 11.5% too few on rows that start inside a sector; its
         tiles are whole multiples of 64 columns or the matrix's only tile, so pieces from the
         tile's first column and pieces at multiples of 64 columns are not told apart)."""
-        c0, cn = np.atleast_1d(np.asarray(c0, dtype=np.int64)), np.atleast_1d(np.asarray(cn, dtype=np.int64))
         if not self.bulk:
-            return c0, cn
-        p = max(1, 128 // self.eb)
+            return np.atleast_1d(np.asarray(c0, dtype=np.int64)), np.atleast_1d(np.asarray(cn, dtype=np.int64))
+        return self._pieces(c0, cn)[:2]
+
+    def _pieces(self, c0, cn) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Column runs c0 .. c0 + cn - 1 cut into pieces of one TMA box row (BOX_ROW_BYTES) from
+        each run's first column: (first column, columns, index of the run) of each piece."""
+        c0, cn = np.atleast_1d(np.asarray(c0, dtype=np.int64)), np.atleast_1d(np.asarray(cn, dtype=np.int64))
+        p = max(1, BOX_ROW_BYTES // self.eb)
         k = cdiv(cn, p)
-        first = np.repeat(c0, k) + (np.arange(int(k.sum()), dtype=np.int64) - np.repeat(np.cumsum(k) - k, k)) * p
-        return first, np.minimum(p, np.repeat(c0 + cn, k) - first)
+        owner = np.repeat(np.arange(cn.size), k)
+        first = c0[owner] + (np.arange(int(k.sum()), dtype=np.int64) - np.repeat(np.cumsum(k) - k, k)) * p
+        return first, np.minimum(p, c0[owner] + cn[owner] - first), owner
 
     def counts(self):
         na, nb = self._loads()
@@ -300,7 +302,7 @@ class _Gemm:
                 row = np.arange(kp, dtype=np.int64)[:, None]
                 first, span = np.arange(tiles, dtype=np.int64) * width, width
                 pitch, live = extent, row < self.k
-            piece = max(1, min(span, 128 // eb))  # columns of a 128-byte swizzle row
+            piece = max(1, min(span, BOX_ROW_BYTES // eb))  # columns of a box row
             off = np.arange(0, span, piece, dtype=np.int64)
             c0 = (first[:, None] + off[None, :]).reshape(1, -1)
             cols = np.tile(np.minimum(piece, span - off), len(first))[None, :]
@@ -309,11 +311,11 @@ class _Gemm:
             inb = np.broadcast_to(np.where(live, np.clip(pitch - c0, 0, cols), 0), shape)
             cols = np.broadcast_to(cols, shape)
             base = np.arange(slices, dtype=np.int64) * (extent * self.k * eb) % 128  # a slice's first byte
+            rule = multicast_row_sectors if multicast else box_row_sectors
             total = 0
             for b0, count in zip(*np.unique(base, return_counts=True)):
                 for c in np.unique(cols):
                     m = cols == c
-                    rule = multicast_row_sectors if multicast else box_row_sectors
                     got = rule(start[m] + b0, inb[m] * eb, int(c) * eb)
                     total += int(count) * int(got.sum())
             return total
