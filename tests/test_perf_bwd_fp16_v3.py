@@ -86,9 +86,14 @@ def test_bulkq_refused_where_the_tile_does_not_fit():
     # buffer (two buffers leave room for
     # the tile up to d = 192, rounded up to 16), phase C on two m-tiles where d rounded up to 16
     # is a multiple of 32
+    # but at d = 232 and 248 (the padded 240 and 256 spill with bulkq) red.v2 and two buffers
     on = [d for d in range(8, 257, 8) if bwd_fp16.default_config_v3(d)["bulkq"]]
-    assert on == [56, 64, *range(104, 257, 8)], on  # d = 104 runs as 112
-    assert {bwd_fp16.default_config_v3(d)["qbuf"] for d in range(136, 257, 8)} == {1}
+    assert on == [56, 64, *range(104, 225, 8), 240, 256], on  # d = 104 runs as 112
+    two_buffers = [d for d in range(136, 257, 8) if bwd_fp16.default_config_v3(d)["qbuf"] == 2]
+    assert two_buffers == [232, 248], two_buffers
+    for d in (232, 248):  # two buffers fit without dQ's tile
+        c = bwd_fp16.default_config_v3(d)
+        assert bwd_fp16.smem_bytes_v3(d, c["bq"], c["bk"], c["bulkq"], c["qbuf"]) <= bwd_fp16.SMEM_MAX
     assert [d for d in range(136, 257, 8) if bwd_fp16.bulk_fits(d, 64, 64)] == list(range(136, 193, 8))
     two = [d for d in range(136, 257, 8) if bwd_fp16.default_config_v3(d)["mc"] == 2]
     assert two == [152, 160, 184, 192, 216, 224, 248, 256]
@@ -138,12 +143,14 @@ def test_layout_rejects_what_the_warps_cannot_split():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("d", [16, 32, 48, 80, 96, 112, 144, 160, 176, 192, 224, 256, 40, 72, 200, 136, 184])
+@pytest.mark.parametrize("d", [16, 32, 48, 80, 96, 112, 144, 160, 176, 192, 224, 256, 40, 72, 200, 136, 184,
+                               232, 248])
 def test_gpu_backward_head_dims(d):
     """The default block (8 warps; 128 x 128 at d = 32, 48 and 80, 64 keys above d = 128, 64 x 128
     else) at head dims whose copy passes cross rows, end in a partial pass or whose phases B and
     C end in an odd n-tile, and above d = 128 (dQ by bulk reductions up to d = 192, 136 and 184
-    with rows of d + 8 in shared memory): GQA 4:2, ragged N with Nq > Nk, causal and not."""
+    with rows of d + 8 in shared memory; 232 and 248 by red.v2 beside two Q/dO buffers): GQA
+    4:2, ragged N with Nq > Nk, causal and not."""
     _gpu_ragged_gqa(d)
 
 

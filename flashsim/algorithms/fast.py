@@ -179,15 +179,19 @@ def default_config(name: str, d: int) -> dict:
     if name == "bwd_fp16_v1":
         return dict(bq=64, bk=64, nw=4, mt=1, reg=True) if d <= 64 else dict(bq=32, bk=32, nw=4, mt=1, reg=False)
     if name == "bwd_fp16_v3":
+        pad = d % 16 != 0
         d = cdiv(d, 16) * 16  # d % 16 = 8 runs as d + 8
         if d in (32, 48, 64, 80):  # dQ by bulk reductions at d = 64
             return dict(bq=128, bk=128, nw=8, ma=4, mb=2, mc=2, minb=1, bulkq=d == 64, longest_first=True, qbuf=2)
         if d > 128:
             # phases B and C on two m-tiles where d % 32 == 0; one Q and dO buffer, which makes
-            # room for dQ's tile (64 rows of d + 8 floats) in 227 KB: dQ by bulk reductions
+            # room for dQ's tile (64 rows of d + 8 floats) in 227 KB: dQ by bulk reductions; but
+            # at d = 232 and 248 (padded to 240, 256) dQ by red.v2 and two buffers (with bulkq
+            # the block spills there: kernels.perf.bwd_fp16._wide_v3)
             two = d % 32 == 0
-            return dict(bq=64, bk=64, nw=8, ma=2, mb=2 if two else 1, mc=2 if two else 1, minb=1, bulkq=True,
-                        longest_first=True, qbuf=1)
+            spills = pad and d >= 240
+            return dict(bq=64, bk=64, nw=8, ma=2, mb=2 if two else 1, mc=2 if two else 1, minb=1, bulkq=not spills,
+                        longest_first=True, qbuf=2 if spills else 1)
         # d = 112 and 128: dQ by bulk reductions (their tile fits beside two Q/dO buffers)
         return dict(bq=64, bk=128, nw=8, ma=2, mb=4 if d == 128 else 2, mc=2 if d in (64, 128) else 1, minb=1,
                     bulkq=d >= 112, longest_first=True, qbuf=2)

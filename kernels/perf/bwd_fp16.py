@@ -938,18 +938,19 @@ def default_config_v3(d: int) -> dict:
     queries, 2 across d). At d = 128 phase B's warps own 4 m-tiles (64 keys x 32 columns: 2 warps
     along the keys, 4 along d), as flash-attention's AtomLayoutNdKV = 2: 0.94x flash at N = 16,384
     and 0.98x at N = 4,096 where mb = 2 ran 0.90x and 0.90x (the same record, t128)."""
+    pad = padded_head_dim(d) != d
     d = padded_head_dim(d)  # d % 16 = 8 runs as d + 8
     if d in (32, 48, 64, 80):  # dQ by bulk reductions at d = 64 (d = 80: the tile does not fit)
         return dict(bq=128, bk=128, nw=8, ma=4, mb=2, mc=2, minb=1, bulkq=d == 64, longest_first=True, qbuf=2)
     if d > 128:  # 64 keys a block (dK, dV: 128 registers a thread at d = 256)
-        return _wide_v3(d)
+        return _wide_v3(d, pad)
     # d = 112 and 128: dQ by bulk reductions, whose tile fits beside two Q/dO buffers here (207 KB
     # at d = 128); not at d = 96 (even, causal 2% slower)
     return dict(bq=64, bk=128, nw=8, ma=2, mb=4 if d == 128 else 2, mc=2 if d in (64, 128) else 1, minb=1,
                 bulkq=d >= 112, longest_first=True, qbuf=2)
 
 
-def _wide_v3(d: int) -> dict:
+def _wide_v3(d: int, pad: bool = False) -> dict:
     """The block above d = 128: 64 x 64 (dK and dV keep 2·d·64 / 256 = d / 2 f32 registers a
     thread), 8 warps: phase A 2 x 4 warps (keys x queries); phases B and C 2 m-tiles a warp, 2
     warps along the keys (B) or the queries (C) and 4 across d, where d % 32 == 0, else 1 m-tile
@@ -970,10 +971,18 @@ def _wide_v3(d: int) -> dict:
     224, 256 and N = 4,096 (0.97x, 1.24x, 1.02x at 16,384) where two buffers ran 0.97x, 1.00x,
     0.85x (0.83x, 0.99x, 0.80x); bf16 at d = 224 and 256 1.32x and 1.08x (1.26x, 1.03x) where two
     ran 1.06x, 0.84x (0.99x, 0.79x); causal d = 256 1.33x (0.96x) where two ran 1.10x (0.84x).
-    ptxas at d = 256: spills 52 / 68 bytes (stores / loads) to 16 / 16, no ``red`` in the loop."""
+    ptxas at d = 256: spills 52 / 68 bytes (stores / loads) to 16 / 16, no ``red`` in the loop.
+    Except at d = 232 and 248 (``d`` here is the padded head dim, 240 and 256, with the pad's
+    column predicates): there ``bulkq`` with one buffer takes the block past 255 registers (ptxas:
+    156 and 296 bytes of spill stores, 22 and 41 local-memory instructions in the main loop, where
+    d = 240 and 256 have 0 and 2), so those two take dQ by ``red.v2`` and two Q/dO buffers (no
+    spills at 232; 64 bytes at 248): on an H200 (B·H = 64, N = 4,096, two rounds alternated,
+    kernels/data/hdim_sweep_h200_3a43ecf) 0.84x -> 0.94x SDPA flash at d = 232 and 0.62-0.63x ->
+    0.94-0.96x at 248, where the same change cost 6-10% at d = 168, 184 and 200 and tied at 216."""
     two = d % 32 == 0
+    spills = pad and d >= 240
     return dict(bq=64, bk=64, nw=8, ma=2, mb=2 if two else 1, mc=2 if two else 1, minb=1,
-                bulkq=bulk_fits(d, 64, 64, qbuf=1), longest_first=True, qbuf=1)
+                bulkq=not spills and bulk_fits(d, 64, 64, qbuf=1), longest_first=True, qbuf=2 if spills else 1)
 
 
 def _accepts_v3(dtype, d: int) -> bool:
