@@ -52,6 +52,9 @@ def resolve_tiling(workload: Workload, algo: str, tiling: Tiling | None = None,
     if sram_elems is not None:
         sram_elems = as_size("sram_elems", sram_elems)  # checked even where unused (standard)
     if not mod.NEEDS_TILING:
+        if tiling is not None:  # never dropped silently
+            raise ValueError(f"tiling={tiling!r}: algorithm {algo!r} takes no Br x Bc tiling (its blocks are its "
+                             "own: options such as gemm_block or config)")
         return None
     if tiling is not None and sram_elems is not None:
         raise ValueError("tiling and sram_elems: give one of them, not both")

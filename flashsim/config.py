@@ -395,7 +395,7 @@ class Hardware:
 
     def sram_elems(self, elem_bytes: int) -> int:
         """M in elements: the shared memory one thread block can use."""
-        return self.max_shared_bytes_per_block // elem_bytes
+        return self.max_shared_bytes_per_block // as_size("elem_bytes", elem_bytes, limit=8)
 
 
 KIB = 1024

@@ -162,6 +162,10 @@ class CPResult:
         return all(a.elements_by_key() == b.elements_by_key() for a, b in zip(self.per_device, self.per_device_closed))
 
     def device_steps(self, device: int) -> list[Step]:
+        """The steps device ``device`` (0 .. devices - 1) runs, in order."""
+        if isinstance(device, (bool, np.bool_)) or not isinstance(device, (int, np.integer)) \
+                or not 0 <= device < self.devices:
+            raise ValueError(f"device={device!r}: must be an integer in 0..{self.devices - 1}")
         return [s for s in self.steps if s.device == device]
 
     @property

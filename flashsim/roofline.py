@@ -75,6 +75,8 @@ def roofline(sim_result, gpu, tf32: bool = False, sectors: bool = False, use_clo
     form's bytes), every traffic class (loads, stores, reductions, bulk copies) together.
     """
     r = sim_result
+    if not hasattr(r, "io") or not hasattr(r, "workload"):
+        raise ValueError(f"sim_result: type {type(r).__name__} is not a flashsim.api.SimResult (from simulate())")
     opts = {k: v for k, v in r.options.items() if k != "sram_elems"}  # decode's lengths, splits, ...
     f = count_flops(r.workload, r.pass_, algo=r.algorithm, tiling=r.tiling, **opts)
     io = r.closed_form if use_closed_form else r.io

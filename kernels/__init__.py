@@ -109,15 +109,17 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_m=None, block_n=
     (:func:`kernels.flash2.default_blocks`): the largest of 64x64, 64x32, 32x32, ... whose
     kernels fit, e.g. 64x32 for fp16 d = 64, 32x32 for fp16 d = 128, 16x16 for fp32 d = 128.
 
-    Inputs: numpy arrays are copied to the device and results come back as numpy; Numba device
-    arrays and ``__cuda_array_interface__`` objects (torch, CuPy) are used in place and results
-    come back in the query's kind.  ValueError for: arrays that are not 4-D or whose shapes
+    Inputs: numpy arrays are copied to the device and results come back as numpy (CPU torch
+    tensors alike, their results as CPU tensors); Numba device arrays and
+    ``__cuda_array_interface__`` objects (torch, CuPy) are used in place and results come back in
+    the query's kind.  ValueError for: arrays that are not 4-D or whose shapes
     disagree, zero-size dimensions, dtypes other than float32/float16/bfloat16 or mixed dtypes, device
     arrays that are not C-contiguous, a mix of host and device inputs, block sizes whose kernels
     do not fit 48 KB of static shared memory, an array given as None, a float16/float32 torch tensor
     that requires grad (detach it, or use ``kernels.torch_op.attention``), ``causal`` or
     ``return_lse`` that is not a bool (numpy bools count), a ``scale`` that is not None or a
-    finite real number (numpy scalars count), an unknown ``impl``, and with ``impl="fast"`` a device
+    finite real number (numpy scalars count) or whose τ·log2(e) overflows float32 (|τ| above
+    about 2.4e38: ``kernels._arrays.SCALE_MAX``), an unknown ``impl``, and with ``impl="fast"`` a device
     array whose data pointer is not 16-byte aligned (a tensor sliced at an odd offset: the fast
     kernels copy 16 bytes at a time; ``impl="auto"`` runs the reference kernel for it).  Any finite ``scale`` works,
     zero and negative included, on the reference and the fast kernels (the fast ones run
@@ -134,7 +136,10 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_m=None, block_n=
     the rows that use it: a NaN in Q row r (that sees a key) makes O row r and L_r NaN, on the
     reference and the fast kernels alike; a NaN in an unmasked key
     or value row makes every query row that attends it NaN.  Masked entries are never read into
-    the arithmetic, so a NaN there has no effect.
+    the arithmetic, so a NaN there has no effect.  An inf in the inputs follows IEEE arithmetic as
+    naive attention does on the reference and the fp16/bf16 kernels; the fp32 fast kernels split
+    each value as hi + lo for 3xTF32 (inf - inf is NaN), so there every row an inf reaches is NaN
+    (run ``impl="reference"`` for such inputs).
 
     Returns O (the input dtype), and with ``return_lse=True`` also L (float32, (B, H, Nq)),
     which :func:`flash_attention_backward` needs (for CPU bfloat16 tensors both come back as CPU
@@ -190,6 +195,8 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, b
         deterministic = _torch_deterministic(q)
     elif not isinstance(deterministic, (bool, np.bool_)):  # numpy bools count, as for causal
         raise ValueError(f"deterministic={deterministic!r}: must be None or a bool")
+    if lse is not None and "float32" not in str(getattr(lse, "dtype", "float32")):
+        raise ValueError(f"lse.dtype={lse.dtype}: must be float32 (the forward's logsumexp)")
     mod = _fast("bwd", q, impl, deterministic=bool(deterministic), arrays=dict(q=q, k=k, v=v, o=o, do=do),
                 block_m=block_m, block_n=block_n, block_mask=block_mask, counters=counters)
     if mod is not None:

@@ -23,7 +23,10 @@ Decisions (tested in tests/test_kernel_inputs.py):
   misaligned copy is a CUDA error that ends the context), and ``impl="auto"`` gives it to the
   reference kernels, which read element by element;
 * ``None`` for an array, ``causal``/``return_lse`` that are not bools, a ``scale`` that is not a
-  finite real number: ``ValueError`` naming the field (:func:`check_options`).
+  finite real number or that float32 cannot hold once multiplied by log2(e) (:data:`SCALE_MAX`):
+  ``ValueError`` naming the field (:func:`check_options`);
+* a CPU torch tensor of float32 or float16 is copied like a numpy array and its results come
+  back as CPU tensors (kind "torch-cpu", as for bfloat16).
 """
 
 from __future__ import annotations
@@ -142,9 +145,24 @@ def check_options(causal=False, scale=None, return_lse=False) -> None:
     for name, x in (("causal", causal), ("return_lse", return_lse)):
         if not isinstance(x, (bool, np.bool_)):
             raise ValueError(f"{name}={x!r}: must be a bool")
-    if scale is not None and (isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real)
-                              or not math.isfinite(scale)):
+    if scale is not None:
+        check_scale(scale)
+
+
+#: The largest |scale| the kernels take: they compute in float32, with the scores scaled by
+#: scale·log2(e), which must stay finite there (a larger finite scale would turn every output NaN).
+SCALE_MAX = float(np.finfo(np.float32).max) / math.log2(math.e)
+
+
+def check_scale(scale) -> float:
+    """``scale`` as a float; ValueError naming it unless it is a real number (not a bool) with
+    |scale| <= :data:`SCALE_MAX`."""
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real) or not math.isfinite(scale):
         raise ValueError(f"scale={scale!r}: must be None or a finite real number")
+    if abs(float(scale)) > SCALE_MAX:
+        raise ValueError(f"scale={scale!r}: |scale| must be at most {SCALE_MAX:.3g} (the kernels scale the scores by "
+                         "scale·log2(e) in float32)")
+    return float(scale)
 
 
 def _is_torch(x) -> bool:
@@ -305,13 +323,15 @@ def to_device(*, stream=None, causal=False, scale=None, return_lse=False, bf16=F
             first_kind = first_kind or kind
             continue
         kind = _kind(x)
-        if kind == "other":
+        if kind == "other" and _is_torch(x) and getattr(x, "device", None) is not None and x.device.type == "cpu":
+            x, kind = x.detach().contiguous().numpy(), "torch-cpu"  # results come back as CPU tensors
+        elif kind == "other":
             if hasattr(x, "__array__"):
                 x, kind = np.asarray(x), "numpy"
             else:
                 raise ValueError(f"{name}: type {type(x).__name__} is neither a numpy array nor a CUDA array")
-        kinds.add("host" if kind == "numpy" else "device")
-        if kind == "numpy":
+        kinds.add("host" if kind in ("numpy", "torch-cpu") else "device")
+        if kind in ("numpy", "torch-cpu"):
             dt = x.dtype
             if dt not in SUPPORTED_DTYPES:
                 raise ValueError(f"{name}.dtype={dt}: must be float32 or float16"

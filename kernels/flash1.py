@@ -73,7 +73,7 @@ from functools import cache
 import numpy as np
 from numba import config, cuda, float32, int64, types, uint8
 
-from flashsim.config import BlockMask, Tiling, cdiv
+from flashsim.config import BlockMask, Tiling, as_size, cdiv
 from flashsim.masking import visible_blocks
 
 from ._arrays import check_attention_shapes, to_device
@@ -328,6 +328,8 @@ def _counter_array(counters, stream=0):
         if counters.dtype != np.int64 or counters.shape != (len(INDEX), 2):
             raise ValueError(f"counters: must be an int64 {(len(INDEX), 2)} array from "
                              f"kernels.counters.new_counters(), got {counters.dtype} {counters.shape}")
+        if not (counters.flags.writeable and counters.flags.c_contiguous):
+            raise ValueError("counters: must be a writeable C-contiguous array (the totals are added into it)")
 
         def back(dev):
             counters[...] = dev.copy_to_host(stream=stream)
@@ -335,6 +337,8 @@ def _counter_array(counters, stream=0):
 
         return cuda.to_device(counters, stream=stream), back
     # a Numba device array is used as is; torch/CuPy arrays through __cuda_array_interface__
+    if not hasattr(counters, "copy_to_host") and not hasattr(counters, "__cuda_array_interface__"):
+        raise ValueError(f"counters: type {type(counters).__name__} is neither a numpy nor a device array")
     dev = counters if hasattr(counters, "copy_to_host") else cuda.as_cuda_array(counters)
     if np.dtype(dev.dtype) != np.int64 or tuple(dev.shape) != (len(INDEX), 2):
         raise ValueError(f"counters: must be an int64 {(len(INDEX), 2)} array, got {dev.dtype} {dev.shape}")
@@ -365,13 +369,12 @@ def resolve_tiling(d: int, elem_bytes: int, nq: int, nk: int, sram_bytes=None, b
     if given:
         if len(given) != 2:
             raise ValueError(f"block_m={block_m}, block_n={block_n}: give both or neither")
-        return Tiling(int(block_m), int(block_n))
-    if sram_bytes is None:
-        sram_bytes = DEFAULT_SMEM_LIMIT
-    if int(sram_bytes) < 4 * d * elem_bytes:
+        return Tiling(as_size("block_m", block_m), as_size("block_n", block_n))
+    sram_bytes = DEFAULT_SMEM_LIMIT if sram_bytes is None else as_size("sram_bytes", sram_bytes)
+    if sram_bytes < 4 * d * elem_bytes:
         raise ValueError(f"sram_bytes={sram_bytes}: FlashAttention needs M >= 4d elements, i.e. at least "
                          f"{4 * d * elem_bytes} bytes for d={d} and {elem_bytes}-byte elements")
-    return Tiling.from_sram_bytes(int(sram_bytes), d, elem_bytes)
+    return Tiling.from_sram_bytes(sram_bytes, d, elem_bytes)
 
 
 def flash1_attention(q, k, v, *, causal=False, scale=None, sram_bytes=None, block_m=None, block_n=None,
@@ -413,11 +416,13 @@ def flash1_attention(q, k, v, *, causal=False, scale=None, sram_bytes=None, bloc
     has_mask = int(block_mask is not None)
     vis = cuda.to_device(np.ascontiguousarray(visible_blocks(w, t).astype(np.uint8)) if has_mask
                          else np.ones((1, 1), dtype=np.uint8), stream=inp.stream)
-    nt = int(threads) if threads is not None else (32 if config.ENABLE_CUDASIM else 128)
+    nt = as_size("threads", threads, limit=1024) if threads is not None else (32 if config.ENABLE_CUDASIM else 128)
     tau = float32(1.0 / math.sqrt(d) if scale is None else scale)
 
     if o_fp32 is None:
         o_fp32 = inp.dtype == np.float16
+    elif not isinstance(o_fp32, (bool, np.bool_)):
+        raise ValueError(f"o_fp32={o_fp32!r}: must be None or a bool")
     q3 = a["q"].reshape(b * h, nq, d)
     k3 = a["k"].reshape(b * hkv, nk, d)
     v3 = a["v"].reshape(b * hkv, nk, d)

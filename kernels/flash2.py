@@ -645,6 +645,8 @@ def _counter_array(counters, stream=0):
         if counters.dtype != np.int64 or counters.ndim != 2 or counters.shape[0] <= max(INDEX.values()):
             raise ValueError(f"counters: must be an int64 array from kernels.counters.new_counters(), "
                              f"got {counters.dtype} {counters.shape}")
+        if not (counters.flags.writeable and counters.flags.c_contiguous):
+            raise ValueError("counters: must be a writeable C-contiguous array (the totals are added into it)")
 
         def back(dev):
             counters[...] = dev.copy_to_host(stream=stream)
@@ -653,6 +655,8 @@ def _counter_array(counters, stream=0):
         return cuda.to_device(counters, stream=stream), back
     from ._arrays import as_device_array
 
+    if not hasattr(counters, "copy_to_host") and not hasattr(counters, "__cuda_array_interface__"):
+        raise ValueError(f"counters: type {type(counters).__name__} is neither a numpy nor a device array")
     dev = as_device_array(counters)
     if np.dtype(dev.dtype) != np.int64 or len(dev.shape) != 2 or dev.shape[0] <= max(INDEX.values()):
         raise ValueError(f"counters: must be an int64 (len(TENSORS), 2) array, got {dev.dtype} {dev.shape}")

@@ -217,10 +217,9 @@ def _check(q, k, v, causal, scale):
         raise ValueError(f"seq_len={q.shape[2]}: a zig-zag shard holds two chunks; must be even")
     if scale is None:
         return 1.0 / math.sqrt(q.shape[-1])
-    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)) \
-            or not math.isfinite(float(scale)):
-        raise ValueError(f"scale={scale!r}: must be a finite real number")
-    return float(scale)
+    from ._arrays import check_scale
+
+    return check_scale(scale)
 
 
 def ring_forward(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, scale: float | None = None,

@@ -436,7 +436,7 @@ class _Launcher:
     """Shapes, counters and launch helpers shared by the forward and backward."""
 
     def __init__(self, q, k, v, counters, gemm_block, extra=None, stream=None, causal=False, scale=None):
-        if gemm_block not in GEMM_BLOCKS:
+        if isinstance(gemm_block, (bool, np.bool_, float, np.floating)) or gemm_block not in GEMM_BLOCKS:
             raise ValueError(f"gemm_block={gemm_block!r}: must be one of {list(GEMM_BLOCKS)}")
         self.tile = gemm_block
         self.inp = to_device(q=q, k=k, v=v, **(extra or {}), stream=stream, causal=causal, scale=scale)
@@ -545,6 +545,8 @@ def standard_attention_backward(q, k, v, o, do, *, causal: bool = False, scale: 
     dK and dV have the kv heads' shape (summed over each GQA group).
     """
     ln = _Launcher(q, k, v, counters, gemm_block, extra={"do": do}, stream=stream, causal=causal, scale=scale)
+    if not hasattr(o, "shape"):
+        raise ValueError(f"o: type {type(o).__name__} is not an array")
     if tuple(o.shape) != tuple(q.shape):
         raise ValueError(f"o.shape={tuple(o.shape)}: must equal q.shape={tuple(q.shape)}")
     tau = _scale(scale, ln.d)

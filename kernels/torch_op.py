@@ -38,6 +38,7 @@ from torch import Tensor
 
 from . import flash_attention as _flash_attention
 from . import flash_attention_backward as _flash_attention_backward
+from ._arrays import check_scale
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -134,12 +135,14 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, scale: f
     """softmax(scale · Q Kᵀ + mask) V by FlashAttention-2, differentiable (see the module docstring)."""
     if not isinstance(causal, (bool, np.bool_)):
         raise ValueError(f"causal={causal!r}: must be a bool")
+    for name, t in (("q", q), ("k", k), ("v", v)):  # before the operator's schema sees them
+        if not isinstance(t, Tensor):
+            raise ValueError(f"{name}: type {type(t).__name__} is not a torch.Tensor")
+        if t.dim() != 4 or 0 in t.shape:
+            raise ValueError(f"{name}.shape={tuple(t.shape)}: must be (batch, heads, seq_len, head_dim), none 0")
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)) \
-            or not math.isfinite(float(scale)):
-        raise ValueError(f"scale={scale!r}: must be a finite real number")
-    o, _ = attention_fwd(q, k, v, bool(causal), float(scale))
+    o, _ = attention_fwd(q, k, v, bool(causal), check_scale(scale))
     return o
 
 

@@ -420,7 +420,7 @@ def longest_first_runs(bk: int, kv_blocks: int) -> bool:
 def check_config_values(defaults: dict, config: dict) -> None:
     """ValueError naming the first key of ``config`` whose value is not of its default's kind: true
     or false (numpy bools too) for a flag, a positive integer (numpy integers too, not a bool)
-    otherwise, and ``splits`` at most :data:`MAX_SPLITS`.  Shared with the kernels' launchers
+    otherwise, ``splits`` at most :data:`MAX_SPLITS` and ``nw`` at most 32 warps.  Shared with the kernels' launchers
     (``kernels.perf._launch``)."""
     for key, val in config.items():
         if isinstance(defaults[key], bool):
@@ -430,6 +430,8 @@ def check_config_values(defaults: dict, config: dict) -> None:
             raise ValueError(f"config={config!r}: {key} must be a positive integer")
         elif key == "splits" and val > MAX_SPLITS:
             raise ValueError(f"config={config!r}: splits={val} must be 1..{MAX_SPLITS}")
+        elif key == "nw" and val > 32:
+            raise ValueError(f"config={config!r}: nw={val}: at most 32 warps (1,024 threads) a block")
 
 
 def parse_config(name: str, d: int, config=None) -> dict:
