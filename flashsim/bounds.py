@@ -184,6 +184,32 @@ def bounds(workload: Workload, sram_elems: float) -> dict[str, float]:
     }
 
 
+#: Algorithms without an M rule of their own (their count does not depend on M) and the least M,
+#: in elements, their schedule can run at: ``(workload) -> (least M, why)``.  FlashAttention's rule
+#: (M >= 4d, one row each of Q, K, V and O) is in :meth:`flashsim.config.Tiling.from_sram`,
+#: smallcache's (3s² + 2s <= M) in its module.
+_LEAST_M = {
+    # the tiled GEMMs load whole rows of their operands (the head dim in one tile): even a 1 x 1
+    # output tile holds a row of each operand (S = QKᵀ: a row of Q and of K; O = P·V: a row of V
+    # and the row of O it accumulates)
+    "standard": lambda w: (2 * w.d, "standard attention needs M >= 2*d = {m} elements (its tiled GEMMs hold "
+                                    "at least one row of each operand, the whole head dim, on chip)"),
+}
+
+
+def check_sram(workload: Workload, algo: str, sram_elems) -> None:
+    """ValueError naming ``sram_elems`` where ``algo``, an algorithm whose count does not depend on
+    M (standard attention), cannot run with M = ``sram_elems`` elements on chip; nothing for the
+    others (their own M rules refuse what they cannot run)."""
+    rule = _LEAST_M.get(algo)
+    if rule is None:
+        return
+    m = as_size("sram_elems", sram_elems)
+    least, why = rule(workload)
+    if m < least:
+        raise ValueError(f"sram_elems={m}: {why.format(m=least)}")
+
+
 def bounds_table(workload: Workload, sram_elems: int, algos=None, pass_: str = "fwd",
                  walk: bool = False) -> list[dict]:
     """Each algorithm's simulated element count beside the bounds, with ratios.
@@ -191,7 +217,8 @@ def bounds_table(workload: Workload, sram_elems: int, algos=None, pass_: str = "
     Every row holds ``algo``, ``simulated`` (elements; the closed form, or the walker when
     ``walk=True``), the bounds of :func:`bounds`, ``ratio_lower`` = simulated / lower_bound,
     ``ratio_saha_ye`` and ``ratio_flash``.  An algorithm that is not available (module missing)
-    or cannot run this workload gets ``simulated=None`` and an ``error`` string.
+    or cannot run this workload (at this M: :func:`check_sram` for standard attention) gets
+    ``simulated=None`` and an ``error`` string.
     """
     from .algorithms import ALGORITHMS
     from .api import closed_form_elements, simulate
@@ -203,6 +230,7 @@ def bounds_table(workload: Workload, sram_elems: int, algos=None, pass_: str = "
     for a in algos:
         row: dict = {"algo": a, "pass": pass_, "sram_elems": sram_elems, **b}
         try:
+            check_sram(workload, a, sram_elems)
             if walk:
                 sim = simulate(workload, a, pass_, sram_elems=sram_elems).io.elements
             else:
@@ -218,5 +246,5 @@ def bounds_table(workload: Workload, sram_elems: int, algos=None, pass_: str = "
     return rows
 
 
-__all__ = ["bounds", "bounds_table", "visible_pairs", "needed_rows", "io_floor", "FLASH_CONST",
+__all__ = ["bounds", "bounds_table", "check_sram", "visible_pairs", "needed_rows", "io_floor", "FLASH_CONST",
            "LOWER_BOUND_CONST"]

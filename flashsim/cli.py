@@ -32,10 +32,10 @@ import warnings
 from collections.abc import Callable, Sequence
 
 from .algorithms import ALGORITHMS, ALL_ALGORITHMS, get_algorithm
-from .api import simulate
-from .bounds import bounds_table
+from .api import build_schedule, simulate
+from .bounds import bounds_table, check_sram
 from .config import GPU_ALIASES, GPUS, Tiling, Workload, get_gpu
-from .l2 import format_dram, simulate_dram
+from .l2 import dram_traffic, format_dram
 from .output import OutputExists, check_overwrite, staged
 from .plot import plot_gpu_bars, plot_sweep
 from .report import fmt_exponent, fmt_num, format_table, run_report, simulate_summary
@@ -52,7 +52,12 @@ _FIELD_FLAGS = {
     "devices": "--devices", "parallel": "--parallel", "topology": "--topology",
     "num_splits": "--num-splits", "page_size": "--page-size", "window": "--window", "lengths": "--lengths",
     "cu_seqlens": "--cu-seqlens", "block_table": "--block-table", "kernel": "--kernel",
+    "sample": "--sample", "level": "--level", "config": "--config", "sms": "--sms",
 }
+
+#: The defaults of --seq-len, --head-dim and --gpu, named once: sweep sets these flags' defaults to
+#: None, to tell a flag given from its default (it refuses the flags its --param replaces).
+DEFAULT_SEQ_LEN, DEFAULT_HEAD_DIM, DEFAULT_GPU = 1024, 64, "h100"
 
 
 class UsageError(Exception):
@@ -76,17 +81,32 @@ def _add_workload(p: argparse.ArgumentParser, seq_len: bool = True) -> None:
     g.add_argument("--kv-heads", type=int, default=None, metavar="Hkv",
                    help="key/value heads, must divide H (grouped-query attention; default H)")
     if seq_len:
-        g.add_argument("--seq-len", "-N", "--nq", type=int, default=1024, metavar="N",
+        g.add_argument("--seq-len", "-N", "--nq", type=int, default=DEFAULT_SEQ_LEN, metavar="N",
                        help="query sequence length Nq (default 1024; decode: query rows per sequence)")
     g.add_argument("--seq-len-k", type=int, default=None, metavar="Nk", help="key sequence length (default Nq)")
-    g.add_argument("--head-dim", "-d", type=int, default=64, metavar="d", help="head dimension (default 64)")
+    g.add_argument("--head-dim", "-d", type=int, default=DEFAULT_HEAD_DIM, metavar="d",
+                   help="head dimension (default 64)")
     g.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default="fp16", help="storage precision (default fp16)")
     g.add_argument("--causal", action="store_true", help="causal mask, aligned bottom-right (j <= i + Nk - Nq)")
 
 
+def _gpu_names() -> str:
+    """The GPU presets with the other names each answers to, as --help and the errors list them."""
+    also = {k: sorted(a for a, v in GPU_ALIASES.items() if v == k) for k in sorted(GPUS)}
+    return ", ".join(k + (f" (or {', '.join(al)})" if al else "") for k, al in also.items())
+
+
 def _add_gpu(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpu", default="h100", metavar="GPU",
-                   help=f"GPU preset: {', '.join(sorted(GPUS) + sorted(GPU_ALIASES))} (default h100)")
+    p.add_argument("--gpu", default=DEFAULT_GPU, metavar="GPU",
+                   help=f"GPU preset: {_gpu_names()} (default h100)")
+
+
+def _get_gpu(name: str, what: str = "gpu"):
+    """The preset named ``name``; ValueError naming ``what`` and listing the names --help lists."""
+    try:
+        return get_gpu(name)
+    except ValueError:
+        raise ValueError(f"{what}={name!r}: unknown GPU preset; choose one of {_gpu_names()}") from None
 
 
 def add_force(p: argparse.ArgumentParser, what: str) -> None:
@@ -109,6 +129,9 @@ def _sram_elems(a: argparse.Namespace, w, gpu) -> int:
     m = a.sram_bytes // w.elem_bytes
     if m <= 0:
         raise ValueError(f"sram_bytes={a.sram_bytes}: holds no {w.dtype} element")
+    if a.sram_bytes % w.elem_bytes:
+        raise ValueError(f"sram_bytes={a.sram_bytes}: not a whole number of {w.dtype} elements; give a multiple "
+                         f"of {w.elem_bytes} bytes (M is counted in elements)")
     return m
 
 
@@ -176,7 +199,31 @@ def _chosen_options(a: argparse.Namespace, algo: str) -> dict:
         if opt not in takes:
             has = ", ".join("--" + o.replace("_", "-") for o in takes) or "none"
             raise ValueError(f"--{opt.replace('_', '-')}: algorithm {algo!r} takes no such option (its options: {has})")
+    if isinstance(given.get("config"), str):
+        given["config"] = _config_text(given["config"])
     return given
+
+
+def _config_text(text: str):
+    """--config: a JSON object (returned as a dict) or ``key=value,...`` (returned as given, for the
+    algorithm to read); a key given twice is refused in either form."""
+    def pairs(items):
+        seen = {}
+        for k, v in items:
+            if k in seen:
+                raise ValueError(f"config={text!r}: key {k!r} given twice")
+            seen[k] = v
+        return seen
+
+    if text.lstrip().startswith("{"):
+        try:
+            cfg = json.loads(text, object_pairs_hook=pairs)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"config={text!r}: not a JSON object ({e.msg} at character {e.pos}); write "
+                             "'{\"bc\": 32}' or bc=32") from None
+        return cfg
+    pairs((part.split("=", 1)[0].strip(), None) for part in text.split(",") if part.strip())
+    return text
 
 
 # --------------------------------------------------------------------------------------------
@@ -210,25 +257,47 @@ def _cmd_simulate(a: argparse.Namespace) -> int:
         a.algo = "fast" if hasattr(a, "opt_kernel") else "flash2"
     if a.devices is not None or a.parallel is not None or a.topology is not None:
         return _cmd_context_parallel(a)
+    if a.level != "dram":  # the L2 model's options mean nothing at the LSU level
+        for flag, given in (("--cold-launches", a.cold_launches), ("--sample", a.sample is not None)):
+            if given:
+                raise ValueError(f"{flag}: only with --level dram (the L2 model); the LSU level has no L2")
     w = _workload(a)
-    gpu = get_gpu(a.gpu)
+    gpu = _get_gpu(a.gpu)
     given = _given_tiling(a, a.algo)
     m = _sram_elems(a, w, gpu)
     opts = _chosen_options(a, a.algo)
+    kernels = _pass_kernels(w, a.algo, a.pass_, opts)
+    if kernels is not None and len(kernels) == 1 and opts.get("kernel") is None:
+        opts["kernel"] = kernels[a.pass_]  # the pass's own kernel: its block shape shown, its config checked
     try:
+        check_sram(w, a.algo, m)  # an algorithm without an M rule of its own (standard) at an M it cannot run at
         # the algorithm's M rule: block sizes given are used as they are, else it sizes its tiles from M
         tiling, opts = get_algorithm(a.algo).plan(w, None if given else m, given, **opts)
         res = simulate(w, a.algo, a.pass_, tiling=tiling, **opts)
     except ValueError as e:
+        if kernels is not None and len(kernels) > 1 and str(e).startswith("config="):
+            raise ValueError(f"{e} (--pass {a.pass_} runs {' and '.join(kernels.values())} with the same "
+                             "--config)") from None
         raise _with_sram_bytes(e, a, w, m) from None
     summ = simulate_summary(res, gpu, m)
     summ["tiling_given"] = given is not None
+    if kernels is not None:
+        summ["kernels"] = _kernel_blocks(w, a.algo, kernels, opts)
+        if len(kernels) > 1:  # one block shape per pass's kernel, in "kernels"; none for both
+            summ["block_m"] = summ["block_n"] = None
+    summ.update(_class_totals(res.io))
+    for name, c in res.io.per_launch.items():
+        t = _class_totals(c)
+        summ["per_launch"][name].update({k: t[k] for k in ("bulk_read_bytes", "bulk_write_bytes",
+                                                            "all_classes_bytes")})
     dram = None
     if a.level == "dram":
-        if a.sample < 1:
-            raise ValueError(f"sample={a.sample}: must be a positive integer (--sample)")
-        dram = simulate_dram(w, a.algo, a.pass_, gpu, tiling, None, cold_launches=a.cold_launches,
-                             sample=a.sample, **opts)
+        sample = 1 if a.sample is None else a.sample
+        if sample < 1:
+            raise ValueError(f"sample={sample}: must be a positive integer (--sample)")
+        sched = build_schedule(w, a.algo, a.pass_, tiling, None, **opts)
+        _check_sample(sample, sched, gpu)
+        dram = dram_traffic(sched, gpu, cold_launches=a.cold_launches, sample=sample)
         summ["dram"] = dram.to_dict()
     if a.json:
         print(json.dumps(summ, indent=2))
@@ -246,14 +315,98 @@ def _cmd_context_parallel(a: argparse.Namespace) -> int:
 
     if a.devices is None:
         raise ValueError("devices=None: --parallel and --topology need --devices P")
-    if a.algo != "flash2" or a.level != "lsu":
-        raise ValueError(f"algo={a.algo!r}, level={a.level!r}: --devices runs flash2 in each step, at the LSU level")
-    w, gpu = _workload(a), get_gpu(a.gpu)
+    # what flashsim.parallel does not take: refused rather than left out of the count
+    ignored = [("--cold-launches", a.cold_launches), ("--sample", a.sample is not None)]
+    ignored += [("--" + k[4:].replace("_", "-"), True) for k in vars(a) if k.startswith("opt_")]
+    for flag, given in ignored:
+        if given:
+            raise ValueError(f"{flag}: not taken with --devices (each device runs flash2 with its default "
+                             "options, at the LSU level)")
+    if a.algo != "flash2":
+        raise ValueError(f"algo={a.algo!r}: --devices runs flash2 in each step; leave --algo out")
+    if a.level != "lsu":
+        raise ValueError(f"level={a.level!r}: --devices counts at the LSU level only; leave --level out")
+    w, gpu = _workload(a), _get_gpu(a.gpu)
     given = _given_tiling(a, "flash2")
     r = context_parallel(w, a.devices, a.parallel or "ring", a.pass_, gpu, tiling=given,
                          sram_elems=None if given else _sram_elems(a, w, gpu), topology=a.topology)
     print(json.dumps(r.to_dict(), indent=2) if a.json else format_text(r))
     return 0
+
+
+def _pass_kernels(w: Workload, algo: str, pass_: str, opts: dict) -> dict[str, str] | None:
+    """pass -> the kernel that runs it, for an algorithm that picks a kernel per pass (its module
+    has ``variant_for`` and a ``kernel`` option: fast); None for the others.  A --kernel given
+    must be the pass's (ValueError naming kernel otherwise)."""
+    mod = get_algorithm(algo)
+    pick = getattr(mod, "variant_for", None)
+    if pick is None or "kernel" not in mod.OPTIONS:
+        return None
+    return {p: pick(w, p, opts.get("kernel")) for p in pass_.split("+")}
+
+
+def _kernel_blocks(w: Workload, algo: str, kernels: dict[str, str], opts: dict) -> dict:
+    """pass -> {"kernel", "block_m", "block_n"}: each pass's kernel and the block shape the
+    algorithm module's ``blocks`` gives for it."""
+    mod = get_algorithm(algo)
+    out = {}
+    for p, k in kernels.items():
+        bm, bn = mod.blocks(w, None, **{**opts, "kernel": k})
+        out[p] = {"kernel": k, "block_m": bm, "block_n": bn}
+    return out
+
+
+#: The traffic classes beside the loads ("read") and stores ("write") of the totals, by their
+#: breakdown keys (flashsim.traffic): TMA loads, TMA stores (bulk reductions among them) and
+#: atomics / red.
+_OTHER_CLASSES = ("bulk_read", "bulk_write", "reduction")
+
+
+def _class_totals(io) -> dict:
+    """``<class>_elements``, ``_bytes`` and ``_sectors`` of each of :data:`_OTHER_CLASSES`, which
+    the API's totals (the ``hbm_*`` keys: loads and stores) leave out, and ``all_classes_*``:
+    every class together (sectors None where one is None)."""
+    out: dict = {}
+    every = {"elements": [io.read_elements, io.write_elements], "bytes": [io.read_bytes, io.write_bytes],
+             "sectors": [io.read_sectors, io.write_sectors]}
+    for cls in _OTHER_CLASSES:
+        ts = [t for (_, dr), t in io.breakdown.items() if dr == cls]
+        for unit in ("elements", "bytes", "sectors"):
+            vals = [getattr(t, unit) for t in ts]
+            v = None if any(x is None for x in vals) else int(sum(vals))
+            out[f"{cls}_{unit}"] = v
+            every[unit].append(v)
+    for unit, vals in every.items():
+        out[f"all_classes_{unit}"] = None if any(x is None for x in vals) else int(sum(vals))
+    return out
+
+
+#: --sample: the fewest L2 lines of the schedule's tensors per sampled share, and the fewest sets
+#: simulated.  Against exact runs (flash2 and standard, B·H = 1 .. 1024, N = 256 .. 1024, H100
+#: preset) the DRAM bytes at the limit are within about 1% (reads) and 3% (writes); far past it
+#: they are noise (N = 256, B·H = 1, S = 100,000: L2 reads 2.13 MB against 0.29 MB).
+SAMPLE_MIN_LINES, SAMPLE_MIN_SETS = 256, 16
+
+
+def _check_sample(sample: int, sched, gpu) -> None:
+    """--sample S simulates about one L2 set in S and scales the counts by the sets simulated:
+    refused where the simulated sets would see too little of the data for the scaled counts to
+    mean anything (S above min(lines / 256, sets / 16))."""
+    if sample == 1:
+        return
+    line = gpu.l2_line_bytes
+    lines = sum(-(-t.slices * t.slice_bytes // line) for t in sched.tensors.values())
+    sets = gpu.l2_effective_bytes // (line * gpu.l2_ways)
+    most = max(1, min(lines // SAMPLE_MIN_LINES, sets // SAMPLE_MIN_SETS))
+    if sample > most:
+        raise ValueError(f"sample={sample}: at most {most} for this schedule on {gpu.name} (about one L2 set in S "
+                         f"is simulated and the counts scaled up, so S may be at most min(lines / "
+                         f"{SAMPLE_MIN_LINES}, sets / {SAMPLE_MIN_SETS}): its tensors span {lines:,} lines of "
+                         f"{line} bytes, the L2 model has {sets:,} sets)")
+
+
+def _mb(x) -> str:
+    return "-" if x is None else f"{x / 1e6:,.3f}"
 
 
 def _simulate_text(s: dict) -> str:
@@ -263,7 +416,13 @@ def _simulate_text(s: dict) -> str:
     lines.append(f"{s['algorithm']} {s['pass']}{opts}: batch {w['batch']}, heads {w['heads']} (kv {w['kv_heads']}), "
                  f"Nq {w['seq_len_q']}, Nk {w['seq_len_k']}, d {w['head_dim']}, {w['dtype']}"
                  f"{', causal' if w['causal'] else ''}")
-    tile = get_algorithm(s["algorithm"]).TILING_TEXT.format(block_m=s["block_m"], block_n=s["block_n"])
+    kernels = s.get("kernels")
+    if kernels:  # each pass's own kernel and its block shape
+        text = get_algorithm(s["algorithm"]).TILING_TEXT
+        tile = "; ".join(f"{p + ' ' if len(kernels) > 1 else ''}kernel {k['kernel']}: "
+                         + text.format(block_m=k["block_m"], block_n=k["block_n"]) for p, k in kernels.items())
+    else:
+        tile = get_algorithm(s["algorithm"]).TILING_TEXT.format(block_m=s["block_m"], block_n=s["block_n"])
     m = f"M = {fmt_num(s['sram_bytes'])} bytes = {fmt_num(s['sram_elems'])} elements"
     if s["tiling_given"]:
         lines.append(f"GPU {s['gpu']}; {tile} (given); bounds at the GPU's {m}")
@@ -274,30 +433,39 @@ def _simulate_text(s: dict) -> str:
     for tensor, dirs in s["breakdown"].items():
         for dr, t in dirs.items():
             rows.append([tensor, dr, t["elements"], f"{t['bytes'] / 1e6:,.3f}", t["sectors"]])
-    rows.append(["total", "read", s["hbm_read_elements"], f"{s['hbm_read_bytes'] / 1e6:,.3f}",
-                 s["hbm_read_sectors"]])
-    rows.append(["total", "write", s["hbm_write_elements"], f"{s['hbm_write_bytes'] / 1e6:,.3f}",
-                 s["hbm_write_sectors"]])
-    rows.append(["total", "", s["hbm_read_elements"] + s["hbm_write_elements"], f"{s['hbm_bytes'] / 1e6:,.3f}",
-                 s["sectors"]])
+    rows.append(["total", "read", s["hbm_read_elements"], _mb(s["hbm_read_bytes"]), s["hbm_read_sectors"]])
+    rows.append(["total", "write", s["hbm_write_elements"], _mb(s["hbm_write_bytes"]), s["hbm_write_sectors"]])
+    # the other traffic classes (TMA copies, reductions): rows of their own and a total of every class
+    others = [c for c in _OTHER_CLASSES if s.get(f"{c}_elements")]
+    for c in others:
+        rows.append(["total", c, s[f"{c}_elements"], _mb(s[f"{c}_bytes"]), s[f"{c}_sectors"]])
+    rows.append(["total", "read+write" if others else "", s["hbm_read_elements"] + s["hbm_write_elements"],
+                 _mb(s["hbm_bytes"]), s["sectors"]])
+    if others:
+        rows.append(["total", "all", s["all_classes_elements"], _mb(s["all_classes_bytes"]),
+                     s["all_classes_sectors"]])
     lines.append(format_table(["tensor", "dir", "elements", "MB", "sectors"], rows,
                               right=[False, False, True, True, True]))
     told = [t for t in s["breakdown"] if t in TENSORS]
     if told:
         lines.append(textwrap.fill("tensors: " + "; ".join(f"{t} = {TENSORS[t]}" for t in told), width=100,
                                    subsequent_indent="  "))
+    if others:
+        lines.append(textwrap.fill(
+            "read, write: loads and stores through the LSU (--json's hbm_* keys); "
+            + "; ".join(CLASS_TEXT[c] for c in others)
+            + "; all: every class (the bytes the roofline counts)", width=100, subsequent_indent="  "))
     if len(s["per_launch"]) > 1:
         lines.append("")
-        red = any(c.get("reduction_bytes") for c in s["per_launch"].values())  # atomics: a column of their own
-        lines.append(format_table(["launch", "read MB", "write MB", "total MB"] + (["reduction MB"] if red else []),
-                                  [[n, f"{c['hbm_read_bytes'] / 1e6:,.3f}", f"{c['hbm_write_bytes'] / 1e6:,.3f}",
-                                    f"{c['hbm_bytes'] / 1e6:,.3f}"]
-                                   + ([f"{c['reduction_bytes'] / 1e6:,.3f}"] if red else [])
+        cols = [c for c in _OTHER_CLASSES if any(x.get(f"{c}_bytes") for x in s["per_launch"].values())]
+        head = ["launch", "read MB", "write MB", "read+write MB" if cols else "total MB"]
+        head += [f"{c.replace('_', ' ')} MB" for c in cols] + (["all MB"] if cols else [])
+        lines.append(format_table(head,
+                                  [[n, _mb(c["hbm_read_bytes"]), _mb(c["hbm_write_bytes"]), _mb(c["hbm_bytes"])]
+                                   + [_mb(c[f"{x}_bytes"]) for x in cols]
+                                   + ([_mb(c["all_classes_bytes"])] if cols else [])
                                    for n, c in s["per_launch"].items()],
-                                  right=[False, True, True, True] + ([True] if red else [])))
-        if red:
-            lines.append("(reductions: atomics / red into a tensor, counted apart from the loads and stores of the "
-                         "totals)")
+                                  right=[False] + [True] * (len(head) - 1)))
     lines.append("")
     lines.append(f"closed form agrees with the walker: {fmt_num(s['closed_form_agrees'])}")
     if s["flops"] is not None:
@@ -337,6 +505,14 @@ TENSORS = {
 }
 
 
+#: What each traffic class beside loads and stores is (``simulate`` prints those its run has).
+CLASS_TEXT = {
+    "bulk_read": "bulk_read: TMA (bulk) loads, which reach L2 without the LSU",
+    "bulk_write": "bulk_write: TMA (bulk) stores and bulk reductions",
+    "reduction": "reduction: atomics / red into a tensor, read-modify-writes made in L2",
+}
+
+
 def _bounds_line(b: dict) -> str:
     return ", ".join(f"{k} {fmt_num(v)}" for k, v in b.items())
 
@@ -365,7 +541,7 @@ def _sweep_values(param: str, raw: list[str]) -> list:
     if param == "gpu":
         for v in vals:
             try:
-                get_gpu(v)
+                _get_gpu(v)
             except ValueError as e:
                 raise ValueError(f"values: {e}") from None
         return vals
@@ -381,13 +557,37 @@ def _sweep_values(param: str, raw: list[str]) -> list:
     return out
 
 
+#: --param -> the flags whose value the swept parameter replaces (refused beside it) and why.
+_SWEEP_SETS = {
+    "N": (("--seq-len", "seq_len"), ("--seq-len-k", "seq_len_k")),
+    "d": (("--head-dim", "head_dim"),),
+    "M": (("--sram-bytes", "sram_bytes"), ("--block-m", "block_m"), ("--block-n", "block_n")),
+    "block_m": (("--block-m", "block_m"),),
+    "block_n": (("--block-n", "block_n"),),
+    "gpu": (("--gpu", "gpu"), ("--sram-bytes", "sram_bytes"), ("--block-m", "block_m"), ("--block-n", "block_n")),
+}
+_SWEEP_WHY = {
+    "N": "a sweep over N sets Nq = Nk to each value",
+    "d": "a sweep over d sets the head dimension to each value",
+    "M": "a sweep over M sets M to each value and the block sizes by the paper's rule from it",
+    "block_m": "a sweep over block_m sets Br to each value",
+    "block_n": "a sweep over block_n sets Bc to each value",
+    "gpu": "a sweep over gpu takes M (hence the block sizes) and the roofline from each preset",
+}
+
+
 def _cmd_sweep(a: argparse.Namespace) -> int:
     values = _sweep_values(a.param, a.values)
+    for flag, dest in _SWEEP_SETS[a.param]:  # a flag the swept parameter would replace: refused, not dropped
+        if getattr(a, dest) is not None:
+            raise ValueError(f"{flag}: {_SWEEP_WHY[a.param]}; leave {flag} out")
+    # the defaults of the flags sweep tells from their default (add_sweep sets them None)
+    a.seq_len = DEFAULT_SEQ_LEN if a.seq_len is None else a.seq_len
+    a.head_dim = DEFAULT_HEAD_DIM if a.head_dim is None else a.head_dim
+    a.gpu = DEFAULT_GPU if a.gpu is None else a.gpu
     w = _workload(a)  # checks the base workload before any run
-    gpu = get_gpu(a.gpu)
+    gpu = _get_gpu(a.gpu)
     base = workload_record(w)
-    if a.param == "N" and a.seq_len_k is not None:
-        raise ValueError("--seq-len-k: a sweep over N sets Nq = Nk; leave --seq-len-k out")
     blocks = a.block_m is not None or a.block_n is not None
     if blocks and a.sram_bytes is not None:
         raise ValueError("--block-m/--block-n and --sram-bytes: give the block sizes or M, not both")
@@ -456,7 +656,7 @@ def _cmd_sweep(a: argparse.Namespace) -> int:
 
 def _cmd_bounds(a: argparse.Namespace) -> int:
     w = _workload(a)
-    gpu = get_gpu(a.gpu)
+    gpu = _get_gpu(a.gpu)
     m = _sram_elems(a, w, gpu)
     algos = a.algos or list(ALGORITHMS)
     rows = bounds_table(w, m, algos, "fwd", walk=a.walk)
@@ -531,9 +731,9 @@ def add_simulate(sub) -> None:
                     help="with --level dram: start every launch from an empty L2 and leave its dirty lines "
                          "out of its writes, as Nsight Compute measures (default: the L2 carried from launch "
                          "to launch, the dirty lines left at the end written back and counted)")
-    lv.add_argument("--sample", type=int, default=1, metavar="S",
+    lv.add_argument("--sample", type=int, default=None, metavar="S",
                     help="with --level dram: simulate about one L2 set in S and scale the counts (faster; "
-                         "default 1, exact)")
+                         "default 1, exact); S at most min(L2 lines the tensors span / 256, L2 sets / 16)")
     _add_algorithm_options(s)
     cp = s.add_argument_group("context parallelism (flashsim.parallel): the workload split over P devices")
     cp.add_argument("--devices", type=int, default=None, metavar="P", help="devices P (each runs flash2 steps)")
@@ -558,6 +758,7 @@ def add_sweep(sub) -> None:
                    metavar="PASS", help="passes: fwd, bwd, fwd+bwd (default fwd)")
     _add_workload(w)
     _add_gpu(w)
+    w.set_defaults(seq_len=None, head_dim=None, gpu=None)  # told from given: _cmd_sweep refuses what --param sets
     t = w.add_argument_group("on-chip memory of the runs (default: the GPU's shared memory per thread block)")
     t.add_argument("--sram-bytes", "-M", type=int, default=None, metavar="BYTES", help="M in bytes")
     t.add_argument("--block-m", type=int, default=None, metavar="Br", help="query rows per tile")
@@ -610,6 +811,7 @@ def build_parser(commands: Sequence[Callable] = COMMANDS) -> argparse.ArgumentPa
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for add in commands:
         add(sub)
+    p.command_names = tuple(sub.choices)  # what `flashsim` without a command lists
     return p
 
 
@@ -630,8 +832,8 @@ def main(argv: Sequence[str] | None = None, commands: Sequence[Callable] = COMMA
         parser = build_parser(commands)
         args = parser.parse_args(argv)
         if args.command is None:
-            parser.print_help()
-            return 2
+            names = ", ".join(parser.command_names)
+            raise UsageError(f"give a command: {names} (see '{PROG} --help')")
         return args.func(args)
     except SystemExit as e:  # --help
         return e.code if isinstance(e.code, int) else 0

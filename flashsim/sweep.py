@@ -34,10 +34,11 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from .algorithms import get_algorithm
-from .api import build_schedule, closed_form_elements, simulate
+from .algorithms import ALL_ALGORITHMS, get_algorithm
+from .api import PASSES, build_schedule, closed_form_elements, simulate
 from .bounds import bounds as compute_bounds
-from .config import Tiling, Workload, as_size, get_gpu
+from .bounds import check_sram
+from .config import Hardware, Tiling, Workload, as_size, get_gpu
 from .flops import flops as count_flops
 from .output import atomic_write
 from .roofline import roofline_from_counts
@@ -50,6 +51,8 @@ WORKLOAD_FIELDS = ("batch", "heads", "seq_len_q", "head_dim", "seq_len_k", "kv_h
 #: a filter it is ``seq_len_q``.
 ALIASES = {"M": "sram_elems", "N": "seq_len_q", "Br": "block_m", "Bc": "block_n", "d": "head_dim", "B": "batch",
            "H": "heads", "Nq": "seq_len_q", "Nk": "seq_len_k"}
+#: The fields a configuration (a sweep's base, run_one's cfg) may hold, aliases resolved.
+CONFIG_FIELDS = (*WORKLOAD_FIELDS, "sram_elems", "block_m", "block_n", "gpu")
 BOUND_KEYS = {"standard": "bound_standard", "flash": "bound_flash", "lower_bound": "bound_lower",
               "saha_ye": "bound_saha_ye"}
 
@@ -89,15 +92,32 @@ def _apply(cfg: dict, param: str, value) -> dict:
     return cfg
 
 
-def normalise_base(base: dict) -> dict:
-    """``base`` with aliases resolved (``N`` sets both sequence lengths)."""
+def normalise_base(base: dict, name: str = "base") -> dict:
+    """``base`` with aliases resolved (``N`` sets both sequence lengths); ValueError naming
+    ``name`` when it is not a dict, naming the key for a key that is no configuration field
+    (:data:`CONFIG_FIELDS` or an alias of :data:`ALIASES`)."""
+    if not isinstance(base, dict):
+        raise ValueError(f"{name}={type(base).__name__}: must be a dict of configuration fields "
+                         f"({', '.join(CONFIG_FIELDS)}, or an alias: {', '.join(ALIASES)})")
     out: dict = {}
     for k, v in base.items():
         if k == "N":
             out["seq_len_q"] = out["seq_len_k"] = v
-        else:
+        elif isinstance(k, str) and field_of(k) in CONFIG_FIELDS:
             out[field_of(k)] = v
+        else:
+            raise ValueError(f"{name}[{k!r}]: unknown configuration field; the fields are "
+                             f"{', '.join(CONFIG_FIELDS)} (aliases: {', '.join(ALIASES)})")
     return out
+
+
+def _hardware(gpu, name: str = "gpu") -> Hardware | None:
+    """A GPU preset (or its name), or None; ValueError naming ``name`` for anything else."""
+    if gpu is None or isinstance(gpu, Hardware):
+        return gpu
+    if isinstance(gpu, str):
+        return get_gpu(gpu)
+    raise ValueError(f"{name}={gpu!r}: must be a GPU preset name (e.g. 'h100'), a flashsim Hardware or None")
 
 
 def _progress_bar(total: int, enabled: bool):
@@ -120,18 +140,20 @@ def _given_tiling(cfg: dict) -> Tiling | None:
 
 
 def run_one(cfg: dict, algo: str, pass_: str, gpu=None, walk: bool = True) -> dict:
-    """One flat record for configuration ``cfg`` (see the module docstring)."""
-    cfg = normalise_base(cfg)
+    """One flat record for configuration ``cfg`` (see the module docstring; a key that is no
+    configuration field is a ValueError naming it)."""
+    cfg = normalise_base(cfg, "cfg")
     wfields = {k: cfg[k] for k in WORKLOAD_FIELDS if k in cfg}
     w = Workload(**wfields)
-    g = cfg.get("gpu", gpu)
-    g = get_gpu(g) if isinstance(g, str) else g
+    g = _hardware(cfg["gpu"], "cfg['gpu']") if "gpu" in cfg else _hardware(gpu)
     m = cfg.get("sram_elems")
     if m is None and g is not None:
         m = g.sram_elems(w.elem_bytes)
     mod = get_algorithm(algo)
     # the algorithm's own M rule decides what M and the given block sizes mean for it
     m = None if m is None else as_size("sram_elems", m)
+    if m is not None:
+        check_sram(w, algo, m)  # an algorithm with no M rule of its own (standard) at an M it cannot run at
     tiling, opts = mod.plan(w, m, _given_tiling(cfg) if mod.NEEDS_TILING else None)
     if walk:
         res = simulate(w, algo, pass_, tiling=tiling, **opts)
@@ -168,6 +190,17 @@ def run_one(cfg: dict, algo: str, pass_: str, gpu=None, walk: bool = True) -> di
     return rec
 
 
+def _names(name: str, given, known) -> list[str]:
+    """``given`` as a list of names out of ``known``; ValueError naming ``name`` otherwise."""
+    if isinstance(given, (str, bytes)) or not isinstance(given, Iterable):
+        raise ValueError(f"{name}={given!r}: must be a list, e.g. {list(known[:1])}")
+    given = list(given)
+    bad = [x for x in given if not isinstance(x, str) or x not in known]
+    if bad:
+        raise ValueError(f"{name}={given!r}: {bad[0]!r} is not one of {list(known)}")
+    return given
+
+
 def sweep(base: dict, param: str, values: Iterable, algos=("standard", "flash1", "flash2"), passes=("fwd",),
           gpu=None, progress: bool = False, walk: bool = True, on_error: str = "skip") -> list[dict]:
     """Simulate every (value, algo, pass) and return one record each.
@@ -176,11 +209,25 @@ def sweep(base: dict, param: str, values: Iterable, algos=("standard", "flash1",
     record's ``agrees``); ``walk=False`` uses only the closed forms (much faster for big sweeps).
     A run the algorithm cannot do (a pass it does not model, a mask it refuses, M < 4d, a module
     not written yet) is skipped with a warning when ``on_error="skip"``, raised with "raise".
+    What no run could do is a ValueError naming the field whatever ``on_error`` says: a ``base``
+    that is not a dict or holds a key that is no configuration field, an unknown algorithm or
+    pass, a ``gpu`` (or, swept, a ``gpu`` value) that is not a preset.
     """
     if on_error not in ("skip", "raise"):
         raise ValueError(f"on_error={on_error!r}: must be 'skip' or 'raise'")
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise ValueError(f"values={values!r}: must be a list of values")
     values = list(values)
     base = normalise_base(base)
+    algos = _names("algos", algos, ALL_ALGORITHMS)
+    passes = _names("passes", passes, PASSES)
+    _hardware(gpu)
+    if field_of(param) == "gpu":
+        for i, v in enumerate(values):
+            if not isinstance(v, (str, Hardware)):
+                raise ValueError(f"values[{i}]={v!r}: a sweep over gpu takes GPU preset names (e.g. 'h100') "
+                                 "or flashsim Hardware")
+            _hardware(v)
     jobs = [(v, a, p) for v in values for a in algos for p in passes]
     out = []
     bar = _progress_bar(len(jobs), progress)

@@ -142,9 +142,12 @@ def test_help(argv, capsys):
             assert flag in out, flag
 
 
-def test_no_command_prints_help(capsys):
-    rc, out, _ = run([], capsys)
-    assert rc == 2 and "usage: flashsim" in out
+def test_no_command_is_one_error_line(capsys):
+    rc, out, err = run([], capsys)
+    assert rc == 2 and out == ""
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("flashsim: error: give a command: simulate, sweep, bounds"), err
+    assert "--help" in lines[0]
 
 
 def _console_script():
