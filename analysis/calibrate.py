@@ -956,8 +956,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         return run_basic()
-    ap = argparse.ArgumentParser(prog="python -m analysis.calibrate", description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    class OneLine(argparse.ArgumentParser):  # argparse's complaints as the one error line, exit 2
+        def error(self, message):
+            self.exit(2, f"flashsim: error: {message} (see '{self.prog} --help')\n")
+
+    ap = OneLine(prog="python -m analysis.calibrate", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=OneLine)
     p = sub.add_parser("l2", help="run the L2 microbenchmarks under ncu and write the records")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--name", default="l2calib", help="file name stem (default l2calib)")

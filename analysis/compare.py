@@ -44,7 +44,7 @@ from flashsim.traffic import SECTOR_BYTES, walk
 from .configs import FAST_FIELDS, KERNELS, sim_options, tiling_of, workload_of
 from .fast_set import FAST_KERNELS, predict_lsu_loads
 from .measure import CONFIG_FIELDS, METRIC_FIELDS
-from .ncu import EXTRA_METRICS, METRICS
+from .ncu import EXTRA_METRICS, METRICS, OPTIONAL_METRICS
 from .torch_set import TORCH_KERNELS
 from .torch_set import records as torch_records
 from .torch_set import summary as torch_summary
@@ -66,26 +66,48 @@ _INT = ("batch", "heads", "kv_heads", "seq_len_q", "seq_len_k", "head_dim", "blo
 #: grid and block, which nothing here reads.
 REQUIRED_COLUMNS = ("config_id", "launch_index", *CONFIG_FIELDS, *METRIC_FIELDS)
 
+#: The spellings a boolean cell may have (surrounding blanks stripped); anything else is refused.
+BOOLEANS = {"True": True, "true": True, "1": True, "False": False, "false": False, "0": False}
+
+
+#: The measured counts of bytes and sectors (never negative): the metrics every record has and the
+#: optional ones (:data:`analysis.ncu.OPTIONAL_METRICS`), by their short names.
+COUNT_COLUMNS = frozenset((*(f for f in METRIC_FIELDS if f != "time_ns"), *OPTIONAL_METRICS.values()))
+
 
 def _bad(path: Path, what: str) -> ValueError:
     return ValueError(f"data={str(path)!r}: {what}")
+
+
+def _bool(path: Path, line: int, k: str, value: str) -> bool:
+    v = value.strip()
+    if v not in BOOLEANS:
+        raise _bad(path, f"line {line}: {k}={value!r} is not a boolean (one of {', '.join(BOOLEANS)})")
+    return BOOLEANS[v]
 
 
 def read_measured(path: str | Path) -> tuple[list[dict], dict]:
     """Rows of a measured CSV (typed) and its provenance (the ``.meta.json`` beside it).
 
     Anything that is not a measured CSV is refused with a ``ValueError`` that names the file, and
-    the row and column where it goes wrong: a missing file, a name not ending in ``.csv``, a
-    missing column, an empty or header-only file, a row of the wrong length, a number that does
-    not parse, an unknown kernel, pass or dtype, a launch without the tiling its kernel needs, a
-    provenance that is not JSON.
+    the line and column (``column=value``) where it goes wrong: a missing file or a folder, a name
+    not ending in ``.csv``, a missing column, an empty or header-only file, a row of the wrong
+    length, a number that does not parse, a negative number (the measured byte and sector counts,
+    :data:`COUNT_COLUMNS`, every integer column, ``time_ns``), a boolean not spelled as in :data:`BOOLEANS`, an
+    unknown kernel, pass or dtype, a workload or tiling the simulator refuses, a launch without
+    the tiling its kernel needs, launches of one configuration (``config_id``) that repeat a
+    ``launch_index`` or whose configuration columns differ, a provenance that is not JSON.
+    :func:`compare` then holds each configuration's ``launch_index`` within its launches in the
+    simulator (0 to n - 1), naming the line (the rows are a :class:`MeasuredRows`).
     """
     path = Path(path)
     if path.suffix != ".csv":
         raise _bad(path, "not a .csv file (a measured CSV, e.g. analysis/data/h200/h200.csv)")
+    if path.is_dir():
+        raise _bad(path, "is a folder, not a file (a measured CSV, e.g. analysis/data/h200/h200.csv)")
     if not path.is_file():
         raise _bad(path, "no such file (a measured CSV, e.g. analysis/data/h200/h200.csv)")
-    rows = []
+    rows, lines = [], []
     try:
         with open(path, newline="") as f:
             reader = csv.reader(f)
@@ -102,12 +124,17 @@ def read_measured(path: str | Path) -> tuple[list[dict], dict]:
                 if len(fields) != len(header):
                     raise _bad(path, f"line {reader.line_num} has {len(fields)} fields, the header {len(header)}")
                 rows.append(_typed(path, reader.line_num, dict(zip(header, fields))))
+                lines.append(reader.line_num)
     except UnicodeDecodeError as e:
         raise _bad(path, f"not a text file ({e.reason})") from None
     except csv.Error as e:
         raise _bad(path, f"not a readable CSV ({e})") from None
+    except OSError as e:
+        raise _bad(path, e.strerror or str(e)) from None
     if not rows:
         raise _bad(path, "the header only: no measured launch")
+    _check_launches(path, rows, lines)
+    rows = MeasuredRows(rows, lines)
     meta_path = path.with_name(path.name[:-len(".csv")] + ".meta.json")
     meta = {}
     if meta_path.exists():
@@ -120,8 +147,41 @@ def read_measured(path: str | Path) -> tuple[list[dict], dict]:
     return rows, meta
 
 
+class MeasuredRows(list):
+    """:func:`read_measured`'s rows: a list of them that also knows the file line of each, so that
+    :func:`compare` can name the line of a launch it refuses."""
+
+    def __init__(self, rows: list[dict], lines: list[int]):
+        super().__init__(rows)
+        self._lines = {id(r): line for r, line in zip(rows, lines)}
+
+    def line_of(self, row: dict) -> int | None:
+        return self._lines.get(id(row))
+
+
+def _check_launches(path: Path, rows: list[dict], lines: list[int]) -> None:
+    """Each configuration's launches: every ``launch_index`` once (:func:`compare` then holds them
+    within the simulator's launches of the configuration: 0 to n - 1 for its n launches), and the
+    same configuration columns on every row (the first row is the one simulated)."""
+    by_cfg: dict[str, list[tuple[int, dict]]] = defaultdict(list)
+    for line, r in zip(lines, rows):
+        by_cfg[r["config_id"]].append((line, r))
+    for cid, launches in by_cfg.items():
+        first_line, first = launches[0]
+        seen: dict[int, int] = {}
+        for line, r in launches:
+            i = r["launch_index"]
+            if i in seen:
+                raise _bad(path, f"line {line}: launch_index={i} repeats line {seen[i]}'s in configuration {cid!r}")
+            seen[i] = line
+            for k in CONFIG_FIELDS:
+                if r[k] != first[k]:
+                    raise _bad(path, f"line {line}: {k}={r[k]!r} differs from line {first_line}'s {first[k]!r} "
+                                     f"in configuration {cid!r}")
+
+
 def _typed(path: Path, line: int, r: dict) -> dict:
-    """One row with its numbers parsed and its kernel, pass, dtype and tiling checked."""
+    """One row with its numbers parsed and its kernel, pass, dtype, workload and tiling checked."""
     for k in _INT:
         if k in r:
             v = r[k].strip()
@@ -129,14 +189,22 @@ def _typed(path: Path, line: int, r: dict) -> dict:
                 r[k] = int(v) if v not in ("", "None") else None
             except ValueError:
                 raise _bad(path, f"line {line}: {k}={r[k]!r} is not an integer") from None
-    r["causal"] = r.get("causal") in ("True", "true", "1")
+            if r[k] is not None and r[k] < 0:
+                raise _bad(path, f"line {line}: {k}={v} is negative")
+    for k, v in r.items():  # the counts not typed here (kept as text; read where they are used)
+        if k in COUNT_COLUMNS and k not in _INT and v.strip() not in ("", "None"):
+            if not v.strip().isdigit():
+                raise _bad(path, f"line {line}: {k}={v!r} is not a count (a non-negative integer)")
+    r["causal"] = _bool(path, line, "causal", r["causal"])
     for k in FAST_FIELDS:  # the fast set's knobs (empty: not recorded)
         if k in r:
-            r[k] = r[k] in ("True", "true", "1") if r[k].strip() else None
+            r[k] = _bool(path, line, k, r[k]) if r[k].strip() else None
     try:
         r["time_ns"] = float(r["time_ns"])
     except ValueError:
         raise _bad(path, f"line {line}: time_ns={r['time_ns']!r} is not a number") from None
+    if not math.isfinite(r["time_ns"]) or r["time_ns"] < 0:
+        raise _bad(path, f"line {line}: time_ns={r['time_ns']!r} is not a finite non-negative number")
     for k in ("batch", "heads", "seq_len_q", "head_dim", "launch_index", *(f for f in METRIC_FIELDS if f != "time_ns")):
         if r[k] is None:
             raise _bad(path, f"line {line}: {k} is empty")
@@ -159,6 +227,18 @@ def _typed(path: Path, line: int, r: dict) -> dict:
         pass
     elif not r["sram_bytes"] and (r["block_m"] is None or r["block_n"] is None):
         raise _bad(path, f"line {line}: kernel {r['kernel']!r} needs sram_bytes or block_m and block_n")
+    try:  # the workload and tiling the simulator will be given (its own checks, named by column here)
+        workload_of(r)
+        if r["kernel"] not in TORCH_KERNELS:
+            tiling_of(r)
+    except ValueError as e:
+        msg = " ".join(str(e).split())
+        head = msg.split("=", 1)[0].split(":", 1)[0].strip()
+        if head == "sram_elems":  # Tiling.from_sram's field: the record's column is sram_bytes
+            msg = f"sram_bytes={r['sram_bytes']}: {msg}"
+        elif head not in r:
+            msg = f"{msg} (columns {', '.join(f'{k}={r[k]}' for k in CONFIG_FIELDS if r.get(k) is not None)})"
+        raise _bad(path, f"line {line}: {msg}") from None
     return r
 
 
@@ -319,20 +399,41 @@ def replay_dirty(meta: dict) -> int:
 
 def compare(rows: list[dict], gpu: str = "h100", start_dirty: int = 0) -> list[dict]:
     """One record per measured launch with the prediction and relative errors; ``start_dirty``:
-    as :func:`predict` takes it (:func:`replay_dirty` of the record's provenance)."""
+    as :func:`predict` takes it (:func:`replay_dirty` of the record's provenance).  A configuration
+    whose measured launches are not as many as the simulator's, or whose ``launch_index`` falls
+    outside them (0 to n - 1 for its n launches), is refused (``ValueError``; naming the file's line
+    where ``rows`` are :func:`read_measured`'s)."""
     by_cfg: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
         by_cfg[r["config_id"]].append(r)
+    line_of = getattr(rows, "line_of", lambda r: None)
+
+    def check_indices(cid: str, launches: list[dict]) -> None:  # their count is the simulator's here
+        n = len(launches)
+        for r in launches:
+            if r["launch_index"] >= n:
+                line = line_of(r)
+                raise ValueError(f"{f'line {line}: ' if line else ''}launch_index={r['launch_index']} is out of "
+                                 f"range: configuration {cid!r} has {n} launch{'es' if n > 1 else ''} in the "
+                                 f"simulator, numbered 0 to {n - 1}")
+
     out = []
     rate = _timed_rate()
     for cid, launches in by_cfg.items():
         launches.sort(key=lambda r: r["launch_index"])
         if launches[0]["kernel"] in TORCH_KERNELS:  # PyTorch's launches, matched by kernel name
-            out += torch_records(cid, launches, gpu, start_dirty)
+            recs = torch_records(cid, launches, gpu, start_dirty)  # refuses a count other than the schedule's
+            check_indices(cid, launches)
+            out += recs
             continue
-        preds = predict(launches[0], gpu, start_dirty)
+        try:
+            preds = predict(launches[0], gpu, start_dirty)
+        except ValueError as e:  # a configuration the simulator refuses: named, not a bare field's message
+            raise ValueError(f"configuration {cid!r}: the simulator refuses it ({' '.join(str(e).split())})") from None
         if len(preds) != len(launches):
-            raise ValueError(f"{cid}: {len(launches)} measured launches but the simulator models {len(preds)}")
+            raise ValueError(f"configuration {cid!r}: {len(launches)} measured launches but the simulator models "
+                             f"{len(preds)}")
+        check_indices(cid, launches)
         for r, p in zip(launches, preds):
             rec = dict(r)
             rec.update(p)
@@ -543,23 +644,37 @@ def run(data: str | Path, out_dir: str | Path | None = None, gpu: str | None = N
     anything is written."""
     if gpu is not None:
         get_gpu(gpu)  # an unknown preset is refused first
+    if force and out_dir is None:
+        raise ValueError("force=True (--force) needs out_dir (--out): without it nothing is written")
     names = COMPARE_FILES + (COMPARE_PLOTS if plots else ())
     if out_dir is not None:
         check_overwrite(out_dir, names, force, "an earlier comparison")
     rows, meta = read_measured(data)
+    gpu_from_meta = gpu is None
     if gpu is None:
         gpu = preset_of(meta)
+        if gpu is None and not meta:
+            raise ValueError(f"gpu=None: the data has no provenance ({Path(data).stem}.meta.json) to name its GPU; "
+                             "pass gpu= (--gpu) explicitly")
         if gpu is None:
             raise ValueError(f"gpu=None: the data's provenance names GPU {meta.get('gpu')!r}, which matches no "
                              "preset; pass gpu= (--gpu) explicitly")
-        print(f"GPU preset {gpu} (from the data's provenance)")
     start_dirty, probe = replay_dirty_source(meta)
+    try:
+        records = compare(rows, gpu, start_dirty)
+    except ValueError as e:  # nothing printed yet: an error is the one line
+        raise _bad(Path(data), " ".join(str(e).split())) from None
+    if gpu_from_meta:
+        print(f"GPU preset {gpu} (from the data's provenance)")
     if start_dirty:
         print(f"each launch starts with {start_dirty / 2**20:.2f} MiB of other data dirty in the L2 (what ncu's "
               f"replay leaves with this record's {len(meta['metrics'])} metrics: {probe})")
-    records = compare(rows, gpu, start_dirty)
-    print(f"measured on {meta.get('gpu')} (driver {meta.get('driver')}, {meta.get('ncu')}), "
-          f"{meta.get('date')}, commit {str(meta.get('git_commit'))[:10]}, cache control {meta.get('cache_control')}")
+    if meta:
+        print(f"measured on {meta.get('gpu')} (driver {meta.get('driver')}, {meta.get('ncu')}), "
+              f"{meta.get('date')}, commit {str(meta.get('git_commit'))[:10]}, "
+              f"cache control {meta.get('cache_control')}")
+    else:
+        print(f"provenance: none ({Path(data).stem}.meta.json is not beside the data)")
     print_table(records)
     s = summarize(records)
     print(f"\nLSU level: {s['lsu_within_tolerance']}/{s['launches']} launches within "

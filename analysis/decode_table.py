@@ -11,7 +11,10 @@ fastest SDPA backend) and one line each for the split sweep (the timed best, the
 launcher's default, the simulator's proposal, flash-attention's heuristic) and the page sizes.
 Every number is the CSV's (medians of its trials) or, for flash-attention's heuristic,
 ``flashsim.decode_splits.propose``'s; :mod:`analysis.nb_claims` reads the CSV for notebook 08
-the same way.  Variants are read by name, so a re-run with other variants renders too.
+the same way.  Variants are read by name, so a re-run with other variants renders too.  A file
+that is missing, empty or not such a record, and a ``--readme`` without the markers, end in one
+``flashsim: error:`` line (exit status 2); ``--readme`` writes the file to a temporary name
+beside it and renames it over the old one.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from pathlib import Path
 from kernels import bench_table
 from kernels.bench_table import meta_of
 
-from .nb_claims import DECODE_OURS, decode_bench, decode_main_claims, decode_pages, decode_split_sweeps
+from .nb_claims import DECODE_KEYS, DECODE_OURS, decode_bench, decode_main_claims, decode_pages, decode_split_sweeps
 from .notebook_data import _typed
 
 START, END = "<!-- decode-table:start -->", "<!-- decode-table:end -->"
@@ -31,11 +34,37 @@ SDPA = (("sdpa_flash", "SDPA flash"), ("sdpa_cudnn", "SDPA cuDNN"), ("sdpa_mem_e
         ("sdpa_math", "SDPA math"))
 
 
+#: The columns the table reads (a kernels.bench_decode CSV has them all).
+COLUMNS = (*DECODE_KEYS, "variant", "ms", "ms_min", "ms_max", "gbps", "error")
+
+
+def _bad(path: str | Path, what: str) -> ValueError:
+    return ValueError(f"csv={str(path)!r}: {what}")
+
+
 def load(path: str | Path) -> list[dict]:
+    """The rows of a kernels.bench_decode CSV, typed; ValueError naming the file where it is
+    missing, empty, lacks a column the table reads, or has no rows."""
     import csv
 
-    with open(path, newline="") as f:
-        return [{k: _typed(v) for k, v in row.items()} for row in csv.DictReader(f)]
+    try:
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            rows = [{k: _typed(v) for k, v in row.items()} for row in reader]
+            fields = reader.fieldnames
+    except OSError as e:
+        raise _bad(path, e.strerror or str(e)) from None
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise _bad(path, f"not a readable CSV ({e})") from None
+    if not fields:
+        raise _bad(path, "the file is empty: not a kernels.bench_decode record")
+    missing = [c for c in COLUMNS if c not in fields]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise _bad(path, f"column {missing[0]!r} missing{more}: not a kernels.bench_decode record")
+    if not rows:
+        raise _bad(path, "the header only: no rows")
+    return rows
 
 
 def _gb(v: dict | None) -> str:
@@ -121,7 +150,26 @@ def render(rows: list[dict], meta: dict | None = None) -> str:
 
 
 def render_file(path: str | Path) -> str:
-    return render(load(path), meta_of(path))
+    """The table of one record; ValueError naming the file for anything it cannot render (no
+    timed configuration of ours in the main group, no contiguous row in the pages group, a
+    number that does not parse, a provenance that is not JSON)."""
+    rows = load(path)
+    try:
+        meta = meta_of(path)
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise _bad(path, f"its provenance is not readable JSON ({e})") from None
+    try:
+        main = decode_bench(rows, "main")
+    except (ValueError, KeyError, TypeError) as e:
+        raise _bad(path, f"group 'main' cannot be read ({type(e).__name__}: {e})") from None
+    if not any(c["variants"].get(DECODE_OURS, {}).get("error", "") is None for c in main):
+        raise _bad(path, f"no configuration of group 'main' where {DECODE_OURS} was timed: no table to render")
+    if not any(r["group"] == "pages" and r["page_size"] == 0 for r in rows):
+        raise _bad(path, "group 'pages' has no contiguous row (page_size 0): no page line to render")
+    try:
+        return render(rows, meta if isinstance(meta, dict) else None)
+    except (ValueError, KeyError, IndexError, TypeError, ZeroDivisionError) as e:
+        raise _bad(path, f"not a kernels.bench_decode record the table can render ({type(e).__name__}: {e})") from None
 
 
 def replace_block(text: str, table: str) -> str:
@@ -134,11 +182,15 @@ def main(argv=None) -> int:
     ap.add_argument("csv", help="a kernels.bench_decode CSV")
     ap.add_argument("--readme", default=None, help="rewrite the table block of this file")
     a = ap.parse_args(argv)
-    table = render_file(a.csv)
+    try:
+        table = render_file(a.csv)
+        if a.readme:
+            bench_table.rewrite_block(a.readme, table, START, END)
+    except ValueError as e:
+        print(f"flashsim: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
     if a.readme:
-        p = Path(a.readme)
-        p.write_text(replace_block(p.read_text(), table))
-        print(f"rewrote the decode table in {p}")
+        print(f"rewrote the decode table in {a.readme}")
     else:
         sys.stdout.write(table)
     return 0

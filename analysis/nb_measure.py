@@ -31,7 +31,11 @@ short name (``h100``, ``h200``), so that ``cp -r ROOT/. .`` puts it where the no
   ``kernels/data/gpt2_medium_attention_<gpu>.csv`` (one row per timed call) and ``.meta.json``.
 
 Provenance (GPU, driver, versions, date, ``FLASHSIM_GIT_COMMIT`` and ``FLASHSIM_GIT_DIRTY``) is
-in each ``.meta.json``.  Run on the GPU machine by ``scripts/device/nb_measure.sh``.
+in each ``.meta.json``.  Run on the GPU machine by ``scripts/device/nb_measure.sh``.  Before a step
+runs it checks what it needs (a CUDA GPU; torch with CUDA for ``exact``, ``long`` and ``gpt2``; ncu
+for ``fig2`` and ``dsweep``) and refuses a step whose files are already under ``ROOT`` unless
+``--force``: either ends in one ``flashsim: error:`` line, exit status 2, with nothing written.
+Every file is written to a temporary name and renamed.
 """
 
 from __future__ import annotations
@@ -151,7 +155,7 @@ def _event_times(configs: list[dict], repeats: int) -> list[dict]:
     return rows
 
 
-def run_fig2(root: Path, gpu: str) -> None:
+def run_fig2(root: Path, gpu: str, force: bool = False) -> None:
     from .measure import measure
 
     out = root / "analysis" / "data" / gpu / "fig2"
@@ -161,13 +165,13 @@ def run_fig2(root: Path, gpu: str) -> None:
     _write_meta(out / f"fig2_{gpu}.timing.meta.json",
                 provenance(method="CUDA events around the worker's call, after a 256 MiB write (L2 flushed), "
                                   f"{REPEATS} calls per configuration after one untimed call"))
-    measure(configs, out, f"fig2_{gpu}")
+    measure(configs, out, f"fig2_{gpu}", force=force)
 
 
-def run_dsweep(root: Path, gpu: str) -> None:
+def run_dsweep(root: Path, gpu: str, force: bool = False) -> None:
     from .measure import measure
 
-    measure(dsweep_configs(), root / "analysis" / "data" / gpu / "dsweep", f"dsweep_{gpu}")
+    measure(dsweep_configs(), root / "analysis" / "data" / gpu / "dsweep", f"dsweep_{gpu}", force=force)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -404,12 +408,65 @@ def run_gpt2(root: Path, gpu: str) -> None:
 STEPS = {"fig2": run_fig2, "dsweep": run_dsweep, "exact": run_exact, "gpt2": run_gpt2, "long": run_long}
 
 
+def outputs(step: str, root: Path, gpu: str) -> list[Path]:
+    """The files ``step`` writes under ``root`` on GPU ``gpu`` (``h100``, ...)."""
+    from .measure import record_files
+
+    data, kdata = root / "analysis" / "data" / gpu, root / "kernels" / "data"
+    if step == "fig2":
+        return [data / "fig2" / n for n in (f"fig2_{gpu}.timing.csv", f"fig2_{gpu}.timing.meta.json",
+                                            *record_files(f"fig2_{gpu}"))]
+    if step == "dsweep":
+        return [data / "dsweep" / n for n in record_files(f"dsweep_{gpu}")]
+    stem = {"exact": f"{gpu}_exactness_spread", "long": f"{gpu}_exactness_long",
+            "gpt2": f"gpt2_medium_attention_{gpu}"}[step]
+    return [kdata / f"{stem}.csv", kdata / f"{stem}.meta.json"]
+
+
+def check(step: str, root: Path, force: bool) -> str:
+    """The GPU's short name once ``step`` can run here: ValueError (one line) where a CUDA GPU, torch
+    with CUDA (``exact``, ``long``, ``gpt2``) or ncu (``fig2``, ``dsweep``) is missing, or where the
+    step's files are under ``root`` already and ``force`` is false."""
+    from kernels.gpucheck import require_gpu
+
+    from .measure import MissingTool, check_environment
+
+    if root.exists() and not root.is_dir():
+        raise ValueError(f"--out {str(root)!r}: is a file, not a folder")
+    require_gpu(f"analysis.nb_measure {step}")
+    if step in ("exact", "long", "gpt2"):
+        from kernels.bench import cuda_torch
+
+        cuda_torch(f"analysis.nb_measure {step} needs it")
+    else:
+        try:
+            check_environment()
+        except MissingTool as e:
+            raise ValueError(str(e)) from None
+    gpu = gpu_short()
+    there = [str(p) for p in outputs(step, root, gpu) if p.exists()]
+    if there and not force:
+        raise ValueError(f"--out {str(root)!r}: step {step} would overwrite {', '.join(there)}; "
+                         "give --force to overwrite them")
+    return gpu
+
+
 def main(argv: list[str] | None = None) -> int:
+    from .measure import MeasureError
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("step", choices=list(STEPS))
     ap.add_argument("--out", required=True, help="the root under which files land at their repository paths")
+    ap.add_argument("--force", action="store_true", help="overwrite the step's files of an earlier run under --out")
     a = ap.parse_args(argv)
-    STEPS[a.step](Path(a.out), gpu_short())
+    root = Path(a.out)
+    try:
+        gpu = check(a.step, root, a.force)
+        kw = {"force": a.force} if a.step in ("fig2", "dsweep") else {}  # measure's own refusal, passed on
+        STEPS[a.step](root, gpu, **kw)
+    except (ValueError, MeasureError) as e:
+        print(f"flashsim: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -9,6 +9,13 @@ launches a marker kernel (profiled, so the launches can be split per configurati
 moves 4 bytes).  Kernels are compiled by a warm-up call at a tiny size first so JIT time never
 falls inside the profiled region.  The manifest records each configuration with its wall-clock
 time and the counter-free kernel call it made.
+
+An internal entry point: ``flashsim measure`` (:mod:`analysis.measure`) and
+``scripts/device/l2_policy.py`` run it under ncu with a configurations file they wrote and a
+manifest path of their own scratch folder (replaced if there, as a re-run of theirs needs; written
+to a temporary name and renamed).  ``--help`` says so; missing arguments, a configurations file
+that cannot be read, and a machine without a GPU end in one ``flashsim: error:`` line, exit
+status 2, with no manifest written.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 from numba import cuda
@@ -118,9 +126,41 @@ def _warm_up(cfg: dict, rng) -> None:
     cuda.synchronize()
 
 
+def _configs(path: str) -> list[dict]:
+    """The configurations file: a JSON list of objects (ValueError naming the file otherwise)."""
+    try:
+        with open(path) as f:
+            configs = json.load(f)
+    except OSError as e:
+        raise ValueError(f"configs={path!r}: {e.strerror or e}") from None
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"configs={path!r}: not JSON ({e})") from None
+    if not isinstance(configs, list) or not all(isinstance(c, dict) for c in configs):
+        raise ValueError(f"configs={path!r}: not a JSON list of configurations (objects)")
+    return configs
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    configs = json.load(open(argv[0]))
+    import argparse
+
+    from flashsim.output import atomic_write
+    from kernels.gpucheck import require_gpu
+
+    ap = argparse.ArgumentParser(
+        prog="python -m analysis.worker", description=__doc__.splitlines()[0],
+        epilog="An internal entry point: flashsim measure runs it under Nsight Compute (ncu); run that instead.")
+    ap.add_argument("configs", metavar="CONFIGS.json", help="a JSON list of configurations (analysis.configs)")
+    ap.add_argument("manifest", metavar="MANIFEST.json", help="where to write the manifest (replaced if there)")
+    ap.error = lambda message: ap.exit(2, f"flashsim: error: {message} (see 'python -m analysis.worker --help')\n")
+    a = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        if Path(a.manifest).is_dir():
+            raise ValueError(f"manifest={a.manifest!r}: is a folder, not a file name")
+        configs = _configs(a.configs)
+        require_gpu("analysis.worker (the program ncu profiles)")
+    except ValueError as e:
+        print(f"flashsim: error: {e}", file=sys.stderr)
+        return 2
     manifest = []
     rng = np.random.default_rng(0)
     mark = cuda.to_device(np.zeros(1, dtype=np.int32))
@@ -141,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         cuda.profile_stop()
         manifest.append({"index": i, "id": config_id(cfg), "config": cfg, "wall_s": wall})
         print(f"[{i + 1}/{len(configs)}] {config_id(cfg)} {wall * 1e3:.2f} ms", file=sys.stderr, flush=True)
-    json.dump(manifest, open(argv[1], "w"), indent=1)
+    atomic_write(a.manifest, lambda f: json.dump(manifest, f, indent=1))
     return 0
 
 

@@ -2,15 +2,18 @@
 
     python -m kernels.bench_ab RUNS           # RUNS: a folder of old_1.csv, new_1.csv, old_2.csv, ...
                                               # or one CSV of them packed (tree and run columns)
-    python -m kernels.bench_ab --pack FOLDER OUT.csv
+    python -m kernels.bench_ab --pack FOLDER OUT.csv [--force]
 
 Each ``<tree>_<run>.csv`` is one ``kernels.bench`` process of tree ``old`` or ``new``
 (``scripts/device/ab_bench.sh`` alternates them, old, new, old, new, ..., in one machine session,
 the same bench file in both trees).  ``--pack`` joins a folder's runs into one CSV (columns
 ``tree`` and ``run`` added) and their ``.meta.json`` into ``OUT.meta.json`` (a list), since a
-device call returns at most eight files.  The measure is each of our rows' same-run ratio to SDPA's
-flash backend (``x_sdpa_flash``; fp32, which that backend does not take: ``x_sdpa_mem_eff``),
-the median over its rounds, so that the machine's drift between processes cancels.
+device call returns at most eight files; a folder without runs is refused, and so is an existing
+``OUT`` (or ``OUT.meta.json``) without ``--force``.  Bad input (no runs, a file that is not a run or
+a packed CSV) ends in one ``flashsim: error:`` line, exit status 2.  The measure is each of our
+rows' same-run ratio to SDPA's flash backend (``x_sdpa_flash``; fp32, which that backend does not
+take: ``x_sdpa_mem_eff``), the median over its rounds, so that the machine's drift between
+processes cancels.
 
 Per row (configuration, variant) it prints each run's ratio, new/old of the two trees' medians
 over their runs, each tree's run-to-run spread ((max - min) / median of its runs' ratios), and a
@@ -54,17 +57,39 @@ def _run_files(folder: str | Path) -> list[tuple[str, int, Path]]:
     return sorted(found, key=lambda x: (x[1], x[0] != "old"))
 
 
-def _read(path: Path) -> list[dict]:
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+#: The columns every row of a run needs (and, in a packed CSV, ``tree`` and ``run`` too).
+COLUMNS = ("config", "variant")
+
+
+def _read(path: Path, columns: tuple[str, ...] = COLUMNS) -> list[dict]:
+    """A CSV's rows; ValueError naming the file when it cannot be read or has rows but lacks
+    ``columns`` (a run that timed nothing has neither rows nor header: no rows, not an error)."""
+    try:
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            rows = list(reader)
+            fields = reader.fieldnames or ()
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise ValueError(f"csv={str(path)!r}: {getattr(e, 'strerror', None) or e}") from None
+    missing = [c for c in columns if c not in fields]
+    if rows and missing:
+        raise ValueError(f"csv={str(path)!r}: not a kernels.bench run (no {', '.join(missing)} column)")
+    return rows
 
 
 def load_runs(path: str | Path) -> dict[str, list[dict]]:
     """tree -> its runs in order, each {(config, variant): row} of our variants' rows; from a folder
     of ``<tree>_<run>.csv`` or from one packed CSV (:func:`pack`)."""
     path = Path(path)
-    tagged = ([(r["tree"], int(r["run"]), r) for r in _read(path)] if path.is_file()
-              else [(t, i, r) for t, i, p in _run_files(path) for r in _read(p)])
+    if path.is_file():
+        tagged = []
+        for line, r in enumerate(_read(path, (*COLUMNS, "tree", "run")), 2):
+            try:
+                tagged.append((r["tree"], int(r["run"]), r))
+            except (TypeError, ValueError):
+                raise ValueError(f"csv={str(path)!r}: line {line}: run={r['run']!r} is not an integer") from None
+    else:
+        tagged = [(t, i, r) for t, i, p in _run_files(path) for r in _read(p)]
     runs: dict[str, dict[int, dict]] = {"old": {}, "new": {}}
     for tree, i, r in tagged:
         if tree in runs and r["variant"].startswith("ours_"):
@@ -72,15 +97,32 @@ def load_runs(path: str | Path) -> dict[str, list[dict]]:
     return {t: [rs[i] for i in sorted(rs)] for t, rs in runs.items()}
 
 
-def pack(folder: str | Path, out: str | Path) -> int:
+def pack(folder: str | Path, out: str | Path, force: bool = False) -> int:
     """One CSV of a folder's runs (``tree`` and ``run`` columns added) and ``OUT.meta.json``, the
-    list of their provenance; returns the number of runs packed.  Written to temporary names,
-    then renamed."""
+    list of their provenance; returns the number of runs packed.  ValueError, before anything is
+    written, for a folder without runs, a run that cannot be read, or an existing ``OUT`` or
+    ``OUT.meta.json`` unless ``force``.  Written to temporary names, then renamed."""
+    out = Path(out)
+    meta_out = out.with_name(out.stem + ".meta.json")
+    if out.is_dir():
+        raise ValueError(f"out={str(out)!r}: is a folder (give the packed CSV's file name)")
+    if not force and (out.exists() or meta_out.exists()):
+        there = out if out.exists() else meta_out
+        raise ValueError(f"out={str(there)!r} exists (give --force to overwrite it)")
+    if not Path(folder).is_dir():
+        raise ValueError(f"folder={str(folder)!r} is not a folder")
+    found = _run_files(folder)
+    if not found:
+        raise ValueError(f"folder={str(folder)!r}: no runs (old_<i>.csv, new_<i>.csv) to pack")
     rows, metas = [], []
-    for tree, i, p in _run_files(folder):
+    for tree, i, p in found:
         rows += [dict(r, tree=tree, run=i) for r in _read(p)]
         m = p.with_name(p.stem + ".meta.json")
-        metas.append(dict(json.loads(m.read_text()) if m.is_file() else {}, tree=tree, run=i))
+        try:
+            meta = json.loads(m.read_text()) if m.is_file() else {}
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise ValueError(f"{str(m)!r}: not a JSON provenance ({e})") from None
+        metas.append(dict(meta if isinstance(meta, dict) else {"meta": meta}, tree=tree, run=i))
     write(out, rows, metas)
     return len(metas)
 
@@ -156,17 +198,30 @@ def main(argv=None) -> int:
     ap.add_argument("runs", nargs="?", help="folder of old_<i>.csv and new_<i>.csv (kernels.bench runs), or "
                                             "their packed CSV")
     ap.add_argument("--pack", nargs=2, default=None, metavar=("FOLDER", "OUT"), help="pack FOLDER's runs into OUT")
+    ap.add_argument("--force", action="store_true", help="with --pack: overwrite an existing OUT")
     a = ap.parse_args(argv)
     if a.pack:
-        if not Path(a.pack[0]).is_dir():
-            print(f"flashsim: error: folder={a.pack[0]!r} is not a folder", file=sys.stderr)
+        try:
+            n = pack(*a.pack, force=a.force)
+        except ValueError as e:
+            print(f"flashsim: error: {e}", file=sys.stderr)
             return 2
-        print(f"packed {pack(*a.pack)} runs into {a.pack[1]}")
+        print(f"packed {n} runs into {a.pack[1]}")
         return 0
+    if a.force:
+        print("flashsim: error: --force: only with --pack (nothing else is written)", file=sys.stderr)
+        return 2
     if not a.runs or not Path(a.runs).exists():
         print(f"flashsim: error: runs={a.runs!r}: give a folder of runs or a packed CSV", file=sys.stderr)
         return 2
-    runs = load_runs(a.runs)
+    try:
+        runs = load_runs(a.runs)
+        if not runs["old"] and not runs["new"]:
+            raise ValueError(f"runs={a.runs!r}: no run of either tree (a folder of old_<i>.csv and new_<i>.csv, "
+                             "or their packed CSV)")
+    except ValueError as e:
+        print(f"flashsim: error: {e}", file=sys.stderr)
+        return 2
     print(f"runs: old {len(runs['old'])}, new {len(runs['new'])}")
     sys.stdout.write(render(compare(runs)))
     return 0

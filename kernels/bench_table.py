@@ -35,6 +35,8 @@ import math
 import sys
 from pathlib import Path
 
+from flashsim.output import atomic_write
+
 from .bench import write
 
 START, END = "<!-- perf-table:start -->", "<!-- perf-table:end -->"
@@ -72,9 +74,14 @@ def load(path: str | Path) -> list[dict]:
         with open(path, newline="") as f:
             reader = csv.DictReader(f)
             rows = list(reader)
+            fields = reader.fieldnames  # read here: after the file closes, an empty file's header read fails
     except OSError as e:
         raise ValueError(f"csv={str(path)!r}: {e.strerror}") from None
-    missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise ValueError(f"csv={str(path)!r}: not a readable CSV ({e})") from None
+    if not fields:
+        raise ValueError(f"csv={str(path)!r}: the file is empty: not a kernels.bench record")
+    missing = [c for c in COLUMNS if c not in fields]
     if missing or not rows:
         raise ValueError(f"csv={str(path)!r}: not a kernels.bench record (" +
                          (f"no {', '.join(missing)} column" if missing else "no rows") + ")")
@@ -255,6 +262,22 @@ def replace_block(text: str, table: str, start: str = START, end: str = END) -> 
     return f"{head}{start}\n{table}{end}{tail}"
 
 
+def rewrite_block(path: str | Path, table: str, start: str = START, end: str = END) -> None:
+    """Replace the block between ``start`` and ``end`` in the file ``path`` with ``table``: read,
+    replaced (ValueError, naming the file, where it cannot be read or lacks the markers) and
+    written to a temporary name beside it, then renamed over it."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"readme={str(path)!r}: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        new = replace_block(text, table, start, end)
+    except ValueError as e:
+        raise ValueError(f"readme={str(path)!r}: {str(e).removeprefix('readme: ')}") from None
+    atomic_write(path, lambda f: f.write(new))
+
+
 def merge(out: str | Path, parts: list[str | Path], force: bool = False) -> None:
     """Write the rows of ``parts`` into ``out`` (and its ``.meta.json``, each part's provenance
     listed with the configurations it supplies, a merged part's own parts in its place, a part
@@ -315,16 +338,12 @@ def main(argv=None) -> int:
         table = render_file(*a.csv)
         start, end = markers(a.block)
         if a.readme:
-            p = Path(a.readme)
-            text = replace_block(p.read_text(), table, start, end)
+            rewrite_block(a.readme, table, start, end)
     except ValueError as e:
         print(f"flashsim: error: {e}", file=sys.stderr)
         return 2
     if a.readme:
-        tmp = p.with_name(p.name + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(p)
-        print(f"rewrote the table block {a.block or 'perf-table'} in {p}")
+        print(f"rewrote the table block {a.block or 'perf-table'} in {a.readme}")
     else:
         sys.stdout.write(table)
     return 0

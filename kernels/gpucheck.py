@@ -1,6 +1,6 @@
 """Exactness of every kernel at realistic sizes on a real GPU, recorded as data.
 
-    python -m kernels.gpucheck --out kernels/data/h200_exactness.json [--quick]
+    python -m kernels.gpucheck --out kernels/data/h200_exactness.json [--quick] [--force]
     python -m kernels.gpucheck --impl fast --out kernels/data/h200_exactness_fast.json
 
 Runs each kernel on random inputs and compares with the float64 reference of
@@ -12,7 +12,9 @@ seconds; backward checks use N ≤ 2,048 and the whole reference.  Also runs the
 forward (B·H = 16, d = 64, fp16), where materialising S would take 512 GiB, and records the
 peak device memory the kernel needed beyond its inputs and outputs.
 The JSON holds one record per check, pass counts and the provenance (GPU, driver, versions,
-date, commit).
+date, commit); it is written to a temporary name and renamed, and an existing ``--out`` is
+refused without ``--force``.  With no GPU (or under Numba's CUDA simulator) it prints one
+``flashsim: error:`` line, exit status 2, and writes nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import time
 import numpy as np
 from numba import cuda
 
+from flashsim.output import atomic_write
 from flashsim.provenance import git_state
 
 from . import reference as ref
@@ -184,6 +187,20 @@ def plan(quick: bool):
     return f2, f1, st, bwd
 
 
+def require_gpu(why: str, simulator_ok: bool = False) -> None:
+    """A ValueError (for a command line's one error line) where Numba sees no CUDA GPU, or, unless
+    ``simulator_ok``, where its CUDA simulator is on (``NUMBA_ENABLE_CUDASIM=1``): ``why`` says what
+    needs the GPU.  The tools that run kernels call it before they write anything."""
+    from numba import config
+
+    if config.ENABLE_CUDASIM:
+        if not simulator_ok:
+            raise ValueError(f"Numba's CUDA simulator is on (NUMBA_ENABLE_CUDASIM=1): {why} needs a real GPU")
+        return
+    if not cuda.is_available():
+        raise ValueError(f"no CUDA GPU visible: {why} needs one")
+
+
 def provenance() -> dict:
     def run(cmd):
         try:
@@ -203,13 +220,24 @@ def provenance() -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=None, help="write the JSON record here (an existing file needs --force)")
+    ap.add_argument("--force", action="store_true", help="overwrite an existing --out")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--skip-long", action="store_true")
     ap.add_argument("--impl", default="reference", choices=["reference", "fast"],
                     help="which FlashAttention-2 kernels: the readable reference ones (with flash1 and "
                          "standard attention) or the fast variants of kernels/perf alone")
     args = ap.parse_args(argv)
+    try:
+        if args.out is not None:
+            if not args.out.strip() or os.path.isdir(args.out):
+                raise ValueError(f"out={args.out!r}: give a file name for the JSON record")
+            if os.path.exists(args.out) and not args.force:
+                raise ValueError(f"out={args.out!r} exists (give --force to overwrite it)")
+        require_gpu("kernels.gpucheck")
+    except ValueError as e:
+        print(f"flashsim: error: {e}", file=sys.stderr)
+        return 2
     rng = np.random.default_rng(2026)
     records = []
     f2, f1, st, bwd = plan(args.quick)
@@ -267,9 +295,12 @@ def main(argv=None) -> int:
                "records": records}
     print(f"{passed} passed, {len(records) - passed} failed")
     if args.out:
+        if os.path.exists(args.out) and not args.force:  # made while this ran: kept, and this run's record not
+            print(f"flashsim: error: out={args.out!r} appeared while the checks ran (give --force to overwrite it)",
+                  file=sys.stderr)
+            return 2
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(summary, f, indent=1, default=float)
+        atomic_write(args.out, lambda f: json.dump(summary, f, indent=1, default=float))
     return 0 if passed == len(records) else 1
 
 

@@ -9,6 +9,8 @@ Sizes are ragged (N = 97 queries, 130 keys, d = 40) so that partial tiles, maske
 the bounds checks all run; causal and grouped-query variants included; fp32 and fp16, and bf16
 through torch CUDA tensors (the FlashAttention-2 kernels: reference and fast); the fp16 (and
 bf16) backward of head dims above 64 (bwd_fp16_v3, which takes multiples of 16) at d = 64.
+Bad arguments, and a machine where Numba sees no GPU, end in one ``flashsim: error:`` line,
+exit status 2, before any kernel runs (under Numba's CUDA simulator it runs there).
 """
 
 from __future__ import annotations
@@ -130,6 +132,10 @@ def main(argv=None) -> int:
     ap.add_argument("--config", default=None, metavar="JSON",
                     help='with a variant in --only: a JSON object overriding its default block, e.g. \'{"qbuf": 1}\'')
     args = ap.parse_args(argv)
+
+    def fail(message: str):
+        ap.exit(2, f"flashsim: error: {' '.join(message.split())}\n")
+
     config = None
     if args.config is not None:
         import json
@@ -137,9 +143,20 @@ def main(argv=None) -> int:
         try:
             config = json.loads(args.config)
         except json.JSONDecodeError as e:
-            ap.exit(2, f"{ap.prog}: error: --config: {e}\n")
+            fail(f"--config: {e}")
         if not isinstance(config, dict) or not args.only:
-            ap.exit(2, f"{ap.prog}: error: --config must be a JSON object and needs --only VARIANT\n")
+            fail("--config must be a JSON object and needs --only VARIANT")
+    if args.only and args.only not in ("decode", "bf16", "wide"):
+        from kernels.perf import VARIANTS
+
+        if args.only not in VARIANTS:  # refused by name, before the GPU is looked for (its module after)
+            fail(f"--only {args.only!r}: one of decode, bf16, wide or a variant ({', '.join(sorted(VARIANTS))})")
+    from .gpucheck import require_gpu
+
+    try:
+        require_gpu("kernels.sanitize (the program compute-sanitizer runs)", simulator_ok=True)
+    except ValueError as e:
+        fail(str(e))
     if args.only == "decode":
         decode()
         return 0
@@ -153,8 +170,8 @@ def main(argv=None) -> int:
         try:
             for d in args.d:
                 only(args.only, d, config)
-        except (ValueError, TypeError) as e:  # an unknown variant, a head dim or a config it does not take
-            ap.exit(2, f"{ap.prog}: error: {e}\n")
+        except (ValueError, TypeError) as e:  # a head dim or a config the variant does not take
+            fail(str(e))
         return 0
     rng = np.random.default_rng(7)
     for dt in (np.float32, np.float16):

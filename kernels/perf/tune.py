@@ -1,7 +1,7 @@
 """Block-shape sweep of one numbered variant, beside torch's naive attention and SDPA.
 
     python -m kernels.perf.tune fwd_fp16_v4 --d 64 --n 4096 16384 \
-        --configs '{"bc": 64, "mt": 2}' '{"bc": 32, "mt": 2}' [--causal] [--hkv H] [--out DIR]
+        --configs '{"bc": 64, "mt": 2}' '{"bc": 32, "mt": 2}' [--causal] [--hkv H] [--out DIR [--force]]
 
 Each configuration is checked against the float64 reference first (the same checks as
 ``kernels.bench``: the forward on sampled rows, a backward variant's gradients on the first head
@@ -9,8 +9,10 @@ against autograd through float64 attention), then timed with CUDA events (warm-u
 ``--repeat`` calls over rotating inputs, L2 flushed before each).  A backward variant (a module
 with ``backward``) is timed on the saved forward's O and L; the peers' backward through
 autograd.  Prints one line per (configuration, shape) and writes ``DIR/tune_<variant>.csv`` and
-its ``.meta.json`` (provenance).  For finding a variant's defaults; the benchmark of record is
-``kernels.bench``.
+its ``.meta.json`` (provenance), each to a temporary name then renamed; an earlier run's files
+there are refused without ``--force``.  Bad arguments, and a machine without a CUDA GPU (or
+torch), end in one ``flashsim: error:`` line, exit status 2, before anything runs or is written.
+For finding a variant's defaults; the benchmark of record is ``kernels.bench``.
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..bench import _check_fwd, _time, _torch_fns, bwd_error, flops, time_peer_backward, write
-from . import variant
+from ..bench import _check_fwd, _time, _torch_fns, bwd_error, cuda_torch, flops, time_peer_backward, write
+from . import VARIANTS, variant
+
+#: The peers ``--peers`` may name (kernels.bench's torch functions).
+_PEERS = ("naive", "sdpa_flash", "sdpa_mem_eff", "sdpa_cudnn")
 
 
 def main(argv=None) -> int:
@@ -38,17 +43,18 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", nargs="*", default=["{}"], help="JSON objects overriding default_config(d)")
     ap.add_argument("--peers", nargs="*", default=["naive", "sdpa_flash"])
     ap.add_argument("--repeat", type=int, default=10)
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=None, metavar="DIR", help="write DIR/tune_VARIANT.csv and its .meta.json")
+    ap.add_argument("--force", action="store_true", help="overwrite an earlier run's files in --out")
     args = ap.parse_args(argv)
-    if args.bh < 1:
-        ap.error(f"bh={args.bh}: must be >= 1")
-    h = min(16, args.bh)
-    if args.hkv is not None and (args.hkv < 1 or h % args.hkv):
-        ap.error(f"hkv={args.hkv}: must divide the {h} query heads")
-    import torch
+    try:
+        out = _checked(args)
+        torch = cuda_torch("the peers (naive, SDPA) and the inputs need it")
+        mod = variant(args.variant)
+    except ValueError as e:
+        print(f"flashsim: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
 
     torch.backends.cuda.matmul.allow_tf32 = False
-    mod = variant(args.variant)
     peers = _torch_fns(torch)
     flush = torch.empty(256 * 2**20 // 4, dtype=torch.float32, device="cuda")
     rng = np.random.default_rng(0)
@@ -109,12 +115,48 @@ def main(argv=None) -> int:
                 rows.append(rec)
                 print(f"{cj:24s} d={d:<4d} N={n:<6d} {line}", flush=True)
             del inputs
-    if args.out and rows:
+    if out is not None and rows:
         from ..gpucheck import provenance
 
-        write(Path(args.out) / f"tune_{args.variant}.csv", rows,
-              dict(provenance(), torch=torch.__version__, method=__doc__, tf32="off"))
+        write(out, rows, dict(provenance(), torch=torch.__version__, method=__doc__, tf32="off"))
     return 0
+
+
+def _checked(args):
+    """The CSV to write (or None) once every argument is checked; ValueError naming the flag for a
+    bad one, or for an earlier run's files in ``--out`` without ``--force``."""
+    if args.bh < 1:
+        raise ValueError(f"--bh {args.bh}: must be >= 1")
+    h = min(16, args.bh)
+    if args.hkv is not None and (args.hkv < 1 or h % args.hkv):
+        raise ValueError(f"--hkv {args.hkv}: must divide the {h} query heads")
+    if args.repeat < 1:
+        raise ValueError(f"--repeat {args.repeat}: must be >= 1")
+    for name, xs in (("--d", args.d), ("--n", args.n)):
+        if any(x < 1 for x in xs):
+            raise ValueError(f"{name} {' '.join(map(str, xs))}: each must be >= 1")
+    for cj in args.configs:
+        try:
+            cfg = json.loads(cj)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--configs {cj!r}: not JSON ({e})") from None
+        if not isinstance(cfg, dict):
+            raise ValueError(f"--configs {cj!r}: must be a JSON object")
+    unknown = [p for p in args.peers if p not in _PEERS]
+    if unknown:
+        raise ValueError(f"--peers {' '.join(unknown)}: not a peer (one of {', '.join(_PEERS)})")
+    if args.variant not in VARIANTS:  # the name alone: its module is imported once a GPU is there
+        raise ValueError(f"variant={args.variant!r}: one of {', '.join(sorted(VARIANTS))} (the positional VARIANT)")
+    if args.out is None:
+        return None
+    folder = Path(args.out)
+    if not args.out.strip() or (folder.exists() and not folder.is_dir()):
+        raise ValueError(f"--out {args.out!r}: give a folder")
+    out = folder / f"tune_{args.variant}.csv"
+    there = [p.name for p in (out, out.with_name(out.stem + ".meta.json")) if p.exists()]
+    if there and not args.force:
+        raise ValueError(f"--out {args.out!r}: holds an earlier run ({', '.join(there)}); give --force to overwrite it")
+    return out
 
 
 if __name__ == "__main__":
