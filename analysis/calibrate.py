@@ -954,7 +954,14 @@ def run_l2(out_dir: Path, name: str, force: bool = False, quick: bool = False, b
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv:
+    if not argv:  # the basic probes, the program ncu runs: they need a GPU
+        from kernels.gpucheck import require_gpu
+
+        try:
+            require_gpu("python -m analysis.calibrate (the basic L2 probes, run under ncu)")
+        except ValueError as e:
+            print(f"flashsim: error: {e}", file=sys.stderr)
+            return 2
         return run_basic()
     class OneLine(argparse.ArgumentParser):  # argparse's complaints as the one error line, exit 2
         def error(self, message):

@@ -41,8 +41,11 @@ def resolve_tiling(workload: Workload, algo: str, tiling: Tiling | None = None,
                    sram_elems: int | None = None) -> Tiling | None:
     """The tiling an algorithm runs with: given explicitly, or from M by the paper's rule.
 
-    None for an algorithm that takes no block sizes (standard attention), and for one that sizes
-    its tiles from M itself (:func:`takes_sram`) when M rather than a tiling is given.
+    None for an algorithm that takes no block sizes (standard attention, the fast and torch
+    schedules: a tiling given to one is a ValueError, never dropped), and for one that sizes its
+    tiles from M itself (:func:`takes_sram`) when M rather than a tiling is given.  An M below
+    what an algorithm without an M rule of its own can run at is refused
+    (:func:`flashsim.bounds.check_sram`: standard attention needs M >= 2d).
     """
     mod = get_algorithm(algo)
     if not isinstance(workload, Workload):
@@ -50,7 +53,10 @@ def resolve_tiling(workload: Workload, algo: str, tiling: Tiling | None = None,
     if tiling is not None and not isinstance(tiling, Tiling):
         raise ValueError(f"tiling={tiling!r}: must be a flashsim.Tiling, e.g. Tiling(block_m=64, block_n=64), or None")
     if sram_elems is not None:
+        from .bounds import check_sram
+
         sram_elems = as_size("sram_elems", sram_elems)  # checked even where unused (standard)
+        check_sram(workload, algo, sram_elems)
     if not mod.NEEDS_TILING:
         if tiling is not None:  # never dropped silently
             raise ValueError(f"tiling={tiling!r}: algorithm {algo!r} takes no Br x Bc tiling (its blocks are its "

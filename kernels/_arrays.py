@@ -157,7 +157,11 @@ SCALE_MAX = float(np.finfo(np.float32).max) / math.log2(math.e)
 def check_scale(scale) -> float:
     """``scale`` as a float; ValueError naming it unless it is a real number (not a bool) with
     |scale| <= :data:`SCALE_MAX`."""
-    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real) or not math.isfinite(scale):
+    try:
+        finite = not isinstance(scale, (bool, np.bool_)) and isinstance(scale, numbers.Real) and math.isfinite(scale)
+    except OverflowError:  # an int past float's range, e.g. 10**400
+        finite = False
+    if not finite:
         raise ValueError(f"scale={scale!r}: must be None or a finite real number")
     if abs(float(scale)) > SCALE_MAX:
         raise ValueError(f"scale={scale!r}: |scale| must be at most {SCALE_MAX:.3g} (the kernels scale the scores by "

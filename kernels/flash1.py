@@ -324,6 +324,9 @@ def _counter_array(counters, stream=0):
     """(device array the kernels add to, function that adds the totals back into the caller's)."""
     if counters is None:
         return cuda.to_device(np.zeros((len(INDEX), 2), dtype=np.int64), stream=stream), lambda dev: None
+    if type(counters).__module__.startswith("torch") and getattr(counters, "device", None) is not None \
+            and counters.device.type == "cpu":
+        counters = counters.numpy()  # a CPU tensor: its memory, so the totals land in the tensor
     if isinstance(counters, np.ndarray):
         if counters.dtype != np.int64 or counters.shape != (len(INDEX), 2):
             raise ValueError(f"counters: must be an int64 {(len(INDEX), 2)} array from "

@@ -641,6 +641,9 @@ def _counter_array(counters, stream=0):
     """(device array the kernels add to, function that hands the totals back to the caller)."""
     if counters is None:
         return cuda.to_device(np.zeros((1, 2), dtype=np.int64), stream=stream), lambda dev: None
+    if type(counters).__module__.startswith("torch") and getattr(counters, "device", None) is not None \
+            and counters.device.type == "cpu":
+        counters = counters.numpy()  # a CPU tensor: its memory, so the totals land in the tensor
     if isinstance(counters, np.ndarray):
         if counters.dtype != np.int64 or counters.ndim != 2 or counters.shape[0] <= max(INDEX.values()):
             raise ValueError(f"counters: must be an int64 array from kernels.counters.new_counters(), "

@@ -451,22 +451,19 @@ class _Launcher:
         self.k3 = arr["k"].reshape(b * hkv, nk, d)
         self.v3 = arr["v"].reshape(b * hkv, nk, d)
         self.count = counters is not None
-        self.user_counters = counters
         if counters is None:
-            self.ctr = _dummy("counters")
-        elif isinstance(counters, np.ndarray):
-            self.ctr = cuda.to_device(counters, stream=self.inp.stream)
-        else:
-            self.ctr = counters
+            self.ctr, self._back = _dummy("counters"), lambda dev: None
+        else:  # checked (kind, dtype, shape, writeable) before any kernel runs, as flash2's
+            from .flash2 import _counter_array
+
+            self.ctr, self._back = _counter_array(counters, self.inp.stream)
         self.nty, self.ntx, self.threads = _threads(gemm_block)
 
     def empty(self, *shape):
         return self.inp.empty(shape, self.dtype)
 
     def finish_counters(self):
-        if self.count and isinstance(self.user_counters, np.ndarray):
-            self.user_counters[...] = self.ctr.copy_to_host(stream=self.inp.stream)
-            self.inp.stream.synchronize()
+        self._back(self.ctr)
 
     def gemm(self, name, a, b, c, grid_rows, count=None):
         t = self.tile

@@ -67,16 +67,50 @@ def test_flash1_options_checked():
 
 
 def test_cpu_torch_tensors_come_back_as_torch_tensors():
-    """Results come back in the query's kind: CPU tensors for CPU tensors (fp32, fp16 and bf16)."""
+    """Results come back in the query's kind: CPU tensors for CPU tensors (fp32, fp16 and bf16),
+    from the FlashAttention-2 forward and backward, FlashAttention-1, standard attention and
+    decoding; the same numbers as numpy inputs give."""
     q, k, v = (torch.from_numpy(x) for x in qkv())
     o, lse = kernels.flash_attention(q, k, v, return_lse=True)
     assert isinstance(o, torch.Tensor) and isinstance(lse, torch.Tensor) and o.dtype == torch.float32
     grads = kernels.flash_attention_backward(q, k, v, o, lse, o)
     assert all(isinstance(g, torch.Tensor) for g in grads)
-    o16 = kernels.flash_attention(q.half(), k.half(), v.half())
-    assert isinstance(o16, torch.Tensor) and o16.dtype == torch.float16
+    for dt in (torch.float16, torch.bfloat16):
+        o_lo = kernels.flash_attention(q.to(dt), k.to(dt), v.to(dt))
+        assert isinstance(o_lo, torch.Tensor) and o_lo.dtype == dt
     ref = kernels.flash_attention(*(x.numpy() for x in (q, k, v)))
     np.testing.assert_array_equal(o.numpy(), ref)
+    o1, l1, m1 = flash1_attention(q, k, v, return_stats=True)
+    assert all(isinstance(x, torch.Tensor) for x in (o1, l1, m1))
+    assert isinstance(standard_attention(q, k, v), torch.Tensor)
+    od = kernels.decode_attention(q[:, :, :1], k, v)
+    assert isinstance(od if isinstance(od, torch.Tensor) else od[0], torch.Tensor)
+
+
+def test_counters_of_every_launcher_checked_before_a_kernel_runs():
+    """A read-only, wrongly shaped or non-array ``counters`` is a ValueError naming it in flash1,
+    flash2 (reference) and standard attention; a CPU int64 tensor collects the counts as a numpy
+    array does."""
+    q, k, v = qkv()
+    ro = new_counters()
+    ro.flags.writeable = False
+    launchers = (flash1_attention, lambda *a, **kw: kernels.flash_attention(*a, impl="reference", **kw),
+                 standard_attention)
+    for fn in launchers:
+        for bad in (ro, [0] * 42, np.zeros((3, 2), np.int64)):
+            with pytest.raises(ValueError, match="counters"):
+                fn(q, k, v, counters=bad)
+        c_np, c_t = new_counters(), torch.from_numpy(new_counters())
+        fn(q, k, v, counters=c_np)
+        fn(q, k, v, counters=c_t)
+        assert c_np.sum() > 0
+        np.testing.assert_array_equal(c_t.numpy(), c_np)
+
+
+def test_scale_past_floats_range_is_a_value_error():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="scale="):
+        kernels.flash_attention(q, k, v, scale=10**400)
 
 
 def test_torch_op_inputs_checked_before_the_schema():
@@ -121,6 +155,9 @@ def test_flashsim_api_refusals():
             simulate(w, algo, "fwd", tiling=Tiling(16, 16))
     with pytest.raises(ValueError, match="at most 32 warps"):
         simulate(w, "fast", "fwd", config={"nw": 64})
+    with pytest.raises(ValueError, match="sram_elems=10: standard attention needs M >= 2"):
+        simulate(w, "standard", "fwd", sram_elems=10)  # its GEMMs hold a row of each operand: 2d
+    assert simulate(w, "standard", "fwd", sram_elems=64).io.bytes == simulate(w, "standard", "fwd").io.bytes
     cp = context_parallel(Workload(batch=1, heads=4, seq_len_q=256, seq_len_k=256, head_dim=32, dtype="fp16"), 2,
                           sram_elems=8192)
     assert cp.device_steps(np.int64(1)) == cp.device_steps(1) != []

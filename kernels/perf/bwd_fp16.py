@@ -914,7 +914,8 @@ def signature_v3():
 def default_config_v3(d: int) -> dict:
     """bq queries per step, bk keys per block, nw warps; ma, mb, mc: m-tiles a warp owns in phases A
     (keys), B (keys) and C (queries); minb blocks an SM promised to ptxas; bulkq: dQ by every
-    lane's ``red.v2`` (off) or by bulk reductions (on at d = 64 and from d = 112, :func:`bulk_fits`,
+    lane's ``red.v2`` (off) or by bulk reductions (on at d = 64 and from d = 112 but at d = 232 and
+    248, where it spills, :func:`bulk_fits`,
     :func:`_wide_v3`: on an H200, the median over four runs of the time against ``red.v2`` at N =
     4,096 / 16,384: d = 128 0.94 / 0.95, causal 0.94 / 0.93; d = 112 0.94 / 0.94 (one run); d = 96
     1.00 / 1.00, causal 1.02 / 1.02: kernels/data/bwd_fp16_v3_bulk_low_h200_8ab49da, _0aa3913,
@@ -925,7 +926,8 @@ def default_config_v3(d: int) -> dict:
     blocks issued every kv head's first before any head's second
     (:func:`kernels.perf._tiles.key_block`; no effect when not causal), where
     :func:`longest_first_runs` says it pays; qbuf: buffers of Q and dO (2 up to d = 128; 1 above,
-    where it makes room for ``bulkq``'s tile up to d = 256: :func:`_wide_v3`, :func:`kernel_v3`).
+    where it makes room for ``bulkq``'s tile up to d = 256, but 2 at d = 232 and 248, which take
+    dQ by ``red.v2``: :func:`_wide_v3`, :func:`kernel_v3`).
     flash-attention's shapes: 128 x 128 at d = 64 (254 registers, 182 KB,
     no spills; on the H100 0.92x SDPA flash at N = 16,384 where 64 x 128 ran 0.85x, 1.02x at
     N = 4,096 where it ran 0.94x:
@@ -975,10 +977,10 @@ def _wide_v3(d: int, pad: bool = False) -> dict:
     Except at d = 232 and 248 (``d`` here is the padded head dim, 240 and 256, with the pad's
     column predicates): there ``bulkq`` with one buffer takes the block past 255 registers (ptxas:
     156 and 296 bytes of spill stores, 22 and 41 local-memory instructions in the main loop, where
-    d = 240 and 256 have 0 and 2), so those two take dQ by ``red.v2`` and two Q/dO buffers (no
-    spills at 232; 64 bytes at 248): on an H200 (B·H = 64, N = 4,096, two rounds alternated,
+    d = 240 and 256 have 0 and 2), so those two take dQ by ``red.v2`` and two Q/dO buffers (8 and
+    64 bytes of spill stores): on an H200 (B·H = 64, N = 4,096, two rounds alternated,
     kernels/data/hdim_sweep_h200_3a43ecf) 0.84x -> 0.94x SDPA flash at d = 232 and 0.62-0.63x ->
-    0.94-0.96x at 248, where the same change cost 6-10% at d = 168, 184 and 200 and tied at 216."""
+    0.94-0.96x at 248, where the same change cost 5-9% at d = 168, 184 and 200 and tied at 216."""
     two = d % 32 == 0
     spills = pad and d >= 240
     return dict(bq=64, bk=64, nw=8, ma=2, mb=2 if two else 1, mc=2 if two else 1, minb=1,
