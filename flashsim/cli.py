@@ -40,6 +40,7 @@ from .output import OutputExists, check_overwrite, staged
 from .plot import plot_gpu_bars, plot_sweep
 from .report import fmt_exponent, fmt_num, format_table, run_report, simulate_summary
 from .sweep import field_of, fit_exponent, sweep, workload_record, write_csv
+from .traffic import ZERO
 
 PROG = "flashsim"
 
@@ -365,20 +366,15 @@ _OTHER_CLASSES = ("bulk_read", "bulk_write", "reduction")
 def _class_totals(io) -> dict:
     """``<class>_elements``, ``_bytes`` and ``_sectors`` of each of :data:`_OTHER_CLASSES`, which
     the API's totals (the ``hbm_*`` keys: loads and stores) leave out, and ``all_classes_*``:
-    every class together (sectors None where one is None)."""
-    out: dict = {}
-    every = {"elements": [io.read_elements, io.write_elements], "bytes": [io.read_bytes, io.write_bytes],
-             "sectors": [io.read_sectors, io.write_sectors]}
-    for cls in _OTHER_CLASSES:
-        ts = [t for (_, dr), t in io.breakdown.items() if dr == cls]
-        for unit in ("elements", "bytes", "sectors"):
-            vals = [getattr(t, unit) for t in ts]
-            v = None if any(x is None for x in vals) else int(sum(vals))
-            out[f"{cls}_{unit}"] = v
-            every[unit].append(v)
-    for unit, vals in every.items():
-        out[f"all_classes_{unit}"] = None if any(x is None for x in vals) else int(sum(vals))
-    return out
+    every class together, :meth:`~flashsim.traffic.IOCount.by_class` summed (sectors None where
+    one is None)."""
+    per = {cls: ZERO for cls in _OTHER_CLASSES}
+    for (_, key), t in io.breakdown.items():
+        if key in per:
+            per[key] = per[key] + t
+    per["all_classes"] = sum(io.by_class().values(), ZERO)
+    return {f"{name}_{unit}": (None if getattr(t, unit) is None else int(getattr(t, unit)))
+            for name, t in per.items() for unit in ("elements", "bytes", "sectors")}
 
 
 #: --sample: the fewest L2 lines of the schedule's tensors per sampled share, and the fewest sets
