@@ -77,7 +77,7 @@ def _resolve(workload: Workload, algo: str, tiling: Tiling | None, sram_elems: i
              options: dict) -> tuple[Tiling | None, dict]:
     """(tiling, options) the algorithm's ``schedule`` and ``closed_form`` are called with."""
     tl = resolve_tiling(workload, algo, tiling, sram_elems)
-    if tl is None and sram_elems is not None and takes_sram(algo) and "tile" not in options:
+    if tl is None and sram_elems is not None and takes_sram(algo):  # with a tile too: it must fit M
         options = {**options, "sram_elems": as_size("sram_elems", sram_elems)}
     return tl, options
 

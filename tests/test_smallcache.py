@@ -134,6 +134,9 @@ def test_refuses_masks_and_backward():
         simulate(Workload(**base), "smallcache", "bwd", sram_elems=64)
     with pytest.raises(ValueError, match="tile"):
         simulate(Workload(**base), "smallcache", sram_elems=64, tile=0)
+    with pytest.raises(ValueError, match="tile=5: .* more than M = 64"):  # 3·25 + 10 = 85 > 64
+        simulate(Workload(**base), "smallcache", sram_elems=64, tile=5)
+    assert simulate(Workload(**base), "smallcache", sram_elems=64, tile=4).io.elements > 0  # 56 <= 64
 
 
 def _total(w, algo, m):

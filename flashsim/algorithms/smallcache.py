@@ -78,13 +78,18 @@ def tile_for_sram(sram_elems: int) -> int:
 
 
 def tile_side(w: Workload, tiling: Tiling | None, tile=None, sram_elems=None) -> int:
-    """The tile side s: ``tile`` if given, else from ``sram_elems``, else from the tiling.
+    """The tile side s: ``tile`` if given (refused where it does not fit ``sram_elems``, when
+    both are given), else from ``sram_elems``, else from the tiling.
 
     :func:`flashsim.api.resolve_tiling` turns M into the paper's Bc = ⌈M/4d⌉, so M is recovered
     as 4·d·Bc (equal to the M given when 4d divides it, and at most 4d - 1 more otherwise).
     """
     if tile is not None:
-        return as_size("tile", tile)
+        s = as_size("tile", tile)
+        if sram_elems is not None and 3 * s * s + 2 * s > as_size("sram_elems", sram_elems):
+            raise ValueError(f"tile={s}: three {s} x {s} tiles and two {s}-vectors need 3s² + 2s = "
+                             f"{3 * s * s + 2 * s:,} elements on chip, more than M = {sram_elems:,}")
+        return s
     if sram_elems is None:
         if tiling is None:
             raise ValueError("tiling=None: smallcache needs an SRAM size (sram_elems) or tile=s")
