@@ -826,7 +826,10 @@ def main(argv: Sequence[str] | None = None, commands: Sequence[Callable] = COMMA
     ``compare`` does for launches outside its tolerance)."""
     try:
         parser = build_parser(commands)
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # argparse would blame the top-level parser; name the command's own --help
+            where = f"{PROG} {args.command}" if args.command else PROG
+            raise UsageError(f"unrecognized arguments: {' '.join(extra)} (see '{where} --help')")
         if args.command is None:
             names = ", ".join(parser.command_names)
             raise UsageError(f"give a command: {names} (see '{PROG} --help')")

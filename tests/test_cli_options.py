@@ -338,3 +338,11 @@ def test_gpu_error_lists_the_names_help_lists(capsys):
         assert name in listed and name in line
         rc, _, err = run(["bounds", *TINY, "--gpu", name, "--json"], capsys)
         assert rc == 0, err
+
+
+def test_unknown_option_points_to_the_commands_own_help(capsys):
+    from flashsim.cli import main
+
+    assert main(["simulate", "--bogus"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["flashsim: error: unrecognized arguments: --bogus (see 'flashsim simulate --help')"], err
