@@ -52,7 +52,6 @@ refuses to overwrite without ``--force``.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
@@ -963,12 +962,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"flashsim: error: {e}", file=sys.stderr)
             return 2
         return run_basic()
-    class OneLine(argparse.ArgumentParser):  # argparse's complaints as the one error line, exit 2
-        def error(self, message):
-            self.exit(2, f"flashsim: error: {message} (see '{self.prog} --help')\n")
+    from flashsim.cmdline import ToolParser  # argparse's complaints as the one error line, exit 2
 
-    ap = OneLine(prog="python -m analysis.calibrate", description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=OneLine)
+    ap = ToolParser(prog="python -m analysis.calibrate", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("l2", help="run the L2 microbenchmarks under ncu and write the records")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--name", default="l2calib", help="file name stem (default l2calib)")

@@ -19,10 +19,10 @@ beside it and renames it over the old one.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
+from flashsim.cmdline import ToolParser
 from kernels import bench_table
 from kernels.bench_table import meta_of
 
@@ -178,7 +178,7 @@ def replace_block(text: str, table: str) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ToolParser(description=__doc__.splitlines()[0])
     ap.add_argument("csv", help="a kernels.bench_decode CSV")
     ap.add_argument("--readme", default=None, help="rewrite the table block of this file")
     a = ap.parse_args(argv)

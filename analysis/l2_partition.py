@@ -26,11 +26,12 @@ wrote them: the probe's "write" mode, version 2 records).
 
 from __future__ import annotations
 
-import argparse
 import gzip
 from pathlib import Path
 
 import numpy as np
+
+from flashsim.cmdline import ToolParser
 
 MAGIC = b"L2PP"
 #: The committed H200 partition record whose SM sides a "written" re-read record is read against
@@ -360,7 +361,7 @@ def random_sets_loss(gpu: str, w_mib: int, seed: int = 0) -> float:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m analysis.l2_partition", description=__doc__.splitlines()[0])
+    ap = ToolParser(prog="python -m analysis.l2_partition", description=__doc__.splitlines()[0])
     ap.add_argument("records", nargs="+", help="l2_partition_probe records (.bin or .bin.gz), or with --reread "
                     "l2_reread_probe CSVs (.csv or .csv.gz)")
     ap.add_argument("--reread", action="store_true", help="the records are the re-read probe's CSVs")

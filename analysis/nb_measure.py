@@ -40,7 +40,6 @@ Every file is written to a temporary name and renamed.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import os
@@ -50,6 +49,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from flashsim.cmdline import ToolParser
 
 from .configs import config_id
 
@@ -454,7 +455,7 @@ def check(step: str, root: Path, force: bool) -> str:
 def main(argv: list[str] | None = None) -> int:
     from .measure import MeasureError
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ToolParser(description=__doc__.splitlines()[0])
     ap.add_argument("step", choices=list(STEPS))
     ap.add_argument("--out", required=True, help="the root under which files land at their repository paths")
     ap.add_argument("--force", action="store_true", help="overwrite the step's files of an earlier run under --out")

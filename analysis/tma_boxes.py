@@ -21,7 +21,6 @@ issuing CTA.  Prints a line a workload and a summary (:func:`summary`).
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
@@ -32,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from flashsim.algorithms.torch_naive import _Gemm, parse_tiles
+from flashsim.cmdline import ToolParser
 from flashsim.tma import box_row_sectors, multicast_row_sectors
 from flashsim.traffic import Launch, Schedule, TensorLayout, walk
 
@@ -236,7 +236,7 @@ def summary(rows: list[dict]) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m analysis.tma_boxes", description=__doc__.splitlines()[0])
+    ap = ToolParser(prog="python -m analysis.tma_boxes", description=__doc__.splitlines()[0])
     ap.add_argument("folder", nargs="?", default=str(RECORD), help="the sweep's record (raw.csv, manifest.json)")
     ap.add_argument("--csv", default=None, help="write the table here")
     ap.add_argument("--force", action="store_true", help="overwrite an existing --csv file")

@@ -476,10 +476,11 @@ def family_table(records: list[dict]) -> str:
 def main(argv=None) -> int:
     """``python -m analysis.torch_set COMPARE_LAUNCHES_CSV``: print :func:`family_table` of a
     comparison's launches (the README's table)."""
-    import argparse
     import csv
 
-    ap = argparse.ArgumentParser(prog="python -m analysis.torch_set", description=main.__doc__)
+    from flashsim.cmdline import ToolParser
+
+    ap = ToolParser(prog="python -m analysis.torch_set", description=main.__doc__)
     ap.add_argument("launches", help="compare_launches.csv written by flashsim compare --out")
     a = ap.parse_args(argv)
     try:

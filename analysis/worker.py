@@ -141,12 +141,11 @@ def _configs(path: str) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
+    from flashsim.cmdline import ToolParser
     from flashsim.output import atomic_write
     from kernels.gpucheck import require_gpu
 
-    ap = argparse.ArgumentParser(
+    ap = ToolParser(
         prog="python -m analysis.worker", description=__doc__.splitlines()[0],
         epilog="An internal entry point: flashsim measure runs it under Nsight Compute (ncu); run that instead.")
     ap.add_argument("configs", metavar="CONFIGS.json", help="a JSON list of configurations (analysis.configs)")

@@ -13,10 +13,11 @@ writes it as CSV only when ``--out`` is given.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
+
+from flashsim.cmdline import ToolParser
 
 # the flashsim of this checkout, whatever flashsim the environment has installed
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -37,7 +38,7 @@ def timed(sched, gpu, sample: int, repeats: int):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ToolParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seq-len", type=int, default=16384)
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--gpu", default="h100")

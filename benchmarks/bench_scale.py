@@ -17,7 +17,6 @@ unless ``--force``).  Exits non-zero when a run's walker and closed form disagre
 
 from __future__ import annotations
 
-import argparse
 import csv
 import os
 import resource
@@ -26,6 +25,8 @@ import tempfile
 import time
 import tracemalloc
 from pathlib import Path
+
+from flashsim.cmdline import ToolParser
 
 # the flashsim of this checkout, whatever flashsim the environment has installed
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -77,7 +78,7 @@ def write_csv_atomic(rows: list[dict], path: Path, force: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ToolParser(description=__doc__.splitlines()[0])
     ap.add_argument("--min-log2n", type=int, default=10)
     ap.add_argument("--max-log2n", type=int, default=20)
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "bench_scale.csv")

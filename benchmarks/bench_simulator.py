@@ -18,12 +18,13 @@ Prints a table; writes it as CSV only when ``--out`` is given.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+from flashsim.cmdline import ToolParser
 
 # the flashsim of this checkout, whatever flashsim the environment has installed
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -92,7 +93,7 @@ def bench_walker(algo: str, pass_: str, n: int, d: int, m: int, causal: bool = F
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ToolParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", type=int, default=1_000_000, help="configurations per vectorised run")
     ap.add_argument("--check", type=int, default=300, help="sampled configurations checked against the scalar form")
     ap.add_argument("--seq-len", type=int, default=65536, help="N for the walker timings")

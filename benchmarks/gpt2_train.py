@@ -31,7 +31,6 @@ such.  Then the attention alone, forward + backward, at the paper's GPT-2-medium
 
 from __future__ import annotations
 
-import argparse
 import csv
 import datetime as _dt
 import functools
@@ -48,6 +47,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from flashsim.cmdline import ToolParser
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -219,7 +220,7 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ToolParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="CSV of runs; NAME_losses.csv and NAME.meta.json go beside it")
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--seq-lens", nargs="+", type=int, default=[1024, 4096])

@@ -28,7 +28,6 @@ Rank 0 writes ``ring_nccl.csv`` (one row per case and P), ``ring_nccl_exactness.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import math
@@ -38,6 +37,8 @@ import time
 
 import torch
 import torch.distributed as dist
+
+from flashsim.cmdline import ToolParser
 
 
 def _log(*a):
@@ -200,7 +201,7 @@ def _write_csv(path, rows):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ToolParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true", help="small sizes (a smoke test)")
     ap.add_argument("--check-n", type=int, default=8192)

@@ -47,7 +47,6 @@ kernels get torch tensors through ``__cuda_array_interface__``, so no copy is ti
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import math
@@ -59,6 +58,8 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
+
+from flashsim.cmdline import ToolParser
 
 from . import reference as ref
 
@@ -695,7 +696,7 @@ def run_config(torch, cfg, variants, peers, rng, flush, rounds, repeat) -> list[
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ToolParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="grid N = 1,024, 4,096, 16,384")
     ap.add_argument("--shapes", default="grid", choices=["grid", "offgrid", "all"])
     ap.add_argument("--dtypes", default="fp16,bf16,fp32", help="comma-separated, of fp16, bf16, fp32")

@@ -24,7 +24,6 @@ bigger than any disagreement between two runs of one tree), ``within`` where it 
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import math
@@ -32,6 +31,8 @@ import re
 import statistics as st
 import sys
 from pathlib import Path
+
+from flashsim.cmdline import ToolParser
 
 from .bench import write
 
@@ -194,7 +195,7 @@ def render(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ToolParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="?", help="folder of old_<i>.csv and new_<i>.csv (kernels.bench runs), or "
                                             "their packed CSV")
     ap.add_argument("--pack", nargs=2, default=None, metavar=("FOLDER", "OUT"), help="pack FOLDER's runs into OUT")

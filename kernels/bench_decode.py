@@ -38,7 +38,6 @@ The CSV is rewritten after every configuration with a ``.meta.json`` of provenan
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import os
@@ -46,6 +45,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
+from flashsim.cmdline import ToolParser
 
 D = 128
 HKV = 8
@@ -269,7 +270,7 @@ def _line(r) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ToolParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer lengths, splits and page sizes")
     ap.add_argument("--trials", type=int, default=7)
     ap.add_argument("--inner", type=int, default=5)

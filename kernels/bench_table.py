@@ -28,13 +28,13 @@ that is missing or not a ``kernels.bench`` record ends in one ``flashsim: error:
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import math
 import sys
 from pathlib import Path
 
+from flashsim.cmdline import ToolParser
 from flashsim.output import atomic_write
 
 from .bench import write
@@ -315,7 +315,7 @@ def merge(out: str | Path, parts: list[str | Path], force: bool = False) -> None
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ToolParser(description=__doc__.splitlines()[0])
     ap.add_argument("csv", nargs="*", help="kernels.bench CSVs (the first's provenance is shown)")
     ap.add_argument("--readme", default=None, help="rewrite the table block of this file")
     ap.add_argument("--merge", nargs="+", default=None, metavar=("OUT", "PART"), help="merge PART CSVs into OUT")

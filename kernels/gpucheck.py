@@ -19,7 +19,6 @@ refused without ``--force``.  With no GPU (or under Numba's CUDA simulator) it p
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import json
 import os
@@ -31,6 +30,7 @@ import time
 import numpy as np
 from numba import cuda
 
+from flashsim.cmdline import ToolParser
 from flashsim.output import atomic_write
 from flashsim.provenance import git_state
 
@@ -219,7 +219,7 @@ def provenance() -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ToolParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None, help="write the JSON record here (an existing file needs --force)")
     ap.add_argument("--force", action="store_true", help="overwrite an existing --out")
     ap.add_argument("--quick", action="store_true")

@@ -119,11 +119,10 @@ def wide() -> None:
 
 
 def main(argv=None) -> int:
-    import argparse
-
     import kernels
+    from flashsim.cmdline import ToolParser
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ToolParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default=None, help="one fast variant of kernels/perf, e.g. bwd_fp16_v3 or fwd_fp32_v2; "
                     "or 'decode': the decode kernels; or 'bf16': the FlashAttention-2 kernels in bf16; "
                     "or 'wide': the fp16 forward above d = 128")

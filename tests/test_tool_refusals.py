@@ -402,3 +402,33 @@ def test_calibrate_l2_without_out_is_one_line(capsys):
         calibrate.main(["l2"])
     assert e.value.code == 2
     _one_line(capsys.readouterr().err, "--out")
+
+
+# --------------------------------------------------------------------------------------------
+# argparse's own complaints (flashsim.cmdline.ToolParser, every tool's parser)
+
+
+@pytest.mark.parametrize("module, args", [
+    ("kernels.bench", ["--bogus"]), ("kernels.perf.tune", []), ("analysis.worker", []),
+    ("analysis.calibrate", ["l2"]), ("kernels.perf.autotune", ["--bogus"]),
+])
+def test_argparse_errors_are_one_line_naming_the_tools_help(module, args):
+    rc, _, err = _no_gpu(module, *args)
+    assert rc == 2
+    _one_line(err, f"(see 'python -m {module}")
+
+
+def test_tool_parser_in_process(capsys):
+    from flashsim.cmdline import ToolParser
+
+    ap = ToolParser(description="x")
+    assert ap.prog == f"python -m {__name__}"  # the module that builds it, not pytest
+    ap.add_argument("--n", type=int, required=True)
+    sub = ToolParser(prog="python -m tool").add_subparsers(dest="cmd", required=True)
+    one = sub.add_parser("one")
+    for parser, argv in ((ap, ["--n", "x"]), (ap, []), (one, ["--bogus"])):
+        with pytest.raises(SystemExit) as e:
+            parser.parse_args(argv)
+        assert e.value.code == 2
+        _one_line(capsys.readouterr().err, "--help')")
+    assert one.prog == "python -m tool one"

@@ -74,7 +74,6 @@ An ``--out`` that holds an earlier run's files is refused before any timing unle
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
@@ -85,6 +84,8 @@ import warnings
 from functools import cache
 from itertools import product
 from pathlib import Path
+
+from flashsim.cmdline import ToolParser
 
 #: The variants the tuner knows: their knobs (:func:`knob_grid`) and resources (:func:`launches`).
 TUNABLE = ("fwd_fp16_v3", "fwd_fp16_v4", "fwd_fp16_v5", "fwd_fp16_v7", "bwd_fp16_v1", "bwd_fp16_v3")
@@ -691,7 +692,7 @@ def _key_line(label: str, res: dict, n_cands: int) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kernels.perf.autotune", description=__doc__.splitlines()[0])
+    ap = ToolParser(prog="python -m kernels.perf.autotune", description=__doc__.splitlines()[0])
     ap.add_argument("--dtypes", default="fp16,bf16", help="comma-separated, of fp16, bf16")
     ap.add_argument("--ds", nargs="+", type=int, default=[64, 128])
     ap.add_argument("--ns", nargs="+", type=int, default=[1024, 4096, 16384])

@@ -18,7 +18,6 @@ compiles.
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import shutil
@@ -26,6 +25,8 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
+
+from flashsim.cmdline import ToolParser
 
 from . import variant
 
@@ -146,7 +147,7 @@ def sass_report(ptx: str, sass_out: str | None = None) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ToolParser(description=__doc__.splitlines()[0])
     ap.add_argument("variant")
     ap.add_argument("args", nargs="*", type=int, help="the variant's _source arguments (booleans as 0/1)")
     ap.add_argument("--minb", type=int, default=1, help="blocks per SM promised to ptxas (launch bounds)")

@@ -17,12 +17,13 @@ For finding a variant's defaults; the benchmark of record is ``kernels.bench``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
+
+from flashsim.cmdline import ToolParser
 
 from ..bench import _check_fwd, _time, _torch_fns, bwd_error, cuda_torch, flops, time_peer_backward, write
 from . import VARIANTS, variant
@@ -32,7 +33,7 @@ _PEERS = ("naive", "sdpa_flash", "sdpa_mem_eff", "sdpa_cudnn")
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ToolParser(description=__doc__.splitlines()[0])
     ap.add_argument("variant")
     ap.add_argument("--d", type=int, nargs="+", default=[64])
     ap.add_argument("--n", type=int, nargs="+", default=[4096])
