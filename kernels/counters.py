@@ -38,3 +38,50 @@ def to_elements(counters) -> dict[tuple[str, str], int]:
             if c[i, col]:
                 out[(name, dr)] = int(c[i, col])
     return dict(sorted(out.items()))
+
+
+def device_counters(counters, stream=0, *, exact: bool = False):
+    """(device array the kernels add to, function that hands the totals back) for a launcher's
+    ``counters=``, checked before any kernel runs.
+
+    None: a zeroed stand-in (kernels compiled without counting never touch it; ``exact``: of
+    :func:`new_counters`' shape, else one row).  A numpy array, or a CPU int64 torch tensor (its
+    numpy view, so the totals land in the tensor): copied to the device, the totals copied back;
+    it must be writeable and C-contiguous.  A device array (Numba, or any
+    ``__cuda_array_interface__`` object: torch, CuPy): used in place.  ValueError naming
+    ``counters`` for any other type, a dtype other than int64, or a shape without a row per
+    tensor (``exact``: exactly :func:`new_counters`' shape).
+    """
+    from numba import cuda
+
+    from ._arrays import _is_torch, as_device_array
+
+    rows = len(TENSORS)
+    if counters is None:
+        return cuda.to_device(np.zeros((rows if exact else 1, 2), dtype=np.int64), stream=stream), lambda dev: None
+
+    def check(dtype, shape):
+        ok = np.dtype(dtype) == np.int64 and len(shape) == 2 and (
+            tuple(shape) == (rows, 2) if exact else shape[0] >= rows)
+        if not ok:
+            want = f"an int64 {(rows, 2)} array" if exact else "an int64 (len(TENSORS), 2) array"
+            raise ValueError(f"counters: must be {want} from kernels.counters.new_counters(), got {dtype} "
+                             f"{tuple(shape)}")
+
+    if _is_torch(counters) and counters.device.type == "cpu":
+        counters = counters.numpy()
+    if isinstance(counters, np.ndarray):
+        check(counters.dtype, counters.shape)
+        if not (counters.flags.writeable and counters.flags.c_contiguous):
+            raise ValueError("counters: must be a writeable C-contiguous array (the totals are added into it)")
+
+        def back(dev):
+            counters[...] = dev.copy_to_host(stream=stream)
+            stream.synchronize()
+
+        return cuda.to_device(counters, stream=stream), back
+    if not hasattr(counters, "copy_to_host") and not hasattr(counters, "__cuda_array_interface__"):
+        raise ValueError(f"counters: type {type(counters).__name__} is neither a numpy nor a device array")
+    dev = as_device_array(counters)
+    check(dev.dtype, dev.shape)
+    return dev, lambda d_: None

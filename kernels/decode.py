@@ -49,7 +49,7 @@ import numpy as np
 from numba import config, cuda, float32, int16, int32, types
 
 from ._bf16 import cvt_bf16, cvt_plain, ld_bf16, ld_plain  # bf16 through its bits
-from .counters import INDEX, READ, WRITE
+from .counters import INDEX, READ, WRITE, device_counters
 
 SIM = bool(config.ENABLE_CUDASIM)
 #: Static shared memory one block may use without opting in (bytes).
@@ -654,12 +654,6 @@ def check_splits(p: Plan, num_splits, bc: int) -> int:
     return s
 
 
-def counter_array(counters, stream):
-    from .flash2 import _counter_array
-
-    return _counter_array(counters, stream)
-
-
 def run_combine(p: Plan, op, lp, o, lse, splits: int, cnt, count: bool):
     kern = combine_kernel(p.dt, count)
     kern[p.b * p.hq * p.nq, NT, p.stream](op, lp, o, lse, cnt)
@@ -685,7 +679,7 @@ def forward(q, k_cache, v_cache, *, cache_seqlens=None, cu_seqlens_k=None, block
     splits = check_splits(p, num_splits, bc)
     if p.b * p.hkv > 65535:
         raise ValueError(f"batch*kv_heads={p.b * p.hkv}: at most 65535")
-    cnt, back = counter_array(counters, p.stream)
+    cnt, back = device_counters(counters, p.stream)
     count = counters is not None
     o, o_res = p.empty((p.b, p.hq, p.nq, p.d), p.dt)
     lse, lse_res = p.empty((p.b, p.hq, p.nq), np.float32)

@@ -77,7 +77,7 @@ from flashsim.config import BlockMask, Tiling, as_size, cdiv
 from flashsim.masking import visible_blocks
 
 from ._arrays import check_attention_shapes, to_device
-from .counters import INDEX, READ, WRITE
+from .counters import INDEX, READ, WRITE, device_counters
 
 _NUMBA_DTYPES = {np.dtype(np.float32): float32, np.dtype(np.float16): types.float16}
 #: Dynamic shared memory a block may use without opting in (bytes).
@@ -320,34 +320,6 @@ def _raise_smem_limit(dispatcher, args, nbytes: int) -> None:
         driver.cuFuncSetAttribute(cufunc.handle, attr, nbytes)
 
 
-def _counter_array(counters, stream=0):
-    """(device array the kernels add to, function that adds the totals back into the caller's)."""
-    if counters is None:
-        return cuda.to_device(np.zeros((len(INDEX), 2), dtype=np.int64), stream=stream), lambda dev: None
-    if type(counters).__module__.startswith("torch") and getattr(counters, "device", None) is not None \
-            and counters.device.type == "cpu":
-        counters = counters.numpy()  # a CPU tensor: its memory, so the totals land in the tensor
-    if isinstance(counters, np.ndarray):
-        if counters.dtype != np.int64 or counters.shape != (len(INDEX), 2):
-            raise ValueError(f"counters: must be an int64 {(len(INDEX), 2)} array from "
-                             f"kernels.counters.new_counters(), got {counters.dtype} {counters.shape}")
-        if not (counters.flags.writeable and counters.flags.c_contiguous):
-            raise ValueError("counters: must be a writeable C-contiguous array (the totals are added into it)")
-
-        def back(dev):
-            counters[...] = dev.copy_to_host(stream=stream)
-            stream.synchronize()
-
-        return cuda.to_device(counters, stream=stream), back
-    # a Numba device array is used as is; torch/CuPy arrays through __cuda_array_interface__
-    if not hasattr(counters, "copy_to_host") and not hasattr(counters, "__cuda_array_interface__"):
-        raise ValueError(f"counters: type {type(counters).__name__} is neither a numpy nor a device array")
-    dev = counters if hasattr(counters, "copy_to_host") else cuda.as_cuda_array(counters)
-    if np.dtype(dev.dtype) != np.int64 or tuple(dev.shape) != (len(INDEX), 2):
-        raise ValueError(f"counters: must be an int64 {(len(INDEX), 2)} array, got {dev.dtype} {dev.shape}")
-    return dev, lambda d_: None
-
-
 def resolve_tiling(d: int, elem_bytes: int, nq: int, nk: int, sram_bytes=None, block_m=None, block_n=None,
                    block_mask: BlockMask | None = None) -> Tiling:
     """Block sizes from, in order: a block mask's blocks, explicit ``block_m``/``block_n``, or the
@@ -433,7 +405,7 @@ def flash1_attention(q, k, v, *, causal=False, scale=None, sram_bytes=None, bloc
     o3 = inp.empty((b * h, nq, d), o_dtype)
     l2 = inp.empty((b * h, nq), np.float32)
     m2 = inp.empty((b * h, nq), np.float32)
-    cnt, back = _counter_array(counters, inp.stream)
+    cnt, back = device_counters(counters, inp.stream, exact=True)
     init, fwd = _jit(inp.dtype.name, bool(o_fp32), counters is not None)
 
     init[b * h, nt, inp.stream](o3, l2, m2, cnt)

@@ -36,7 +36,7 @@ import numpy as np
 from numba import cuda, float32, int16, int64, types, uint8
 
 from ._bf16 import cvt_bf16, ld_bf16
-from .counters import INDEX, READ, WRITE
+from .counters import INDEX, READ, WRITE, device_counters
 
 #: Static shared memory one block may use without opting in (bytes).
 SMEM_LIMIT = 48 * 1024
@@ -637,42 +637,12 @@ def _blocks(pass_, dtype, d, block_m, block_n, block_mask, nq, nk, stream=0):
     return mask, br, bc
 
 
-def _counter_array(counters, stream=0):
-    """(device array the kernels add to, function that hands the totals back to the caller)."""
-    if counters is None:
-        return cuda.to_device(np.zeros((1, 2), dtype=np.int64), stream=stream), lambda dev: None
-    if type(counters).__module__.startswith("torch") and getattr(counters, "device", None) is not None \
-            and counters.device.type == "cpu":
-        counters = counters.numpy()  # a CPU tensor: its memory, so the totals land in the tensor
-    if isinstance(counters, np.ndarray):
-        if counters.dtype != np.int64 or counters.ndim != 2 or counters.shape[0] <= max(INDEX.values()):
-            raise ValueError(f"counters: must be an int64 array from kernels.counters.new_counters(), "
-                             f"got {counters.dtype} {counters.shape}")
-        if not (counters.flags.writeable and counters.flags.c_contiguous):
-            raise ValueError("counters: must be a writeable C-contiguous array (the totals are added into it)")
-
-        def back(dev):
-            counters[...] = dev.copy_to_host(stream=stream)
-            stream.synchronize()
-
-        return cuda.to_device(counters, stream=stream), back
-    from ._arrays import as_device_array
-
-    if not hasattr(counters, "copy_to_host") and not hasattr(counters, "__cuda_array_interface__"):
-        raise ValueError(f"counters: type {type(counters).__name__} is neither a numpy nor a device array")
-    dev = as_device_array(counters)
-    if np.dtype(dev.dtype) != np.int64 or len(dev.shape) != 2 or dev.shape[0] <= max(INDEX.values()):
-        raise ValueError(f"counters: must be an int64 (len(TENSORS), 2) array, got {dev.dtype} {dev.shape}")
-    return dev, lambda d_: None
-
-
 def _scale(scale, d):
     if scale is None:
         return float32(1.0 / math.sqrt(d))
-    s = float(scale)
-    if not math.isfinite(s):
-        raise ValueError(f"scale={scale!r}: must be finite")
-    return float32(s)
+    from ._arrays import check_scale
+
+    return float32(check_scale(scale))
 
 
 def _inputs(names_values, **options):
@@ -695,7 +665,7 @@ def forward(q, k, v, *, causal=False, scale=None, block_m=None, block_n=None, bl
                                             scale=scale, return_lse=return_lse)
     a, dt = inp.arrays, inp.dtype_name
     mask, br, bc = _blocks("fwd", dt, d, block_m, block_n, block_mask, nq, nk, inp.stream)
-    cnt, back = _counter_array(counters, inp.stream)
+    cnt, back = device_counters(counters, inp.stream)
     o = inp.empty((nb, nh, nq, d), inp.dtype)
     lse = inp.empty((nb, nh, nq), np.float32)
     kern, nt = kernel("fwd", dt, d, br, bc, causal, block_mask is not None, counters is not None)
@@ -725,7 +695,7 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, block_m=None, blo
     if tuple(lse_d.shape) != (nb, nh, nq):
         raise ValueError(f"lse.shape={tuple(lse_d.shape)}: must be {(nb, nh, nq)}")
     mask, br, bc = _blocks("bwd", dt, d, block_m, block_n, block_mask, nq, nk, inp.stream)
-    cnt, back = _counter_array(counters, inp.stream)
+    cnt, back = device_counters(counters, inp.stream)
     sc = _scale(scale, d)
     has_mask, count = block_mask is not None, counters is not None
     tr, tc = -(-nq // br), -(-nk // bc)

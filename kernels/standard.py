@@ -48,7 +48,7 @@ from numba import cuda, float32
 from flashsim.config import BlockMask, cdiv
 
 from ._arrays import check_attention_shapes, to_device
-from .counters import INDEX, READ, WRITE, new_counters
+from .counters import INDEX, READ, WRITE, device_counters, new_counters
 
 #: Default GEMM output tile (BM = BN = b); a GEMM block has b/4 x b threads on the GPU.
 GEMM_BLOCK = 32
@@ -453,10 +453,8 @@ class _Launcher:
         self.count = counters is not None
         if counters is None:
             self.ctr, self._back = _dummy("counters"), lambda dev: None
-        else:  # checked (kind, dtype, shape, writeable) before any kernel runs, as flash2's
-            from .flash2 import _counter_array
-
-            self.ctr, self._back = _counter_array(counters, self.inp.stream)
+        else:  # checked (kind, dtype, shape, writeable) before any kernel runs
+            self.ctr, self._back = device_counters(counters, self.inp.stream)
         self.nty, self.ntx, self.threads = _threads(gemm_block)
 
     def empty(self, *shape):
