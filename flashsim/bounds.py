@@ -184,30 +184,16 @@ def bounds(workload: Workload, sram_elems: float) -> dict[str, float]:
     }
 
 
-#: Algorithms without an M rule of their own (their count does not depend on M) and the least M,
-#: in elements, their schedule can run at: ``(workload) -> (least M, why)``.  FlashAttention's rule
-#: (M >= 4d, one row each of Q, K, V and O) is in :meth:`flashsim.config.Tiling.from_sram`,
-#: smallcache's (3s² + 2s <= M) in its module.
-_LEAST_M = {
-    # the tiled GEMMs load whole rows of their operands (the head dim in one tile): even a 1 x 1
-    # output tile holds a row of each operand (S = QKᵀ: a row of Q and of K; O = P·V: a row of V
-    # and the row of O it accumulates)
-    "standard": lambda w: (2 * w.d, "standard attention needs M >= 2*d = {m} elements (its tiled GEMMs hold "
-                                    "at least one row of each operand, the whole head dim, on chip)"),
-}
-
-
 def check_sram(workload: Workload, algo: str, sram_elems) -> None:
-    """ValueError naming ``sram_elems`` where ``algo``, an algorithm whose count does not depend on
-    M (standard attention), cannot run with M = ``sram_elems`` elements on chip; nothing for the
-    others (their own M rules refuse what they cannot run)."""
-    rule = _LEAST_M.get(algo)
-    if rule is None:
-        return
-    m = as_size("sram_elems", sram_elems)
-    least, why = rule(workload)
-    if m < least:
-        raise ValueError(f"sram_elems={m}: {why.format(m=least)}")
+    """ValueError naming ``sram_elems`` where ``algo`` cannot run with M = ``sram_elems`` elements
+    on chip although its count does not depend on M: the module's own ``check_sram`` (standard
+    attention: M >= 2d), which its ``plan`` applies too; nothing for the others (FlashAttention's
+    rule, M >= 4d, is :meth:`flashsim.config.Tiling.from_sram`, smallcache's in its module)."""
+    from .algorithms import get_algorithm
+
+    check = getattr(get_algorithm(algo), "check_sram", None)
+    if check is not None:
+        check(workload, sram_elems)
 
 
 def bounds_table(workload: Workload, sram_elems: int, algos=None, pass_: str = "fwd",
@@ -229,8 +215,7 @@ def bounds_table(workload: Workload, sram_elems: int, algos=None, pass_: str = "
     rows = []
     for a in algos:
         row: dict = {"algo": a, "pass": pass_, "sram_elems": sram_elems, **b}
-        try:
-            check_sram(workload, a, sram_elems)
+        try:  # simulate and closed_form_elements refuse an M the algorithm cannot run at
             if walk:
                 sim = simulate(workload, a, pass_, sram_elems=sram_elems).io.elements
             else:

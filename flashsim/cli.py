@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 
 from .algorithms import ALGORITHMS, ALL_ALGORITHMS, get_algorithm
 from .api import build_schedule, simulate
-from .bounds import bounds_table, check_sram
+from .bounds import bounds_table
 from .config import GPU_ALIASES, GPUS, Tiling, Workload, get_gpu
 from .l2 import dram_traffic, format_dram
 from .output import OutputExists, check_overwrite, staged
@@ -271,8 +271,8 @@ def _cmd_simulate(a: argparse.Namespace) -> int:
     if kernels is not None and len(kernels) == 1 and opts.get("kernel") is None:
         opts["kernel"] = kernels[a.pass_]  # the pass's own kernel: its block shape shown, its config checked
     try:
-        check_sram(w, a.algo, m)  # an algorithm without an M rule of its own (standard) at an M it cannot run at
-        # the algorithm's M rule: block sizes given are used as they are, else it sizes its tiles from M
+        # the algorithm's M rule (standard attention's: M >= 2d): block sizes given are used as they are,
+        # else it sizes its tiles from M
         tiling, opts = get_algorithm(a.algo).plan(w, None if given else m, given, **opts)
         res = simulate(w, a.algo, a.pass_, tiling=tiling, **opts)
     except ValueError as e:

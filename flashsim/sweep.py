@@ -37,7 +37,6 @@ import numpy as np
 from .algorithms import ALL_ALGORITHMS, get_algorithm
 from .api import PASSES, build_schedule, closed_form_elements, simulate
 from .bounds import bounds as compute_bounds
-from .bounds import check_sram
 from .config import Hardware, Tiling, Workload, as_size, get_gpu
 from .flops import flops as count_flops
 from .output import atomic_write
@@ -152,8 +151,6 @@ def run_one(cfg: dict, algo: str, pass_: str, gpu=None, walk: bool = True) -> di
     mod = get_algorithm(algo)
     # the algorithm's own M rule decides what M and the given block sizes mean for it
     m = None if m is None else as_size("sram_elems", m)
-    if m is not None:
-        check_sram(w, algo, m)  # an algorithm with no M rule of its own (standard) at an M it cannot run at
     tiling, opts = mod.plan(w, m, _given_tiling(cfg) if mod.NEEDS_TILING else None)
     if walk:
         res = simulate(w, algo, pass_, tiling=tiling, **opts)

@@ -93,8 +93,21 @@ OPTIONS: dict[str, tuple[object, str]] = {
 
 
 
+def check_sram(w: Workload, sram_elems) -> None:
+    """The least M it runs at: 2d elements.  Its count does not depend on M, but its tiled GEMMs
+    load whole rows of their operands (the head dim in one tile): even a 1 x 1 output tile holds
+    a row of each operand (S = QKᵀ: a row of Q and of K; O = P·V: a row of V and the row of O it
+    accumulates).  ValueError naming ``sram_elems`` below it."""
+    m = as_size("sram_elems", sram_elems)
+    if m < 2 * w.d:
+        raise ValueError(f"sram_elems={m}: standard attention needs M >= 2*d = {2 * w.d} elements (its tiled "
+                         "GEMMs hold at least one row of each operand, the whole head dim, on chip)")
+
+
 def plan(w: Workload, sram_elems: int | None = None, tiling: Tiling | None = None, **options) -> tuple[None, dict]:
-    """The M rule: none.  Standard attention takes no block sizes and its count does not depend on M."""
+    """The M rule: no block sizes (its count does not depend on M), but M >= 2d (:func:`check_sram`)."""
+    if sram_elems is not None:
+        check_sram(w, sram_elems)
     return None, dict(options)
 
 
